@@ -1,0 +1,205 @@
+"""Shared fixtures for the end-to-end tests: one salus-server for the whole pytest session.
+
+Environment:
+  SALUS_SERVER_BIN    path of the server binary (default <repo>/target/release/salus-server)
+  SALUS_TEST_TARGET   grpc://host:port of an already running server; no binary is started. Used to check the
+                      TF-script tests against TensorFlow's own server (tf.distribute.Server). Tests of
+                      Salus-only behaviour skip themselves when that target is not a Salus server (it does
+                      not answer the gRPC health service); against the real binary they always run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+# Before TensorFlow is imported anywhere in this process: quiet C++ logs.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import grpc  # noqa: E402
+import pytest  # noqa: E402
+
+import salus_wire as wire  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+WORKLOADS = TESTS / "workloads"
+LISTEN_RE = re.compile(r"^salus-server listening on (127\.0\.0\.1:\d+)\s*$")
+START_TIMEOUT_S = 90  # the server loads libtensorflow at start; a busy 2-core machine is slow
+STOP_TIMEOUT_S = 60
+
+
+def server_bin() -> Path:
+    return Path(os.environ.get("SALUS_SERVER_BIN", REPO / "target" / "release" / "salus-server"))
+
+
+def venv_python() -> str:
+    """The project's venv interpreter for subprocesses (falls back to the one running pytest)."""
+    p = REPO / ".venv" / "bin" / "python"
+    return str(p) if p.exists() else sys.executable
+
+
+def child_env(**extra: str) -> dict:
+    env = dict(os.environ)
+    env.update(TF_CPP_MIN_LOG_LEVEL="2", TF_USE_LEGACY_KERAS="1", PYTHONHASHSEED="0",
+               PYTHONPATH=os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    env.update(extra)
+    return env
+
+
+class SalusProcess:
+    """A salus-server child started on a free port; stopped by its own PID only."""
+
+    def __init__(self, log_path: Path, extra_args: tuple[str, ...] = ()):
+        binary = server_bin()
+        if not binary.exists():
+            pytest.fail(f"salus-server binary not found at {binary}: build it (cargo build --release), set "
+                        f"SALUS_SERVER_BIN, or point SALUS_TEST_TARGET at a running server")
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen([str(binary), "--listen", "127.0.0.1:0", *extra_args],
+                                     stdout=subprocess.PIPE, stderr=self._log, stdin=subprocess.DEVNULL)
+        self.pid = self.proc.pid
+        self.address = self._wait_listening()
+        self.target = f"grpc://{self.address}"
+
+    def _wait_listening(self) -> str:
+        # Read stdout on a thread so a silent or hung server cannot block the test past the timeout.
+        found: list[str] = []
+        ready = threading.Event()
+
+        def reader():
+            for raw in self.proc.stdout:  # keeps draining afterwards so the pipe never fills
+                line = raw.decode(errors="replace")
+                m = LISTEN_RE.match(line)
+                if m and not found:
+                    found.append(m.group(1))
+                    ready.set()
+            ready.set()
+
+        threading.Thread(target=reader, daemon=True).start()
+        if not ready.wait(START_TIMEOUT_S) or not found:
+            self.kill()
+            pytest.fail(f"salus-server did not print its listening line within {START_TIMEOUT_S}s "
+                        f"(exit code {self.proc.poll()}); stderr tail:\n{self.stderr_tail()}")
+        return found[0]
+
+    def stderr_tail(self, n: int = 4000) -> str:
+        self._log.flush()
+        try:
+            return self.log_path.read_bytes()[-n:].decode(errors="replace")
+        except OSError:
+            return ""
+
+    def send_signal(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.pid, sig)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT_S) -> int:
+        """Graceful stop; returns the exit code (kills by PID and fails if it does not exit in time)."""
+        self.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(f"salus-server (pid {self.pid}) did not exit within {timeout}s of signal {sig}; "
+                        f"stderr tail:\n{self.stderr_tail()}")
+        finally:
+            self._log.close()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+
+def is_salus_server(address: str) -> bool:
+    """Salus answers grpc.health.v1; TensorFlow's own server answers UNIMPLEMENTED."""
+    with grpc.insecure_channel(address) as ch:
+        try:
+            return wire.health_check(ch) == wire.SERVING
+        except grpc.RpcError:
+            return False
+
+
+@pytest.fixture(scope="session")
+def salus_server(tmp_path_factory):
+    """(target, SalusProcess or None). None when SALUS_TEST_TARGET names an external server."""
+    external = os.environ.get("SALUS_TEST_TARGET")
+    if external:
+        yield external, None
+        return
+    server = SalusProcess(tmp_path_factory.mktemp("salus") / "salus-server.stderr.log")
+    yield server.target, server
+    code = server.stop()
+    assert code == 0, f"salus-server exited with {code} after SIGTERM; stderr tail:\n{server.stderr_tail()}"
+
+
+@pytest.fixture(scope="session")
+def salus_target(salus_server) -> str:
+    """grpc://127.0.0.1:PORT of the shared server."""
+    return salus_server[0]
+
+
+@pytest.fixture(scope="session")
+def salus_address(salus_target) -> str:
+    return salus_target.removeprefix("grpc://")
+
+
+@pytest.fixture(scope="session")
+def is_salus(salus_server, salus_address) -> bool:
+    return salus_server[1] is not None or is_salus_server(salus_address)
+
+
+@pytest.fixture
+def salus_only(is_salus):
+    """For checks of behaviour TensorFlow's own server does not have (health service, Salus error codes)."""
+    if not is_salus:
+        pytest.skip("Salus-only behaviour; SALUS_TEST_TARGET is not a Salus server")
+
+
+@pytest.fixture(scope="session")
+def channel(salus_address):
+    ch = grpc.insecure_channel(salus_address)
+    yield ch
+    ch.close()
+
+
+def run_python(script: Path | str, *args: str, timeout: float = 300, env: dict | None = None,
+               check: bool = True) -> subprocess.CompletedProcess:
+    """Run a python script with the venv's interpreter (quiet TF logs, legacy Keras)."""
+    proc = subprocess.run([venv_python(), str(script), *args], capture_output=True, text=True,
+                          timeout=timeout, env=env or child_env(), stdin=subprocess.DEVNULL)
+    if check and proc.returncode != 0:
+        pytest.fail(f"{script} {' '.join(args)} exited with {proc.returncode}\n"
+                    f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def start_python(script: Path | str, *args: str, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([venv_python(), str(script), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env or child_env(),
+                            stdin=subprocess.DEVNULL)
+
+
+def last_json_line(stdout: str) -> dict:
+    """Workload scripts print their result as the last line of stdout, as JSON."""
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    assert lines, f"no JSON result line in output:\n{stdout[-2000:]}"
+    return json.loads(lines[-1])
+
+
+def wait_until(pred, timeout: float, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(interval)
+    return pred()

@@ -1,0 +1,18 @@
+//! Compiles the .proto files with protox (pure Rust; no system protoc exists here).
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let files = [
+        "proto/tensorflow/master_service.proto",
+        "proto/tensorflow/graph.proto",
+        "proto/salus/v1/admin.proto",
+    ];
+    println!("cargo:rerun-if-changed=proto");
+    let fds = protox::compile(files, ["proto"])?;
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        // Tensor payloads and pass-through messages stay zero-copy `Bytes`.
+        .bytes(".")
+        .compile_fds(fds)?;
+    Ok(())
+}

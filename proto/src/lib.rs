@@ -1,0 +1,24 @@
+//! # salus-proto
+//!
+//! Generated gRPC and protobuf types.
+//!
+//! # Layout
+//! - [`tensorflow`]: a wire-compatible subset of TensorFlow's master protocol
+//!   (`/tensorflow.MasterService/*`) and the framework messages it carries.
+//! - [`salus::v1`]: Salus's own services (administration).
+
+#![allow(clippy::large_enum_variant, clippy::doc_lazy_continuation)]
+
+pub mod tensorflow {
+    tonic::include_proto!("tensorflow");
+
+    pub mod error {
+        tonic::include_proto!("tensorflow.error");
+    }
+}
+
+pub mod salus {
+    pub mod v1 {
+        tonic::include_proto!("salus.v1");
+    }
+}

@@ -1,0 +1,150 @@
+//! Command-line flags (each also an environment variable), validated into
+//! [`Config`].
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::Parser;
+
+use crate::session_config::SessionDefaults;
+
+/// Protobuf messages cannot exceed 2 GiB.
+const PROTOBUF_MAX_BYTES: u64 = 2 << 30;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "salus-server",
+    version,
+    about = "Salus: runs unmodified TensorFlow graph scripts (tf.compat.v1.Session(\"grpc://HOST:PORT\")) \
+             in one shared server, over TensorFlow's own master protocol."
+)]
+pub struct Args {
+    /// Address to listen on. Port 0 picks a free port; the bound address is
+    /// printed on stdout as "salus-server listening on ADDR".
+    #[arg(long, env = "SALUS_LISTEN", default_value = "127.0.0.1:5501")]
+    pub listen: SocketAddr,
+
+    /// Largest gRPC message received or sent (and largest tensor a feed may
+    /// create), e.g. 2GiB, 512MiB, 1000000. At most 2GiB, protobuf's limit.
+    #[arg(long, env = "SALUS_MAX_MESSAGE_SIZE", default_value = "2GiB", value_parser = parse_size)]
+    pub max_message_size: u64,
+
+    /// Threads per TensorFlow op for sessions whose client leaves it unset (0: TensorFlow picks).
+    #[arg(long, env = "SALUS_INTRA_OP_THREADS", default_value_t = 0)]
+    pub intra_op_threads: u32,
+
+    /// Ops run concurrently per session when the client leaves it unset (0: TensorFlow picks).
+    #[arg(long, env = "SALUS_INTER_OP_THREADS", default_value_t = 0)]
+    pub inter_op_threads: u32,
+
+    /// Seconds that in-flight requests get to finish on SIGINT/SIGTERM before the
+    /// server closes all sessions and exits.
+    #[arg(long, env = "SALUS_SHUTDOWN_GRACE", default_value_t = 30)]
+    pub shutdown_grace: u64,
+
+    /// More output: -v adds TensorFlow's own logs and debug logs, -vv trace logs.
+    /// RUST_LOG overrides the log filter.
+    #[arg(short, long, env = "SALUS_VERBOSE", action = clap::ArgAction::Count)]
+    pub verbose: u8,
+}
+
+/// Validated settings of one server.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub max_message_size: usize,
+    pub session_defaults: SessionDefaults,
+    pub shutdown_grace: Duration,
+    pub verbose: u8,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 5501)),
+            max_message_size: PROTOBUF_MAX_BYTES as usize,
+            session_defaults: SessionDefaults::default(),
+            shutdown_grace: Duration::from_secs(30),
+            verbose: 0,
+        }
+    }
+}
+
+impl TryFrom<Args> for Config {
+    type Error = String;
+
+    fn try_from(args: Args) -> Result<Config, String> {
+        if args.max_message_size == 0 || args.max_message_size > PROTOBUF_MAX_BYTES {
+            return Err(format!(
+                "--max-message-size must be between 1 byte and 2GiB, got {} bytes",
+                args.max_message_size
+            ));
+        }
+        Ok(Config {
+            listen: args.listen,
+            max_message_size: args.max_message_size as usize,
+            session_defaults: SessionDefaults {
+                intra_op_threads: args.intra_op_threads,
+                inter_op_threads: args.inter_op_threads,
+            },
+            shutdown_grace: Duration::from_secs(args.shutdown_grace),
+            verbose: args.verbose,
+        })
+    }
+}
+
+/// Parses "123", "64KiB", "512MiB", "2GiB", "1GB" (decimal units too).
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let value: u64 = digits.parse().map_err(|_| format!("{text:?} is not a size like 512MiB or 2GiB"))?;
+    let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" => 1_000,
+        "kib" => 1 << 10,
+        "m" | "mb" => 1_000_000,
+        "mib" => 1 << 20,
+        "g" | "gb" => 1_000_000_000,
+        "gib" => 1 << 30,
+        other => return Err(format!("unknown size unit {other:?} in {text:?}; use B, KiB, MiB, GiB, KB, MB or GB")),
+    };
+    value.checked_mul(multiplier).ok_or_else(|| format!("{text:?} is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_sizes() {
+        for (text, expected) in [
+            ("0", 0),
+            ("1000", 1000),
+            ("64KiB", 65536),
+            ("512MiB", 512 << 20),
+            ("2GiB", 2 << 30),
+            ("1GB", 1_000_000_000),
+            (" 3 mib ", 3 << 20),
+        ] {
+            assert_eq!(parse_size(text), Ok(expected), "{text}");
+        }
+        for bad in ["", "GiB", "12XB", "-1", "99999999999999999999GiB"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn defaults_are_valid_and_loopback() {
+        let config = Config::try_from(Args::parse_from(["salus-server"])).unwrap();
+        assert!(config.listen.ip().is_loopback());
+        assert_eq!(config.listen.port(), 5501);
+        assert!(config.max_message_size >= 1 << 30);
+    }
+
+    #[test]
+    fn rejects_oversized_messages() {
+        let args = Args::parse_from(["salus-server", "--max-message-size", "3GiB"]);
+        assert!(Config::try_from(args).unwrap_err().contains("2GiB"));
+    }
+}

@@ -1,0 +1,107 @@
+//! The server's error type and its one mapping to gRPC / TensorFlow codes.
+
+use salus_proto::tensorflow::error::Code as TfCode;
+
+use crate::graph_delta::GraphError;
+use crate::tf::{TensorError, TfError};
+use crate::wire::WireError;
+
+/// Every error a request can end with. Codes follow TensorFlow's (and gRPC's)
+/// numbering, so a stock client raises the matching `tf.errors` class.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("session {0:?} not found: it was closed, reclaimed, or the server restarted")]
+    SessionNotFound(String),
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("invalid tensor {name:?}: {source}")]
+    Tensor { name: String, source: TensorError },
+    #[error(transparent)]
+    Graph(#[from] GraphError),
+    #[error("invalid ConfigProto: {0}")]
+    Config(#[from] WireError),
+    #[error("graph version mismatch: session {handle:?} is at version {current}, the request extends version {requested}")]
+    GraphVersion { handle: String, current: i64, requested: i64 },
+    #[error("callable {handle} not found in session {session:?}: it was released or never made")]
+    CallableNotFound { session: String, handle: i64 },
+    #[error("partial run {0:?} not found: it finished, failed, or was never set up")]
+    PartialRunNotFound(String),
+    #[error("{0}")]
+    Unimplemented(String),
+    #[error("the server is shutting down")]
+    ShuttingDown,
+    #[error(transparent)]
+    Tensorflow(#[from] TfError),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    pub fn tensor(name: impl Into<String>, source: TensorError) -> Error {
+        match source {
+            TensorError::Tensorflow(err) => Error::Tensorflow(err),
+            source => Error::Tensor { name: name.into(), source },
+        }
+    }
+
+    /// TensorFlow's status code for this error.
+    pub fn code(&self) -> TfCode {
+        match self {
+            // TensorFlow's master answers ABORTED for unknown sessions; clients
+            // treat it as "recreate the session".
+            Error::SessionNotFound(_) => TfCode::Aborted,
+            Error::InvalidArgument(_)
+            | Error::Tensor { .. }
+            | Error::Graph(_)
+            | Error::Config(_)
+            | Error::CallableNotFound { .. }
+            | Error::PartialRunNotFound(_) => TfCode::InvalidArgument,
+            Error::GraphVersion { .. } => TfCode::FailedPrecondition,
+            Error::Unimplemented(_) => TfCode::Unimplemented,
+            Error::ShuttingDown => TfCode::Unavailable,
+            Error::Tensorflow(err) => TfCode::try_from(err.code).unwrap_or(TfCode::Unknown),
+            Error::Internal(_) => TfCode::Internal,
+        }
+    }
+}
+
+impl From<Error> for tonic::Status {
+    fn from(err: Error) -> tonic::Status {
+        tonic::Status::new(tonic::Code::from_i32(err.code() as i32), err.to_string())
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_codes_like_tensorflow() {
+        let cases: Vec<(Error, tonic::Code)> = vec![
+            (Error::SessionNotFound("x".into()), tonic::Code::Aborted),
+            (Error::InvalidArgument("bad".into()), tonic::Code::InvalidArgument),
+            (Error::tensor("x:0", TensorError::UnknownDtype(999)), tonic::Code::InvalidArgument),
+            (Error::tensor("x:0", TensorError::Tensorflow(TfError::new(8, "oom"))), tonic::Code::ResourceExhausted),
+            (Error::GraphVersion { handle: "s".into(), current: 2, requested: 1 }, tonic::Code::FailedPrecondition),
+            (Error::Graph(GraphError::DuplicateNode("a".into())), tonic::Code::InvalidArgument),
+            (Error::Tensorflow(TfError::new(9, "uninitialized")), tonic::Code::FailedPrecondition),
+            (Error::Tensorflow(TfError::new(77, "odd")), tonic::Code::Unknown),
+            (Error::Unimplemented("no".into()), tonic::Code::Unimplemented),
+            (Error::ShuttingDown, tonic::Code::Unavailable),
+        ];
+        for (err, code) in cases {
+            let message = err.to_string();
+            let status = tonic::Status::from(err);
+            assert_eq!(status.code(), code, "{message}");
+            assert_eq!(status.message(), message);
+        }
+    }
+
+    #[test]
+    fn tensor_errors_name_the_tensor() {
+        let err = Error::tensor("input:0", TensorError::UnknownDtype(999));
+        assert_eq!(err.to_string(), "invalid tensor \"input:0\": unknown dtype 999");
+    }
+}

@@ -1,0 +1,124 @@
+//! Inspection of a client's GraphDef (or ExtendSession delta) before import.
+//!
+//! A delta may reference nodes imported earlier, by data input (`name`,
+//! `name:3`) and by control input (`^name`). TensorFlow's importer rejects such
+//! references unless each is mapped to the existing node, so this module works
+//! out the mappings, and rejects duplicate names and dangling inputs with a clear
+//! message before TensorFlow sees the graph.
+
+use std::collections::{BTreeSet, HashSet};
+
+use prost::Message;
+use salus_proto::tensorflow::GraphDef;
+
+use crate::tf::{Graph, ImportMappings};
+
+/// Why a graph cannot be imported.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum GraphError {
+    #[error("graph_def is not a valid GraphDef: {0}")]
+    Malformed(String),
+    #[error("node name {0:?} is not valid")]
+    InvalidName(String),
+    #[error("duplicate node name {0:?}: a node of that name already exists")]
+    DuplicateNode(String),
+    #[error("node {node:?} has input {input:?}, which names no node in the graph")]
+    UnknownInput { node: String, input: String },
+    #[error("node {node:?} has input {input:?}, but {target:?} has only {outputs} outputs")]
+    OutputOutOfRange { node: String, input: String, target: String, outputs: i32 },
+}
+
+/// A parsed input reference of a NodeDef.
+#[derive(Debug, PartialEq, Eq)]
+enum InputRef<'a> {
+    Data { node: &'a str, index: i32 },
+    Control { node: &'a str },
+}
+
+/// Parses "name", "name:3" or "^name".
+fn parse_input(input: &str) -> InputRef<'_> {
+    if let Some(node) = input.strip_prefix('^') {
+        return InputRef::Control { node };
+    }
+    match input.rsplit_once(':') {
+        Some((node, index)) => match index.parse::<i32>() {
+            Ok(index) if index >= 0 => InputRef::Data { node, index },
+            _ => InputRef::Data { node: input, index: 0 },
+        },
+        None => InputRef::Data { node: input, index: 0 },
+    }
+}
+
+/// The result of checking a delta against the graph it extends.
+#[derive(Debug, Default)]
+pub struct CheckedDelta {
+    pub mappings: ImportMappings,
+    pub node_count: usize,
+    /// Every op type in the delta (for policy checks and logs).
+    pub ops: BTreeSet<String>,
+}
+
+/// Decodes `bytes` and checks it can be imported into `graph`.
+pub fn check_delta(bytes: &[u8], graph: &Graph) -> Result<CheckedDelta, GraphError> {
+    let def = GraphDef::decode(bytes).map_err(|e| GraphError::Malformed(e.to_string()))?;
+    let mut names = HashSet::with_capacity(def.node.len());
+    for node in &def.node {
+        if node.name.is_empty() || node.name.contains('\0') || node.name.starts_with('^') {
+            return Err(GraphError::InvalidName(node.name.clone()));
+        }
+        if !names.insert(node.name.as_str()) || graph.operation(&node.name).is_some() {
+            return Err(GraphError::DuplicateNode(node.name.clone()));
+        }
+    }
+    let mut checked = CheckedDelta { node_count: def.node.len(), ..Default::default() };
+    let mut seen_data = HashSet::new();
+    let mut seen_control = HashSet::new();
+    for node in &def.node {
+        checked.ops.insert(node.op.clone());
+        for input in &node.input {
+            let parsed = parse_input(input);
+            let target = match parsed {
+                InputRef::Data { node, .. } | InputRef::Control { node } => node,
+            };
+            if names.contains(target) {
+                continue;
+            }
+            let unknown = || GraphError::UnknownInput { node: node.name.clone(), input: input.clone() };
+            let op = graph.operation(target).ok_or_else(unknown)?;
+            match parsed {
+                InputRef::Data { node: target, index } => {
+                    if index >= op.num_outputs() {
+                        return Err(GraphError::OutputOutOfRange {
+                            node: node.name.clone(),
+                            input: input.clone(),
+                            target: target.to_string(),
+                            outputs: op.num_outputs(),
+                        });
+                    }
+                    if seen_data.insert((target, index)) {
+                        checked.mappings.data.push((target.to_string(), index, op));
+                    }
+                }
+                InputRef::Control { node: target } => {
+                    if seen_control.insert(target) {
+                        checked.mappings.control.push((target.to_string(), op));
+                    }
+                }
+            }
+        }
+    }
+    Ok(checked)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_input_forms() {
+        assert_eq!(parse_input("a"), InputRef::Data { node: "a", index: 0 });
+        assert_eq!(parse_input("a:2"), InputRef::Data { node: "a", index: 2 });
+        assert_eq!(parse_input("^a"), InputRef::Control { node: "a" });
+        assert_eq!(parse_input("scope/a:10"), InputRef::Data { node: "scope/a", index: 10 });
+    }
+}

@@ -1,0 +1,307 @@
+//! One client session (= one Salus job): its TensorFlow graph and session, graph
+//! version, callables and partial runs. Every method that touches TensorFlow
+//! blocks; the master service calls them on executor threads.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use bytes::Bytes;
+use salus_proto::tensorflow::{CallableOptions, TensorProto};
+use tensorflow_sys as sys;
+
+use crate::error::{Error, Result};
+use crate::graph_delta::check_delta;
+use crate::tf::{self, Graph, Operation, PartialRunHandle, Session, Tensor};
+
+/// An output of an operation ("name:index"), resolved against the graph.
+#[derive(Clone, Copy, Debug)]
+pub struct Port {
+    op: Operation,
+    index: i32,
+}
+
+impl Port {
+    fn tf(self) -> sys::TF_Output {
+        self.op.output(self.index)
+    }
+}
+
+/// A feed: a resolved port with the tensor to feed there.
+pub struct Feed {
+    pub name: String,
+    pub port: Port,
+    pub tensor: Tensor,
+}
+
+/// What a callable runs (MakeCallable), resolved once.
+struct Callable {
+    feeds: Vec<(String, Port)>,
+    fetches: Vec<Port>,
+    targets: Vec<Operation>,
+    run_options: Bytes,
+}
+
+/// A partial run in progress and what it has still to produce.
+struct PartialRun {
+    handle: PartialRunHandle,
+    pending_fetches: HashSet<String>,
+    pending_targets: HashSet<String>,
+}
+
+/// Counters shown by the admin API.
+#[derive(Default)]
+pub struct JobStats {
+    pub runs_completed: AtomicU64,
+    pub runs_failed: AtomicU64,
+}
+
+pub struct Job {
+    pub handle: String,
+    /// Client-given name (ConfigProto.experimental.session_metadata.name).
+    pub name: String,
+    session: Session,
+    /// Graph version; held while a delta is checked and imported so versions and
+    /// node names stay consistent.
+    graph_version: Mutex<i64>,
+    callables: Mutex<HashMap<i64, Arc<Callable>>>,
+    next_callable: AtomicI64,
+    partial_runs: Mutex<HashMap<String, PartialRun>>,
+    next_partial_run: AtomicU64,
+    pub stats: JobStats,
+    pub created: Instant,
+    /// Milliseconds since `created` of the last request.
+    last_active_ms: AtomicU64,
+}
+
+/// Locks a std mutex; a poisoned lock (a panic elsewhere) still yields the data,
+/// since every critical section here leaves it consistent.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Job {
+    /// Builds the graph from `graph_def` (may be empty) and opens a TF session
+    /// with `config` (a serialized ConfigProto).
+    pub fn create(handle: String, name: String, graph_def: &[u8], config: &[u8]) -> Result<Job> {
+        let graph = Arc::new(Graph::new());
+        if !graph_def.is_empty() {
+            let delta = check_delta(graph_def, &graph)?;
+            graph.import(graph_def, &delta.mappings)?;
+        }
+        let session = Session::new(graph, config)?;
+        Ok(Job {
+            handle,
+            name,
+            session,
+            graph_version: Mutex::new(0),
+            callables: Mutex::new(HashMap::new()),
+            next_callable: AtomicI64::new(0),
+            partial_runs: Mutex::new(HashMap::new()),
+            next_partial_run: AtomicU64::new(0),
+            stats: JobStats::default(),
+            created: Instant::now(),
+            last_active_ms: AtomicU64::new(0),
+        })
+    }
+
+    pub fn touch(&self) {
+        self.last_active_ms.store(self.created.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    pub fn idle_seconds(&self) -> f64 {
+        let last = self.last_active_ms.load(Ordering::Relaxed) as f64 / 1000.0;
+        (self.created.elapsed().as_secs_f64() - last).max(0.0)
+    }
+
+    pub fn graph_version(&self) -> i64 {
+        *lock(&self.graph_version)
+    }
+
+    pub fn graph_nodes(&self) -> usize {
+        self.session.graph().num_operations()
+    }
+
+    pub fn open_callables(&self) -> usize {
+        lock(&self.callables).len()
+    }
+
+    /// ExtendSession: imports a delta whose nodes may reference existing ones.
+    pub fn extend(&self, graph_def: &[u8], current_version: i64) -> Result<i64> {
+        let mut version = lock(&self.graph_version);
+        if *version != current_version {
+            return Err(Error::GraphVersion { handle: self.handle.clone(), current: *version, requested: current_version });
+        }
+        let graph = self.session.graph();
+        let delta = check_delta(graph_def, graph)?;
+        graph.import(graph_def, &delta.mappings)?;
+        *version += 1;
+        Ok(*version)
+    }
+
+    /// Resolves "name" or "name:index" to an operation output.
+    pub fn port(&self, name: &str, role: &str) -> Result<Port> {
+        let (op_name, index) = match name.rsplit_once(':') {
+            Some((op, idx)) => match idx.parse::<i32>() {
+                Ok(i) => (op, i),
+                Err(_) => return Err(Error::InvalidArgument(format!("{role} {name:?} is not of the form name:index"))),
+            },
+            None => (name, 0),
+        };
+        let op = self
+            .session
+            .graph()
+            .operation(op_name)
+            .ok_or_else(|| Error::InvalidArgument(format!("{role} {name:?} names no operation in the session's graph")))?;
+        if index < 0 || index >= op.num_outputs() {
+            return Err(Error::InvalidArgument(format!(
+                "{role} {name:?}: operation {op_name:?} has {} outputs",
+                op.num_outputs()
+            )));
+        }
+        Ok(Port { op, index })
+    }
+
+    /// Resolves a target operation name ("name", or "name:0" as some clients send).
+    pub fn target(&self, name: &str) -> Result<Operation> {
+        let op_name = name.strip_prefix('^').unwrap_or(name);
+        let op_name = op_name.split_once(':').map_or(op_name, |(op, _)| op);
+        self.session
+            .graph()
+            .operation(op_name)
+            .ok_or_else(|| Error::InvalidArgument(format!("target {name:?} names no operation in the session's graph")))
+    }
+
+    /// Converts wire feeds into tensors at resolved ports.
+    pub fn feeds<'a>(
+        &self,
+        feeds: impl IntoIterator<Item = (&'a str, Option<&'a TensorProto>)>,
+        max_tensor_bytes: u64,
+    ) -> Result<Vec<Feed>> {
+        feeds
+            .into_iter()
+            .map(|(name, proto)| {
+                let port = self.port(name, "feed")?;
+                let proto = proto.ok_or_else(|| Error::InvalidArgument(format!("feed {name:?} carries no tensor")))?;
+                let tensor = Tensor::from_proto(proto, max_tensor_bytes).map_err(|e| Error::tensor(name, e))?;
+                Ok(Feed { name: name.to_string(), port, tensor })
+            })
+            .collect()
+    }
+
+    /// One full run (RunStep / RunCallable body).
+    pub fn run(&self, run_options: &[u8], feeds: &[Feed], fetches: &[Port], targets: &[Operation]) -> Result<tf::RunOutput> {
+        let inputs: Vec<_> = feeds.iter().map(|f| (f.port.tf(), &f.tensor)).collect();
+        let outputs: Vec<_> = fetches.iter().map(|p| p.tf()).collect();
+        let result = self.session.run(run_options, &inputs, &outputs, targets);
+        self.count(result.is_ok());
+        Ok(result?)
+    }
+
+    fn count(&self, ok: bool) {
+        let counter = if ok { &self.stats.runs_completed } else { &self.stats.runs_failed };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// MakeCallable: resolves the callable's names now so RunCallable is cheap.
+    pub fn make_callable(&self, options: &CallableOptions) -> Result<i64> {
+        if !options.tensor_connection.is_empty() {
+            return Err(Error::Unimplemented(
+                "CallableOptions.tensor_connection is not supported by Salus; feed the tensor instead".into(),
+            ));
+        }
+        let callable = Callable {
+            feeds: options.feed.iter().map(|n| Ok((n.clone(), self.port(n, "feed")?))).collect::<Result<_>>()?,
+            fetches: options.fetch.iter().map(|n| self.port(n, "fetch")).collect::<Result<_>>()?,
+            targets: options.target.iter().map(|n| self.target(n)).collect::<Result<_>>()?,
+            run_options: options.run_options.clone(),
+        };
+        let handle = self.next_callable.fetch_add(1, Ordering::Relaxed);
+        lock(&self.callables).insert(handle, Arc::new(callable));
+        Ok(handle)
+    }
+
+    /// RunCallable: feeds are positional, in the callable's feed order.
+    pub fn run_callable(&self, handle: i64, feeds: &[TensorProto], max_tensor_bytes: u64) -> Result<tf::RunOutput> {
+        let callable = lock(&self.callables)
+            .get(&handle)
+            .cloned()
+            .ok_or_else(|| Error::CallableNotFound { session: self.handle.clone(), handle })?;
+        if feeds.len() != callable.feeds.len() {
+            return Err(Error::InvalidArgument(format!(
+                "callable {handle} expects {} feeds, the request carries {}",
+                callable.feeds.len(),
+                feeds.len()
+            )));
+        }
+        let feeds = callable
+            .feeds
+            .iter()
+            .zip(feeds)
+            .map(|((name, port), proto)| {
+                let tensor = Tensor::from_proto(proto, max_tensor_bytes).map_err(|e| Error::tensor(name, e))?;
+                Ok(Feed { name: name.clone(), port: *port, tensor })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.run(&callable.run_options, &feeds, &callable.fetches, &callable.targets)
+    }
+
+    pub fn release_callable(&self, handle: i64) -> Result<()> {
+        lock(&self.callables)
+            .remove(&handle)
+            .map(drop)
+            .ok_or_else(|| Error::CallableNotFound { session: self.handle.clone(), handle })
+    }
+
+    /// PartialRunSetup: returns the handle later RunSteps name.
+    pub fn partial_run_setup(&self, feeds: &[String], fetches: &[String], targets: &[String]) -> Result<String> {
+        let inputs: Vec<_> = feeds.iter().map(|n| Ok(self.port(n, "feed")?.tf())).collect::<Result<_>>()?;
+        let outputs: Vec<_> = fetches.iter().map(|n| Ok(self.port(n, "fetch")?.tf())).collect::<Result<_>>()?;
+        let target_ops: Vec<_> = targets.iter().map(|n| self.target(n)).collect::<Result<_>>()?;
+        let handle = self.session.partial_run_setup(&inputs, &outputs, &target_ops)?;
+        let ours = format!("{}-prun-{}", self.handle, self.next_partial_run.fetch_add(1, Ordering::Relaxed));
+        let run = PartialRun {
+            handle,
+            pending_fetches: fetches.iter().cloned().collect(),
+            pending_targets: targets.iter().cloned().collect(),
+        };
+        lock(&self.partial_runs).insert(ours.clone(), run);
+        Ok(ours)
+    }
+
+    /// One step of a partial run. The run is forgotten once it has produced every
+    /// declared fetch and target, or failed.
+    pub fn partial_run(
+        &self,
+        handle: &str,
+        feeds: &[Feed],
+        fetch_names: &[String],
+        target_names: &[String],
+    ) -> Result<Vec<Tensor>> {
+        let fetches: Vec<_> = fetch_names.iter().map(|n| Ok(self.port(n, "fetch")?.tf())).collect::<Result<_>>()?;
+        let targets: Vec<_> = target_names.iter().map(|n| self.target(n)).collect::<Result<_>>()?;
+        let inputs: Vec<_> = feeds.iter().map(|f| (f.port.tf(), &f.tensor)).collect();
+        // The map lock is held through the step: steps of one partial run are
+        // sequential by definition, and TF rejects concurrent ones anyway.
+        let mut runs = lock(&self.partial_runs);
+        let run = runs.get_mut(handle).ok_or_else(|| Error::PartialRunNotFound(handle.to_string()))?;
+        let result = self.session.partial_run(&run.handle, &inputs, &fetches, &targets);
+        self.count(result.is_ok());
+        match &result {
+            Ok(_) => {
+                for name in fetch_names {
+                    run.pending_fetches.remove(name);
+                }
+                for name in target_names {
+                    run.pending_targets.remove(name);
+                }
+                if run.pending_fetches.is_empty() && run.pending_targets.is_empty() {
+                    runs.remove(handle);
+                }
+            }
+            Err(_) => drop(runs.remove(handle)),
+        }
+        Ok(result?)
+    }
+}

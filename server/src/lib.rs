@@ -1,0 +1,32 @@
+//! # salus-server
+//!
+//! One process that runs many TensorFlow jobs. Stock TensorFlow clients connect
+//! with `tf.compat.v1.Session("grpc://HOST:PORT")` and speak TensorFlow's master
+//! protocol; the server executes their graphs through TensorFlow's C API.
+//!
+//! # Layout
+//! - [`config`]: command-line flags and the validated [`config::Config`].
+//! - [`server`]: assembles the gRPC services and runs them until shutdown.
+//! - [`master`]: `tensorflow.MasterService`, one handler per RPC.
+//! - [`admin`]: `salus.v1.Admin`, the server's own status API.
+//! - [`state`], [`sessions`], [`job`]: shared state, the session table, one job.
+//! - [`graph_delta`]: checks (delta) GraphDefs before import.
+//! - [`session_config`]: client ConfigProto -> server-side session config.
+//! - [`tf`]: safe wrappers over TensorFlow's C API.
+//! - [`exec`]: runs TensorFlow work off the async runtime.
+//! - [`wire`]: wire-level protobuf field editing.
+//! - [`error`]: the error type and its mapping to gRPC/TensorFlow codes.
+
+pub mod admin;
+pub mod config;
+pub mod error;
+pub mod exec;
+pub mod graph_delta;
+pub mod job;
+pub mod master;
+pub mod server;
+pub mod session_config;
+pub mod sessions;
+pub mod state;
+pub mod tf;
+pub mod wire;

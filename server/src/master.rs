@@ -1,0 +1,208 @@
+//! `tensorflow.MasterService`: the protocol stock TensorFlow clients speak.
+//!
+//! Each handler looks the session up, then does all TensorFlow work (tensor
+//! conversion included) on an executor thread via [`exec::blocking`].
+
+use std::sync::Arc;
+
+use salus_proto::tensorflow::master_service_server::MasterService;
+use salus_proto::tensorflow::*;
+use tonic::{Request, Response, Status};
+
+use crate::error::{Error, Result};
+use crate::exec;
+use crate::job::Job;
+use crate::session_config::session_config;
+use crate::state::ServerState;
+use crate::tf::{self, Tensor};
+
+pub struct Master {
+    state: Arc<ServerState>,
+}
+
+impl Master {
+    pub fn new(state: Arc<ServerState>) -> Master {
+        Master { state }
+    }
+}
+
+/// Converts fetched tensors to protos, naming each failure after its fetch.
+fn fetched_protos(tensors: Vec<Tensor>, names: &[String]) -> Result<Vec<TensorProto>> {
+    tensors.into_iter().zip(names).map(|(t, name)| t.into_proto().map_err(|e| Error::tensor(name, e))).collect()
+}
+
+/// The body of RunStep: a full run or one step of a partial run.
+fn run_step(state: &ServerState, job: &Job, req: &RunStepRequest) -> Result<RunStepResponse> {
+    let feeds = job.feeds(req.feed.iter().map(|f| (f.name.as_str(), f.tensor.as_ref())), state.limits.max_tensor_bytes)?;
+    let (tensors, metadata) = if req.partial_run_handle.is_empty() {
+        let fetches = req.fetch.iter().map(|n| job.port(n, "fetch")).collect::<Result<Vec<_>>>()?;
+        let targets = req.target.iter().map(|n| job.target(n)).collect::<Result<Vec<_>>>()?;
+        let out = job.run(&req.options, &feeds, &fetches, &targets)?;
+        (out.outputs, out.metadata)
+    } else {
+        (job.partial_run(&req.partial_run_handle, &feeds, &req.fetch, &req.target)?, Vec::new())
+    };
+    state.count_run();
+    let tensor = fetched_protos(tensors, &req.fetch)?
+        .into_iter()
+        .zip(&req.fetch)
+        .map(|(tensor, name)| NamedTensorProto { name: name.clone(), tensor: Some(tensor) })
+        .collect();
+    Ok(RunStepResponse { tensor, metadata: metadata.into(), ..Default::default() })
+}
+
+#[tonic::async_trait]
+impl MasterService for Master {
+    async fn create_session(
+        &self,
+        request: Request<CreateSessionRequest>,
+    ) -> Result<Response<CreateSessionResponse>, Status> {
+        let req = request.into_inner();
+        let (config, name) = session_config(&req.config, self.state.session_defaults)?;
+        let handle = self.state.sessions.next_handle();
+        let job = {
+            let handle = handle.clone();
+            let name = name.clone();
+            exec::blocking(move || Job::create(handle, name, &req.graph_def, &config)).await?
+        };
+        self.state.sessions.insert(Arc::new(job))?;
+        tracing::info!(session = %handle, name = %name, "session created");
+        Ok(Response::new(CreateSessionResponse { session_handle: handle, graph_version: 0 }))
+    }
+
+    async fn extend_session(
+        &self,
+        request: Request<ExtendSessionRequest>,
+    ) -> Result<Response<ExtendSessionResponse>, Status> {
+        let req = request.into_inner();
+        let job = self.state.sessions.get(&req.session_handle)?;
+        let new_graph_version =
+            exec::blocking(move || job.extend(&req.graph_def, req.current_graph_version)).await?;
+        Ok(Response::new(ExtendSessionResponse { new_graph_version }))
+    }
+
+    async fn partial_run_setup(
+        &self,
+        request: Request<PartialRunSetupRequest>,
+    ) -> Result<Response<PartialRunSetupResponse>, Status> {
+        let req = request.into_inner();
+        let job = self.state.sessions.get(&req.session_handle)?;
+        let partial_run_handle =
+            exec::blocking(move || job.partial_run_setup(&req.feed, &req.fetch, &req.target)).await?;
+        Ok(Response::new(PartialRunSetupResponse { partial_run_handle }))
+    }
+
+    async fn run_step(&self, request: Request<RunStepRequest>) -> Result<Response<RunStepResponse>, Status> {
+        let req = request.into_inner();
+        let store_errors = req.store_errors_in_response_body;
+        let result = match self.state.sessions.get(&req.session_handle) {
+            Ok(job) => {
+                let state = self.state.clone();
+                exec::blocking(move || run_step(&state, &job, &req)).await
+            }
+            Err(err) => Err(err),
+        };
+        match result {
+            Ok(response) => Ok(Response::new(response)),
+            // The stock client asks for runtime errors in the body, with gRPC OK.
+            Err(err) if store_errors => Ok(Response::new(RunStepResponse {
+                status_code: err.code() as i32,
+                status_error_message: err.to_string(),
+                ..Default::default()
+            })),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    async fn close_session(
+        &self,
+        request: Request<CloseSessionRequest>,
+    ) -> Result<Response<CloseSessionResponse>, Status> {
+        let handle = request.into_inner().session_handle;
+        let job = self.state.sessions.remove(&handle)?;
+        // The TF session closes when the last reference goes; do that off the runtime.
+        exec::blocking(move || {
+            drop(job);
+            Ok(())
+        })
+        .await?;
+        tracing::info!(session = %handle, "session closed");
+        Ok(Response::new(CloseSessionResponse {}))
+    }
+
+    async fn list_devices(
+        &self,
+        request: Request<ListDevicesRequest>,
+    ) -> Result<Response<ListDevicesResponse>, Status> {
+        let handle = request.into_inner().session_handle;
+        if !handle.is_empty() {
+            self.state.sessions.get(&handle)?;
+        }
+        let local_device = self
+            .state
+            .devices
+            .iter()
+            .map(|d| DeviceAttributes {
+                name: d.name.clone(),
+                device_type: d.device_type.clone(),
+                memory_limit: d.memory_bytes,
+                incarnation: d.incarnation,
+                ..Default::default()
+            })
+            .collect();
+        Ok(Response::new(ListDevicesResponse { local_device, remote_device: Vec::new() }))
+    }
+
+    async fn reset(&self, request: Request<ResetRequest>) -> Result<Response<ResetResponse>, Status> {
+        let req = request.into_inner();
+        if !req.device_filters.is_empty() {
+            tracing::warn!(filters = ?req.device_filters, "Reset ignores device_filters: containers are cleared on every device");
+        }
+        tracing::info!(containers = ?req.container, "resetting resource containers");
+        exec::blocking(move || Ok(tf::reset_containers(&req.container)?)).await?;
+        Ok(Response::new(ResetResponse {}))
+    }
+
+    async fn make_callable(
+        &self,
+        request: Request<MakeCallableRequest>,
+    ) -> Result<Response<MakeCallableResponse>, Status> {
+        let req = request.into_inner();
+        let job = self.state.sessions.get(&req.session_handle)?;
+        let options = req.options.unwrap_or_default();
+        let handle = exec::blocking(move || job.make_callable(&options)).await?;
+        Ok(Response::new(MakeCallableResponse { handle }))
+    }
+
+    async fn run_callable(
+        &self,
+        request: Request<RunCallableRequest>,
+    ) -> Result<Response<RunCallableResponse>, Status> {
+        let req = request.into_inner();
+        let job = self.state.sessions.get(&req.session_handle)?;
+        let state = self.state.clone();
+        let response = exec::blocking(move || {
+            let out = job.run_callable(req.handle, &req.feed, state.limits.max_tensor_bytes)?;
+            state.count_run();
+            let fetch = out
+                .outputs
+                .into_iter()
+                .enumerate()
+                .map(|(i, t)| t.into_proto().map_err(|e| Error::tensor(format!("fetch {i} of callable {}", req.handle), e)))
+                .collect::<Result<_>>()?;
+            Ok(RunCallableResponse { fetch, metadata: out.metadata.into() })
+        })
+        .await?;
+        Ok(Response::new(response))
+    }
+
+    async fn release_callable(
+        &self,
+        request: Request<ReleaseCallableRequest>,
+    ) -> Result<Response<ReleaseCallableResponse>, Status> {
+        let req = request.into_inner();
+        let job = self.state.sessions.get(&req.session_handle)?;
+        job.release_callable(req.handle)?;
+        Ok(Response::new(ReleaseCallableResponse {}))
+    }
+}

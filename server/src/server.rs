@@ -1,0 +1,117 @@
+//! Assembles the gRPC server: master service, admin service and health, on one
+//! listener, with graceful shutdown.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use salus_proto::salus::v1::admin_server::AdminServer;
+use salus_proto::tensorflow::master_service_server::MasterServiceServer;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::StreamExt;
+
+use crate::admin::AdminService;
+use crate::config::Config;
+use crate::error::Error;
+use crate::exec;
+use crate::master::Master;
+use crate::state::{Limits, ServerState};
+use crate::tf::{self, Graph, Session};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("TensorFlow could not start: {0}")]
+    Startup(#[from] Error),
+    #[error("gRPC transport failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// A started server: TensorFlow initialised, devices known.
+pub struct Server {
+    config: Config,
+    state: Arc<ServerState>,
+}
+
+impl Server {
+    /// Initialises TensorFlow and lists the devices every session will see.
+    pub async fn start(config: Config) -> Result<Server, ServeError> {
+        let devices = exec::blocking(|| {
+            let probe = Session::new(Arc::new(Graph::new()), &[])?;
+            Ok(probe.list_devices()?)
+        })
+        .await?;
+        let version = tf::tensorflow_version();
+        for device in &devices {
+            tracing::info!(device = %device.name, kind = %device.device_type, memory = device.memory_bytes, "device");
+        }
+        let limits = Limits { max_tensor_bytes: config.max_message_size as u64 };
+        let state = Arc::new(ServerState::new(limits, config.session_defaults, devices, version));
+        Ok(Server { config, state })
+    }
+
+    pub fn state(&self) -> &Arc<ServerState> {
+        &self.state
+    }
+
+    /// Serves on `listener` until `shutdown` resolves, lets in-flight requests
+    /// finish (up to the configured grace period), then closes every session.
+    pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()> + Send) -> Result<(), ServeError> {
+        let limit = self.config.max_message_size;
+        let master = MasterServiceServer::new(Master::new(self.state.clone()))
+            .max_decoding_message_size(limit)
+            .max_encoding_message_size(limit);
+        let admin = AdminServer::new(AdminService::new(self.state.clone()));
+        let (health, health_service) = tonic_health::server::health_reporter();
+        health.set_serving::<MasterServiceServer<Master>>().await;
+        health.set_serving::<AdminServer<AdminService>>().await;
+
+        // Small RunSteps are latency-bound: disable Nagle on every connection.
+        let incoming = TcpListenerStream::new(listener).map(|stream| {
+            if let Ok(stream) = &stream {
+                let _ = stream.set_nodelay(true);
+            }
+            stream
+        });
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let grace = self.config.shutdown_grace;
+        let router = tonic::transport::Server::builder()
+            .add_service(health_service)
+            .add_service(master)
+            .add_service(admin)
+            .serve_with_incoming_shutdown(incoming, async move {
+                shutdown.await;
+                tracing::info!("shutting down: finishing in-flight requests");
+                let _ = stop_tx.send(());
+            });
+        tokio::pin!(router);
+        // After the signal, requests get `grace` to finish before sessions close anyway.
+        let deadline = async {
+            if stop_rx.await.is_ok() {
+                tokio::time::sleep(grace).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            result = &mut router => result?,
+            () = deadline => tracing::warn!(grace_s = grace.as_secs(), "requests still running after the grace period"),
+        }
+        health.set_not_serving::<MasterServiceServer<Master>>().await;
+        self.close_sessions().await;
+        Ok(())
+    }
+
+    async fn close_sessions(&self) {
+        let jobs = self.state.sessions.drain();
+        let count = jobs.len();
+        if let Err(err) = exec::blocking(move || {
+            drop(jobs);
+            Ok(())
+        })
+        .await
+        {
+            tracing::error!(cause = %err, "closing sessions failed");
+        }
+        tracing::info!(sessions = count, "all sessions closed");
+    }
+}

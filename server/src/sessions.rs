@@ -1,0 +1,104 @@
+//! The table of open sessions (jobs), keyed by handle.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher, RandomState};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::error::{Error, Result};
+use crate::job::Job;
+
+/// Open jobs. The std mutex is never held across an `.await` or a TF call:
+/// lookups clone the `Arc<Job>` and release it at once.
+#[derive(Default)]
+pub struct SessionTable {
+    jobs: Mutex<HashMap<String, Arc<Job>>>,
+    created: AtomicU64,
+    closing: AtomicBool,
+    /// Random per process, so a handle from an earlier server process never
+    /// names a session of this one.
+    salt: u64,
+}
+
+impl SessionTable {
+    pub fn new() -> SessionTable {
+        SessionTable { salt: RandomState::new().build_hasher().finish(), ..Default::default() }
+    }
+
+    fn jobs(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Job>>> {
+        self.jobs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A new unique handle.
+    pub fn next_handle(&self) -> String {
+        let n = self.created.fetch_add(1, Ordering::Relaxed);
+        let mut h = RandomState::new().build_hasher();
+        h.write_u64(n ^ self.salt);
+        format!("salus-{n}-{:016x}", h.finish() ^ self.salt)
+    }
+
+    pub fn insert(&self, job: Arc<Job>) -> Result<()> {
+        if self.closing.load(Ordering::SeqCst) {
+            return Err(Error::ShuttingDown);
+        }
+        self.jobs().insert(job.handle.clone(), job);
+        Ok(())
+    }
+
+    pub fn get(&self, handle: &str) -> Result<Arc<Job>> {
+        let job = self.jobs().get(handle).cloned().ok_or_else(|| Error::SessionNotFound(handle.to_string()))?;
+        job.touch();
+        Ok(job)
+    }
+
+    pub fn remove(&self, handle: &str) -> Result<Arc<Job>> {
+        self.jobs().remove(handle).ok_or_else(|| Error::SessionNotFound(handle.to_string()))
+    }
+
+    pub fn all(&self) -> Vec<Arc<Job>> {
+        let mut jobs: Vec<_> = self.jobs().values().cloned().collect();
+        jobs.sort_by_key(|j| j.created);
+        jobs
+    }
+
+    pub fn len(&self) -> usize {
+        self.jobs().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn sessions_created(&self) -> u64 {
+        self.created.load(Ordering::Relaxed)
+    }
+
+    /// Refuses new sessions and hands back every open one, for shutdown.
+    pub fn drain(&self) -> Vec<Arc<Job>> {
+        self.closing.store(true, Ordering::SeqCst);
+        self.jobs().drain().map(|(_, job)| job).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handles_are_unique() {
+        let table = SessionTable::new();
+        let other = SessionTable::new();
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..1000 {
+            assert!(seen.insert(table.next_handle()));
+            assert!(seen.insert(other.next_handle()));
+        }
+    }
+
+    #[test]
+    fn unknown_handles_are_not_found() {
+        let table = SessionTable::new();
+        assert!(matches!(table.get("nope"), Err(Error::SessionNotFound(h)) if h == "nope"));
+        assert!(matches!(table.remove("nope"), Err(Error::SessionNotFound(_))));
+    }
+}

@@ -1,0 +1,48 @@
+//! State shared by the gRPC services of one server.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use crate::session_config::SessionDefaults;
+use crate::sessions::SessionTable;
+use crate::tf::DeviceInfo;
+
+/// Limits applied to every request.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Largest tensor a feed may produce, in bytes.
+    pub max_tensor_bytes: u64,
+}
+
+pub struct ServerState {
+    pub sessions: SessionTable,
+    pub limits: Limits,
+    pub session_defaults: SessionDefaults,
+    /// The server's devices, listed once at start-up.
+    pub devices: Vec<DeviceInfo>,
+    pub tensorflow_version: String,
+    pub started: Instant,
+    runs_completed: AtomicU64,
+}
+
+impl ServerState {
+    pub fn new(limits: Limits, session_defaults: SessionDefaults, devices: Vec<DeviceInfo>, tensorflow_version: String) -> Self {
+        ServerState {
+            sessions: SessionTable::new(),
+            limits,
+            session_defaults,
+            devices,
+            tensorflow_version,
+            started: Instant::now(),
+            runs_completed: AtomicU64::new(0),
+        }
+    }
+
+    pub fn count_run(&self) {
+        self.runs_completed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn runs_completed(&self) -> u64 {
+        self.runs_completed.load(Ordering::Relaxed)
+    }
+}

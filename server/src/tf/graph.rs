@@ -1,0 +1,138 @@
+//! TF_Graph wrapper: import of (delta) GraphDefs and name lookups.
+
+use std::ffi::{CStr, CString};
+use std::ptr::NonNull;
+
+use tensorflow_sys as sys;
+
+use super::buffer;
+use super::ffi;
+use super::status::{with_status, TfError};
+
+/// An operation of a [`Graph`]; valid as long as the graph lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Operation(NonNull<sys::TF_Operation>);
+
+// SAFETY: operations are immutable once added and owned by their graph, which is
+// kept alive (Arc) by everyone holding one of its operations.
+unsafe impl Send for Operation {}
+unsafe impl Sync for Operation {}
+
+impl Operation {
+    pub fn as_ptr(self) -> *mut sys::TF_Operation {
+        self.0.as_ptr()
+    }
+
+    pub fn num_outputs(self) -> i32 {
+        // SAFETY: a live operation of a live graph.
+        unsafe { sys::TF_OperationNumOutputs(self.as_ptr()) }
+    }
+
+    pub fn output(self, index: i32) -> sys::TF_Output {
+        sys::TF_Output { oper: self.as_ptr(), index }
+    }
+}
+
+/// How an imported delta's references to existing nodes are resolved.
+#[derive(Default, Debug)]
+pub struct ImportMappings {
+    /// `name:index` in the delta → that output of an existing operation.
+    pub data: Vec<(String, i32, Operation)>,
+    /// `^name` in the delta → an existing operation.
+    pub control: Vec<(String, Operation)>,
+}
+
+/// An owned TF_Graph. TensorFlow guards it with its own mutex, so it is shared
+/// between request threads.
+pub struct Graph(NonNull<sys::TF_Graph>);
+
+// SAFETY: every TF_Graph function takes the graph's internal mutex.
+unsafe impl Send for Graph {}
+unsafe impl Sync for Graph {}
+
+impl Graph {
+    pub fn new() -> Graph {
+        // SAFETY: TF_NewGraph has no preconditions.
+        Graph(NonNull::new(unsafe { sys::TF_NewGraph() }).expect("TF_NewGraph returned null"))
+    }
+
+    pub fn as_ptr(&self) -> *mut sys::TF_Graph {
+        self.0.as_ptr()
+    }
+
+    /// The operation called `name`, if any. Names with NUL bytes match nothing.
+    pub fn operation(&self, name: &str) -> Option<Operation> {
+        let name = CString::new(name).ok()?;
+        // SAFETY: live graph, NUL-terminated name.
+        NonNull::new(unsafe { sys::TF_GraphOperationByName(self.as_ptr(), name.as_ptr()) }).map(Operation)
+    }
+
+    /// Imports `graph_def` (serialized GraphDef bytes) into this graph, wiring
+    /// references to existing nodes through `mappings`.
+    pub fn import(&self, graph_def: &[u8], mappings: &ImportMappings) -> Result<(), TfError> {
+        // Keep the CStrings alive until the import is done: TF copies them, but
+        // only during the call.
+        let names: Vec<CString> = mappings
+            .data
+            .iter()
+            .map(|(n, _, _)| n)
+            .chain(mappings.control.iter().map(|(n, _)| n))
+            .map(|n| CString::new(n.as_str()).map_err(|_| TfError::new(3, format!("node name {n:?} contains NUL"))))
+            .collect::<Result<_, _>>()?;
+        let graph_def = buffer::borrowed(graph_def);
+        // SAFETY: options are created, used and deleted here; every pointer handed
+        // to TF (names, operations, the borrowed buffer) outlives the calls.
+        unsafe {
+            let opts = sys::TF_NewImportGraphDefOptions();
+            ffi::TF_ImportGraphDefOptionsSetValidateColocationConstraints(opts, 0);
+            let (data_names, control_names) = names.split_at(mappings.data.len());
+            for ((_, index, op), name) in mappings.data.iter().zip(data_names) {
+                sys::TF_ImportGraphDefOptionsAddInputMapping(opts, name.as_ptr(), *index, op.output(*index));
+            }
+            for ((_, op), name) in mappings.control.iter().zip(control_names) {
+                sys::TF_ImportGraphDefOptionsRemapControlDependency(opts, name.as_ptr(), op.as_ptr());
+            }
+            let result = with_status(|status| sys::TF_GraphImportGraphDef(self.as_ptr(), &graph_def, opts, status));
+            sys::TF_DeleteImportGraphDefOptions(opts);
+            result
+        }
+    }
+
+    /// Serialized GraphDef of the whole graph.
+    pub fn to_graph_def(&self) -> Result<Vec<u8>, TfError> {
+        let out = buffer::OutputBuffer::new();
+        // SAFETY: live graph and buffer.
+        with_status(|status| unsafe { sys::TF_GraphToGraphDef(self.as_ptr(), out.as_ptr(), status) })?;
+        Ok(out.to_vec())
+    }
+
+    /// Number of operations (walks the graph).
+    pub fn num_operations(&self) -> usize {
+        let mut pos: usize = 0;
+        let mut count = 0;
+        // SAFETY: live graph; TF_GraphNextOperation advances `pos` and returns null at the end.
+        while !unsafe { sys::TF_GraphNextOperation(self.as_ptr(), &mut pos) }.is_null() {
+            count += 1;
+        }
+        count
+    }
+}
+
+impl Default for Graph {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        // SAFETY: owned graph, deleted once; sessions using it hold an Arc to it.
+        unsafe { sys::TF_DeleteGraph(self.as_ptr()) }
+    }
+}
+
+/// The NUL-terminated version string of the linked TensorFlow.
+pub fn tensorflow_version() -> String {
+    // SAFETY: TF_Version returns a static NUL-terminated string.
+    unsafe { CStr::from_ptr(sys::TF_Version()) }.to_string_lossy().into_owned()
+}

@@ -1,0 +1,22 @@
+//! Safe wrappers over TensorFlow's C API (tensorflow-sys plus a few extra
+//! declarations). Every function here blocks; callers run them off the async
+//! runtime.
+//!
+//! # Layout
+//! - [`status`]: TF_Status and [`TfError`].
+//! - [`tensor`]: TensorProto <-> TF_Tensor conversion with validation.
+//! - [`graph`]: TF_Graph, GraphDef import with mappings to existing nodes.
+//! - [`session`]: TF_Session runs, partial runs, devices, container reset.
+//! - `buffer`, `ffi`: TF_Buffer helpers and the declarations tensorflow-sys lacks.
+
+mod buffer;
+mod ffi;
+pub mod graph;
+pub mod session;
+pub mod status;
+pub mod tensor;
+
+pub use graph::{tensorflow_version, Graph, ImportMappings, Operation};
+pub use session::{reset_containers, DeviceInfo, PartialRunHandle, RunOutput, Session};
+pub use status::TfError;
+pub use tensor::{Tensor, TensorError};

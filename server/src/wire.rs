@@ -1,0 +1,123 @@
+//! Wire-level protobuf editing: removes top-level fields from a serialized
+//! message while keeping every other byte as the client sent it. Used on the
+//! client's ConfigProto, which the server hands to TensorFlow without a full
+//! schema (decoding into a subset and re-encoding would drop fields).
+
+/// Why a message could not be walked.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum WireError {
+    #[error("truncated protobuf message")]
+    Truncated,
+    #[error("malformed varint in protobuf message")]
+    BadVarint,
+    #[error("unsupported protobuf wire type {0}")]
+    BadWireType(u64),
+}
+
+fn read_varint(bytes: &[u8], pos: &mut usize) -> Result<u64, WireError> {
+    let mut value = 0u64;
+    for shift in (0..64).step_by(7) {
+        let byte = *bytes.get(*pos).ok_or(WireError::Truncated)?;
+        *pos += 1;
+        value |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            return Ok(value);
+        }
+    }
+    Err(WireError::BadVarint)
+}
+
+/// Appends a varint.
+pub fn write_varint(out: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        out.push((value as u8) | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+/// A top-level field: its number and its full encoded span (key included).
+struct Field {
+    number: u64,
+    start: usize,
+    end: usize,
+}
+
+fn fields(bytes: &[u8]) -> Result<Vec<Field>, WireError> {
+    let mut out = Vec::new();
+    let mut pos = 0;
+    while pos < bytes.len() {
+        let start = pos;
+        let key = read_varint(bytes, &mut pos)?;
+        let len = match key & 7 {
+            0 => {
+                read_varint(bytes, &mut pos)?;
+                0
+            }
+            1 => 8,
+            2 => read_varint(bytes, &mut pos)?,
+            5 => 4,
+            other => return Err(WireError::BadWireType(other)),
+        };
+        let len = usize::try_from(len).map_err(|_| WireError::Truncated)?;
+        pos = pos.checked_add(len).filter(|&end| end <= bytes.len()).ok_or(WireError::Truncated)?;
+        out.push(Field { number: key >> 3, start, end: pos });
+    }
+    Ok(out)
+}
+
+/// `bytes` without the top-level fields numbered in `drop`.
+pub fn strip_fields(bytes: &[u8], drop: &[u64]) -> Result<Vec<u8>, WireError> {
+    let mut out = Vec::with_capacity(bytes.len());
+    for field in fields(bytes)? {
+        if !drop.contains(&field.number) {
+            out.extend_from_slice(&bytes[field.start..field.end]);
+        }
+    }
+    Ok(out)
+}
+
+/// Whether a top-level field numbered `number` is present.
+pub fn has_field(bytes: &[u8], number: u64) -> Result<bool, WireError> {
+    Ok(fields(bytes)?.iter().any(|f| f.number == number))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strips_only_named_fields() {
+        // field 1 (len 2 "ab"), field 2 varint 150, field 5 fixed32
+        let msg = [0x0a, 0x02, b'a', b'b', 0x10, 0x96, 0x01, 0x2d, 1, 2, 3, 4];
+        assert_eq!(strip_fields(&msg, &[1]).unwrap(), vec![0x10, 0x96, 0x01, 0x2d, 1, 2, 3, 4]);
+        assert_eq!(strip_fields(&msg, &[2, 5]).unwrap(), vec![0x0a, 0x02, b'a', b'b']);
+        assert_eq!(strip_fields(&msg, &[]).unwrap(), msg.to_vec());
+        assert!(has_field(&msg, 5).unwrap());
+        assert!(!has_field(&msg, 3).unwrap());
+    }
+
+    #[test]
+    fn rejects_malformed_messages() {
+        assert_eq!(strip_fields(&[0x0a, 0x05, b'a'], &[]), Err(WireError::Truncated));
+        assert_eq!(strip_fields(&[0x0b], &[]), Err(WireError::BadWireType(3)));
+        assert_eq!(strip_fields(&[0x08, 0xff], &[]), Err(WireError::Truncated));
+        assert_eq!(strip_fields(&[0x08; 1][..], &[]), Err(WireError::Truncated));
+        let long = [0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01];
+        assert_eq!(strip_fields(&long, &[]), Err(WireError::BadVarint));
+        // A length that overflows usize arithmetic must not panic.
+        let huge = [0x0a, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01];
+        assert_eq!(strip_fields(&huge, &[]), Err(WireError::Truncated));
+    }
+
+    #[test]
+    fn varint_round_trip() {
+        for v in [0u64, 1, 127, 128, 300, u32::MAX as u64, u64::MAX] {
+            let mut buf = Vec::new();
+            write_varint(&mut buf, v);
+            let mut pos = 0;
+            assert_eq!(read_varint(&buf, &mut pos).unwrap(), v);
+            assert_eq!(pos, buf.len());
+        }
+    }
+}
