@@ -13,6 +13,7 @@
 //! - [`graph_delta`]: checks (delta) GraphDefs before import.
 //! - [`session_config`]: client ConfigProto -> server-side session config.
 //! - [`tf`]: safe wrappers over TensorFlow's C API.
+//! - [`tf_log`]: filters TensorFlow's own log lines out of stderr.
 //! - [`exec`]: runs TensorFlow work off the async runtime.
 //! - [`wire`]: wire-level protobuf field editing.
 //! - [`error`]: the error type and its mapping to gRPC/TensorFlow codes.
@@ -29,4 +30,5 @@ pub mod session_config;
 pub mod sessions;
 pub mod state;
 pub mod tf;
+pub mod tf_log;
 pub mod wire;

@@ -15,19 +15,21 @@ fn main() -> anyhow::Result<()> {
     if config.verbose == 0 && std::env::var_os("TF_CPP_MIN_LOG_LEVEL").is_none() {
         std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "2");
     }
-    init_logging(config.verbose);
+    // Before TensorFlow logs anything: route its stderr lines through the filter.
+    let stderr = salus_server::tf_log::filter_stderr(config.verbose > 0).context("cannot set up log filtering")?;
+    init_logging(config.verbose, stderr);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(run(config))
 }
 
-fn init_logging(verbose: u8) {
+fn init_logging(verbose: u8, stderr: std::fs::File) {
     let default = match verbose {
         0 => "info",
         1 => "debug",
         _ => "trace",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::sync::Mutex::new(stderr)).with_ansi(false).init();
 }
 
 async fn run(config: Config) -> anyhow::Result<()> {
