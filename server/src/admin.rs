@@ -21,7 +21,10 @@ impl AdminService {
 
 #[tonic::async_trait]
 impl Admin for AdminService {
-    async fn get_server_info(&self, _: Request<GetServerInfoRequest>) -> Result<Response<ServerInfo>, Status> {
+    async fn get_server_info(
+        &self,
+        _: Request<GetServerInfoRequest>,
+    ) -> Result<Response<ServerInfo>, Status> {
         let s = &self.state;
         Ok(Response::new(ServerInfo {
             version: env!("CARGO_PKG_VERSION").to_string(),
@@ -42,7 +45,10 @@ impl Admin for AdminService {
         }))
     }
 
-    async fn list_sessions(&self, _: Request<ListSessionsRequest>) -> Result<Response<ListSessionsResponse>, Status> {
+    async fn list_sessions(
+        &self,
+        _: Request<ListSessionsRequest>,
+    ) -> Result<Response<ListSessionsResponse>, Status> {
         // graph_nodes walks the graph under TF's lock: cheap, but keep it off the runtime.
         let state = self.state.clone();
         let sessions = crate::exec::blocking(move || {

@@ -96,9 +96,13 @@ impl TryFrom<Args> for Config {
 /// Parses "123", "64KiB", "512MiB", "2GiB", "1GB" (decimal units too).
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let text = text.trim();
-    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
     let (digits, unit) = text.split_at(split);
-    let value: u64 = digits.parse().map_err(|_| format!("{text:?} is not a size like 512MiB or 2GiB"))?;
+    let value: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size like 512MiB or 2GiB"))?;
     let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kb" => 1_000,
@@ -107,9 +111,15 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         "mib" => 1 << 20,
         "g" | "gb" => 1_000_000_000,
         "gib" => 1 << 30,
-        other => return Err(format!("unknown size unit {other:?} in {text:?}; use B, KiB, MiB, GiB, KB, MB or GB")),
+        other => {
+            return Err(format!(
+                "unknown size unit {other:?} in {text:?}; use B, KiB, MiB, GiB, KB, MB or GB"
+            ))
+        }
     };
-    value.checked_mul(multiplier).ok_or_else(|| format!("{text:?} is too large"))
+    value
+        .checked_mul(multiplier)
+        .ok_or_else(|| format!("{text:?} is too large"))
 }
 
 #[cfg(test)]

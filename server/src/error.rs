@@ -21,7 +21,11 @@ pub enum Error {
     #[error("invalid ConfigProto: {0}")]
     Config(#[from] WireError),
     #[error("graph version mismatch: session {handle:?} is at version {current}, the request extends version {requested}")]
-    GraphVersion { handle: String, current: i64, requested: i64 },
+    GraphVersion {
+        handle: String,
+        current: i64,
+        requested: i64,
+    },
     #[error("callable {handle} not found in session {session:?}: it was released or never made")]
     CallableNotFound { session: String, handle: i64 },
     #[error("partial run {0:?} not found: it finished, failed, or was never set up")]
@@ -40,7 +44,10 @@ impl Error {
     pub fn tensor(name: impl Into<String>, source: TensorError) -> Error {
         match source {
             TensorError::Tensorflow(err) => Error::Tensorflow(err),
-            source => Error::Tensor { name: name.into(), source },
+            source => Error::Tensor {
+                name: name.into(),
+                source,
+            },
         }
     }
 
@@ -81,14 +88,42 @@ mod tests {
     fn maps_codes_like_tensorflow() {
         let cases: Vec<(Error, tonic::Code)> = vec![
             (Error::SessionNotFound("x".into()), tonic::Code::Aborted),
-            (Error::InvalidArgument("bad".into()), tonic::Code::InvalidArgument),
-            (Error::tensor("x:0", TensorError::UnknownDtype(999)), tonic::Code::InvalidArgument),
-            (Error::tensor("x:0", TensorError::Tensorflow(TfError::new(8, "oom"))), tonic::Code::ResourceExhausted),
-            (Error::GraphVersion { handle: "s".into(), current: 2, requested: 1 }, tonic::Code::FailedPrecondition),
-            (Error::Graph(GraphError::DuplicateNode("a".into())), tonic::Code::InvalidArgument),
-            (Error::Tensorflow(TfError::new(9, "uninitialized")), tonic::Code::FailedPrecondition),
-            (Error::Tensorflow(TfError::new(77, "odd")), tonic::Code::Unknown),
-            (Error::Unimplemented("no".into()), tonic::Code::Unimplemented),
+            (
+                Error::InvalidArgument("bad".into()),
+                tonic::Code::InvalidArgument,
+            ),
+            (
+                Error::tensor("x:0", TensorError::UnknownDtype(999)),
+                tonic::Code::InvalidArgument,
+            ),
+            (
+                Error::tensor("x:0", TensorError::Tensorflow(TfError::new(8, "oom"))),
+                tonic::Code::ResourceExhausted,
+            ),
+            (
+                Error::GraphVersion {
+                    handle: "s".into(),
+                    current: 2,
+                    requested: 1,
+                },
+                tonic::Code::FailedPrecondition,
+            ),
+            (
+                Error::Graph(GraphError::DuplicateNode("a".into())),
+                tonic::Code::InvalidArgument,
+            ),
+            (
+                Error::Tensorflow(TfError::new(9, "uninitialized")),
+                tonic::Code::FailedPrecondition,
+            ),
+            (
+                Error::Tensorflow(TfError::new(77, "odd")),
+                tonic::Code::Unknown,
+            ),
+            (
+                Error::Unimplemented("no".into()),
+                tonic::Code::Unimplemented,
+            ),
             (Error::ShuttingDown, tonic::Code::Unavailable),
         ];
         for (err, code) in cases {
@@ -102,6 +137,9 @@ mod tests {
     #[test]
     fn tensor_errors_name_the_tensor() {
         let err = Error::tensor("input:0", TensorError::UnknownDtype(999));
-        assert_eq!(err.to_string(), "invalid tensor \"input:0\": unknown dtype 999");
+        assert_eq!(
+            err.to_string(),
+            "invalid tensor \"input:0\": unknown dtype 999"
+        );
     }
 }

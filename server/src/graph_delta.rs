@@ -25,7 +25,12 @@ pub enum GraphError {
     #[error("node {node:?} has input {input:?}, which names no node in the graph")]
     UnknownInput { node: String, input: String },
     #[error("node {node:?} has input {input:?}, but {target:?} has only {outputs} outputs")]
-    OutputOutOfRange { node: String, input: String, target: String, outputs: i32 },
+    OutputOutOfRange {
+        node: String,
+        input: String,
+        target: String,
+        outputs: i32,
+    },
 }
 
 /// A parsed input reference of a NodeDef.
@@ -43,9 +48,15 @@ fn parse_input(input: &str) -> InputRef<'_> {
     match input.rsplit_once(':') {
         Some((node, index)) => match index.parse::<i32>() {
             Ok(index) if index >= 0 => InputRef::Data { node, index },
-            _ => InputRef::Data { node: input, index: 0 },
+            _ => InputRef::Data {
+                node: input,
+                index: 0,
+            },
         },
-        None => InputRef::Data { node: input, index: 0 },
+        None => InputRef::Data {
+            node: input,
+            index: 0,
+        },
     }
 }
 
@@ -70,7 +81,10 @@ pub fn check_delta(bytes: &[u8], graph: &Graph) -> Result<CheckedDelta, GraphErr
             return Err(GraphError::DuplicateNode(node.name.clone()));
         }
     }
-    let mut checked = CheckedDelta { node_count: def.node.len(), ..Default::default() };
+    let mut checked = CheckedDelta {
+        node_count: def.node.len(),
+        ..Default::default()
+    };
     let mut seen_data = HashSet::new();
     let mut seen_control = HashSet::new();
     for node in &def.node {
@@ -83,10 +97,16 @@ pub fn check_delta(bytes: &[u8], graph: &Graph) -> Result<CheckedDelta, GraphErr
             if names.contains(target) {
                 continue;
             }
-            let unknown = || GraphError::UnknownInput { node: node.name.clone(), input: input.clone() };
+            let unknown = || GraphError::UnknownInput {
+                node: node.name.clone(),
+                input: input.clone(),
+            };
             let op = graph.operation(target).ok_or_else(unknown)?;
             match parsed {
-                InputRef::Data { node: target, index } => {
+                InputRef::Data {
+                    node: target,
+                    index,
+                } => {
                     if index >= op.num_outputs() {
                         return Err(GraphError::OutputOutOfRange {
                             node: node.name.clone(),
@@ -116,9 +136,27 @@ mod tests {
 
     #[test]
     fn parses_input_forms() {
-        assert_eq!(parse_input("a"), InputRef::Data { node: "a", index: 0 });
-        assert_eq!(parse_input("a:2"), InputRef::Data { node: "a", index: 2 });
+        assert_eq!(
+            parse_input("a"),
+            InputRef::Data {
+                node: "a",
+                index: 0
+            }
+        );
+        assert_eq!(
+            parse_input("a:2"),
+            InputRef::Data {
+                node: "a",
+                index: 2
+            }
+        );
         assert_eq!(parse_input("^a"), InputRef::Control { node: "a" });
-        assert_eq!(parse_input("scope/a:10"), InputRef::Data { node: "scope/a", index: 10 });
+        assert_eq!(
+            parse_input("scope/a:10"),
+            InputRef::Data {
+                node: "scope/a",
+                index: 10
+            }
+        );
     }
 }

@@ -107,7 +107,8 @@ impl Job {
     }
 
     pub fn touch(&self) {
-        self.last_active_ms.store(self.created.elapsed().as_millis() as u64, Ordering::Relaxed);
+        self.last_active_ms
+            .store(self.created.elapsed().as_millis() as u64, Ordering::Relaxed);
     }
 
     pub fn idle_seconds(&self) -> f64 {
@@ -131,7 +132,11 @@ impl Job {
     pub fn extend(&self, graph_def: &[u8], current_version: i64) -> Result<i64> {
         let mut version = lock(&self.graph_version);
         if *version != current_version {
-            return Err(Error::GraphVersion { handle: self.handle.clone(), current: *version, requested: current_version });
+            return Err(Error::GraphVersion {
+                handle: self.handle.clone(),
+                current: *version,
+                requested: current_version,
+            });
         }
         let graph = self.session.graph();
         let delta = check_delta(graph_def, graph)?;
@@ -145,15 +150,19 @@ impl Job {
         let (op_name, index) = match name.rsplit_once(':') {
             Some((op, idx)) => match idx.parse::<i32>() {
                 Ok(i) => (op, i),
-                Err(_) => return Err(Error::InvalidArgument(format!("{role} {name:?} is not of the form name:index"))),
+                Err(_) => {
+                    return Err(Error::InvalidArgument(format!(
+                        "{role} {name:?} is not of the form name:index"
+                    )))
+                }
             },
             None => (name, 0),
         };
-        let op = self
-            .session
-            .graph()
-            .operation(op_name)
-            .ok_or_else(|| Error::InvalidArgument(format!("{role} {name:?} names no operation in the session's graph")))?;
+        let op = self.session.graph().operation(op_name).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "{role} {name:?} names no operation in the session's graph"
+            ))
+        })?;
         if index < 0 || index >= op.num_outputs() {
             return Err(Error::InvalidArgument(format!(
                 "{role} {name:?}: operation {op_name:?} has {} outputs",
@@ -167,10 +176,11 @@ impl Job {
     pub fn target(&self, name: &str) -> Result<Operation> {
         let op_name = name.strip_prefix('^').unwrap_or(name);
         let op_name = op_name.split_once(':').map_or(op_name, |(op, _)| op);
-        self.session
-            .graph()
-            .operation(op_name)
-            .ok_or_else(|| Error::InvalidArgument(format!("target {name:?} names no operation in the session's graph")))
+        self.session.graph().operation(op_name).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "target {name:?} names no operation in the session's graph"
+            ))
+        })
     }
 
     /// Converts wire feeds into tensors at resolved ports.
@@ -183,15 +193,28 @@ impl Job {
             .into_iter()
             .map(|(name, proto)| {
                 let port = self.port(name, "feed")?;
-                let proto = proto.ok_or_else(|| Error::InvalidArgument(format!("feed {name:?} carries no tensor")))?;
-                let tensor = Tensor::from_proto(proto, max_tensor_bytes).map_err(|e| Error::tensor(name, e))?;
-                Ok(Feed { name: name.to_string(), port, tensor })
+                let proto = proto.ok_or_else(|| {
+                    Error::InvalidArgument(format!("feed {name:?} carries no tensor"))
+                })?;
+                let tensor = Tensor::from_proto(proto, max_tensor_bytes)
+                    .map_err(|e| Error::tensor(name, e))?;
+                Ok(Feed {
+                    name: name.to_string(),
+                    port,
+                    tensor,
+                })
             })
             .collect()
     }
 
     /// One full run (RunStep / RunCallable body).
-    pub fn run(&self, run_options: &[u8], feeds: &[Feed], fetches: &[Port], targets: &[Operation]) -> Result<tf::RunOutput> {
+    pub fn run(
+        &self,
+        run_options: &[u8],
+        feeds: &[Feed],
+        fetches: &[Port],
+        targets: &[Operation],
+    ) -> Result<tf::RunOutput> {
         let inputs: Vec<_> = feeds.iter().map(|f| (f.port.tf(), &f.tensor)).collect();
         let outputs: Vec<_> = fetches.iter().map(|p| p.tf()).collect();
         let result = self.session.run(run_options, &inputs, &outputs, targets);
@@ -200,7 +223,11 @@ impl Job {
     }
 
     fn count(&self, ok: bool) {
-        let counter = if ok { &self.stats.runs_completed } else { &self.stats.runs_failed };
+        let counter = if ok {
+            &self.stats.runs_completed
+        } else {
+            &self.stats.runs_failed
+        };
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -212,9 +239,21 @@ impl Job {
             ));
         }
         let callable = Callable {
-            feeds: options.feed.iter().map(|n| Ok((n.clone(), self.port(n, "feed")?))).collect::<Result<_>>()?,
-            fetches: options.fetch.iter().map(|n| self.port(n, "fetch")).collect::<Result<_>>()?,
-            targets: options.target.iter().map(|n| self.target(n)).collect::<Result<_>>()?,
+            feeds: options
+                .feed
+                .iter()
+                .map(|n| Ok((n.clone(), self.port(n, "feed")?)))
+                .collect::<Result<_>>()?,
+            fetches: options
+                .fetch
+                .iter()
+                .map(|n| self.port(n, "fetch"))
+                .collect::<Result<_>>()?,
+            targets: options
+                .target
+                .iter()
+                .map(|n| self.target(n))
+                .collect::<Result<_>>()?,
             run_options: options.run_options.clone(),
         };
         let handle = self.next_callable.fetch_add(1, Ordering::Relaxed);
@@ -223,11 +262,20 @@ impl Job {
     }
 
     /// RunCallable: feeds are positional, in the callable's feed order.
-    pub fn run_callable(&self, handle: i64, feeds: &[TensorProto], max_tensor_bytes: u64) -> Result<tf::RunOutput> {
-        let callable = lock(&self.callables)
-            .get(&handle)
-            .cloned()
-            .ok_or_else(|| Error::CallableNotFound { session: self.handle.clone(), handle })?;
+    pub fn run_callable(
+        &self,
+        handle: i64,
+        feeds: &[TensorProto],
+        max_tensor_bytes: u64,
+    ) -> Result<tf::RunOutput> {
+        let callable =
+            lock(&self.callables)
+                .get(&handle)
+                .cloned()
+                .ok_or_else(|| Error::CallableNotFound {
+                    session: self.handle.clone(),
+                    handle,
+                })?;
         if feeds.len() != callable.feeds.len() {
             return Err(Error::InvalidArgument(format!(
                 "callable {handle} expects {} feeds, the request carries {}",
@@ -240,27 +288,60 @@ impl Job {
             .iter()
             .zip(feeds)
             .map(|((name, port), proto)| {
-                let tensor = Tensor::from_proto(proto, max_tensor_bytes).map_err(|e| Error::tensor(name, e))?;
-                Ok(Feed { name: name.clone(), port: *port, tensor })
+                let tensor = Tensor::from_proto(proto, max_tensor_bytes)
+                    .map_err(|e| Error::tensor(name, e))?;
+                Ok(Feed {
+                    name: name.clone(),
+                    port: *port,
+                    tensor,
+                })
             })
             .collect::<Result<Vec<_>>>()?;
-        self.run(&callable.run_options, &feeds, &callable.fetches, &callable.targets)
+        self.run(
+            &callable.run_options,
+            &feeds,
+            &callable.fetches,
+            &callable.targets,
+        )
     }
 
     pub fn release_callable(&self, handle: i64) -> Result<()> {
         lock(&self.callables)
             .remove(&handle)
             .map(drop)
-            .ok_or_else(|| Error::CallableNotFound { session: self.handle.clone(), handle })
+            .ok_or_else(|| Error::CallableNotFound {
+                session: self.handle.clone(),
+                handle,
+            })
     }
 
     /// PartialRunSetup: returns the handle later RunSteps name.
-    pub fn partial_run_setup(&self, feeds: &[String], fetches: &[String], targets: &[String]) -> Result<String> {
-        let inputs: Vec<_> = feeds.iter().map(|n| Ok(self.port(n, "feed")?.tf())).collect::<Result<_>>()?;
-        let outputs: Vec<_> = fetches.iter().map(|n| Ok(self.port(n, "fetch")?.tf())).collect::<Result<_>>()?;
-        let target_ops: Vec<_> = targets.iter().map(|n| self.target(n)).collect::<Result<_>>()?;
-        let handle = self.session.partial_run_setup(&inputs, &outputs, &target_ops)?;
-        let ours = format!("{}-prun-{}", self.handle, self.next_partial_run.fetch_add(1, Ordering::Relaxed));
+    pub fn partial_run_setup(
+        &self,
+        feeds: &[String],
+        fetches: &[String],
+        targets: &[String],
+    ) -> Result<String> {
+        let inputs: Vec<_> = feeds
+            .iter()
+            .map(|n| Ok(self.port(n, "feed")?.tf()))
+            .collect::<Result<_>>()?;
+        let outputs: Vec<_> = fetches
+            .iter()
+            .map(|n| Ok(self.port(n, "fetch")?.tf()))
+            .collect::<Result<_>>()?;
+        let target_ops: Vec<_> = targets
+            .iter()
+            .map(|n| self.target(n))
+            .collect::<Result<_>>()?;
+        let handle = self
+            .session
+            .partial_run_setup(&inputs, &outputs, &target_ops)?;
+        let ours = format!(
+            "{}-prun-{}",
+            self.handle,
+            self.next_partial_run.fetch_add(1, Ordering::Relaxed)
+        );
         let run = PartialRun {
             handle,
             pending_fetches: fetches.iter().cloned().collect(),
@@ -279,14 +360,24 @@ impl Job {
         fetch_names: &[String],
         target_names: &[String],
     ) -> Result<Vec<Tensor>> {
-        let fetches: Vec<_> = fetch_names.iter().map(|n| Ok(self.port(n, "fetch")?.tf())).collect::<Result<_>>()?;
-        let targets: Vec<_> = target_names.iter().map(|n| self.target(n)).collect::<Result<_>>()?;
+        let fetches: Vec<_> = fetch_names
+            .iter()
+            .map(|n| Ok(self.port(n, "fetch")?.tf()))
+            .collect::<Result<_>>()?;
+        let targets: Vec<_> = target_names
+            .iter()
+            .map(|n| self.target(n))
+            .collect::<Result<_>>()?;
         let inputs: Vec<_> = feeds.iter().map(|f| (f.port.tf(), &f.tensor)).collect();
         // The map lock is held through the step: steps of one partial run are
         // sequential by definition, and TF rejects concurrent ones anyway.
         let mut runs = lock(&self.partial_runs);
-        let run = runs.get_mut(handle).ok_or_else(|| Error::PartialRunNotFound(handle.to_string()))?;
-        let result = self.session.partial_run(&run.handle, &inputs, &fetches, &targets);
+        let run = runs
+            .get_mut(handle)
+            .ok_or_else(|| Error::PartialRunNotFound(handle.to_string()))?;
+        let result = self
+            .session
+            .partial_run(&run.handle, &inputs, &fetches, &targets);
         self.count(result.is_ok());
         match &result {
             Ok(_) => {

@@ -16,9 +16,12 @@ fn main() -> anyhow::Result<()> {
         std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "2");
     }
     // Before TensorFlow logs anything: route its stderr lines through the filter.
-    let stderr = salus_server::tf_log::filter_stderr(config.verbose > 0).context("cannot set up log filtering")?;
+    let stderr = salus_server::tf_log::filter_stderr(config.verbose > 0)
+        .context("cannot set up log filtering")?;
     init_logging(config.verbose, stderr);
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     runtime.block_on(run(config))
 }
 
@@ -29,13 +32,19 @@ fn init_logging(verbose: u8, stderr: std::fs::File) {
         _ => "trace",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::sync::Mutex::new(stderr)).with_ansi(false).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::sync::Mutex::new(stderr))
+        .with_ansi(false)
+        .init();
 }
 
 async fn run(config: Config) -> anyhow::Result<()> {
     let listen = config.listen;
     let server = Server::start(config).await?;
-    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen}"))?;
     let addr = listener.local_addr()?;
     // Tests and scripts wait for this exact line.
     println!("salus-server listening on {addr}");

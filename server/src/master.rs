@@ -28,27 +28,54 @@ impl Master {
 
 /// Converts fetched tensors to protos, naming each failure after its fetch.
 fn fetched_protos(tensors: Vec<Tensor>, names: &[String]) -> Result<Vec<TensorProto>> {
-    tensors.into_iter().zip(names).map(|(t, name)| t.into_proto().map_err(|e| Error::tensor(name, e))).collect()
+    tensors
+        .into_iter()
+        .zip(names)
+        .map(|(t, name)| t.into_proto().map_err(|e| Error::tensor(name, e)))
+        .collect()
 }
 
 /// The body of RunStep: a full run or one step of a partial run.
 fn run_step(state: &ServerState, job: &Job, req: &RunStepRequest) -> Result<RunStepResponse> {
-    let feeds = job.feeds(req.feed.iter().map(|f| (f.name.as_str(), f.tensor.as_ref())), state.limits.max_tensor_bytes)?;
+    let feeds = job.feeds(
+        req.feed
+            .iter()
+            .map(|f| (f.name.as_str(), f.tensor.as_ref())),
+        state.limits.max_tensor_bytes,
+    )?;
     let (tensors, metadata) = if req.partial_run_handle.is_empty() {
-        let fetches = req.fetch.iter().map(|n| job.port(n, "fetch")).collect::<Result<Vec<_>>>()?;
-        let targets = req.target.iter().map(|n| job.target(n)).collect::<Result<Vec<_>>>()?;
+        let fetches = req
+            .fetch
+            .iter()
+            .map(|n| job.port(n, "fetch"))
+            .collect::<Result<Vec<_>>>()?;
+        let targets = req
+            .target
+            .iter()
+            .map(|n| job.target(n))
+            .collect::<Result<Vec<_>>>()?;
         let out = job.run(&req.options, &feeds, &fetches, &targets)?;
         (out.outputs, out.metadata)
     } else {
-        (job.partial_run(&req.partial_run_handle, &feeds, &req.fetch, &req.target)?, Vec::new())
+        (
+            job.partial_run(&req.partial_run_handle, &feeds, &req.fetch, &req.target)?,
+            Vec::new(),
+        )
     };
     state.count_run();
     let tensor = fetched_protos(tensors, &req.fetch)?
         .into_iter()
         .zip(&req.fetch)
-        .map(|(tensor, name)| NamedTensorProto { name: name.clone(), tensor: Some(tensor) })
+        .map(|(tensor, name)| NamedTensorProto {
+            name: name.clone(),
+            tensor: Some(tensor),
+        })
         .collect();
-    Ok(RunStepResponse { tensor, metadata: metadata.into(), ..Default::default() })
+    Ok(RunStepResponse {
+        tensor,
+        metadata: metadata.into(),
+        ..Default::default()
+    })
 }
 
 #[tonic::async_trait]
@@ -67,7 +94,10 @@ impl MasterService for Master {
         };
         self.state.sessions.insert(Arc::new(job))?;
         tracing::info!(session = %handle, name = %name, "session created");
-        Ok(Response::new(CreateSessionResponse { session_handle: handle, graph_version: 0 }))
+        Ok(Response::new(CreateSessionResponse {
+            session_handle: handle,
+            graph_version: 0,
+        }))
     }
 
     async fn extend_session(
@@ -88,11 +118,17 @@ impl MasterService for Master {
         let req = request.into_inner();
         let job = self.state.sessions.get(&req.session_handle)?;
         let partial_run_handle =
-            exec::blocking(move || job.partial_run_setup(&req.feed, &req.fetch, &req.target)).await?;
-        Ok(Response::new(PartialRunSetupResponse { partial_run_handle }))
+            exec::blocking(move || job.partial_run_setup(&req.feed, &req.fetch, &req.target))
+                .await?;
+        Ok(Response::new(PartialRunSetupResponse {
+            partial_run_handle,
+        }))
     }
 
-    async fn run_step(&self, request: Request<RunStepRequest>) -> Result<Response<RunStepResponse>, Status> {
+    async fn run_step(
+        &self,
+        request: Request<RunStepRequest>,
+    ) -> Result<Response<RunStepResponse>, Status> {
         let req = request.into_inner();
         let store_errors = req.store_errors_in_response_body;
         let result = match self.state.sessions.get(&req.session_handle) {
@@ -150,10 +186,16 @@ impl MasterService for Master {
                 ..Default::default()
             })
             .collect();
-        Ok(Response::new(ListDevicesResponse { local_device, remote_device: Vec::new() }))
+        Ok(Response::new(ListDevicesResponse {
+            local_device,
+            remote_device: Vec::new(),
+        }))
     }
 
-    async fn reset(&self, request: Request<ResetRequest>) -> Result<Response<ResetResponse>, Status> {
+    async fn reset(
+        &self,
+        request: Request<ResetRequest>,
+    ) -> Result<Response<ResetResponse>, Status> {
         let req = request.into_inner();
         if !req.device_filters.is_empty() {
             tracing::warn!(filters = ?req.device_filters, "Reset ignores device_filters: containers are cleared on every device");
@@ -188,9 +230,16 @@ impl MasterService for Master {
                 .outputs
                 .into_iter()
                 .enumerate()
-                .map(|(i, t)| t.into_proto().map_err(|e| Error::tensor(format!("fetch {i} of callable {}", req.handle), e)))
+                .map(|(i, t)| {
+                    t.into_proto().map_err(|e| {
+                        Error::tensor(format!("fetch {i} of callable {}", req.handle), e)
+                    })
+                })
                 .collect::<Result<_>>()?;
-            Ok(RunCallableResponse { fetch, metadata: out.metadata.into() })
+            Ok(RunCallableResponse {
+                fetch,
+                metadata: out.metadata.into(),
+            })
         })
         .await?;
         Ok(Response::new(response))

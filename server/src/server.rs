@@ -44,8 +44,15 @@ impl Server {
         for device in &devices {
             tracing::info!(device = %device.name, kind = %device.device_type, memory = device.memory_bytes, "device");
         }
-        let limits = Limits { max_tensor_bytes: config.max_message_size as u64 };
-        let state = Arc::new(ServerState::new(limits, config.session_defaults, devices, version));
+        let limits = Limits {
+            max_tensor_bytes: config.max_message_size as u64,
+        };
+        let state = Arc::new(ServerState::new(
+            limits,
+            config.session_defaults,
+            devices,
+            version,
+        ));
         Ok(Server { config, state })
     }
 
@@ -55,7 +62,11 @@ impl Server {
 
     /// Serves on `listener` until `shutdown` resolves, lets in-flight requests
     /// finish (up to the configured grace period), then closes every session.
-    pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()> + Send) -> Result<(), ServeError> {
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), ServeError> {
         let limit = self.config.max_message_size;
         let master = MasterServiceServer::new(Master::new(self.state.clone()))
             .max_decoding_message_size(limit)
@@ -96,7 +107,9 @@ impl Server {
             result = &mut router => result?,
             () = deadline => tracing::warn!(grace_s = grace.as_secs(), "requests still running after the grace period"),
         }
-        health.set_not_serving::<MasterServiceServer<Master>>().await;
+        health
+            .set_not_serving::<MasterServiceServer<Master>>()
+            .await;
         self.close_sessions().await;
         Ok(())
     }

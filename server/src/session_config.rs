@@ -29,7 +29,8 @@ pub struct SessionDefaults {
 /// The ConfigProto for TensorFlow and the job's name (from
 /// `experimental.session_metadata.name`, empty if unset).
 pub fn session_config(client: &[u8], defaults: SessionDefaults) -> Result<(Vec<u8>, String)> {
-    let view = ConfigProtoView::decode(client).map_err(|e| Error::InvalidArgument(format!("invalid ConfigProto: {e}")))?;
+    let view = ConfigProtoView::decode(client)
+        .map_err(|e| Error::InvalidArgument(format!("invalid ConfigProto: {e}")))?;
     let mut config = wire::strip_fields(client, CLIENT_ONLY_FIELDS)?;
     for (field, value) in [
         (INTRA_OP_THREADS_FIELD, defaults.intra_op_threads),
@@ -40,7 +41,11 @@ pub fn session_config(client: &[u8], defaults: SessionDefaults) -> Result<(Vec<u
             wire::write_varint(&mut config, u64::from(value));
         }
     }
-    let name = view.experimental.and_then(|e| e.session_metadata).map(|m| m.name).unwrap_or_default();
+    let name = view
+        .experimental
+        .and_then(|e| e.session_metadata)
+        .map(|m| m.name)
+        .unwrap_or_default();
     Ok((config, name))
 }
 
@@ -57,7 +62,10 @@ mod tests {
             intra_op_parallelism_threads: intra,
             inter_op_parallelism_threads: 0,
             experimental: Some(config_proto_view::Experimental {
-                session_metadata: Some(SessionMetadata { name: name.into(), version: 0 }),
+                session_metadata: Some(SessionMetadata {
+                    name: name.into(),
+                    version: 0,
+                }),
             }),
         }
         .encode(&mut bytes)
@@ -67,7 +75,8 @@ mod tests {
 
     #[test]
     fn drops_client_devices_and_keeps_the_rest() {
-        let (config, name) = session_config(&encode(3, "job-a"), SessionDefaults::default()).unwrap();
+        let (config, name) =
+            session_config(&encode(3, "job-a"), SessionDefaults::default()).unwrap();
         assert_eq!(name, "job-a");
         assert!(!wire::has_field(&config, 1).unwrap());
         let view = ConfigProtoView::decode(config.as_slice()).unwrap();
@@ -76,19 +85,37 @@ mod tests {
 
     #[test]
     fn server_defaults_fill_only_unset_fields() {
-        let defaults = SessionDefaults { intra_op_threads: 2, inter_op_threads: 4 };
+        let defaults = SessionDefaults {
+            intra_op_threads: 2,
+            inter_op_threads: 4,
+        };
         let (config, _) = session_config(&encode(3, ""), defaults).unwrap();
         let view = ConfigProtoView::decode(config.as_slice()).unwrap();
-        assert_eq!((view.intra_op_parallelism_threads, view.inter_op_parallelism_threads), (3, 4));
+        assert_eq!(
+            (
+                view.intra_op_parallelism_threads,
+                view.inter_op_parallelism_threads
+            ),
+            (3, 4)
+        );
         let (config, name) = session_config(&[], defaults).unwrap();
         let view = ConfigProtoView::decode(config.as_slice()).unwrap();
-        assert_eq!((view.intra_op_parallelism_threads, view.inter_op_parallelism_threads), (2, 4));
+        assert_eq!(
+            (
+                view.intra_op_parallelism_threads,
+                view.inter_op_parallelism_threads
+            ),
+            (2, 4)
+        );
         assert_eq!(name, "");
     }
 
     #[test]
     fn malformed_config_is_invalid_argument() {
         let err = session_config(&[0x0a, 0x05], SessionDefaults::default()).unwrap_err();
-        assert_eq!(err.code(), salus_proto::tensorflow::error::Code::InvalidArgument);
+        assert_eq!(
+            err.code(),
+            salus_proto::tensorflow::error::Code::InvalidArgument
+        );
     }
 }

@@ -22,7 +22,10 @@ pub struct SessionTable {
 
 impl SessionTable {
     pub fn new() -> SessionTable {
-        SessionTable { salt: RandomState::new().build_hasher().finish(), ..Default::default() }
+        SessionTable {
+            salt: RandomState::new().build_hasher().finish(),
+            ..Default::default()
+        }
     }
 
     fn jobs(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Job>>> {
@@ -46,13 +49,19 @@ impl SessionTable {
     }
 
     pub fn get(&self, handle: &str) -> Result<Arc<Job>> {
-        let job = self.jobs().get(handle).cloned().ok_or_else(|| Error::SessionNotFound(handle.to_string()))?;
+        let job = self
+            .jobs()
+            .get(handle)
+            .cloned()
+            .ok_or_else(|| Error::SessionNotFound(handle.to_string()))?;
         job.touch();
         Ok(job)
     }
 
     pub fn remove(&self, handle: &str) -> Result<Arc<Job>> {
-        self.jobs().remove(handle).ok_or_else(|| Error::SessionNotFound(handle.to_string()))
+        self.jobs()
+            .remove(handle)
+            .ok_or_else(|| Error::SessionNotFound(handle.to_string()))
     }
 
     pub fn all(&self) -> Vec<Arc<Job>> {
@@ -99,6 +108,9 @@ mod tests {
     fn unknown_handles_are_not_found() {
         let table = SessionTable::new();
         assert!(matches!(table.get("nope"), Err(Error::SessionNotFound(h)) if h == "nope"));
-        assert!(matches!(table.remove("nope"), Err(Error::SessionNotFound(_))));
+        assert!(matches!(
+            table.remove("nope"),
+            Err(Error::SessionNotFound(_))
+        ));
     }
 }

@@ -26,7 +26,12 @@ pub struct ServerState {
 }
 
 impl ServerState {
-    pub fn new(limits: Limits, session_defaults: SessionDefaults, devices: Vec<DeviceInfo>, tensorflow_version: String) -> Self {
+    pub fn new(
+        limits: Limits,
+        session_defaults: SessionDefaults,
+        devices: Vec<DeviceInfo>,
+        tensorflow_version: String,
+    ) -> Self {
         ServerState {
             sessions: SessionTable::new(),
             limits,

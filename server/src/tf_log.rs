@@ -50,15 +50,17 @@ pub fn filter_stderr(keep_all: bool) -> io::Result<File> {
         }
         drop(write);
         let mut passthrough = File::from(own.try_clone()?);
-        std::thread::Builder::new().name("tf-log-filter".into()).spawn(move || {
-            let reader = BufReader::new(File::from(read));
-            for line in reader.split(b'\n').map_while(Result::ok) {
-                if !is_tensorflow_noise(&String::from_utf8_lossy(&line)) {
-                    let _ = passthrough.write_all(&line);
-                    let _ = passthrough.write_all(b"\n");
+        std::thread::Builder::new()
+            .name("tf-log-filter".into())
+            .spawn(move || {
+                let reader = BufReader::new(File::from(read));
+                for line in reader.split(b'\n').map_while(Result::ok) {
+                    if !is_tensorflow_noise(&String::from_utf8_lossy(&line)) {
+                        let _ = passthrough.write_all(&line);
+                        let _ = passthrough.write_all(b"\n");
+                    }
                 }
-            }
-        })?;
+            })?;
         Ok(File::from(own))
     }
 }

@@ -60,8 +60,15 @@ fn fields(bytes: &[u8]) -> Result<Vec<Field>, WireError> {
             other => return Err(WireError::BadWireType(other)),
         };
         let len = usize::try_from(len).map_err(|_| WireError::Truncated)?;
-        pos = pos.checked_add(len).filter(|&end| end <= bytes.len()).ok_or(WireError::Truncated)?;
-        out.push(Field { number: key >> 3, start, end: pos });
+        pos = pos
+            .checked_add(len)
+            .filter(|&end| end <= bytes.len())
+            .ok_or(WireError::Truncated)?;
+        out.push(Field {
+            number: key >> 3,
+            start,
+            end: pos,
+        });
     }
     Ok(out)
 }
@@ -90,8 +97,14 @@ mod tests {
     fn strips_only_named_fields() {
         // field 1 (len 2 "ab"), field 2 varint 150, field 5 fixed32
         let msg = [0x0a, 0x02, b'a', b'b', 0x10, 0x96, 0x01, 0x2d, 1, 2, 3, 4];
-        assert_eq!(strip_fields(&msg, &[1]).unwrap(), vec![0x10, 0x96, 0x01, 0x2d, 1, 2, 3, 4]);
-        assert_eq!(strip_fields(&msg, &[2, 5]).unwrap(), vec![0x0a, 0x02, b'a', b'b']);
+        assert_eq!(
+            strip_fields(&msg, &[1]).unwrap(),
+            vec![0x10, 0x96, 0x01, 0x2d, 1, 2, 3, 4]
+        );
+        assert_eq!(
+            strip_fields(&msg, &[2, 5]).unwrap(),
+            vec![0x0a, 0x02, b'a', b'b']
+        );
         assert_eq!(strip_fields(&msg, &[]).unwrap(), msg.to_vec());
         assert!(has_field(&msg, 5).unwrap());
         assert!(!has_field(&msg, 3).unwrap());
@@ -99,14 +112,21 @@ mod tests {
 
     #[test]
     fn rejects_malformed_messages() {
-        assert_eq!(strip_fields(&[0x0a, 0x05, b'a'], &[]), Err(WireError::Truncated));
+        assert_eq!(
+            strip_fields(&[0x0a, 0x05, b'a'], &[]),
+            Err(WireError::Truncated)
+        );
         assert_eq!(strip_fields(&[0x0b], &[]), Err(WireError::BadWireType(3)));
         assert_eq!(strip_fields(&[0x08, 0xff], &[]), Err(WireError::Truncated));
         assert_eq!(strip_fields(&[0x08; 1][..], &[]), Err(WireError::Truncated));
-        let long = [0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01];
+        let long = [
+            0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01,
+        ];
         assert_eq!(strip_fields(&long, &[]), Err(WireError::BadVarint));
         // A length that overflows usize arithmetic must not panic.
-        let huge = [0x0a, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01];
+        let huge = [
+            0x0a, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01,
+        ];
         assert_eq!(strip_fields(&huge, &[]), Err(WireError::Truncated));
     }
 

@@ -14,21 +14,35 @@ use tonic::transport::Channel;
 use tonic::Code;
 
 fn attr_type(dtype: DataType) -> AttrValue {
-    AttrValue { value: Some(attr_value::Value::Type(dtype as i32)) }
+    AttrValue {
+        value: Some(attr_value::Value::Type(dtype as i32)),
+    }
 }
 
 fn float_scalar(value: f32) -> TensorProto {
-    TensorProto { dtype: DataType::DtFloat as i32, float_val: vec![value], tensor_shape: Some(Default::default()), ..Default::default() }
+    TensorProto {
+        dtype: DataType::DtFloat as i32,
+        float_val: vec![value],
+        tensor_shape: Some(Default::default()),
+        ..Default::default()
+    }
 }
 
 fn float_vector(values: &[f32]) -> TensorProto {
     TensorProto {
         dtype: DataType::DtFloat as i32,
         tensor_shape: Some(TensorShapeProto {
-            dim: vec![tensor_shape_proto::Dim { size: values.len() as i64, name: String::new() }],
+            dim: vec![tensor_shape_proto::Dim {
+                size: values.len() as i64,
+                name: String::new(),
+            }],
             unknown_rank: false,
         }),
-        tensor_content: values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>().into(),
+        tensor_content: values
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect::<Vec<u8>>()
+            .into(),
         ..Default::default()
     }
 }
@@ -39,33 +53,60 @@ fn node(name: &str, op: &str, inputs: &[&str], attrs: Vec<(&str, AttrValue)>) ->
         op: op.into(),
         input: inputs.iter().map(|s| s.to_string()).collect(),
         device: String::new(),
-        attr: attrs.into_iter().map(|(k, v)| (k.to_string(), v)).collect::<HashMap<_, _>>(),
+        attr: attrs
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect::<HashMap<_, _>>(),
     }
 }
 
 fn graph(nodes: Vec<NodeDef>) -> bytes::Bytes {
-    GraphDef { node: nodes, ..Default::default() }.encode_to_vec().into()
+    GraphDef {
+        node: nodes,
+        ..Default::default()
+    }
+    .encode_to_vec()
+    .into()
 }
 
 /// x (placeholder) * two (const) -> y
 fn base_graph() -> bytes::Bytes {
     graph(vec![
-        node("x", "Placeholder", &[], vec![("dtype", attr_type(DataType::DtFloat))]),
+        node(
+            "x",
+            "Placeholder",
+            &[],
+            vec![("dtype", attr_type(DataType::DtFloat))],
+        ),
         node(
             "two",
             "Const",
             &[],
             vec![
                 ("dtype", attr_type(DataType::DtFloat)),
-                ("value", AttrValue { value: Some(attr_value::Value::Tensor(float_scalar(2.0))) }),
+                (
+                    "value",
+                    AttrValue {
+                        value: Some(attr_value::Value::Tensor(float_scalar(2.0))),
+                    },
+                ),
             ],
         ),
-        node("y", "Mul", &["x", "two"], vec![("T", attr_type(DataType::DtFloat))]),
+        node(
+            "y",
+            "Mul",
+            &["x", "two"],
+            vec![("T", attr_type(DataType::DtFloat))],
+        ),
     ])
 }
 
 fn floats(tensor: &TensorProto) -> Vec<f32> {
-    tensor.tensor_content.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+    tensor
+        .tensor_content
+        .chunks(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
 }
 
 struct TestServer {
@@ -76,7 +117,9 @@ struct TestServer {
 }
 
 async fn start() -> TestServer {
-    let server = Server::start(Config::default()).await.expect("server starts");
+    let server = Server::start(Config::default())
+        .await
+        .expect("server starts");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -88,8 +131,17 @@ async fn start() -> TestServer {
             .await
             .expect("server runs");
     });
-    let channel = Channel::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap();
-    TestServer { master: MasterServiceClient::new(channel.clone()), admin: AdminClient::new(channel), stop: Some(stop), task }
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    TestServer {
+        master: MasterServiceClient::new(channel.clone()),
+        admin: AdminClient::new(channel),
+        stop: Some(stop),
+        task,
+    }
 }
 
 impl TestServer {
@@ -106,12 +158,21 @@ async fn master_protocol_end_to_end() {
     let mut s = start().await;
 
     // CreateSession with an empty graph, then extend it.
-    let created = s.master.create_session(CreateSessionRequest::default()).await.unwrap().into_inner();
+    let created = s
+        .master
+        .create_session(CreateSessionRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
     let handle = created.session_handle.clone();
     assert_eq!(created.graph_version, 0);
     let v1 = s
         .master
-        .extend_session(ExtendSessionRequest { session_handle: handle.clone(), graph_def: base_graph(), current_graph_version: 0 })
+        .extend_session(ExtendSessionRequest {
+            session_handle: handle.clone(),
+            graph_def: base_graph(),
+            current_graph_version: 0,
+        })
         .await
         .unwrap()
         .into_inner()
@@ -121,7 +182,11 @@ async fn master_protocol_end_to_end() {
     // A stale graph version is FAILED_PRECONDITION.
     let stale = s
         .master
-        .extend_session(ExtendSessionRequest { session_handle: handle.clone(), graph_def: graph(vec![]), current_graph_version: 0 })
+        .extend_session(ExtendSessionRequest {
+            session_handle: handle.clone(),
+            graph_def: graph(vec![]),
+            current_graph_version: 0,
+        })
         .await
         .unwrap_err();
     assert_eq!(stale.code(), Code::FailedPrecondition, "{stale:?}");
@@ -137,16 +202,29 @@ async fn master_protocol_end_to_end() {
         .await
         .unwrap_err();
     assert_eq!(dup.code(), Code::InvalidArgument);
-    assert!(dup.message().contains("duplicate node name \"y\""), "{}", dup.message());
+    assert!(
+        dup.message().contains("duplicate node name \"y\""),
+        "{}",
+        dup.message()
+    );
 
     // A delta that references existing nodes by data and control input.
     let delta = graph(vec![
-        node("z", "AddV2", &["y:0", "two", "^x"], vec![("T", attr_type(DataType::DtFloat))]),
+        node(
+            "z",
+            "AddV2",
+            &["y:0", "two", "^x"],
+            vec![("T", attr_type(DataType::DtFloat))],
+        ),
         node("done", "NoOp", &["^z"], vec![]),
     ]);
     let v2 = s
         .master
-        .extend_session(ExtendSessionRequest { session_handle: handle.clone(), graph_def: delta, current_graph_version: 1 })
+        .extend_session(ExtendSessionRequest {
+            session_handle: handle.clone(),
+            graph_def: delta,
+            current_graph_version: 1,
+        })
         .await
         .unwrap()
         .into_inner()
@@ -158,7 +236,10 @@ async fn master_protocol_end_to_end() {
         .master
         .run_step(RunStepRequest {
             session_handle: handle.clone(),
-            feed: vec![NamedTensorProto { name: "x:0".into(), tensor: Some(float_vector(&[1.0, 2.0])) }],
+            feed: vec![NamedTensorProto {
+                name: "x:0".into(),
+                tensor: Some(float_vector(&[1.0, 2.0])),
+            }],
             fetch: vec!["z:0".into(), "y:0".into()],
             target: vec!["done".into()],
             store_errors_in_response_body: true,
@@ -168,9 +249,22 @@ async fn master_protocol_end_to_end() {
         .unwrap()
         .into_inner();
     assert_eq!(response.status_code, 0, "{}", response.status_error_message);
-    assert_eq!(response.tensor.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["z:0", "y:0"]);
-    assert_eq!(floats(response.tensor[0].tensor.as_ref().unwrap()), [4.0, 6.0]);
-    assert_eq!(floats(response.tensor[1].tensor.as_ref().unwrap()), [2.0, 4.0]);
+    assert_eq!(
+        response
+            .tensor
+            .iter()
+            .map(|t| t.name.as_str())
+            .collect::<Vec<_>>(),
+        ["z:0", "y:0"]
+    );
+    assert_eq!(
+        floats(response.tensor[0].tensor.as_ref().unwrap()),
+        [4.0, 6.0]
+    );
+    assert_eq!(
+        floats(response.tensor[1].tensor.as_ref().unwrap()),
+        [2.0, 4.0]
+    );
 
     // Runtime errors go in the body when asked, as a gRPC error otherwise.
     let missing_feed = RunStepRequest {
@@ -179,24 +273,59 @@ async fn master_protocol_end_to_end() {
         store_errors_in_response_body: true,
         ..Default::default()
     };
-    let body = s.master.run_step(missing_feed.clone()).await.unwrap().into_inner();
-    assert_eq!(body.status_code, error::Code::InvalidArgument as i32, "{}", body.status_error_message);
-    assert!(body.status_error_message.contains("x"), "{}", body.status_error_message);
-    let err = s.master.run_step(RunStepRequest { store_errors_in_response_body: false, ..missing_feed }).await.unwrap_err();
+    let body = s
+        .master
+        .run_step(missing_feed.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        body.status_code,
+        error::Code::InvalidArgument as i32,
+        "{}",
+        body.status_error_message
+    );
+    assert!(
+        body.status_error_message.contains("x"),
+        "{}",
+        body.status_error_message
+    );
+    let err = s
+        .master
+        .run_step(RunStepRequest {
+            store_errors_in_response_body: false,
+            ..missing_feed
+        })
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
     let bad_fetch = s
         .master
-        .run_step(RunStepRequest { session_handle: handle.clone(), fetch: vec!["nope:0".into()], ..Default::default() })
+        .run_step(RunStepRequest {
+            session_handle: handle.clone(),
+            fetch: vec!["nope:0".into()],
+            ..Default::default()
+        })
         .await
         .unwrap_err();
-    assert!(bad_fetch.message().contains("\"nope:0\" names no operation"), "{}", bad_fetch.message());
+    assert!(
+        bad_fetch
+            .message()
+            .contains("\"nope:0\" names no operation"),
+        "{}",
+        bad_fetch.message()
+    );
 
     // Callables: positional feeds.
     let callable = s
         .master
         .make_callable(MakeCallableRequest {
             session_handle: handle.clone(),
-            options: Some(CallableOptions { feed: vec!["x:0".into()], fetch: vec!["z:0".into()], ..Default::default() }),
+            options: Some(CallableOptions {
+                feed: vec!["x:0".into()],
+                fetch: vec!["z:0".into()],
+                ..Default::default()
+            }),
             request_id: 1,
         })
         .await
@@ -205,21 +334,42 @@ async fn master_protocol_end_to_end() {
         .handle;
     let out = s
         .master
-        .run_callable(RunCallableRequest { session_handle: handle.clone(), handle: callable, feed: vec![float_vector(&[3.0])], request_id: 2 })
+        .run_callable(RunCallableRequest {
+            session_handle: handle.clone(),
+            handle: callable,
+            feed: vec![float_vector(&[3.0])],
+            request_id: 2,
+        })
         .await
         .unwrap()
         .into_inner();
     assert_eq!(floats(&out.fetch[0]), [8.0]);
     let wrong_count = s
         .master
-        .run_callable(RunCallableRequest { session_handle: handle.clone(), handle: callable, feed: vec![], request_id: 3 })
+        .run_callable(RunCallableRequest {
+            session_handle: handle.clone(),
+            handle: callable,
+            feed: vec![],
+            request_id: 3,
+        })
         .await
         .unwrap_err();
     assert_eq!(wrong_count.code(), Code::InvalidArgument);
-    s.master.release_callable(ReleaseCallableRequest { session_handle: handle.clone(), handle: callable }).await.unwrap();
+    s.master
+        .release_callable(ReleaseCallableRequest {
+            session_handle: handle.clone(),
+            handle: callable,
+        })
+        .await
+        .unwrap();
     let released = s
         .master
-        .run_callable(RunCallableRequest { session_handle: handle.clone(), handle: callable, feed: vec![float_vector(&[3.0])], request_id: 4 })
+        .run_callable(RunCallableRequest {
+            session_handle: handle.clone(),
+            handle: callable,
+            feed: vec![float_vector(&[3.0])],
+            request_id: 4,
+        })
         .await
         .unwrap_err();
     assert_eq!(released.code(), Code::InvalidArgument);
@@ -241,7 +391,10 @@ async fn master_protocol_end_to_end() {
         .master
         .run_step(RunStepRequest {
             session_handle: handle.clone(),
-            feed: vec![NamedTensorProto { name: "x:0".into(), tensor: Some(float_vector(&[5.0])) }],
+            feed: vec![NamedTensorProto {
+                name: "x:0".into(),
+                tensor: Some(float_vector(&[5.0])),
+            }],
             fetch: vec!["y:0".into()],
             partial_run_handle: prun.clone(),
             ..Default::default()
@@ -252,33 +405,82 @@ async fn master_protocol_end_to_end() {
     assert_eq!(floats(step.tensor[0].tensor.as_ref().unwrap()), [10.0]);
     let step = s
         .master
-        .run_step(RunStepRequest { session_handle: handle.clone(), fetch: vec!["z:0".into()], partial_run_handle: prun, ..Default::default() })
+        .run_step(RunStepRequest {
+            session_handle: handle.clone(),
+            fetch: vec!["z:0".into()],
+            partial_run_handle: prun,
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner();
     assert_eq!(floats(step.tensor[0].tensor.as_ref().unwrap()), [12.0]);
 
     // Devices are the server's.
-    let devices = s.master.list_devices(ListDevicesRequest::default()).await.unwrap().into_inner();
-    assert!(devices.local_device.iter().any(|d| d.device_type == "CPU" && d.name.ends_with("device:CPU:0")), "{devices:?}");
+    let devices = s
+        .master
+        .list_devices(ListDevicesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        devices
+            .local_device
+            .iter()
+            .any(|d| d.device_type == "CPU" && d.name.ends_with("device:CPU:0")),
+        "{devices:?}"
+    );
 
     // The admin API sees the session.
-    let sessions = s.admin.list_sessions(ListSessionsRequest {}).await.unwrap().into_inner().sessions;
-    let info = sessions.iter().find(|i| i.handle == handle).expect("session listed");
+    let sessions = s
+        .admin
+        .list_sessions(ListSessionsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .sessions;
+    let info = sessions
+        .iter()
+        .find(|i| i.handle == handle)
+        .expect("session listed");
     assert_eq!(info.graph_version, 2);
     assert_eq!(info.graph_nodes, 5);
     assert!(info.runs_completed >= 3);
-    let server_info = s.admin.get_server_info(GetServerInfoRequest {}).await.unwrap().into_inner();
+    let server_info = s
+        .admin
+        .get_server_info(GetServerInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(server_info.open_sessions, 1);
-    assert!(server_info.tensorflow_version.starts_with("2."), "{}", server_info.tensorflow_version);
+    assert!(
+        server_info.tensorflow_version.starts_with("2."),
+        "{}",
+        server_info.tensorflow_version
+    );
 
     // Close twice; run after close; unknown handle.
-    s.master.close_session(CloseSessionRequest { session_handle: handle.clone() }).await.unwrap();
-    let again = s.master.close_session(CloseSessionRequest { session_handle: handle.clone() }).await.unwrap_err();
+    s.master
+        .close_session(CloseSessionRequest {
+            session_handle: handle.clone(),
+        })
+        .await
+        .unwrap();
+    let again = s
+        .master
+        .close_session(CloseSessionRequest {
+            session_handle: handle.clone(),
+        })
+        .await
+        .unwrap_err();
     assert_eq!(again.code(), Code::Aborted);
     let after = s
         .master
-        .run_step(RunStepRequest { session_handle: handle.clone(), fetch: vec!["y:0".into()], ..Default::default() })
+        .run_step(RunStepRequest {
+            session_handle: handle.clone(),
+            fetch: vec!["y:0".into()],
+            ..Default::default()
+        })
         .await
         .unwrap_err();
     assert_eq!(after.code(), Code::Aborted);
@@ -293,25 +495,44 @@ async fn bad_graphs_and_tensors_leave_the_server_healthy() {
     // Malformed GraphDef bytes.
     let err = s
         .master
-        .create_session(CreateSessionRequest { graph_def: vec![0x0a, 0xff, 0x01].into(), ..Default::default() })
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::InvalidArgument);
-    assert!(err.message().contains("not a valid GraphDef"), "{}", err.message());
-    // A dangling input.
-    let err = s
-        .master
         .create_session(CreateSessionRequest {
-            graph_def: graph(vec![node("a", "Identity", &["ghost"], vec![("T", attr_type(DataType::DtFloat))])]),
+            graph_def: vec![0x0a, 0xff, 0x01].into(),
             ..Default::default()
         })
         .await
         .unwrap_err();
-    assert!(err.message().contains("\"ghost\", which names no node"), "{}", err.message());
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(
+        err.message().contains("not a valid GraphDef"),
+        "{}",
+        err.message()
+    );
+    // A dangling input.
+    let err = s
+        .master
+        .create_session(CreateSessionRequest {
+            graph_def: graph(vec![node(
+                "a",
+                "Identity",
+                &["ghost"],
+                vec![("T", attr_type(DataType::DtFloat))],
+            )]),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        err.message().contains("\"ghost\", which names no node"),
+        "{}",
+        err.message()
+    );
     // An unknown op is TensorFlow's own error (NOT_FOUND), passed through.
     let err = s
         .master
-        .create_session(CreateSessionRequest { graph_def: graph(vec![node("a", "NoSuchOp", &[], vec![])]), ..Default::default() })
+        .create_session(CreateSessionRequest {
+            graph_def: graph(vec![node("a", "NoSuchOp", &[], vec![])]),
+            ..Default::default()
+        })
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::NotFound, "{err:?}");
@@ -320,7 +541,10 @@ async fn bad_graphs_and_tensors_leave_the_server_healthy() {
     // A lying tensor.
     let handle = s
         .master
-        .create_session(CreateSessionRequest { graph_def: base_graph(), ..Default::default() })
+        .create_session(CreateSessionRequest {
+            graph_def: base_graph(),
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner()
@@ -331,21 +555,31 @@ async fn bad_graphs_and_tensors_leave_the_server_healthy() {
         .master
         .run_step(RunStepRequest {
             session_handle: handle.clone(),
-            feed: vec![NamedTensorProto { name: "x:0".into(), tensor: Some(lying) }],
+            feed: vec![NamedTensorProto {
+                name: "x:0".into(),
+                tensor: Some(lying),
+            }],
             fetch: vec!["y:0".into()],
             ..Default::default()
         })
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
-    assert!(err.message().contains("invalid tensor \"x:0\""), "{}", err.message());
+    assert!(
+        err.message().contains("invalid tensor \"x:0\""),
+        "{}",
+        err.message()
+    );
 
     // Still healthy: a normal run works.
     let ok = s
         .master
         .run_step(RunStepRequest {
             session_handle: handle.clone(),
-            feed: vec![NamedTensorProto { name: "x:0".into(), tensor: Some(float_vector(&[1.5])) }],
+            feed: vec![NamedTensorProto {
+                name: "x:0".into(),
+                tensor: Some(float_vector(&[1.5])),
+            }],
             fetch: vec!["y".into()],
             ..Default::default()
         })

@@ -6,7 +6,11 @@ use tensorflow_sys as sys;
 
 /// A TF_Buffer that borrows `bytes` for the duration of one C call.
 pub fn borrowed(bytes: &[u8]) -> sys::TF_Buffer {
-    sys::TF_Buffer { data: bytes.as_ptr() as *const c_void, length: bytes.len(), data_deallocator: None }
+    sys::TF_Buffer {
+        data: bytes.as_ptr() as *const c_void,
+        length: bytes.len(),
+        data_deallocator: None,
+    }
 }
 
 /// A TF_Buffer that TensorFlow fills (run metadata); freed on drop.

@@ -29,7 +29,10 @@ impl Operation {
     }
 
     pub fn output(self, index: i32) -> sys::TF_Output {
-        sys::TF_Output { oper: self.as_ptr(), index }
+        sys::TF_Output {
+            oper: self.as_ptr(),
+            index,
+        }
     }
 }
 
@@ -64,7 +67,8 @@ impl Graph {
     pub fn operation(&self, name: &str) -> Option<Operation> {
         let name = CString::new(name).ok()?;
         // SAFETY: live graph, NUL-terminated name.
-        NonNull::new(unsafe { sys::TF_GraphOperationByName(self.as_ptr(), name.as_ptr()) }).map(Operation)
+        NonNull::new(unsafe { sys::TF_GraphOperationByName(self.as_ptr(), name.as_ptr()) })
+            .map(Operation)
     }
 
     /// Imports `graph_def` (serialized GraphDef bytes) into this graph, wiring
@@ -77,7 +81,10 @@ impl Graph {
             .iter()
             .map(|(n, _, _)| n)
             .chain(mappings.control.iter().map(|(n, _)| n))
-            .map(|n| CString::new(n.as_str()).map_err(|_| TfError::new(3, format!("node name {n:?} contains NUL"))))
+            .map(|n| {
+                CString::new(n.as_str())
+                    .map_err(|_| TfError::new(3, format!("node name {n:?} contains NUL")))
+            })
             .collect::<Result<_, _>>()?;
         let graph_def = buffer::borrowed(graph_def);
         // SAFETY: options are created, used and deleted here; every pointer handed
@@ -87,12 +94,23 @@ impl Graph {
             ffi::TF_ImportGraphDefOptionsSetValidateColocationConstraints(opts, 0);
             let (data_names, control_names) = names.split_at(mappings.data.len());
             for ((_, index, op), name) in mappings.data.iter().zip(data_names) {
-                sys::TF_ImportGraphDefOptionsAddInputMapping(opts, name.as_ptr(), *index, op.output(*index));
+                sys::TF_ImportGraphDefOptionsAddInputMapping(
+                    opts,
+                    name.as_ptr(),
+                    *index,
+                    op.output(*index),
+                );
             }
             for ((_, op), name) in mappings.control.iter().zip(control_names) {
-                sys::TF_ImportGraphDefOptionsRemapControlDependency(opts, name.as_ptr(), op.as_ptr());
+                sys::TF_ImportGraphDefOptionsRemapControlDependency(
+                    opts,
+                    name.as_ptr(),
+                    op.as_ptr(),
+                );
             }
-            let result = with_status(|status| sys::TF_GraphImportGraphDef(self.as_ptr(), &graph_def, opts, status));
+            let result = with_status(|status| {
+                sys::TF_GraphImportGraphDef(self.as_ptr(), &graph_def, opts, status)
+            });
             sys::TF_DeleteImportGraphDefOptions(opts);
             result
         }
@@ -102,7 +120,9 @@ impl Graph {
     pub fn to_graph_def(&self) -> Result<Vec<u8>, TfError> {
         let out = buffer::OutputBuffer::new();
         // SAFETY: live graph and buffer.
-        with_status(|status| unsafe { sys::TF_GraphToGraphDef(self.as_ptr(), out.as_ptr(), status) })?;
+        with_status(|status| unsafe {
+            sys::TF_GraphToGraphDef(self.as_ptr(), out.as_ptr(), status)
+        })?;
         Ok(out.to_vec())
     }
 
@@ -134,5 +154,7 @@ impl Drop for Graph {
 /// The NUL-terminated version string of the linked TensorFlow.
 pub fn tensorflow_version() -> String {
     // SAFETY: TF_Version returns a static NUL-terminated string.
-    unsafe { CStr::from_ptr(sys::TF_Version()) }.to_string_lossy().into_owned()
+    unsafe { CStr::from_ptr(sys::TF_Version()) }
+        .to_string_lossy()
+        .into_owned()
 }

@@ -69,8 +69,10 @@ impl Session {
     pub fn new(graph: Arc<Graph>, config: &[u8]) -> Result<Session, TfError> {
         let opts = SessionOptions::new(config)?;
         // SAFETY: graph and options are live; TF copies what it needs from options.
-        let ptr = with_status(|status| unsafe { sys::TF_NewSession(graph.as_ptr(), opts.0, status) })?;
-        let ptr = NonNull::new(ptr).ok_or_else(|| TfError::new(13, "TF_NewSession returned null"))?;
+        let ptr =
+            with_status(|status| unsafe { sys::TF_NewSession(graph.as_ptr(), opts.0, status) })?;
+        let ptr =
+            NonNull::new(ptr).ok_or_else(|| TfError::new(13, "TF_NewSession returned null"))?;
         Ok(Session { ptr, graph })
     }
 
@@ -86,8 +88,10 @@ impl Session {
         outputs: &[sys::TF_Output],
         targets: &[Operation],
     ) -> Result<RunOutput, TfError> {
-        let (input_ports, input_values): (Vec<_>, Vec<_>) = inputs.iter().map(|(o, t)| (*o, t.as_ptr())).unzip();
-        let target_ptrs: Vec<*const sys::TF_Operation> = targets.iter().map(|op| op.as_ptr() as *const _).collect();
+        let (input_ports, input_values): (Vec<_>, Vec<_>) =
+            inputs.iter().map(|(o, t)| (*o, t.as_ptr())).unzip();
+        let target_ptrs: Vec<*const sys::TF_Operation> =
+            targets.iter().map(|op| op.as_ptr() as *const _).collect();
         let mut output_values: Vec<*mut sys::TF_Tensor> = vec![std::ptr::null_mut(); outputs.len()];
         let options = buffer::borrowed(run_options);
         let metadata = (!run_options.is_empty()).then(OutputBuffer::new);
@@ -99,7 +103,11 @@ impl Session {
         unsafe {
             sys::TF_SessionRun(
                 self.ptr.as_ptr(),
-                if run_options.is_empty() { std::ptr::null() } else { &options },
+                if run_options.is_empty() {
+                    std::ptr::null()
+                } else {
+                    &options
+                },
                 input_ports.as_ptr(),
                 input_values.as_ptr(),
                 input_ports.len() as i32,
@@ -108,18 +116,26 @@ impl Session {
                 outputs.len() as i32,
                 target_ptrs.as_ptr(),
                 target_ptrs.len() as i32,
-                metadata.as_ref().map_or(std::ptr::null_mut(), |m| m.as_ptr()),
+                metadata
+                    .as_ref()
+                    .map_or(std::ptr::null_mut(), |m| m.as_ptr()),
                 status.as_ptr(),
             );
         }
         // SAFETY: non-null entries are tensors TF handed over to us.
-        let tensors: Vec<Option<Tensor>> = output_values.into_iter().map(|p| unsafe { Tensor::from_raw(p) }).collect();
+        let tensors: Vec<Option<Tensor>> = output_values
+            .into_iter()
+            .map(|p| unsafe { Tensor::from_raw(p) })
+            .collect();
         status.check()?;
         let outputs = tensors
             .into_iter()
             .map(|t| t.ok_or_else(|| TfError::new(13, "TF_SessionRun returned a null output")))
             .collect::<Result<_, _>>()?;
-        Ok(RunOutput { outputs, metadata: metadata.map(|m| m.to_vec()).unwrap_or_default() })
+        Ok(RunOutput {
+            outputs,
+            metadata: metadata.map(|m| m.to_vec()).unwrap_or_default(),
+        })
     }
 
     /// TF_SessionPRunSetup: declares every feed, fetch and target of a partial run.
@@ -129,7 +145,8 @@ impl Session {
         outputs: &[sys::TF_Output],
         targets: &[Operation],
     ) -> Result<PartialRunHandle, TfError> {
-        let target_ptrs: Vec<*const sys::TF_Operation> = targets.iter().map(|op| op.as_ptr() as *const _).collect();
+        let target_ptrs: Vec<*const sys::TF_Operation> =
+            targets.iter().map(|op| op.as_ptr() as *const _).collect();
         let mut handle: *const c_char = std::ptr::null();
         // SAFETY: arrays live through the call; TF returns a handle we own.
         with_status(|status| unsafe {
@@ -159,8 +176,10 @@ impl Session {
         outputs: &[sys::TF_Output],
         targets: &[Operation],
     ) -> Result<Vec<Tensor>, TfError> {
-        let (input_ports, input_values): (Vec<_>, Vec<_>) = inputs.iter().map(|(o, t)| (*o, t.as_ptr())).unzip();
-        let target_ptrs: Vec<*const sys::TF_Operation> = targets.iter().map(|op| op.as_ptr() as *const _).collect();
+        let (input_ports, input_values): (Vec<_>, Vec<_>) =
+            inputs.iter().map(|(o, t)| (*o, t.as_ptr())).unzip();
+        let target_ptrs: Vec<*const sys::TF_Operation> =
+            targets.iter().map(|op| op.as_ptr() as *const _).collect();
         let mut output_values: Vec<*mut sys::TF_Tensor> = vec![std::ptr::null_mut(); outputs.len()];
         let status = Status::new();
         // SAFETY: as in `run`.
@@ -180,9 +199,15 @@ impl Session {
             );
         }
         // SAFETY: non-null entries are tensors TF handed over to us.
-        let tensors: Vec<Option<Tensor>> = output_values.into_iter().map(|p| unsafe { Tensor::from_raw(p) }).collect();
+        let tensors: Vec<Option<Tensor>> = output_values
+            .into_iter()
+            .map(|p| unsafe { Tensor::from_raw(p) })
+            .collect();
         status.check()?;
-        tensors.into_iter().map(|t| t.ok_or_else(|| TfError::new(13, "TF_SessionPRun returned a null output"))).collect()
+        tensors
+            .into_iter()
+            .map(|t| t.ok_or_else(|| TfError::new(13, "TF_SessionPRun returned a null output")))
+            .collect()
     }
 
     /// The devices this session runs on.
@@ -239,10 +264,15 @@ pub struct PartialRunHandle(CString);
 pub fn reset_containers(containers: &[String]) -> Result<(), TfError> {
     let names: Vec<CString> = containers
         .iter()
-        .map(|c| CString::new(c.as_str()).map_err(|_| TfError::new(3, format!("container name {c:?} contains NUL"))))
+        .map(|c| {
+            CString::new(c.as_str())
+                .map_err(|_| TfError::new(3, format!("container name {c:?} contains NUL")))
+        })
         .collect::<Result<_, _>>()?;
     let mut ptrs: Vec<*const c_char> = names.iter().map(|c| c.as_ptr()).collect();
     let opts = SessionOptions::new(&[])?;
     // SAFETY: options and the name array outlive the call.
-    with_status(|status| unsafe { sys::TF_Reset(opts.0, ptrs.as_mut_ptr(), ptrs.len() as i32, status) })
+    with_status(|status| unsafe {
+        sys::TF_Reset(opts.0, ptrs.as_mut_ptr(), ptrs.len() as i32, status)
+    })
 }

@@ -15,7 +15,10 @@ pub struct TfError {
 
 impl TfError {
     pub fn new(code: i32, message: impl Into<String>) -> Self {
-        TfError { code, message: message.into() }
+        TfError {
+            code,
+            message: message.into(),
+        }
     }
 }
 
@@ -41,7 +44,9 @@ impl Status {
         }
         // SAFETY: TF_Message returns a NUL-terminated string owned by the status,
         // valid until the status is modified; it is copied at once.
-        let message = unsafe { CStr::from_ptr(sys::TF_Message(self.0)) }.to_string_lossy().into_owned();
+        let message = unsafe { CStr::from_ptr(sys::TF_Message(self.0)) }
+            .to_string_lossy()
+            .into_owned();
         Err(TfError { code, message })
     }
 }

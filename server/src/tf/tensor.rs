@@ -37,11 +37,29 @@ pub enum TensorError {
     #[error("tensor shape {dims:?} has more elements than can be counted")]
     ElementCountOverflow { dims: Vec<i64> },
     #[error("tensor of dtype {dtype} and shape {dims:?} needs {bytes} bytes, over the limit of {limit} bytes")]
-    TooLarge { dtype: &'static str, dims: Vec<i64>, bytes: u128, limit: u64 },
-    #[error("tensor_content holds {actual} bytes but dtype {dtype} and shape {dims:?} need {expected}")]
-    ContentLength { dtype: &'static str, dims: Vec<i64>, expected: u64, actual: usize },
-    #[error("tensor of shape {dims:?} has {elements} elements but the proto carries {values} values")]
-    TooManyValues { dims: Vec<i64>, elements: u64, values: usize },
+    TooLarge {
+        dtype: &'static str,
+        dims: Vec<i64>,
+        bytes: u128,
+        limit: u64,
+    },
+    #[error(
+        "tensor_content holds {actual} bytes but dtype {dtype} and shape {dims:?} need {expected}"
+    )]
+    ContentLength {
+        dtype: &'static str,
+        dims: Vec<i64>,
+        expected: u64,
+        actual: usize,
+    },
+    #[error(
+        "tensor of shape {dims:?} has {elements} elements but the proto carries {values} values"
+    )]
+    TooManyValues {
+        dims: Vec<i64>,
+        elements: u64,
+        values: usize,
+    },
     #[error("tensor of dtype {0} cannot be returned to the client")]
     NotFetchable(&'static str),
     #[error("{0}")]
@@ -70,13 +88,23 @@ pub fn dtype_info(raw: i32) -> Result<DtypeInfo, TensorError> {
         DtFloat | DtInt32 | DtUint32 | DtQint32 => 4,
         DtDouble | DtInt64 | DtUint64 | DtComplex64 => 8,
         DtComplex128 => 16,
-        DtString => return Ok(DtypeInfo { dtype, name: "string", element_size: None }),
+        DtString => {
+            return Ok(DtypeInfo {
+                dtype,
+                name: "string",
+                element_size: None,
+            })
+        }
         DtResource => return Err(TensorError::UnsupportedDtype("resource")),
         DtVariant => return Err(TensorError::UnsupportedDtype("variant")),
         DtInvalid => return Err(TensorError::UnknownDtype(raw)),
         _ => return Err(TensorError::UnsupportedDtype(dtype.as_str_name())),
     };
-    Ok(DtypeInfo { dtype, name: dtype_name(dtype), element_size: Some(size) })
+    Ok(DtypeInfo {
+        dtype,
+        name: dtype_name(dtype),
+        element_size: Some(size),
+    })
 }
 
 /// TensorFlow's Python name of a dtype ("float32", "int64", ...).
@@ -116,7 +144,8 @@ fn typed_value_count(proto: &TensorProto, dtype: DataType) -> usize {
         DtFloat => proto.float_val.len(),
         DtDouble => proto.double_val.len(),
         DtHalf | DtBfloat16 => proto.half_val.len(),
-        DtInt8 | DtInt16 | DtInt32 | DtUint8 | DtUint16 | DtQint8 | DtQuint8 | DtQint16 | DtQuint16 | DtQint32 => proto.int_val.len(),
+        DtInt8 | DtInt16 | DtInt32 | DtUint8 | DtUint16 | DtQint8 | DtQuint8 | DtQint16
+        | DtQuint16 | DtQint32 => proto.int_val.len(),
         DtInt64 => proto.int64_val.len(),
         DtUint32 => proto.uint32_val.len(),
         DtUint64 => proto.uint64_val.len(),
@@ -130,7 +159,9 @@ fn typed_value_count(proto: &TensorProto, dtype: DataType) -> usize {
 
 /// Dimensions of a shape proto, validated, and their element count.
 fn checked_shape(shape: Option<&TensorShapeProto>) -> Result<(Vec<i64>, u64), TensorError> {
-    let Some(shape) = shape else { return Ok((Vec::new(), 1)) };
+    let Some(shape) = shape else {
+        return Ok((Vec::new(), 1));
+    };
     if shape.unknown_rank {
         return Err(TensorError::UnknownRank);
     }
@@ -140,7 +171,9 @@ fn checked_shape(shape: Option<&TensorShapeProto>) -> Result<(Vec<i64>, u64), Te
         if size < 0 {
             return Err(TensorError::NegativeDimension { index, size });
         }
-        count = count.checked_mul(size as u64).ok_or_else(|| TensorError::ElementCountOverflow { dims: dims.clone() })?;
+        count = count
+            .checked_mul(size as u64)
+            .ok_or_else(|| TensorError::ElementCountOverflow { dims: dims.clone() })?;
     }
     Ok((dims, count))
 }
@@ -174,9 +207,17 @@ impl Tensor {
         let per_element = info.element_size.unwrap_or(TSTRING_SIZE);
         let bytes = count as u128 * per_element as u128;
         if bytes > max_bytes as u128 {
-            return Err(TensorError::TooLarge { dtype: info.name, dims, bytes, limit: max_bytes });
+            return Err(TensorError::TooLarge {
+                dtype: info.name,
+                dims,
+                bytes,
+                limit: max_bytes,
+            });
         }
-        if let Some(size) = info.element_size.filter(|_| !proto.tensor_content.is_empty()) {
+        if let Some(size) = info
+            .element_size
+            .filter(|_| !proto.tensor_content.is_empty())
+        {
             let expected = count * size;
             if proto.tensor_content.len() as u64 != expected {
                 return Err(TensorError::ContentLength {
@@ -190,7 +231,11 @@ impl Tensor {
         }
         let values = typed_value_count(proto, info.dtype);
         if values as u64 > count {
-            return Err(TensorError::TooManyValues { dims, elements: count, values });
+            return Err(TensorError::TooManyValues {
+                dims,
+                elements: count,
+                values,
+            });
         }
         if info.dtype == DataType::DtString && !proto.tensor_content.is_empty() {
             // TF's encoded string content has no client that produces it.
@@ -214,7 +259,11 @@ impl Tensor {
             );
             let tensor = Tensor(NonNull::new(ptr).expect("TF_AllocateTensor returned null"));
             if !content.is_empty() {
-                std::ptr::copy_nonoverlapping(content.as_ptr(), sys::TF_TensorData(ptr) as *mut u8, content.len());
+                std::ptr::copy_nonoverlapping(
+                    content.as_ptr(),
+                    sys::TF_TensorData(ptr) as *mut u8,
+                    content.len(),
+                );
             }
             tensor
         }
@@ -222,7 +271,11 @@ impl Tensor {
 
     fn parse_with_tensorflow(proto: &TensorProto) -> Result<Tensor, TensorError> {
         let encoded = proto.encode_to_vec();
-        let buffer = sys::TF_Buffer { data: encoded.as_ptr() as *const c_void, length: encoded.len(), data_deallocator: None };
+        let buffer = sys::TF_Buffer {
+            data: encoded.as_ptr() as *const c_void,
+            length: encoded.len(),
+            data_deallocator: None,
+        };
         // SAFETY: a scalar placeholder tensor that TF_TensorFromProto replaces;
         // `buffer` borrows `encoded`, which outlives the call.
         unsafe {
@@ -293,13 +346,28 @@ impl Tensor {
     pub fn into_proto(self) -> Result<TensorProto, TensorError> {
         let raw = self.dtype_raw();
         let info = dtype_info(raw).map_err(|_| {
-            TensorError::NotFetchable(DataType::try_from(raw).map(|d| d.as_str_name()).unwrap_or("unknown"))
+            TensorError::NotFetchable(
+                DataType::try_from(raw)
+                    .map(|d| d.as_str_name())
+                    .unwrap_or("unknown"),
+            )
         })?;
         let tensor_shape = Some(TensorShapeProto {
-            dim: self.dims().into_iter().map(|size| tensor_shape_proto::Dim { size, name: String::new() }).collect(),
+            dim: self
+                .dims()
+                .into_iter()
+                .map(|size| tensor_shape_proto::Dim {
+                    size,
+                    name: String::new(),
+                })
+                .collect(),
             unknown_rank: false,
         });
-        let mut proto = TensorProto { dtype: raw, tensor_shape, ..Default::default() };
+        let mut proto = TensorProto {
+            dtype: raw,
+            tensor_shape,
+            ..Default::default()
+        };
         if info.element_size.is_none() {
             proto.string_val = self.strings();
         } else if self.element_count() > 0 {
