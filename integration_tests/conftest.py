@@ -92,7 +92,8 @@ class SalusProcess:
         return found[0]
 
     def stderr_tail(self, n: int = 4000) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         try:
             return self.log_path.read_bytes()[-n:].decode(errors="replace")
         except OSError:

@@ -260,3 +260,18 @@ def test_all_dtypes_in_one_step(identity_session):
     got = sess.run({dt.name: out for dt, out in ports.items()}, feeds)
     for dt in DTYPE_VALUES:
         _assert_same(got[dt.name], DTYPE_VALUES[dt], dt.name)
+
+
+# --- large messages ------------------------------------------------------------------------------------
+
+
+def test_tensors_larger_than_grpc_default_message_limit(salus_target):
+    """Real input batches exceed gRPC's 4 MiB default message size; TF's own client and server allow
+    them, so the server must too (in both directions)."""
+    with tf.Graph().as_default():
+        x = tf.compat.v1.placeholder(tf.float32, None)
+        y = tf.identity(x)
+        with tf.compat.v1.Session(salus_target) as sess:
+            batch = np.random.RandomState(0).rand(32, 224, 224, 3).astype(np.float32)  # 18 MiB
+            got = sess.run(y, {x: batch})
+            assert got.tobytes() == batch.tobytes()

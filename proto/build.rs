@@ -13,6 +13,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(true)
         // Tensor payloads and pass-through messages stay zero-copy `Bytes`.
         .bytes(".")
+        // Malformed requests become INVALID_ARGUMENT instead of INTERNAL.
+        .codec_path("crate::codec::ProstCodec")
         .compile_fds(fds)?;
     Ok(())
 }

@@ -6,8 +6,11 @@
 //! - [`tensorflow`]: a wire-compatible subset of TensorFlow's master protocol
 //!   (`/tensorflow.MasterService/*`) and the framework messages it carries.
 //! - [`salus::v1`]: Salus's own services (administration).
+//! - [`codec`]: the gRPC codec of every service.
 
 #![allow(clippy::large_enum_variant, clippy::doc_lazy_continuation)]
+
+pub mod codec;
 
 pub mod tensorflow {
     tonic::include_proto!("tensorflow");

@@ -9,7 +9,7 @@
 use std::collections::{BTreeSet, HashSet};
 
 use prost::Message;
-use salus_proto::tensorflow::GraphDef;
+use salus_proto::tensorflow::{attr_value, AttrValue, GraphDef};
 
 use crate::tf::{Graph, ImportMappings};
 
@@ -67,6 +67,8 @@ pub struct CheckedDelta {
     pub node_count: usize,
     /// Every op type in the delta (for policy checks and logs).
     pub ops: BTreeSet<String>,
+    /// Nodes with a `container` attribute: (node name, container), for Reset.
+    pub containers: Vec<(String, String)>,
 }
 
 /// Decodes `bytes` and checks it can be imported into `graph`.
@@ -89,6 +91,15 @@ pub fn check_delta(bytes: &[u8], graph: &Graph) -> Result<CheckedDelta, GraphErr
     let mut seen_control = HashSet::new();
     for node in &def.node {
         checked.ops.insert(node.op.clone());
+        if let Some(AttrValue {
+            value: Some(attr_value::Value::S(container)),
+        }) = node.attr.get("container")
+        {
+            checked.containers.push((
+                node.name.clone(),
+                String::from_utf8_lossy(container).into_owned(),
+            ));
+        }
         for input in &node.input {
             let parsed = parse_input(input);
             let target = match parsed {

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::Bytes;
-use salus_proto::tensorflow::{CallableOptions, TensorProto};
+use salus_proto::tensorflow::{CallableOptions, DataType, TensorProto};
 use tensorflow_sys as sys;
 
 use crate::error::{Error, Result};
@@ -69,6 +69,8 @@ pub struct Job {
     next_callable: AtomicI64,
     partial_runs: Mutex<HashMap<String, PartialRun>>,
     next_partial_run: AtomicU64,
+    /// Stateful nodes and their resource container, for Reset.
+    containers: Mutex<Vec<(String, String)>>,
     pub stats: JobStats,
     pub created: Instant,
     /// Milliseconds since `created` of the last request.
@@ -86,9 +88,11 @@ impl Job {
     /// with `config` (a serialized ConfigProto).
     pub fn create(handle: String, name: String, graph_def: &[u8], config: &[u8]) -> Result<Job> {
         let graph = Arc::new(Graph::new());
+        let mut containers = Vec::new();
         if !graph_def.is_empty() {
             let delta = check_delta(graph_def, &graph)?;
             graph.import(graph_def, &delta.mappings)?;
+            containers = delta.containers;
         }
         let session = Session::new(graph, config)?;
         Ok(Job {
@@ -100,6 +104,7 @@ impl Job {
             next_callable: AtomicI64::new(0),
             partial_runs: Mutex::new(HashMap::new()),
             next_partial_run: AtomicU64::new(0),
+            containers: Mutex::new(containers),
             stats: JobStats::default(),
             created: Instant::now(),
             last_active_ms: AtomicU64::new(0),
@@ -141,8 +146,41 @@ impl Job {
         let graph = self.session.graph();
         let delta = check_delta(graph_def, graph)?;
         graph.import(graph_def, &delta.mappings)?;
+        lock(&self.containers).extend(delta.containers);
         *version += 1;
         Ok(*version)
+    }
+
+    /// Destroys the resources (resource variables, tables, queues, iterators, ...)
+    /// this job keeps in `containers` (an empty list: the default container, as
+    /// TensorFlow's Reset). The session stays open; reading a destroyed variable
+    /// afterwards fails as uninitialised. Returns the nodes whose state could not
+    /// be destroyed: reference-typed state (VariableV2) has no destroy op.
+    pub fn reset_containers(&self, containers: &[String]) -> Result<Vec<String>> {
+        let wanted = |c: &str| {
+            if containers.is_empty() {
+                c.is_empty()
+            } else {
+                containers.iter().any(|w| w == c)
+            }
+        };
+        let graph = self.session.graph();
+        let mut destroy = Vec::new();
+        let mut kept = Vec::new();
+        for (node, _) in lock(&self.containers).iter().filter(|(_, c)| wanted(c)) {
+            let Some(op) = graph.operation(node) else {
+                continue;
+            };
+            if op.num_outputs() > 0 && op.output_type_raw(0) == DataType::DtResource as i32 {
+                destroy.push(graph.destroy_resource_op(&format!("salus_reset/{node}"), op)?);
+            } else {
+                kept.push(node.clone());
+            }
+        }
+        if !destroy.is_empty() {
+            self.session.run(&[], &[], &[], &destroy)?;
+        }
+        Ok(kept)
     }
 
     /// Resolves "name" or "name:index" to an operation output.

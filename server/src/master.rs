@@ -14,7 +14,7 @@ use crate::exec;
 use crate::job::Job;
 use crate::session_config::session_config;
 use crate::state::ServerState;
-use crate::tf::{self, Tensor};
+use crate::tf::Tensor;
 
 pub struct Master {
     state: Arc<ServerState>,
@@ -200,8 +200,18 @@ impl MasterService for Master {
         if !req.device_filters.is_empty() {
             tracing::warn!(filters = ?req.device_filters, "Reset ignores device_filters: containers are cleared on every device");
         }
-        tracing::info!(containers = ?req.container, "resetting resource containers");
-        exec::blocking(move || Ok(tf::reset_containers(&req.container)?)).await?;
+        tracing::info!(containers = ?req.container, "resetting resource containers of every open session");
+        let jobs = self.state.sessions.all();
+        exec::blocking(move || {
+            for job in jobs {
+                let kept = job.reset_containers(&req.container)?;
+                if !kept.is_empty() {
+                    tracing::warn!(session = %job.handle, nodes = ?kept, "Reset cannot clear reference-typed state; close the session to free it");
+                }
+            }
+            Ok(())
+        })
+        .await?;
         Ok(Response::new(ResetResponse {}))
     }
 

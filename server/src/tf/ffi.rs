@@ -24,3 +24,10 @@ extern "C" {
     #[link_name = "TF_TensorType"]
     pub fn TF_TensorTypeRaw(tensor: *const TF_Tensor) -> i32;
 }
+
+#[allow(clashing_extern_declarations)]
+extern "C" {
+    /// `TF_OperationOutputType` returning the raw dtype number (see TF_TensorTypeRaw).
+    #[link_name = "TF_OperationOutputType"]
+    pub fn TF_OperationOutputTypeRaw(output: tensorflow_sys::TF_Output) -> i32;
+}

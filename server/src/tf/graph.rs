@@ -34,6 +34,12 @@ impl Operation {
             index,
         }
     }
+
+    /// Raw dtype number of output `index` (must be < num_outputs).
+    pub fn output_type_raw(self, index: i32) -> i32 {
+        // SAFETY: a live operation; the caller keeps index in range.
+        unsafe { ffi::TF_OperationOutputTypeRaw(self.output(index)) }
+    }
 }
 
 /// How an imported delta's references to existing nodes are resolved.
@@ -113,6 +119,31 @@ impl Graph {
             });
             sys::TF_DeleteImportGraphDefOptions(opts);
             result
+        }
+    }
+
+    /// Adds `DestroyResourceOp(handle:0)` named `name` (or returns the existing
+    /// operation of that name): running it frees the resource, if it exists.
+    pub fn destroy_resource_op(&self, name: &str, handle: Operation) -> Result<Operation, TfError> {
+        if let Some(op) = self.operation(name) {
+            return Ok(op);
+        }
+        let c_name = CString::new(name)
+            .map_err(|_| TfError::new(3, format!("node name {name:?} contains NUL")))?;
+        // SAFETY: the description is finished (consumed) exactly once; strings
+        // outlive the calls.
+        unsafe {
+            let desc = sys::TF_NewOperation(
+                self.as_ptr(),
+                c"DestroyResourceOp".as_ptr(),
+                c_name.as_ptr(),
+            );
+            sys::TF_AddInput(desc, handle.output(0));
+            sys::TF_SetAttrBool(desc, c"ignore_lookup_error".as_ptr(), 1);
+            let op = with_status(|status| sys::TF_FinishOperation(desc, status))?;
+            NonNull::new(op)
+                .map(Operation)
+                .ok_or_else(|| TfError::new(13, "TF_FinishOperation returned null"))
         }
     }
 

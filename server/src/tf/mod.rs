@@ -6,7 +6,7 @@
 //! - [`status`]: TF_Status and [`TfError`].
 //! - [`tensor`]: TensorProto <-> TF_Tensor conversion with validation.
 //! - [`graph`]: TF_Graph, GraphDef import with mappings to existing nodes.
-//! - [`session`]: TF_Session runs, partial runs, devices, container reset.
+//! - [`session`]: TF_Session runs, partial runs, devices.
 //! - `buffer`, `ffi`: TF_Buffer helpers and the declarations tensorflow-sys lacks.
 
 mod buffer;
@@ -17,6 +17,6 @@ pub mod status;
 pub mod tensor;
 
 pub use graph::{tensorflow_version, Graph, ImportMappings, Operation};
-pub use session::{reset_containers, DeviceInfo, PartialRunHandle, RunOutput, Session};
+pub use session::{DeviceInfo, PartialRunHandle, RunOutput, Session};
 pub use status::TfError;
 pub use tensor::{Tensor, TensorError};

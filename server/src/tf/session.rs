@@ -257,22 +257,3 @@ impl Drop for Session {
 /// TensorFlow's handle of a partial run set up with [`Session::partial_run_setup`].
 #[derive(Debug)]
 pub struct PartialRunHandle(CString);
-
-/// Clears the named resource containers (variables, queues, ...) of every local
-/// session in this process, as TensorFlow's master does on Reset. An empty list
-/// clears the default container.
-pub fn reset_containers(containers: &[String]) -> Result<(), TfError> {
-    let names: Vec<CString> = containers
-        .iter()
-        .map(|c| {
-            CString::new(c.as_str())
-                .map_err(|_| TfError::new(3, format!("container name {c:?} contains NUL")))
-        })
-        .collect::<Result<_, _>>()?;
-    let mut ptrs: Vec<*const c_char> = names.iter().map(|c| c.as_ptr()).collect();
-    let opts = SessionOptions::new(&[])?;
-    // SAFETY: options and the name array outlive the call.
-    with_status(|status| unsafe {
-        sys::TF_Reset(opts.0, ptrs.as_mut_ptr(), ptrs.len() as i32, status)
-    })
-}

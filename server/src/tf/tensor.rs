@@ -6,10 +6,11 @@
 //! fills the whole shape" rule lets a few-byte proto demand a huge tensor), and
 //! `tensor_content` must match the shape exactly.
 //!
-//! Protos with `tensor_content` (what TensorFlow's own client sends for numeric
-//! arrays) are copied straight into a fresh tensor. Everything else (typed
-//! `*_val` fields, strings) goes through `TF_TensorFromProto`, so TensorFlow's
-//! own parsing rules apply.
+//! Protos with `tensor_content` of a fixed-size dtype (what TensorFlow's own
+//! client sends for numeric arrays) are copied straight into a fresh tensor.
+//! Everything else (typed `*_val` fields; strings, which the stock client sends
+//! as length-prefixed `tensor_content`) goes through `TF_TensorFromProto`, so
+//! TensorFlow's own parsing rules apply.
 
 use std::ffi::c_void;
 use std::ptr::NonNull;
@@ -236,10 +237,6 @@ impl Tensor {
                 elements: count,
                 values,
             });
-        }
-        if info.dtype == DataType::DtString && !proto.tensor_content.is_empty() {
-            // TF's encoded string content has no client that produces it.
-            return Err(TensorError::UnsupportedDtype("string in tensor_content"));
         }
         Self::parse_with_tensorflow(proto)
     }
