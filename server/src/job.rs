@@ -2,7 +2,10 @@
 //! version, callables and partial runs. Every method that touches TensorFlow
 //! blocks; the master service calls them on executor threads.
 
+use std::borrow::Cow;
+use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, HashSet};
+use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -13,7 +16,9 @@ use tensorflow_sys as sys;
 
 use crate::error::{Error, Result};
 use crate::graph_delta::check_delta;
+use crate::state::JobSettings;
 use crate::tf::{self, Graph, Operation, PartialRunHandle, Session, Tensor};
+use crate::wire;
 
 /// An output of an operation ("name:index"), resolved against the graph.
 #[derive(Clone, Copy, Debug)]
@@ -50,6 +55,60 @@ struct PartialRun {
     pending_targets: HashSet<String>,
 }
 
+/// Identifies a repeated run of a job: the same feeds, fetches and targets
+/// (RunStep), or the same callable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RunKey(u64);
+
+impl RunKey {
+    pub fn of_step(feeds: &[&str], fetches: &[String], targets: &[String]) -> RunKey {
+        let mut h = DefaultHasher::new();
+        ("step", feeds, fetches, targets).hash(&mut h);
+        RunKey(h.finish())
+    }
+
+    fn of_callable(handle: i64) -> RunKey {
+        let mut h = DefaultHasher::new();
+        ("callable", handle).hash(&mut h);
+        RunKey(h.finish())
+    }
+}
+
+/// How long runs of one [`RunKey`] take.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RunProfile {
+    pub runs: u64,
+    /// Exponentially weighted mean duration, nanoseconds.
+    pub mean_ns: f64,
+}
+
+impl RunProfile {
+    /// Weight of the newest run in the mean.
+    const WEIGHT: f64 = 0.2;
+
+    fn record(&mut self, ns: f64) {
+        self.mean_ns = if self.runs == 0 {
+            ns
+        } else {
+            self.mean_ns + Self::WEIGHT * (ns - self.mean_ns)
+        };
+        self.runs += 1;
+    }
+}
+
+/// RunOptions field `inter_op_thread_pool`; -1 runs on the caller's thread.
+const INTER_OP_THREAD_POOL_FIELD: u64 = 3;
+
+/// `run_options` with `inter_op_thread_pool = -1` unless the client set a pool.
+fn on_caller_thread(run_options: &[u8]) -> Result<Vec<u8>> {
+    let mut options = run_options.to_vec();
+    if !wire::has_field(run_options, INTER_OP_THREAD_POOL_FIELD)? {
+        wire::write_varint(&mut options, INTER_OP_THREAD_POOL_FIELD << 3);
+        wire::write_varint(&mut options, -1i64 as u64);
+    }
+    Ok(options)
+}
+
 /// Counters shown by the admin API.
 #[derive(Default)]
 pub struct JobStats {
@@ -71,6 +130,9 @@ pub struct Job {
     next_partial_run: AtomicU64,
     /// Stateful nodes and their resource container, for Reset.
     containers: Mutex<Vec<(String, String)>>,
+    run_profiles: Mutex<HashMap<RunKey, RunProfile>>,
+    inline_below_ns: f64,
+    max_tensor_bytes: u64,
     pub stats: JobStats,
     pub created: Instant,
     /// Milliseconds since `created` of the last request.
@@ -86,7 +148,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Job {
     /// Builds the graph from `graph_def` (may be empty) and opens a TF session
     /// with `config` (a serialized ConfigProto).
-    pub fn create(handle: String, name: String, graph_def: &[u8], config: &[u8]) -> Result<Job> {
+    pub fn create(
+        handle: String,
+        name: String,
+        graph_def: &[u8],
+        config: &[u8],
+        settings: JobSettings,
+    ) -> Result<Job> {
         let graph = Arc::new(Graph::new());
         let mut containers = Vec::new();
         if !graph_def.is_empty() {
@@ -105,6 +173,9 @@ impl Job {
             partial_runs: Mutex::new(HashMap::new()),
             next_partial_run: AtomicU64::new(0),
             containers: Mutex::new(containers),
+            run_profiles: Mutex::new(HashMap::new()),
+            inline_below_ns: settings.inline_below.as_nanos() as f64,
+            max_tensor_bytes: settings.max_tensor_bytes,
             stats: JobStats::default(),
             created: Instant::now(),
             last_active_ms: AtomicU64::new(0),
@@ -178,7 +249,7 @@ impl Job {
             }
         }
         if !destroy.is_empty() {
-            self.session.run(&[], &[], &[], &destroy)?;
+            self.session.run(&[], false, &[], &[], &destroy)?;
         }
         Ok(kept)
     }
@@ -225,7 +296,6 @@ impl Job {
     pub fn feeds<'a>(
         &self,
         feeds: impl IntoIterator<Item = (&'a str, Option<&'a TensorProto>)>,
-        max_tensor_bytes: u64,
     ) -> Result<Vec<Feed>> {
         feeds
             .into_iter()
@@ -234,7 +304,7 @@ impl Job {
                 let proto = proto.ok_or_else(|| {
                     Error::InvalidArgument(format!("feed {name:?} carries no tensor"))
                 })?;
-                let tensor = Tensor::from_proto(proto, max_tensor_bytes)
+                let tensor = Tensor::from_proto(proto, self.max_tensor_bytes)
                     .map_err(|e| Error::tensor(name, e))?;
                 Ok(Feed {
                     name: name.to_string(),
@@ -245,17 +315,46 @@ impl Job {
             .collect()
     }
 
-    /// One full run (RunStep / RunCallable body).
+    /// The measured profile of runs like `key`.
+    pub fn profile(&self, key: RunKey) -> RunProfile {
+        lock(&self.run_profiles)
+            .get(&key)
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// One full run (RunStep / RunCallable body). Runs of a key measured faster
+    /// than the inline threshold execute on this thread, not TF's inter-op pool.
     pub fn run(
         &self,
+        key: RunKey,
         run_options: &[u8],
         feeds: &[Feed],
         fetches: &[Port],
         targets: &[Operation],
     ) -> Result<tf::RunOutput> {
+        let profile = self.profile(key);
+        let inline = profile.runs > 0 && profile.mean_ns < self.inline_below_ns;
+        let options = if inline {
+            Cow::Owned(on_caller_thread(run_options)?)
+        } else {
+            Cow::Borrowed(run_options)
+        };
         let inputs: Vec<_> = feeds.iter().map(|f| (f.port.tf(), &f.tensor)).collect();
         let outputs: Vec<_> = fetches.iter().map(|p| p.tf()).collect();
-        let result = self.session.run(run_options, &inputs, &outputs, targets);
+        let started = Instant::now();
+        let result = self.session.run(
+            &options,
+            !run_options.is_empty(),
+            &inputs,
+            &outputs,
+            targets,
+        );
+        let elapsed = started.elapsed().as_nanos() as f64;
+        lock(&self.run_profiles)
+            .entry(key)
+            .or_default()
+            .record(elapsed);
         self.count(result.is_ok());
         Ok(result?)
     }
@@ -300,12 +399,7 @@ impl Job {
     }
 
     /// RunCallable: feeds are positional, in the callable's feed order.
-    pub fn run_callable(
-        &self,
-        handle: i64,
-        feeds: &[TensorProto],
-        max_tensor_bytes: u64,
-    ) -> Result<tf::RunOutput> {
+    pub fn run_callable(&self, handle: i64, feeds: &[TensorProto]) -> Result<tf::RunOutput> {
         let callable =
             lock(&self.callables)
                 .get(&handle)
@@ -326,7 +420,7 @@ impl Job {
             .iter()
             .zip(feeds)
             .map(|((name, port), proto)| {
-                let tensor = Tensor::from_proto(proto, max_tensor_bytes)
+                let tensor = Tensor::from_proto(proto, self.max_tensor_bytes)
                     .map_err(|e| Error::tensor(name, e))?;
                 Ok(Feed {
                     name: name.clone(),
@@ -336,6 +430,7 @@ impl Job {
             })
             .collect::<Result<Vec<_>>>()?;
         self.run(
+            RunKey::of_callable(handle),
             &callable.run_options,
             &feeds,
             &callable.fetches,
@@ -432,5 +527,38 @@ impl Job {
             Err(_) => drop(runs.remove(handle)),
         }
         Ok(result?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn caller_thread_option_is_added_unless_the_client_chose_a_pool() {
+        let added = on_caller_thread(&[]).unwrap();
+        assert_eq!(
+            added,
+            [0x18, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01]
+        );
+        // trace_level = FULL_TRACE (field 1) is kept, the pool appended.
+        assert_eq!(on_caller_thread(&[0x08, 0x03]).unwrap()[..2], [0x08, 0x03]);
+        assert!(wire::has_field(&on_caller_thread(&[0x08, 0x03]).unwrap(), 3).unwrap());
+        // A client's own pool choice wins.
+        assert_eq!(on_caller_thread(&[0x18, 0x01]).unwrap(), [0x18, 0x01]);
+        assert!(on_caller_thread(&[0x18]).is_err());
+    }
+
+    #[test]
+    fn run_profiles_track_a_weighted_mean() {
+        let mut p = RunProfile::default();
+        p.record(100.0);
+        assert_eq!((p.runs, p.mean_ns), (1, 100.0));
+        p.record(200.0);
+        assert_eq!((p.runs, p.mean_ns), (2, 120.0));
+        let a = RunKey::of_step(&["x:0"], &["y:0".into()], &[]);
+        assert_eq!(a, RunKey::of_step(&["x:0"], &["y:0".into()], &[]));
+        assert_ne!(a, RunKey::of_step(&[], &["x:0".into(), "y:0".into()], &[]));
+        assert_ne!(RunKey::of_callable(0), RunKey::of_callable(1));
     }
 }

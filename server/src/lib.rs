@@ -25,6 +25,7 @@ pub mod exec;
 pub mod graph_delta;
 pub mod job;
 pub mod master;
+pub mod sched;
 pub mod server;
 pub mod session_config;
 pub mod sessions;

@@ -11,7 +11,7 @@ use tonic::{Request, Response, Status};
 
 use crate::error::{Error, Result};
 use crate::exec;
-use crate::job::Job;
+use crate::job::{Job, RunKey};
 use crate::session_config::session_config;
 use crate::state::ServerState;
 use crate::tf::Tensor;
@@ -41,7 +41,6 @@ fn run_step(state: &ServerState, job: &Job, req: &RunStepRequest) -> Result<RunS
         req.feed
             .iter()
             .map(|f| (f.name.as_str(), f.tensor.as_ref())),
-        state.limits.max_tensor_bytes,
     )?;
     let (tensors, metadata) = if req.partial_run_handle.is_empty() {
         let fetches = req
@@ -54,7 +53,9 @@ fn run_step(state: &ServerState, job: &Job, req: &RunStepRequest) -> Result<RunS
             .iter()
             .map(|n| job.target(n))
             .collect::<Result<Vec<_>>>()?;
-        let out = job.run(&req.options, &feeds, &fetches, &targets)?;
+        let feed_names: Vec<&str> = req.feed.iter().map(|f| f.name.as_str()).collect();
+        let key = RunKey::of_step(&feed_names, &req.fetch, &req.target);
+        let out = job.run(key, &req.options, &feeds, &fetches, &targets)?;
         (out.outputs, out.metadata)
     } else {
         (
@@ -90,7 +91,9 @@ impl MasterService for Master {
         let job = {
             let handle = handle.clone();
             let name = name.clone();
-            exec::blocking(move || Job::create(handle, name, &req.graph_def, &config)).await?
+            let settings = self.state.settings;
+            exec::blocking(move || Job::create(handle, name, &req.graph_def, &config, settings))
+                .await?
         };
         self.state.sessions.insert(Arc::new(job))?;
         tracing::info!(session = %handle, name = %name, "session created");
@@ -234,7 +237,7 @@ impl MasterService for Master {
         let job = self.state.sessions.get(&req.session_handle)?;
         let state = self.state.clone();
         let response = exec::blocking(move || {
-            let out = job.run_callable(req.handle, &req.feed, state.limits.max_tensor_bytes)?;
+            let out = job.run_callable(req.handle, &req.feed)?;
             state.count_run();
             let fetch = out
                 .outputs

@@ -15,7 +15,7 @@ use crate::config::Config;
 use crate::error::Error;
 use crate::exec;
 use crate::master::Master;
-use crate::state::{Limits, ServerState};
+use crate::state::{JobSettings, ServerState};
 use crate::tf::{self, Graph, Session};
 
 #[derive(Debug, thiserror::Error)]
@@ -44,11 +44,12 @@ impl Server {
         for device in &devices {
             tracing::info!(device = %device.name, kind = %device.device_type, memory = device.memory_bytes, "device");
         }
-        let limits = Limits {
+        let settings = JobSettings {
             max_tensor_bytes: config.max_message_size as u64,
+            inline_below: config.inline_below,
         };
         let state = Arc::new(ServerState::new(
-            limits,
+            settings,
             config.session_defaults,
             devices,
             version,

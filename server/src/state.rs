@@ -7,16 +7,19 @@ use crate::session_config::SessionDefaults;
 use crate::sessions::SessionTable;
 use crate::tf::DeviceInfo;
 
-/// Limits applied to every request.
+/// Settings every job gets.
 #[derive(Clone, Copy, Debug)]
-pub struct Limits {
+pub struct JobSettings {
     /// Largest tensor a feed may produce, in bytes.
     pub max_tensor_bytes: u64,
+    /// Runs measured faster than this execute on the calling executor thread
+    /// instead of TensorFlow's inter-op pool (saves two thread switches).
+    pub inline_below: std::time::Duration,
 }
 
 pub struct ServerState {
     pub sessions: SessionTable,
-    pub limits: Limits,
+    pub settings: JobSettings,
     pub session_defaults: SessionDefaults,
     /// The server's devices, listed once at start-up.
     pub devices: Vec<DeviceInfo>,
@@ -27,14 +30,14 @@ pub struct ServerState {
 
 impl ServerState {
     pub fn new(
-        limits: Limits,
+        settings: JobSettings,
         session_defaults: SessionDefaults,
         devices: Vec<DeviceInfo>,
         tensorflow_version: String,
     ) -> Self {
         ServerState {
             sessions: SessionTable::new(),
-            limits,
+            settings,
             session_defaults,
             devices,
             tensorflow_version,

@@ -24,7 +24,7 @@ pub struct DeviceInfo {
 /// What one run produced.
 pub struct RunOutput {
     pub outputs: Vec<Tensor>,
-    /// Serialized RunMetadata, when run options were given.
+    /// Serialized RunMetadata, when asked for.
     pub metadata: Vec<u8>,
 }
 
@@ -81,9 +81,11 @@ impl Session {
     }
 
     /// One TF_SessionRun. Inputs are borrowed; outputs are returned in order.
+    /// RunMetadata is collected only when `want_metadata`.
     pub fn run(
         &self,
         run_options: &[u8],
+        want_metadata: bool,
         inputs: &[(sys::TF_Output, &Tensor)],
         outputs: &[sys::TF_Output],
         targets: &[Operation],
@@ -94,7 +96,7 @@ impl Session {
             targets.iter().map(|op| op.as_ptr() as *const _).collect();
         let mut output_values: Vec<*mut sys::TF_Tensor> = vec![std::ptr::null_mut(); outputs.len()];
         let options = buffer::borrowed(run_options);
-        let metadata = (!run_options.is_empty()).then(OutputBuffer::new);
+        let metadata = want_metadata.then(OutputBuffer::new);
         let status = Status::new();
         // SAFETY: every array has the length passed with it and outlives the call;
         // input tensors stay owned by the caller; TF writes owned tensors into

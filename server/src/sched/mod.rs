@@ -1,0 +1,395 @@
+//! The scheduler core: jobs, lanes and per-lane queues of pending iterations.
+//!
+//! A plain synchronous state machine with no I/O and no clock: every call takes
+//! the current time. The server drives it with real time and real TensorFlow
+//! runs, the simulator with virtual time, unit tests directly. The payload `W`
+//! of an iteration is opaque here (a closure in the server, a modelled cost in
+//! the simulator): an iteration is any unit of work a front end submits.
+//!
+//! Rules:
+//! - A lane runs at most `concurrency` main iterations at once.
+//! - When a slot is free, the lane's policy ranks the lane's jobs; the best job
+//!   with an iteration ready runs (its oldest one). Whether the lane instead
+//!   waits for a better job that is momentarily between iterations is the
+//!   policy's [`policy::Hold`]; the wait lasts at most the anticipation window
+//!   after that job's last iteration ended (or forever, for `fifo`).
+//! - A switch happens only at an iteration boundary; nothing moves, so a
+//!   switch costs one decision.
+//!
+//! # Layout
+//! - [`policy`]: the policies, one module each.
+//! - [`hints`]: job hints and their wire format.
+
+pub mod hints;
+pub mod policy;
+
+use std::collections::{HashMap, VecDeque};
+
+pub use hints::{HintError, Hints};
+use policy::{Hold, JobView, Policy};
+
+/// Nanoseconds since an epoch chosen by the driver.
+pub type Nanos = u64;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct JobId(pub u64);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LaneId(pub u32);
+
+/// Settings of the core.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SchedConfig {
+    /// Main iterations in flight per lane (Salus: 1).
+    pub lane_concurrency: usize,
+    /// How long after a job's iteration ends it still counts as active (see
+    /// [`Hold::WhileActive`]).
+    pub anticipation: Nanos,
+}
+
+impl Default for SchedConfig {
+    fn default() -> Self {
+        SchedConfig {
+            lane_concurrency: 1,
+            anticipation: 2_000_000,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SchedError {
+    #[error("job {0:?} is not known to the scheduler")]
+    UnknownJob(JobId),
+    #[error("job {0:?} is already known to the scheduler")]
+    DuplicateJob(JobId),
+}
+
+struct Pending<W> {
+    submitted: Nanos,
+    work: W,
+}
+
+struct JobState<W> {
+    lane: LaneId,
+    arrival: Nanos,
+    hints: Hints,
+    attained: Nanos,
+    fair_offset: Nanos,
+    iterations: u64,
+    running: usize,
+    last_end: Option<Nanos>,
+    queue: VecDeque<Pending<W>>,
+    total_wait: Nanos,
+}
+
+impl<W> JobState<W> {
+    fn mean_iteration(&self) -> Option<Nanos> {
+        (self.iterations > 0).then(|| self.attained / self.iterations)
+    }
+
+    /// Expected remaining device time, from hints and measurements.
+    fn remaining(&self) -> Option<Nanos> {
+        let total = match (self.hints.expected_seconds, self.hints.expected_iterations) {
+            (Some(s), _) => (s * 1e9) as Nanos,
+            (None, Some(n)) => n.saturating_mul(self.mean_iteration()?),
+            (None, None) => return None,
+        };
+        Some(total.saturating_sub(self.attained))
+    }
+
+    fn view(&self, id: JobId) -> JobView {
+        JobView {
+            id: id.0,
+            arrival: self.arrival,
+            attained: self.attained,
+            fair_attained: self.attained + self.fair_offset,
+            iterations: self.iterations,
+            priority: self.hints.priority,
+            remaining: self.remaining(),
+        }
+    }
+}
+
+#[derive(Default)]
+struct LaneState {
+    /// Jobs in admission order.
+    jobs: Vec<JobId>,
+    running: usize,
+}
+
+/// An iteration handed out to run.
+#[derive(Debug)]
+pub struct Dispatch<W> {
+    pub job: JobId,
+    pub lane: LaneId,
+    pub work: W,
+    pub submitted: Nanos,
+}
+
+/// What a lane should do now.
+#[derive(Debug)]
+pub enum Decision<W> {
+    Run(Dispatch<W>),
+    /// Nothing to run before this time (re-ask then, or on the next event).
+    WaitUntil(Nanos),
+    /// Nothing to run until the next submit/finish/removal.
+    Idle,
+}
+
+/// A read-only summary of a job, for status APIs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobStatus {
+    pub id: JobId,
+    pub lane: LaneId,
+    pub hints: Hints,
+    pub arrival: Nanos,
+    pub attained: Nanos,
+    pub iterations: u64,
+    pub mean_iteration: Option<Nanos>,
+    pub remaining: Option<Nanos>,
+    pub queued: usize,
+    pub running: usize,
+    /// Total time iterations of this job waited in the queue.
+    pub total_wait: Nanos,
+}
+
+pub struct Scheduler<W> {
+    config: SchedConfig,
+    policy: Box<dyn Policy>,
+    jobs: HashMap<JobId, JobState<W>>,
+    lanes: HashMap<LaneId, LaneState>,
+}
+
+impl<W> Scheduler<W> {
+    pub fn new(policy: Box<dyn Policy>, config: SchedConfig) -> Self {
+        Scheduler {
+            config,
+            policy,
+            jobs: HashMap::new(),
+            lanes: HashMap::new(),
+        }
+    }
+
+    pub fn policy_name(&self) -> &'static str {
+        self.policy.name()
+    }
+
+    /// Swaps the policy; queued iterations and job history are kept.
+    pub fn set_policy(&mut self, policy: Box<dyn Policy>) {
+        self.policy = policy;
+    }
+
+    pub fn config(&self) -> SchedConfig {
+        self.config
+    }
+
+    pub fn add_job(
+        &mut self,
+        id: JobId,
+        lane: LaneId,
+        hints: Hints,
+        now: Nanos,
+    ) -> Result<(), SchedError> {
+        if self.jobs.contains_key(&id) {
+            return Err(SchedError::DuplicateJob(id));
+        }
+        let lane_state = self.lanes.entry(lane).or_default();
+        // Fair share starts at the lane's current minimum.
+        let fair_offset = lane_state
+            .jobs
+            .iter()
+            .filter_map(|j| self.jobs.get(j))
+            .map(|j| j.attained + j.fair_offset)
+            .min()
+            .unwrap_or(0);
+        lane_state.jobs.push(id);
+        self.jobs.insert(
+            id,
+            JobState {
+                lane,
+                arrival: now,
+                hints,
+                attained: 0,
+                fair_offset,
+                iterations: 0,
+                running: 0,
+                last_end: None,
+                queue: VecDeque::new(),
+                total_wait: 0,
+            },
+        );
+        Ok(())
+    }
+
+    /// Forgets a job; its queued iterations are returned, not run.
+    pub fn remove_job(&mut self, id: JobId) -> Result<Vec<W>, SchedError> {
+        let job = self.jobs.remove(&id).ok_or(SchedError::UnknownJob(id))?;
+        // A running iteration keeps its lane slot until `finish`.
+        if let Some(lane) = self.lanes.get_mut(&job.lane) {
+            lane.jobs.retain(|j| *j != id);
+            if lane.jobs.is_empty() && lane.running == 0 {
+                self.lanes.remove(&job.lane);
+            }
+        }
+        Ok(job.queue.into_iter().map(|p| p.work).collect())
+    }
+
+    pub fn set_hints(&mut self, id: JobId, hints: Hints) -> Result<(), SchedError> {
+        self.jobs
+            .get_mut(&id)
+            .ok_or(SchedError::UnknownJob(id))?
+            .hints = hints;
+        Ok(())
+    }
+
+    /// Queues a main iteration of `job`.
+    pub fn submit(&mut self, job: JobId, work: W, now: Nanos) -> Result<LaneId, SchedError> {
+        let state = self.jobs.get_mut(&job).ok_or(SchedError::UnknownJob(job))?;
+        state.queue.push_back(Pending {
+            submitted: now,
+            work,
+        });
+        Ok(state.lane)
+    }
+
+    /// Drops queued iterations for which `keep` is false (client gone, deadline
+    /// passed) and returns them.
+    pub fn drain_queued(&mut self, mut keep: impl FnMut(&W) -> bool) -> Vec<W> {
+        let mut dropped = Vec::new();
+        for job in self.jobs.values_mut() {
+            let mut kept = VecDeque::with_capacity(job.queue.len());
+            for pending in job.queue.drain(..) {
+                if keep(&pending.work) {
+                    kept.push_back(pending);
+                } else {
+                    dropped.push(pending.work);
+                }
+            }
+            job.queue = kept;
+        }
+        dropped
+    }
+
+    /// The next thing `lane` should do.
+    pub fn next(&mut self, lane: LaneId, now: Nanos) -> Decision<W> {
+        let Some(lane_state) = self.lanes.get(&lane) else {
+            return Decision::Idle;
+        };
+        if lane_state.running >= self.config.lane_concurrency {
+            return Decision::Idle;
+        }
+        let hold = self.policy.hold();
+        let anticipation = self.config.anticipation;
+        // The best eligible job: one with work ready, or (when the policy holds)
+        // one worth waiting for.
+        let mut best: Option<(JobId, JobView, bool)> = None;
+        let mut wake: Option<Nanos> = None;
+        for &id in &lane_state.jobs {
+            let Some(job) = self.jobs.get(&id) else {
+                continue;
+            };
+            let ready = !job.queue.is_empty();
+            let worth_waiting = !ready
+                && match hold {
+                    Hold::Never => false,
+                    Hold::Always => job.running == 0,
+                    Hold::WhileActive => {
+                        job.running == 0
+                            && job
+                                .last_end
+                                .is_some_and(|end| now < end.saturating_add(anticipation))
+                    }
+                };
+            if !ready && !worth_waiting {
+                continue;
+            }
+            let view = job.view(id);
+            let better = match &best {
+                None => true,
+                Some((_, b, _)) => self.policy.compare(&view, b).is_lt(),
+            };
+            if better {
+                best = Some((id, view, ready));
+            }
+        }
+        match best {
+            Some((id, _, true)) => {
+                let job = self.jobs.get_mut(&id).expect("job of the lane");
+                let pending = job.queue.pop_front().expect("ready job has work");
+                job.running += 1;
+                job.total_wait += now.saturating_sub(pending.submitted);
+                self.lanes.get_mut(&lane).expect("lane").running += 1;
+                Decision::Run(Dispatch {
+                    job: id,
+                    lane,
+                    work: pending.work,
+                    submitted: pending.submitted,
+                })
+            }
+            Some((id, _, false)) => {
+                if hold == Hold::WhileActive {
+                    wake = self.jobs[&id]
+                        .last_end
+                        .map(|end| end.saturating_add(anticipation));
+                }
+                wake.map_or(Decision::Idle, Decision::WaitUntil)
+            }
+            None => Decision::Idle,
+        }
+    }
+
+    /// Records that an iteration of `job` dispatched by [`Self::next`] ended;
+    /// `device_time` is charged to the job (`None`: it never ran).
+    pub fn finish(&mut self, job: JobId, lane: LaneId, device_time: Option<Nanos>, now: Nanos) {
+        if let Some(state) = self.jobs.get_mut(&job) {
+            state.running = state.running.saturating_sub(1);
+            if let Some(t) = device_time {
+                state.attained += t;
+                state.iterations += 1;
+                state.last_end = Some(now);
+            }
+        }
+        if let Some(lane_state) = self.lanes.get_mut(&lane) {
+            lane_state.running = lane_state.running.saturating_sub(1);
+            if lane_state.jobs.is_empty() && lane_state.running == 0 {
+                self.lanes.remove(&lane);
+            }
+        }
+    }
+
+    pub fn lanes(&self) -> Vec<LaneId> {
+        let mut lanes: Vec<_> = self.lanes.keys().copied().collect();
+        lanes.sort();
+        lanes
+    }
+
+    pub fn queued(&self) -> usize {
+        self.jobs.values().map(|j| j.queue.len()).sum()
+    }
+
+    pub fn status(&self, id: JobId) -> Option<JobStatus> {
+        let j = self.jobs.get(&id)?;
+        Some(JobStatus {
+            id,
+            lane: j.lane,
+            hints: j.hints.clone(),
+            arrival: j.arrival,
+            attained: j.attained,
+            iterations: j.iterations,
+            mean_iteration: j.mean_iteration(),
+            remaining: j.remaining(),
+            queued: j.queue.len(),
+            running: j.running,
+            total_wait: j.total_wait,
+        })
+    }
+
+    pub fn job_ids(&self) -> Vec<JobId> {
+        let mut ids: Vec<_> = self.jobs.keys().copied().collect();
+        ids.sort();
+        ids
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,101 @@
+//! Scheduling policies. Each ranks the jobs of a lane; the scheduler core runs
+//! the best-ranked job that has an iteration ready (see [`Hold`] for when it
+//! waits for the best job instead).
+//!
+//! | name | rule |
+//! |---|---|
+//! | `fifo` | earliest-admitted job first, and no other job runs while it lives |
+//! | `srtf` | least remaining time (hints + measured iteration time); LAS without hints |
+//! | `pack` | arrival order, work-conserving (Salus's default) |
+//! | `fair` | least attained device time, newcomers start at the lane's minimum |
+//! | `rr` | fewest finished iterations |
+//! | `priority` | highest priority hint, ties by `fair` |
+//! | `las` | least attained service (Tiresias-style), favours short jobs |
+
+mod fair;
+mod fifo;
+mod las;
+mod pack;
+mod priority;
+mod rr;
+mod srtf;
+
+use std::cmp::Ordering;
+
+use super::Nanos;
+
+pub use fair::Fair;
+pub use fifo::Fifo;
+pub use las::Las;
+pub use pack::Pack;
+pub use priority::Priority;
+pub use rr::RoundRobin;
+pub use srtf::Srtf;
+
+/// What a policy sees of a job.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct JobView {
+    pub id: u64,
+    /// Admission time.
+    pub arrival: Nanos,
+    /// Device time used by main iterations.
+    pub attained: Nanos,
+    /// `attained` plus the lane's minimum at admission: equalises service
+    /// among the jobs present without crediting newcomers with a head start.
+    pub fair_attained: Nanos,
+    pub iterations: u64,
+    pub priority: i32,
+    /// Expected remaining device time, when hints allow an estimate.
+    pub remaining: Option<Nanos>,
+}
+
+/// Whether the lane waits for the best job when it has no iteration ready.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hold {
+    /// Run the best job that has an iteration ready (work-conserving).
+    Never,
+    /// Wait for the best job while it is between iterations (its last one
+    /// ended within the scheduler's anticipation window), so a client's
+    /// think time between steps does not hand the device to a worse job.
+    WhileActive,
+    /// Wait for the best job as long as it lives (strict FIFO).
+    Always,
+}
+
+pub trait Policy: Send + Sync {
+    fn name(&self) -> &'static str;
+    /// `Less` when `a` should run before `b`.
+    fn compare(&self, a: &JobView, b: &JobView) -> Ordering;
+    fn hold(&self) -> Hold {
+        Hold::WhileActive
+    }
+}
+
+/// Earlier arrival, then lower id: the tie-break every policy ends with.
+pub fn by_arrival(a: &JobView, b: &JobView) -> Ordering {
+    a.arrival.cmp(&b.arrival).then(a.id.cmp(&b.id))
+}
+
+pub const NAMES: &[&str] = &["fifo", "srtf", "pack", "fair", "rr", "priority", "las"];
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error(
+    "unknown scheduling policy {0:?}; choose one of: fifo, srtf, pack, fair, rr, priority, las"
+)]
+pub struct UnknownPolicy(pub String);
+
+pub fn by_name(name: &str) -> Result<Box<dyn Policy>, UnknownPolicy> {
+    Ok(match name {
+        "fifo" => Box::new(Fifo),
+        "srtf" => Box::new(Srtf),
+        "pack" => Box::new(Pack),
+        "fair" => Box::new(Fair),
+        "rr" => Box::new(RoundRobin),
+        "priority" => Box::new(Priority),
+        "las" => Box::new(Las),
+        other => return Err(UnknownPolicy(other.to_string())),
+    })
+}
+
+#[cfg(test)]
+mod tests;

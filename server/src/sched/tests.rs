@@ -1,0 +1,283 @@
+//! The core driven directly, in virtual time.
+
+use super::policy::by_name;
+use super::*;
+
+const MS: Nanos = 1_000_000;
+const L: LaneId = LaneId(0);
+
+fn sched(policy: &str) -> Scheduler<&'static str> {
+    Scheduler::new(
+        by_name(policy).unwrap(),
+        SchedConfig {
+            lane_concurrency: 1,
+            anticipation: 2 * MS,
+        },
+    )
+}
+
+fn hints(seconds: Option<f64>, priority: i32) -> Hints {
+    Hints {
+        expected_seconds: seconds,
+        priority,
+        ..Default::default()
+    }
+}
+
+/// Runs the dispatched iteration for `cost` and returns which job it was.
+fn run_next(s: &mut Scheduler<&'static str>, now: &mut Nanos, cost: Nanos) -> Option<&'static str> {
+    match s.next(L, *now) {
+        Decision::Run(d) => {
+            *now += cost;
+            s.finish(d.job, d.lane, Some(cost), *now);
+            Some(d.work)
+        }
+        _ => None,
+    }
+}
+
+#[test]
+fn fifo_blocks_later_jobs_while_the_first_lives() {
+    let mut s = sched("fifo");
+    s.add_job(JobId(1), L, Hints::default(), 0).unwrap();
+    s.add_job(JobId(2), L, Hints::default(), 1).unwrap();
+    s.submit(JobId(2), "b", 2).unwrap();
+    // Job 1 has nothing queued, but it lives: job 2 waits.
+    assert!(matches!(s.next(L, 3), Decision::Idle));
+    s.submit(JobId(1), "a", 4).unwrap();
+    let mut now = 5;
+    assert_eq!(run_next(&mut s, &mut now, MS), Some("a"));
+    assert!(matches!(s.next(L, now + 100 * MS), Decision::Idle));
+    s.remove_job(JobId(1)).unwrap();
+    assert_eq!(run_next(&mut s, &mut now, MS), Some("b"));
+}
+
+#[test]
+fn srtf_switches_to_a_shorter_newcomer_at_the_next_boundary() {
+    let mut s = sched("srtf");
+    s.add_job(JobId(1), L, hints(Some(10.0), 0), 0).unwrap();
+    let mut now = 0;
+    s.submit(JobId(1), "long", now).unwrap();
+    // The long job's iteration is running when a short job arrives.
+    let Decision::Run(d) = s.next(L, now) else {
+        panic!("long job runs")
+    };
+    s.add_job(JobId(2), L, hints(Some(1.0), 0), now + MS)
+        .unwrap();
+    s.submit(JobId(2), "short", now + MS).unwrap();
+    s.submit(JobId(1), "long", now + MS).unwrap();
+    // Nothing preempts mid-iteration.
+    assert!(matches!(s.next(L, now + MS), Decision::Idle));
+    now += 5 * MS;
+    s.finish(d.job, d.lane, Some(5 * MS), now);
+    assert_eq!(run_next(&mut s, &mut now, MS), Some("short"));
+}
+
+#[test]
+fn srtf_waits_for_the_best_job_between_its_iterations_but_not_forever() {
+    let mut s = sched("srtf");
+    s.add_job(JobId(1), L, hints(Some(1.0), 0), 0).unwrap();
+    s.add_job(JobId(2), L, hints(Some(100.0), 0), 0).unwrap();
+    let mut now = 0;
+    s.submit(JobId(1), "short", now).unwrap();
+    assert_eq!(run_next(&mut s, &mut now, MS), Some("short"));
+    s.submit(JobId(2), "long", now).unwrap();
+    // The short job is between iterations: hold the lane for it.
+    match s.next(L, now + 100) {
+        Decision::WaitUntil(t) => assert_eq!(t, now + 2 * MS),
+        other => panic!("expected a wait, got {other:?}"),
+    }
+    s.submit(JobId(1), "short", now + 200).unwrap();
+    now += 200;
+    assert_eq!(run_next(&mut s, &mut now, MS), Some("short"));
+    // The short job went quiet: after the window the long one runs.
+    now += 3 * MS;
+    assert_eq!(run_next(&mut s, &mut now, MS), Some("long"));
+}
+
+#[test]
+fn srtf_estimates_from_iteration_hints_and_measured_time() {
+    let mut s = sched("srtf");
+    let h = |n| Hints {
+        expected_iterations: Some(n),
+        ..Default::default()
+    };
+    s.add_job(JobId(1), L, h(1000), 0).unwrap();
+    s.add_job(JobId(2), L, h(10), 0).unwrap();
+    let mut now = 0;
+    for (job, name) in [(1, "a"), (2, "b")] {
+        s.submit(JobId(job), name, now).unwrap();
+    }
+    // Neither has a measurement yet: LAS/arrival order, job 1 first.
+    assert_eq!(run_next(&mut s, &mut now, MS), Some("a"));
+    now += 10 * MS;
+    assert_eq!(run_next(&mut s, &mut now, MS), Some("b"));
+    assert_eq!(s.status(JobId(2)).unwrap().remaining, Some(9 * MS));
+    assert_eq!(s.status(JobId(1)).unwrap().remaining, Some(999 * MS));
+    s.submit(JobId(1), "a", now).unwrap();
+    s.submit(JobId(2), "b", now).unwrap();
+    assert_eq!(run_next(&mut s, &mut now, MS), Some("b"));
+}
+
+#[test]
+fn fair_equalises_attained_time_and_newcomers_start_at_the_minimum() {
+    let mut s = sched("fair");
+    s.add_job(JobId(1), L, Hints::default(), 0).unwrap();
+    s.add_job(JobId(2), L, Hints::default(), 0).unwrap();
+    let mut now = 0;
+    let mut order = Vec::new();
+    for _ in 0..6 {
+        s.submit(JobId(1), "a", now).unwrap();
+        s.submit(JobId(2), "b", now).unwrap();
+        order.push(run_next(&mut s, &mut now, 3 * MS).unwrap());
+        order.push(run_next(&mut s, &mut now, 3 * MS).unwrap());
+        s.drain_queued(|_| false);
+    }
+    let a = order.iter().filter(|w| **w == "a").count();
+    assert_eq!(a, 6, "{order:?}");
+    // A newcomer does not get to catch up on 18 ms of service alone.
+    s.add_job(JobId(3), L, Hints::default(), now).unwrap();
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        for (j, w) in [(1, "a"), (2, "b"), (3, "c")] {
+            s.submit(JobId(j), w, now).unwrap();
+        }
+        for _ in 0..3 {
+            got.push(run_next(&mut s, &mut now, 3 * MS).unwrap());
+        }
+    }
+    assert_eq!(got.iter().filter(|w| **w == "c").count(), 3, "{got:?}");
+}
+
+#[test]
+fn las_favours_the_newcomer_until_it_catches_up() {
+    let mut s = sched("las");
+    s.add_job(JobId(1), L, Hints::default(), 0).unwrap();
+    let mut now = 0;
+    for _ in 0..5 {
+        s.submit(JobId(1), "a", now).unwrap();
+        run_next(&mut s, &mut now, MS);
+    }
+    s.add_job(JobId(2), L, Hints::default(), now).unwrap();
+    let mut got = Vec::new();
+    for _ in 0..5 {
+        s.submit(JobId(1), "a", now).unwrap();
+        s.submit(JobId(2), "b", now).unwrap();
+        got.push(run_next(&mut s, &mut now, MS).unwrap());
+        s.drain_queued(|_| false);
+    }
+    assert_eq!(got, ["b"; 5]);
+}
+
+#[test]
+fn priority_runs_inference_before_training() {
+    let mut s = sched("priority");
+    s.add_job(JobId(1), L, hints(None, 0), 0).unwrap();
+    s.add_job(JobId(2), L, hints(None, 10), 5).unwrap();
+    s.submit(JobId(1), "train", 6).unwrap();
+    s.submit(JobId(2), "infer", 7).unwrap();
+    let mut now = 8;
+    assert_eq!(run_next(&mut s, &mut now, MS), Some("infer"));
+    // Inference is momentarily idle: training is held only within the window.
+    assert!(matches!(s.next(L, now), Decision::WaitUntil(_)));
+    now += 3 * MS;
+    assert_eq!(run_next(&mut s, &mut now, MS), Some("train"));
+}
+
+#[test]
+fn rr_takes_turns_and_pack_is_work_conserving() {
+    let mut s = sched("rr");
+    s.add_job(JobId(1), L, Hints::default(), 0).unwrap();
+    s.add_job(JobId(2), L, Hints::default(), 1).unwrap();
+    let mut now = 2;
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        s.submit(JobId(1), "a", now).unwrap();
+        s.submit(JobId(2), "b", now).unwrap();
+        got.push(run_next(&mut s, &mut now, MS).unwrap());
+        got.push(run_next(&mut s, &mut now, 5 * MS).unwrap());
+    }
+    assert_eq!(got, ["a", "b", "a", "b", "a", "b"]);
+
+    let mut p = sched("pack");
+    p.add_job(JobId(1), L, Hints::default(), 0).unwrap();
+    p.add_job(JobId(2), L, Hints::default(), 1).unwrap();
+    let mut now = 2;
+    p.submit(JobId(1), "a", now).unwrap();
+    assert_eq!(run_next(&mut p, &mut now, MS), Some("a"));
+    // Job 1 is between iterations; pack does not wait for it.
+    p.submit(JobId(2), "b", now).unwrap();
+    assert_eq!(run_next(&mut p, &mut now, MS), Some("b"));
+}
+
+#[test]
+fn lane_concurrency_limits_iterations_in_flight() {
+    let mut s: Scheduler<u32> = Scheduler::new(
+        by_name("pack").unwrap(),
+        SchedConfig {
+            lane_concurrency: 2,
+            anticipation: 0,
+        },
+    );
+    for j in 1..=3 {
+        s.add_job(JobId(j), L, Hints::default(), j).unwrap();
+        s.submit(JobId(j), j as u32, 10).unwrap();
+    }
+    let Decision::Run(a) = s.next(L, 11) else {
+        panic!()
+    };
+    let Decision::Run(b) = s.next(L, 11) else {
+        panic!()
+    };
+    assert_eq!((a.work, b.work), (1, 2));
+    assert!(matches!(s.next(L, 11), Decision::Idle));
+    s.finish(a.job, a.lane, Some(5), 16);
+    let Decision::Run(c) = s.next(L, 16) else {
+        panic!()
+    };
+    assert_eq!(c.work, 3);
+}
+
+#[test]
+fn removed_jobs_return_their_queue_and_keep_the_slot_until_finish() {
+    let mut s = sched("pack");
+    s.add_job(JobId(1), L, Hints::default(), 0).unwrap();
+    s.add_job(JobId(2), L, Hints::default(), 0).unwrap();
+    s.submit(JobId(1), "a1", 0).unwrap();
+    s.submit(JobId(1), "a2", 0).unwrap();
+    s.submit(JobId(2), "b", 0).unwrap();
+    let Decision::Run(d) = s.next(L, 1) else {
+        panic!()
+    };
+    assert_eq!(s.remove_job(JobId(1)).unwrap(), vec!["a2"]);
+    // a1 still runs: the lane is full until it finishes.
+    assert!(matches!(s.next(L, 2), Decision::Idle));
+    s.finish(d.job, d.lane, Some(1), 3);
+    assert!(matches!(
+        s.next(L, 3),
+        Decision::Run(Dispatch { work: "b", .. })
+    ));
+    assert_eq!(
+        s.remove_job(JobId(1)),
+        Err(SchedError::UnknownJob(JobId(1)))
+    );
+    assert_eq!(
+        s.submit(JobId(9), "x", 0),
+        Err(SchedError::UnknownJob(JobId(9)))
+    );
+}
+
+#[test]
+fn dropping_queued_work_and_switching_policy_keep_jobs() {
+    let mut s = sched("fifo");
+    s.add_job(JobId(1), L, Hints::default(), 0).unwrap();
+    s.add_job(JobId(2), L, Hints::default(), 1).unwrap();
+    s.submit(JobId(1), "gone", 2).unwrap();
+    s.submit(JobId(2), "b", 2).unwrap();
+    assert_eq!(s.drain_queued(|w| *w != "gone"), vec!["gone"]);
+    assert!(matches!(s.next(L, 3), Decision::Idle));
+    s.set_policy(by_name("pack").unwrap());
+    assert_eq!(s.policy_name(), "pack");
+    let mut now = 3;
+    assert_eq!(run_next(&mut s, &mut now, MS), Some("b"));
+}
