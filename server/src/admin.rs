@@ -7,6 +7,9 @@ use salus_proto::salus::v1::admin_server::Admin;
 use salus_proto::salus::v1::*;
 use tonic::{Request, Response, Status};
 
+use crate::error::Error;
+use crate::job::Job;
+use crate::sched::{Hints, JobStatus};
 use crate::state::ServerState;
 
 pub struct AdminService {
@@ -16,6 +19,61 @@ pub struct AdminService {
 impl AdminService {
     pub fn new(state: Arc<ServerState>) -> AdminService {
         AdminService { state }
+    }
+
+    /// Everything known about one job. Walks its graph (under TF's lock), so
+    /// callers run it off the runtime.
+    fn job_info(&self, job: &Job) -> JobInfo {
+        let policy = self.state.executor.policy_name();
+        let status = self.state.executor.job_status(job.id);
+        let s = status.as_ref();
+        let state = match s {
+            Some(s) if s.running > 0 => "running",
+            Some(s) if s.queued > 0 => "queued",
+            _ => "idle",
+        };
+        JobInfo {
+            id: job.id.0,
+            handle: job.handle.clone(),
+            name: job.name.clone(),
+            state: state.into(),
+            lane: s.map_or(0, |s| s.lane.0),
+            policy: policy.into(),
+            iterations: s.map_or(0, |s| s.iterations),
+            attained_seconds: s.map_or(0.0, |s| s.attained as f64 / 1e9),
+            mean_iteration_ms: s
+                .and_then(|s| s.mean_iteration)
+                .map_or(0.0, |m| m as f64 / 1e6),
+            queue_wait_seconds: s.map_or(0.0, |s| s.total_wait as f64 / 1e9),
+            queued: s.map_or(0, |s| s.queued as u64),
+            hints: s.map(|s| hints_to_proto(&s.hints)),
+            note: s.map(|s| note(policy, s)).unwrap_or_default(),
+            graph_version: job.graph_version(),
+            graph_nodes: job.graph_nodes() as u64,
+            runs_completed: job.stats.runs_completed.load(Ordering::Relaxed),
+            runs_failed: job.stats.runs_failed.load(Ordering::Relaxed),
+            age_seconds: job.created.elapsed().as_secs_f64(),
+            idle_seconds: job.idle_seconds(),
+        }
+    }
+}
+
+/// How the current policy treats a job, where that is not obvious.
+fn note(policy: &str, s: &JobStatus) -> String {
+    match policy {
+        "srtf" if s.remaining.is_none() && s.hints.expected_seconds.is_none() && s.hints.expected_iterations.is_none() => {
+            "srtf: no iterations/seconds hint, so ranked by least attained service (LAS) after jobs with estimates".into()
+        }
+        "srtf" if s.remaining.is_none() => "srtf: waiting for a first measured iteration to estimate remaining time".into(),
+        _ => String::new(),
+    }
+}
+
+fn hints_to_proto(h: &Hints) -> JobHints {
+    JobHints {
+        priority: h.priority,
+        expected_iterations: h.expected_iterations.unwrap_or(0),
+        expected_seconds: h.expected_seconds.unwrap_or(0.0),
     }
 }
 
@@ -42,34 +100,101 @@ impl Admin for AdminService {
             sessions_created: s.sessions.sessions_created(),
             runs_completed: s.runs_completed(),
             uptime_seconds: s.started.elapsed().as_secs_f64(),
+            policy: s.executor.policy_name().into(),
         }))
     }
 
-    async fn list_sessions(
+    async fn list_jobs(
         &self,
-        _: Request<ListSessionsRequest>,
-    ) -> Result<Response<ListSessionsResponse>, Status> {
-        // graph_nodes walks the graph under TF's lock: cheap, but keep it off the runtime.
-        let state = self.state.clone();
-        let sessions = crate::exec::blocking(move || {
-            Ok(state
+        _: Request<ListJobsRequest>,
+    ) -> Result<Response<ListJobsResponse>, Status> {
+        let this = AdminService {
+            state: self.state.clone(),
+        };
+        let jobs = crate::exec::blocking(move || {
+            Ok(this
+                .state
                 .sessions
                 .all()
                 .iter()
-                .map(|job| SessionInfo {
-                    handle: job.handle.clone(),
-                    name: job.name.clone(),
-                    graph_version: job.graph_version(),
-                    graph_nodes: job.graph_nodes() as u64,
-                    runs_completed: job.stats.runs_completed.load(Ordering::Relaxed),
-                    runs_failed: job.stats.runs_failed.load(Ordering::Relaxed),
-                    open_callables: job.open_callables() as u64,
-                    age_seconds: job.created.elapsed().as_secs_f64(),
-                    idle_seconds: job.idle_seconds(),
-                })
+                .map(|j| this.job_info(j))
                 .collect())
         })
         .await?;
-        Ok(Response::new(ListSessionsResponse { sessions }))
+        Ok(Response::new(ListJobsResponse { jobs }))
+    }
+
+    async fn get_stats(
+        &self,
+        _: Request<GetStatsRequest>,
+    ) -> Result<Response<SchedulerStats>, Status> {
+        let stats = self.state.executor.stats();
+        let l = &stats.switch_latency;
+        Ok(Response::new(SchedulerStats {
+            policy: stats.policy.into(),
+            iterations_total: stats.iterations_total,
+            iterations_per_second: stats.iterations_per_second,
+            queued: stats.queued,
+            switch_latency: Some(LatencySummary {
+                count: l.count,
+                p50_us: l.p50_us,
+                p99_us: l.p99_us,
+                max_us: l.max_us,
+                buckets: l.buckets.clone(),
+            }),
+            lanes: stats
+                .lanes
+                .iter()
+                .map(|&(lane, queued, running)| LaneQueue {
+                    lane: lane.0,
+                    queued,
+                    running,
+                })
+                .collect(),
+            cheap_runs_total: stats.cheap_runs_total,
+            dropped_iterations: stats.dropped_iterations,
+        }))
+    }
+
+    async fn set_policy(
+        &self,
+        request: Request<SetPolicyRequest>,
+    ) -> Result<Response<SetPolicyResponse>, Status> {
+        let name = request.into_inner().policy;
+        let (previous, policy) = self.state.executor.set_policy(&name)?;
+        tracing::info!(previous, policy, "scheduling policy changed");
+        Ok(Response::new(SetPolicyResponse {
+            previous: previous.into(),
+            policy: policy.into(),
+        }))
+    }
+
+    async fn set_job_hints(
+        &self,
+        request: Request<SetJobHintsRequest>,
+    ) -> Result<Response<JobInfo>, Status> {
+        let req = request.into_inner();
+        let job = self.state.sessions.find(&req.job)?;
+        let given = req.hints.unwrap_or_default();
+        if given.expected_seconds < 0.0 || !given.expected_seconds.is_finite() {
+            return Err(Error::InvalidArgument(
+                "expected_seconds must be a finite number >= 0 (0: none)".into(),
+            )
+            .into());
+        }
+        let hints = Hints {
+            name: job.name.clone(),
+            priority: given.priority,
+            expected_iterations: (given.expected_iterations > 0)
+                .then_some(given.expected_iterations),
+            expected_seconds: (given.expected_seconds > 0.0).then_some(given.expected_seconds),
+        };
+        self.state.executor.set_hints(job.id, hints.clone())?;
+        tracing::info!(job = job.id.0, ?hints, "job hints changed");
+        let this = AdminService {
+            state: self.state.clone(),
+        };
+        let info = crate::exec::blocking(move || Ok(this.job_info(&job))).await?;
+        Ok(Response::new(info))
     }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::Parser;
 
+use crate::sched::{policy, SchedConfig};
 use crate::session_config::SessionDefaults;
 
 /// Protobuf messages cannot exceed 2 GiB.
@@ -37,6 +38,30 @@ pub struct Args {
     #[arg(long, env = "SALUS_INTER_OP_THREADS", default_value_t = 0)]
     pub inter_op_threads: u32,
 
+    /// Scheduling policy: fifo, srtf, pack, fair, rr, priority or las. Can be
+    /// changed at run time with `salus-server ctl policy NAME`.
+    #[arg(long, env = "SALUS_POLICY", default_value = "pack")]
+    pub policy: String,
+
+    /// Main iterations in flight per lane (Salus: 1).
+    #[arg(long, env = "SALUS_LANE_CONCURRENCY", default_value_t = 1)]
+    pub lane_concurrency: usize,
+
+    /// Microseconds the lane waits for the best-ranked job between two of its
+    /// iterations before running a worse job (fifo always waits, pack never).
+    #[arg(long, env = "SALUS_ANTICIPATION_US", default_value_t = 2000)]
+    pub anticipation_us: u64,
+
+    /// Repeated runs measured faster than this many microseconds are cheap: they
+    /// run at once instead of being scheduled as main iterations.
+    #[arg(long, env = "SALUS_CHEAP_BELOW_US", default_value_t = 1000)]
+    pub cheap_below_us: u64,
+
+    /// Seconds without any request after which a session is closed and its
+    /// resources freed (a client that vanished without CloseSession). 0 disables.
+    #[arg(long, env = "SALUS_IDLE_TIMEOUT", default_value_t = 3600)]
+    pub idle_timeout: u64,
+
     /// Runs of a job measured faster than this many microseconds execute on the
     /// executor thread itself instead of TensorFlow's inter-op thread pool,
     /// saving two thread switches per run (0 disables).
@@ -61,6 +86,11 @@ pub struct Config {
     pub max_message_size: usize,
     pub session_defaults: SessionDefaults,
     pub inline_below: Duration,
+    pub cheap_below: Duration,
+    pub policy: String,
+    pub sched: SchedConfig,
+    /// None: sessions are never reclaimed for idleness.
+    pub idle_timeout: Option<Duration>,
     pub shutdown_grace: Duration,
     pub verbose: u8,
 }
@@ -72,6 +102,10 @@ impl Default for Config {
             max_message_size: PROTOBUF_MAX_BYTES as usize,
             session_defaults: SessionDefaults::default(),
             inline_below: Duration::from_micros(200),
+            cheap_below: Duration::from_micros(1000),
+            policy: "pack".into(),
+            sched: SchedConfig::default(),
+            idle_timeout: Some(Duration::from_secs(3600)),
             shutdown_grace: Duration::from_secs(30),
             verbose: 0,
         }
@@ -88,6 +122,10 @@ impl TryFrom<Args> for Config {
                 args.max_message_size
             ));
         }
+        policy::by_name(&args.policy).map_err(|e| e.to_string())?;
+        if args.lane_concurrency == 0 {
+            return Err("--lane-concurrency must be at least 1".into());
+        }
         Ok(Config {
             listen: args.listen,
             max_message_size: args.max_message_size as usize,
@@ -96,6 +134,13 @@ impl TryFrom<Args> for Config {
                 inter_op_threads: args.inter_op_threads,
             },
             inline_below: Duration::from_micros(args.inline_below_us),
+            cheap_below: Duration::from_micros(args.cheap_below_us),
+            policy: args.policy,
+            sched: SchedConfig {
+                lane_concurrency: args.lane_concurrency,
+                anticipation: args.anticipation_us.saturating_mul(1000),
+            },
+            idle_timeout: (args.idle_timeout > 0).then(|| Duration::from_secs(args.idle_timeout)),
             shutdown_grace: Duration::from_secs(args.shutdown_grace),
             verbose: args.verbose,
         })
@@ -159,6 +204,27 @@ mod tests {
         assert!(config.listen.ip().is_loopback());
         assert_eq!(config.listen.port(), 5501);
         assert!(config.max_message_size >= 1 << 30);
+    }
+
+    #[test]
+    fn rejects_unknown_policies_and_zero_concurrency() {
+        let err =
+            Config::try_from(Args::parse_from(["salus-server", "--policy", "bogus"])).unwrap_err();
+        assert!(
+            err.contains("fifo, srtf, pack, fair, rr, priority, las"),
+            "{err}"
+        );
+        let err = Config::try_from(Args::parse_from([
+            "salus-server",
+            "--lane-concurrency",
+            "0",
+        ]))
+        .unwrap_err();
+        assert!(err.contains("at least 1"), "{err}");
+        let config =
+            Config::try_from(Args::parse_from(["salus-server", "--idle-timeout", "0"])).unwrap();
+        assert_eq!(config.idle_timeout, None);
+        assert_eq!(config.policy, "pack");
     }
 
     #[test]

@@ -34,6 +34,10 @@ pub enum Error {
     Unimplemented(String),
     #[error("the server is shutting down")]
     ShuttingDown,
+    #[error("{0}")]
+    IterationDropped(String),
+    #[error("invalid job hints: {0}")]
+    Hints(#[from] crate::sched::HintError),
     #[error(transparent)]
     Tensorflow(#[from] TfError),
     #[error("internal error: {0}")]
@@ -66,6 +70,8 @@ impl Error {
             Error::GraphVersion { .. } => TfCode::FailedPrecondition,
             Error::Unimplemented(_) => TfCode::Unimplemented,
             Error::ShuttingDown => TfCode::Unavailable,
+            Error::IterationDropped(_) => TfCode::Aborted,
+            Error::Hints(_) => TfCode::InvalidArgument,
             Error::Tensorflow(err) => TfCode::try_from(err.code).unwrap_or(TfCode::Unknown),
             Error::Internal(_) => TfCode::Internal,
         }

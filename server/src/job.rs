@@ -1,6 +1,19 @@
 //! One client session (= one Salus job): its TensorFlow graph and session, graph
 //! version, callables and partial runs. Every method that touches TensorFlow
 //! blocks; the master service calls them on executor threads.
+//!
+//! # Main and cheap runs
+//! Every RunStep/RunCallable is classified without any client change:
+//! - a run that fetches or targets a node named `salus_main_iter` (Salus's
+//!   explicit marker, also under a name scope) is a **main** iteration;
+//! - otherwise a run is **cheap** while its signature ([`RunKey`]: the same
+//!   feeds, fetches and targets, or the same callable) has run fewer than
+//!   [`WARMUP_RUNS`] times, or while its measured mean time is below the
+//!   `--cheap-below-us` threshold (initializers, setup, small fetches);
+//! - every other run (a repeated, non-trivial step) is a **main** iteration.
+//!
+//! Main iterations go through the scheduler; cheap runs run at once and are
+//! never held behind another job's long iteration.
 
 use std::borrow::Cow;
 use std::collections::hash_map::DefaultHasher;
@@ -16,6 +29,7 @@ use tensorflow_sys as sys;
 
 use crate::error::{Error, Result};
 use crate::graph_delta::check_delta;
+use crate::sched::JobId;
 use crate::state::JobSettings;
 use crate::tf::{self, Graph, Operation, PartialRunHandle, Session, Tensor};
 use crate::wire;
@@ -42,6 +56,8 @@ pub struct Feed {
 
 /// What a callable runs (MakeCallable), resolved once.
 struct Callable {
+    /// Fetch and target names, for classification.
+    names: Vec<String>,
     feeds: Vec<(String, Port)>,
     fetches: Vec<Port>,
     targets: Vec<Operation>,
@@ -67,7 +83,7 @@ impl RunKey {
         RunKey(h.finish())
     }
 
-    fn of_callable(handle: i64) -> RunKey {
+    pub fn of_callable(handle: i64) -> RunKey {
         let mut h = DefaultHasher::new();
         ("callable", handle).hash(&mut h);
         RunKey(h.finish())
@@ -96,6 +112,26 @@ impl RunProfile {
     }
 }
 
+/// Runs of a signature before it can count as a main iteration: initializers
+/// and one-off setup runs happen once.
+pub const WARMUP_RUNS: u64 = 2;
+
+/// Name of the node whose presence in fetches/targets forces a main iteration.
+pub const MAIN_MARKER: &str = "salus_main_iter";
+
+/// How a run is scheduled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunClass {
+    Main,
+    Cheap,
+}
+
+fn is_marker(name: &str) -> bool {
+    let op = name.trim_start_matches('^');
+    let op = op.split_once(':').map_or(op, |(op, _)| op);
+    op == MAIN_MARKER || op.ends_with(&format!("/{MAIN_MARKER}"))
+}
+
 /// RunOptions field `inter_op_thread_pool`; -1 runs on the caller's thread.
 const INTER_OP_THREAD_POOL_FIELD: u64 = 3;
 
@@ -117,6 +153,7 @@ pub struct JobStats {
 }
 
 pub struct Job {
+    pub id: JobId,
     pub handle: String,
     /// Client-given name (ConfigProto.experimental.session_metadata.name).
     pub name: String,
@@ -132,6 +169,7 @@ pub struct Job {
     containers: Mutex<Vec<(String, String)>>,
     run_profiles: Mutex<HashMap<RunKey, RunProfile>>,
     inline_below_ns: f64,
+    cheap_below_ns: f64,
     max_tensor_bytes: u64,
     pub stats: JobStats,
     pub created: Instant,
@@ -149,6 +187,7 @@ impl Job {
     /// Builds the graph from `graph_def` (may be empty) and opens a TF session
     /// with `config` (a serialized ConfigProto).
     pub fn create(
+        id: JobId,
         handle: String,
         name: String,
         graph_def: &[u8],
@@ -164,6 +203,7 @@ impl Job {
         }
         let session = Session::new(graph, config)?;
         Ok(Job {
+            id,
             handle,
             name,
             session,
@@ -175,6 +215,7 @@ impl Job {
             containers: Mutex::new(containers),
             run_profiles: Mutex::new(HashMap::new()),
             inline_below_ns: settings.inline_below.as_nanos() as f64,
+            cheap_below_ns: settings.cheap_below.as_nanos() as f64,
             max_tensor_bytes: settings.max_tensor_bytes,
             stats: JobStats::default(),
             created: Instant::now(),
@@ -315,6 +356,32 @@ impl Job {
             .collect()
     }
 
+    /// Main iteration or cheap run (see the module doc); `names` are the run's
+    /// fetches and targets.
+    pub fn classify<'a>(&self, key: RunKey, mut names: impl Iterator<Item = &'a str>) -> RunClass {
+        if names.any(is_marker) {
+            return RunClass::Main;
+        }
+        let profile = self.profile(key);
+        if profile.runs < WARMUP_RUNS || profile.mean_ns < self.cheap_below_ns {
+            RunClass::Cheap
+        } else {
+            RunClass::Main
+        }
+    }
+
+    /// Classifies a RunCallable.
+    pub fn classify_callable(&self, handle: i64) -> RunClass {
+        let names: Vec<String> = match lock(&self.callables).get(&handle) {
+            Some(c) => c.names.clone(),
+            None => return RunClass::Cheap,
+        };
+        self.classify(
+            RunKey::of_callable(handle),
+            names.iter().map(String::as_str),
+        )
+    }
+
     /// The measured profile of runs like `key`.
     pub fn profile(&self, key: RunKey) -> RunProfile {
         lock(&self.run_profiles)
@@ -376,6 +443,12 @@ impl Job {
             ));
         }
         let callable = Callable {
+            names: options
+                .fetch
+                .iter()
+                .chain(&options.target)
+                .cloned()
+                .collect(),
             feeds: options
                 .feed
                 .iter()
@@ -560,5 +633,20 @@ mod tests {
         assert_eq!(a, RunKey::of_step(&["x:0"], &["y:0".into()], &[]));
         assert_ne!(a, RunKey::of_step(&[], &["x:0".into(), "y:0".into()], &[]));
         assert_ne!(RunKey::of_callable(0), RunKey::of_callable(1));
+    }
+
+    #[test]
+    fn recognises_the_main_iteration_marker() {
+        for name in [
+            "salus_main_iter",
+            "salus_main_iter:0",
+            "^salus_main_iter",
+            "train/salus_main_iter:0",
+        ] {
+            assert!(is_marker(name), "{name}");
+        }
+        for name in ["salus_main_iteration", "x:0", "my_salus_main_iter", ""] {
+            assert!(!is_marker(name), "{name}");
+        }
     }
 }

@@ -4,6 +4,7 @@
 //! conversion included) on an executor thread via [`exec::blocking`].
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use salus_proto::tensorflow::master_service_server::MasterService;
 use salus_proto::tensorflow::*;
@@ -11,7 +12,8 @@ use tonic::{Request, Response, Status};
 
 use crate::error::{Error, Result};
 use crate::exec;
-use crate::job::{Job, RunKey};
+use crate::job::{Job, RunClass, RunKey};
+use crate::sched::{Hints, LaneId};
 use crate::session_config::session_config;
 use crate::state::ServerState;
 use crate::tf::Tensor;
@@ -24,6 +26,52 @@ impl Master {
     pub fn new(state: Arc<ServerState>) -> Master {
         Master { state }
     }
+
+    /// Runs `f` (a job's run) now if it is cheap, or as a main iteration when
+    /// the scheduler picks it.
+    async fn dispatch<T, F>(
+        &self,
+        job: &Job,
+        class: RunClass,
+        deadline: Option<Instant>,
+        f: F,
+    ) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> Result<T> + Send + 'static,
+    {
+        match class {
+            RunClass::Cheap => {
+                self.state.executor.count_cheap_run();
+                exec::blocking(f).await
+            }
+            RunClass::Main => self.state.executor.run_main(job.id, deadline, f).await,
+        }
+    }
+}
+
+/// The call's deadline from the `grpc-timeout` header, if the client set one.
+fn grpc_deadline(metadata: &tonic::metadata::MetadataMap) -> Option<Instant> {
+    let text = metadata.get("grpc-timeout")?.to_str().ok()?;
+    Some(Instant::now() + parse_grpc_timeout(text)?)
+}
+
+/// Parses gRPC's `TimeoutValue TimeoutUnit` ("100m", "5S", "30u", ...).
+fn parse_grpc_timeout(text: &str) -> Option<Duration> {
+    if text.len() < 2 || text.len() > 9 {
+        return None;
+    }
+    let (digits, unit) = text.split_at(text.len() - 1);
+    let value: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(value.checked_mul(3600)?),
+        "M" => Duration::from_secs(value.checked_mul(60)?),
+        "S" => Duration::from_secs(value),
+        "m" => Duration::from_millis(value),
+        "u" => Duration::from_micros(value),
+        "n" => Duration::from_nanos(value),
+        _ => return None,
+    })
 }
 
 /// Converts fetched tensors to protos, naming each failure after its fetch.
@@ -36,7 +84,12 @@ fn fetched_protos(tensors: Vec<Tensor>, names: &[String]) -> Result<Vec<TensorPr
 }
 
 /// The body of RunStep: a full run or one step of a partial run.
-fn run_step(state: &ServerState, job: &Job, req: &RunStepRequest) -> Result<RunStepResponse> {
+fn run_step(
+    state: &ServerState,
+    job: &Job,
+    req: &RunStepRequest,
+    key: RunKey,
+) -> Result<RunStepResponse> {
     let feeds = job.feeds(
         req.feed
             .iter()
@@ -53,8 +106,6 @@ fn run_step(state: &ServerState, job: &Job, req: &RunStepRequest) -> Result<RunS
             .iter()
             .map(|n| job.target(n))
             .collect::<Result<Vec<_>>>()?;
-        let feed_names: Vec<&str> = req.feed.iter().map(|f| f.name.as_str()).collect();
-        let key = RunKey::of_step(&feed_names, &req.fetch, &req.target);
         let out = job.run(key, &req.options, &feeds, &fetches, &targets)?;
         (out.outputs, out.metadata)
     } else {
@@ -86,17 +137,22 @@ impl MasterService for Master {
         request: Request<CreateSessionRequest>,
     ) -> Result<Response<CreateSessionResponse>, Status> {
         let req = request.into_inner();
-        let (config, name) = session_config(&req.config, self.state.session_defaults)?;
-        let handle = self.state.sessions.next_handle();
+        let (config, metadata_name) = session_config(&req.config, self.state.session_defaults)?;
+        let hints = Hints::parse(&metadata_name).map_err(Error::from)?;
+        let (id, handle) = self.state.sessions.next_job();
         let job = {
             let handle = handle.clone();
-            let name = name.clone();
+            let name = hints.name.clone();
             let settings = self.state.settings;
-            exec::blocking(move || Job::create(handle, name, &req.graph_def, &config, settings))
+            exec::blocking(move || Job::create(id, handle, name, &req.graph_def, &config, settings))
                 .await?
         };
-        self.state.sessions.insert(Arc::new(job))?;
-        tracing::info!(session = %handle, name = %name, "session created");
+        self.state.executor.add_job(id, LaneId(0), hints.clone())?;
+        if let Err(err) = self.state.sessions.insert(Arc::new(job)) {
+            self.state.executor.remove_job(id);
+            return Err(err.into());
+        }
+        tracing::info!(session = %handle, job = id.0, name = %hints.name, ?hints, "session created");
         Ok(Response::new(CreateSessionResponse {
             session_handle: handle,
             graph_version: 0,
@@ -132,12 +188,25 @@ impl MasterService for Master {
         &self,
         request: Request<RunStepRequest>,
     ) -> Result<Response<RunStepResponse>, Status> {
+        let deadline = grpc_deadline(request.metadata());
         let req = request.into_inner();
         let store_errors = req.store_errors_in_response_body;
         let result = match self.state.sessions.get(&req.session_handle) {
             Ok(job) => {
+                let feed_names: Vec<&str> = req.feed.iter().map(|f| f.name.as_str()).collect();
+                let key = RunKey::of_step(&feed_names, &req.fetch, &req.target);
+                // Steps of a partial run are not iterations of their own.
+                let class = if req.partial_run_handle.is_empty() {
+                    job.classify(key, req.fetch.iter().chain(&req.target).map(String::as_str))
+                } else {
+                    RunClass::Cheap
+                };
                 let state = self.state.clone();
-                exec::blocking(move || run_step(&state, &job, &req)).await
+                let run_job = job.clone();
+                self.dispatch(&job, class, deadline, move || {
+                    run_step(&state, &run_job, &req, key)
+                })
+                .await
             }
             Err(err) => Err(err),
         };
@@ -159,6 +228,7 @@ impl MasterService for Master {
     ) -> Result<Response<CloseSessionResponse>, Status> {
         let handle = request.into_inner().session_handle;
         let job = self.state.sessions.remove(&handle)?;
+        self.state.executor.remove_job(job.id);
         // The TF session closes when the last reference goes; do that off the runtime.
         exec::blocking(move || {
             drop(job);
@@ -233,28 +303,33 @@ impl MasterService for Master {
         &self,
         request: Request<RunCallableRequest>,
     ) -> Result<Response<RunCallableResponse>, Status> {
+        let deadline = grpc_deadline(request.metadata());
         let req = request.into_inner();
         let job = self.state.sessions.get(&req.session_handle)?;
+        let class = job.classify_callable(req.handle);
         let state = self.state.clone();
-        let response = exec::blocking(move || {
-            let out = job.run_callable(req.handle, &req.feed)?;
-            state.count_run();
-            let fetch = out
-                .outputs
-                .into_iter()
-                .enumerate()
-                .map(|(i, t)| {
-                    t.into_proto().map_err(|e| {
-                        Error::tensor(format!("fetch {i} of callable {}", req.handle), e)
+        let run_job = job.clone();
+        let response = self
+            .dispatch(&job, class, deadline, move || {
+                let job = run_job;
+                let out = job.run_callable(req.handle, &req.feed)?;
+                state.count_run();
+                let fetch = out
+                    .outputs
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, t)| {
+                        t.into_proto().map_err(|e| {
+                            Error::tensor(format!("fetch {i} of callable {}", req.handle), e)
+                        })
                     })
+                    .collect::<Result<_>>()?;
+                Ok(RunCallableResponse {
+                    fetch,
+                    metadata: out.metadata.into(),
                 })
-                .collect::<Result<_>>()?;
-            Ok(RunCallableResponse {
-                fetch,
-                metadata: out.metadata.into(),
             })
-        })
-        .await?;
+            .await?;
         Ok(Response::new(response))
     }
 
@@ -266,5 +341,21 @@ impl MasterService for Master {
         let job = self.state.sessions.get(&req.session_handle)?;
         job.release_callable(req.handle)?;
         Ok(Response::new(ReleaseCallableResponse {}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_grpc_timeouts() {
+        assert_eq!(parse_grpc_timeout("100m"), Some(Duration::from_millis(100)));
+        assert_eq!(parse_grpc_timeout("5S"), Some(Duration::from_secs(5)));
+        assert_eq!(parse_grpc_timeout("2H"), Some(Duration::from_secs(7200)));
+        assert_eq!(parse_grpc_timeout("30u"), Some(Duration::from_micros(30)));
+        for bad in ["", "m", "10x", "-5S", "1234567890S"] {
+            assert_eq!(parse_grpc_timeout(bad), None, "{bad}");
+        }
     }
 }

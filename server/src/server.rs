@@ -14,7 +14,9 @@ use crate::admin::AdminService;
 use crate::config::Config;
 use crate::error::Error;
 use crate::exec;
+use crate::executor::Executor;
 use crate::master::Master;
+use crate::sched::policy;
 use crate::state::{JobSettings, ServerState};
 use crate::tf::{self, Graph, Session};
 
@@ -47,8 +49,18 @@ impl Server {
         let settings = JobSettings {
             max_tensor_bytes: config.max_message_size as u64,
             inline_below: config.inline_below,
+            cheap_below: config.cheap_below,
         };
+        let policy =
+            policy::by_name(&config.policy).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        tracing::info!(
+            policy = policy.name(),
+            lane_concurrency = config.sched.lane_concurrency,
+            "scheduler"
+        );
+        let executor = Executor::new(policy, config.sched);
         let state = Arc::new(ServerState::new(
+            executor,
             settings,
             config.session_defaults,
             devices,
@@ -95,6 +107,10 @@ impl Server {
                 tracing::info!("shutting down: finishing in-flight requests");
                 let _ = stop_tx.send(());
             });
+        let reaper = self
+            .config
+            .idle_timeout
+            .map(|timeout| tokio::spawn(reap_idle_sessions(self.state.clone(), timeout)));
         tokio::pin!(router);
         // After the signal, requests get `grace` to finish before sessions close anyway.
         let deadline = async {
@@ -111,12 +127,19 @@ impl Server {
         health
             .set_not_serving::<MasterServiceServer<Master>>()
             .await;
+        if let Some(reaper) = reaper {
+            reaper.abort();
+        }
         self.close_sessions().await;
+        self.state.executor.stop();
         Ok(())
     }
 
     async fn close_sessions(&self) {
         let jobs = self.state.sessions.drain();
+        for job in &jobs {
+            self.state.executor.remove_job(job.id);
+        }
         let count = jobs.len();
         if let Err(err) = exec::blocking(move || {
             drop(jobs);
@@ -127,5 +150,36 @@ impl Server {
             tracing::error!(cause = %err, "closing sessions failed");
         }
         tracing::info!(sessions = count, "all sessions closed");
+    }
+}
+
+/// Closes sessions that received no request for `timeout` and have no
+/// iteration queued or running: their client vanished without CloseSession.
+async fn reap_idle_sessions(state: Arc<ServerState>, timeout: std::time::Duration) {
+    let period = (timeout / 4).clamp(
+        std::time::Duration::from_millis(250),
+        std::time::Duration::from_secs(60),
+    );
+    let mut tick = tokio::time::interval(period);
+    loop {
+        tick.tick().await;
+        for job in state.sessions.all() {
+            let busy = state
+                .executor
+                .job_status(job.id)
+                .is_some_and(|s| s.queued > 0 || s.running > 0);
+            if busy || job.idle_seconds() < timeout.as_secs_f64() {
+                continue;
+            }
+            if let Ok(job) = state.sessions.remove(&job.handle) {
+                tracing::warn!(session = %job.handle, name = %job.name, idle_s = job.idle_seconds(), "closing idle session");
+                state.executor.remove_job(job.id);
+                let _ = exec::blocking(move || {
+                    drop(job);
+                    Ok(())
+                })
+                .await;
+            }
+        }
     }
 }

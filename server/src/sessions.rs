@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
 use crate::job::Job;
+use crate::sched::JobId;
 
 /// Open jobs. The std mutex is never held across an `.await` or a TF call:
 /// lookups clone the `Arc<Job>` and release it at once.
@@ -32,12 +33,28 @@ impl SessionTable {
         self.jobs.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A new unique handle.
-    pub fn next_handle(&self) -> String {
+    /// A new job id and its unique session handle.
+    pub fn next_job(&self) -> (JobId, String) {
         let n = self.created.fetch_add(1, Ordering::Relaxed);
         let mut h = RandomState::new().build_hasher();
         h.write_u64(n ^ self.salt);
-        format!("salus-{n}-{:016x}", h.finish() ^ self.salt)
+        (
+            JobId(n),
+            format!("salus-{n}-{:016x}", h.finish() ^ self.salt),
+        )
+    }
+
+    /// Finds a job by id (decimal), handle, or name.
+    pub fn find(&self, key: &str) -> Result<Arc<Job>> {
+        let jobs = self.jobs();
+        if let Some(job) = jobs.get(key) {
+            return Ok(job.clone());
+        }
+        let id = key.parse::<u64>().ok();
+        jobs.values()
+            .find(|j| Some(j.id.0) == id || j.name == key)
+            .cloned()
+            .ok_or_else(|| Error::InvalidArgument(format!("no job has id, handle or name {key:?}")))
     }
 
     pub fn insert(&self, job: Arc<Job>) -> Result<()> {
@@ -99,8 +116,8 @@ mod tests {
         let other = SessionTable::new();
         let mut seen = std::collections::HashSet::new();
         for _ in 0..1000 {
-            assert!(seen.insert(table.next_handle()));
-            assert!(seen.insert(other.next_handle()));
+            assert!(seen.insert(table.next_job().1));
+            assert!(seen.insert(other.next_job().1));
         }
     }
 

@@ -3,6 +3,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
+use crate::executor::Executor;
 use crate::session_config::SessionDefaults;
 use crate::sessions::SessionTable;
 use crate::tf::DeviceInfo;
@@ -15,10 +16,13 @@ pub struct JobSettings {
     /// Runs measured faster than this execute on the calling executor thread
     /// instead of TensorFlow's inter-op pool (saves two thread switches).
     pub inline_below: std::time::Duration,
+    /// Repeated runs measured faster than this bypass the scheduler.
+    pub cheap_below: std::time::Duration,
 }
 
 pub struct ServerState {
     pub sessions: SessionTable,
+    pub executor: Executor,
     pub settings: JobSettings,
     pub session_defaults: SessionDefaults,
     /// The server's devices, listed once at start-up.
@@ -30,6 +34,7 @@ pub struct ServerState {
 
 impl ServerState {
     pub fn new(
+        executor: Executor,
         settings: JobSettings,
         session_defaults: SessionDefaults,
         devices: Vec<DeviceInfo>,
@@ -37,6 +42,7 @@ impl ServerState {
     ) -> Self {
         ServerState {
             sessions: SessionTable::new(),
+            executor,
             settings,
             session_defaults,
             devices,

@@ -5,7 +5,10 @@ use std::collections::HashMap;
 
 use prost::Message;
 use salus_proto::salus::v1::admin_client::AdminClient;
-use salus_proto::salus::v1::{GetServerInfoRequest, ListSessionsRequest};
+use salus_proto::salus::v1::{
+    GetServerInfoRequest, GetStatsRequest, JobHints, ListJobsRequest, SetJobHintsRequest,
+    SetPolicyRequest,
+};
 use salus_proto::tensorflow::master_service_client::MasterServiceClient;
 use salus_proto::tensorflow::*;
 use salus_server::config::Config;
@@ -434,11 +437,11 @@ async fn master_protocol_end_to_end() {
     // The admin API sees the session.
     let sessions = s
         .admin
-        .list_sessions(ListSessionsRequest {})
+        .list_jobs(ListJobsRequest {})
         .await
         .unwrap()
         .into_inner()
-        .sessions;
+        .jobs;
     let info = sessions
         .iter()
         .find(|i| i.handle == handle)
@@ -587,5 +590,168 @@ async fn bad_graphs_and_tensors_leave_the_server_healthy() {
         .unwrap()
         .into_inner();
     assert_eq!(floats(ok.tensor[0].tensor.as_ref().unwrap()), [3.0]);
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn main_iterations_are_scheduled_and_visible_in_the_admin_api() {
+    let mut s = start().await;
+    // Hints travel in ConfigProto.experimental.session_metadata.name.
+    let config = ConfigProtoView {
+        experimental: Some(config_proto_view::Experimental {
+            session_metadata: Some(SessionMetadata {
+                name: "trainer?priority=3&iterations=50".into(),
+                version: 0,
+            }),
+        }),
+        ..Default::default()
+    };
+    let mut nodes = GraphDef::decode(base_graph()).unwrap().node;
+    nodes.push(node(
+        "salus_main_iter",
+        "Identity",
+        &["y"],
+        vec![("T", attr_type(DataType::DtFloat))],
+    ));
+    let handle = s
+        .master
+        .create_session(CreateSessionRequest {
+            graph_def: graph(nodes),
+            config: config.encode_to_vec().into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .session_handle;
+    for _ in 0..3 {
+        let out = s
+            .master
+            .run_step(RunStepRequest {
+                session_handle: handle.clone(),
+                feed: vec![NamedTensorProto {
+                    name: "x:0".into(),
+                    tensor: Some(float_vector(&[1.0])),
+                }],
+                fetch: vec!["salus_main_iter:0".into()],
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(floats(out.tensor[0].tensor.as_ref().unwrap()), [2.0]);
+    }
+    let jobs = s
+        .admin
+        .list_jobs(ListJobsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .jobs;
+    let job = jobs.iter().find(|j| j.handle == handle).unwrap();
+    assert_eq!(job.name, "trainer");
+    assert_eq!(job.iterations, 3, "{job:?}");
+    assert!(job.attained_seconds > 0.0);
+    assert_eq!(job.hints.as_ref().unwrap().priority, 3);
+    assert_eq!(job.hints.as_ref().unwrap().expected_iterations, 50);
+    assert_eq!(job.policy, "pack");
+    let stats = s
+        .admin
+        .get_stats(GetStatsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(stats.iterations_total, 3);
+
+    // Policy and hints change at run time; unknown names are clear errors.
+    let changed = s
+        .admin
+        .set_policy(SetPolicyRequest {
+            policy: "srtf".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (changed.previous.as_str(), changed.policy.as_str()),
+        ("pack", "srtf")
+    );
+    let err = s
+        .admin
+        .set_policy(SetPolicyRequest {
+            policy: "sjf".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(
+        err.message().contains("unknown scheduling policy"),
+        "{}",
+        err.message()
+    );
+    let updated = s
+        .admin
+        .set_job_hints(SetJobHintsRequest {
+            job: "trainer".into(),
+            hints: Some(JobHints {
+                priority: 9,
+                expected_iterations: 0,
+                expected_seconds: 12.5,
+            }),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(updated.hints.unwrap().expected_seconds, 12.5);
+    assert_eq!(updated.policy, "srtf");
+    let missing = s
+        .admin
+        .set_job_hints(SetJobHintsRequest {
+            job: "nobody".into(),
+            hints: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Code::InvalidArgument);
+
+    // Bad hints in the metadata are refused at CreateSession.
+    let bad = ConfigProtoView {
+        experimental: Some(config_proto_view::Experimental {
+            session_metadata: Some(SessionMetadata {
+                name: "x?prio=1".into(),
+                version: 0,
+            }),
+        }),
+        ..Default::default()
+    };
+    let err = s
+        .master
+        .create_session(CreateSessionRequest {
+            config: bad.encode_to_vec().into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(
+        err.message().contains("unknown job hint \"prio\""),
+        "{}",
+        err.message()
+    );
+
+    s.master
+        .close_session(CloseSessionRequest {
+            session_handle: handle,
+        })
+        .await
+        .unwrap();
+    assert!(s
+        .admin
+        .list_jobs(ListJobsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .jobs
+        .is_empty());
     s.shutdown().await;
 }

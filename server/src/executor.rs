@@ -1,0 +1,464 @@
+//! Executor threads: run main iterations in the order the scheduler core picks.
+//!
+//! Each lane has `lane_concurrency` dedicated threads. A request handler submits
+//! its iteration (a closure that runs TensorFlow and sends the reply) and awaits
+//! the reply; the lane's threads ask the core for the next iteration whenever a
+//! slot frees, so a switch between jobs costs one decision on a thread that is
+//! already awake. Queued iterations whose client has gone (reply receiver
+//! dropped) or whose deadline passed are dropped without running.
+//!
+//! The state is behind a `std::sync::Mutex`: it is never held across an
+//! `.await` or a TensorFlow call, only for a decision or a bookkeeping update.
+
+use std::collections::{HashSet, VecDeque};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+use crate::error::{Error, Result};
+use crate::latency::{LatencyRecorder, LatencySnapshot};
+use crate::sched::policy::{self, Policy};
+use crate::sched::{
+    Decision, Hints, JobId, JobStatus, LaneId, Nanos, SchedConfig, SchedError, Scheduler,
+};
+
+/// Window for the iterations-per-second figure.
+const RATE_WINDOW_S: u64 = 60;
+
+/// A queued main iteration.
+pub struct Work {
+    deadline: Option<Instant>,
+    task: Box<dyn Task>,
+}
+
+impl Work {
+    fn abandoned(&self, now: Instant) -> bool {
+        self.task.client_gone() || self.deadline.is_some_and(|d| now >= d)
+    }
+}
+
+trait Task: Send {
+    fn client_gone(&self) -> bool;
+    fn run(self: Box<Self>);
+}
+
+/// Runs `f` and sends its outcome (a panic included) to the waiting handler.
+struct Reply<T, F> {
+    f: F,
+    tx: oneshot::Sender<std::thread::Result<T>>,
+}
+
+impl<T: Send, F: FnOnce() -> T + Send> Task for Reply<T, F> {
+    fn client_gone(&self) -> bool {
+        self.tx.is_closed()
+    }
+    fn run(self: Box<Self>) {
+        let outcome = catch_unwind(AssertUnwindSafe(self.f));
+        let _ = self.tx.send(outcome);
+    }
+}
+
+/// Scheduler counters for the admin API.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExecStats {
+    pub policy: &'static str,
+    pub iterations_total: u64,
+    pub iterations_per_second: f64,
+    pub queued: u64,
+    pub switch_latency: LatencySnapshot,
+    /// (lane, queued, running)
+    pub lanes: Vec<(LaneId, u64, u64)>,
+    pub cheap_runs_total: u64,
+    pub dropped_iterations: u64,
+}
+
+struct Inner {
+    sched: Scheduler<Work>,
+    lanes_with_threads: HashSet<LaneId>,
+    /// Per lane: the job whose iteration ended last, and when.
+    last_end: Vec<(LaneId, JobId, Nanos)>,
+    switch_latency: LatencyRecorder,
+    iterations_total: u64,
+    /// (second since epoch, iterations finished in it)
+    rate: VecDeque<(u64, u64)>,
+    cheap_runs_total: u64,
+    dropped: u64,
+    running: Vec<(LaneId, usize)>,
+    stopping: bool,
+}
+
+struct Shared {
+    inner: Mutex<Inner>,
+    wake: Condvar,
+    epoch: Instant,
+    lane_concurrency: usize,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn now(&self) -> Nanos {
+        self.epoch.elapsed().as_nanos() as Nanos
+    }
+}
+
+/// Cheap handle to the executor.
+#[derive(Clone)]
+pub struct Executor {
+    shared: Arc<Shared>,
+}
+
+impl Executor {
+    pub fn new(policy: Box<dyn Policy>, config: SchedConfig) -> Executor {
+        Executor {
+            shared: Arc::new(Shared {
+                inner: Mutex::new(Inner {
+                    sched: Scheduler::new(policy, config),
+                    lanes_with_threads: HashSet::new(),
+                    last_end: Vec::new(),
+                    switch_latency: LatencyRecorder::default(),
+                    iterations_total: 0,
+                    rate: VecDeque::new(),
+                    cheap_runs_total: 0,
+                    dropped: 0,
+                    running: Vec::new(),
+                    stopping: false,
+                }),
+                wake: Condvar::new(),
+                epoch: Instant::now(),
+                lane_concurrency: config.lane_concurrency.max(1),
+            }),
+        }
+    }
+
+    pub fn add_job(&self, id: JobId, lane: LaneId, hints: Hints) -> Result<()> {
+        let now = self.shared.now();
+        let mut inner = self.shared.lock();
+        inner
+            .sched
+            .add_job(id, lane, hints, now)
+            .map_err(sched_error)?;
+        if inner.lanes_with_threads.insert(lane) {
+            for n in 0..self.shared.lane_concurrency {
+                let shared = self.shared.clone();
+                std::thread::Builder::new()
+                    .name(format!("salus-lane{}-{n}", lane.0))
+                    .spawn(move || lane_loop(&shared, lane))
+                    .map_err(|e| {
+                        Error::Internal(format!("cannot start an executor thread: {e}"))
+                    })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Forgets a job; its queued iterations are dropped (their clients get an error).
+    pub fn remove_job(&self, id: JobId) {
+        let dropped = {
+            let mut inner = self.shared.lock();
+            let dropped = inner.sched.remove_job(id).unwrap_or_default();
+            inner.dropped += dropped.len() as u64;
+            dropped
+        };
+        self.shared.wake.notify_all();
+        drop(dropped);
+    }
+
+    /// Runs `f` as a main iteration of `job` when the scheduler picks it.
+    pub async fn run_main<T, F>(&self, job: JobId, deadline: Option<Instant>, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> Result<T> + Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        let work = Work {
+            deadline,
+            task: Box::new(Reply { f, tx }),
+        };
+        {
+            let now = self.shared.now();
+            let mut inner = self.shared.lock();
+            if inner.stopping {
+                return Err(Error::ShuttingDown);
+            }
+            inner.sched.submit(job, work, now).map_err(sched_error)?;
+        }
+        self.shared.wake.notify_all();
+        match rx.await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_panic)) => Err(Error::Internal("the iteration panicked".into())),
+            Err(_) => Err(Error::IterationDropped(
+                "the iteration was dropped before it ran: its session closed, its deadline passed, or the server is stopping"
+                    .into(),
+            )),
+        }
+    }
+
+    /// Counts a run that bypassed the scheduler.
+    pub fn count_cheap_run(&self) {
+        self.shared.lock().cheap_runs_total += 1;
+    }
+
+    pub fn set_policy(&self, name: &str) -> Result<(&'static str, &'static str)> {
+        let policy = policy::by_name(name).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        let new = policy.name();
+        let previous = {
+            let mut inner = self.shared.lock();
+            let previous = inner.sched.policy_name();
+            inner.sched.set_policy(policy);
+            previous
+        };
+        self.shared.wake.notify_all();
+        Ok((previous, new))
+    }
+
+    pub fn policy_name(&self) -> &'static str {
+        self.shared.lock().sched.policy_name()
+    }
+
+    pub fn set_hints(&self, id: JobId, hints: Hints) -> Result<()> {
+        self.shared
+            .lock()
+            .sched
+            .set_hints(id, hints)
+            .map_err(sched_error)?;
+        self.shared.wake.notify_all();
+        Ok(())
+    }
+
+    pub fn job_status(&self, id: JobId) -> Option<JobStatus> {
+        self.shared.lock().sched.status(id)
+    }
+
+    pub fn stats(&self) -> ExecStats {
+        let inner = self.shared.lock();
+        let now_s = self.shared.epoch.elapsed().as_secs();
+        let recent: u64 = inner
+            .rate
+            .iter()
+            .filter(|(s, _)| now_s.saturating_sub(*s) < RATE_WINDOW_S)
+            .map(|(_, n)| n)
+            .sum();
+        let window = now_s.clamp(1, RATE_WINDOW_S) as f64;
+        let lanes = inner
+            .sched
+            .lanes()
+            .into_iter()
+            .map(|lane| {
+                let queued = inner
+                    .sched
+                    .job_ids()
+                    .into_iter()
+                    .filter_map(|j| inner.sched.status(j))
+                    .filter(|s| s.lane == lane)
+                    .map(|s| s.queued as u64)
+                    .sum();
+                let running = inner
+                    .running
+                    .iter()
+                    .find(|(l, _)| *l == lane)
+                    .map_or(0, |(_, n)| *n as u64);
+                (lane, queued, running)
+            })
+            .collect();
+        ExecStats {
+            policy: inner.sched.policy_name(),
+            iterations_total: inner.iterations_total,
+            iterations_per_second: recent as f64 / window,
+            queued: inner.sched.queued() as u64,
+            switch_latency: inner.switch_latency.snapshot(),
+            lanes,
+            cheap_runs_total: inner.cheap_runs_total,
+            dropped_iterations: inner.dropped,
+        }
+    }
+
+    /// Refuses new iterations and stops the executor threads once idle.
+    pub fn stop(&self) {
+        self.shared.lock().stopping = true;
+        self.shared.wake.notify_all();
+    }
+}
+
+fn sched_error(err: SchedError) -> Error {
+    Error::Internal(err.to_string())
+}
+
+fn set_running(inner: &mut Inner, lane: LaneId, delta: isize) {
+    match inner.running.iter_mut().find(|(l, _)| *l == lane) {
+        Some((_, n)) => *n = n.saturating_add_signed(delta),
+        None => inner.running.push((lane, delta.max(0) as usize)),
+    }
+}
+
+/// One executor thread of `lane`.
+fn lane_loop(shared: &Shared, lane: LaneId) {
+    let mut inner = shared.lock();
+    loop {
+        let now_instant = Instant::now();
+        let dropped = inner.sched.drain_queued(|w| !w.abandoned(now_instant));
+        if !dropped.is_empty() {
+            inner.dropped += dropped.len() as u64;
+            // Dropping a Work drops its reply sender: the handler sees the drop.
+            drop(dropped);
+        }
+        if inner.stopping && inner.sched.queued() == 0 {
+            return;
+        }
+        let now = shared.now();
+        match inner.sched.next(lane, now) {
+            Decision::Run(dispatch) => {
+                if let Some(&(_, prev, end)) = inner.last_end.iter().find(|(l, _, _)| *l == lane) {
+                    // A switch: another job's iteration was waiting when the last one ended.
+                    if prev != dispatch.job && dispatch.submitted <= end {
+                        inner.switch_latency.record(now.saturating_sub(end));
+                    }
+                }
+                set_running(&mut inner, lane, 1);
+                drop(inner);
+                let started = Instant::now();
+                dispatch.work.task.run();
+                let device_time = started.elapsed().as_nanos() as Nanos;
+                inner = shared.lock();
+                let end = shared.now();
+                set_running(&mut inner, lane, -1);
+                inner
+                    .sched
+                    .finish(dispatch.job, lane, Some(device_time), end);
+                match inner.last_end.iter_mut().find(|(l, _, _)| *l == lane) {
+                    Some(entry) => *entry = (lane, dispatch.job, end),
+                    None => inner.last_end.push((lane, dispatch.job, end)),
+                }
+                inner.iterations_total += 1;
+                let second = end / 1_000_000_000;
+                match inner.rate.back_mut() {
+                    Some((s, n)) if *s == second => *n += 1,
+                    _ => inner.rate.push_back((second, 1)),
+                }
+                while inner
+                    .rate
+                    .front()
+                    .is_some_and(|(s, _)| second.saturating_sub(*s) >= RATE_WINDOW_S)
+                {
+                    inner.rate.pop_front();
+                }
+                // Another lane thread may be waiting on this job's slot or anticipation.
+                shared.wake.notify_all();
+            }
+            Decision::WaitUntil(at) => {
+                let wait = Duration::from_nanos(at.saturating_sub(now).max(1_000));
+                inner = shared
+                    .wake
+                    .wait_timeout(inner, wait)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+            Decision::Idle => {
+                // Also wake periodically to drop queued iterations whose client left.
+                inner = shared
+                    .wake
+                    .wait_timeout(inner, Duration::from_millis(100))
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sched::policy::by_name;
+
+    fn executor(policy: &str) -> Executor {
+        Executor::new(
+            by_name(policy).unwrap(),
+            SchedConfig {
+                lane_concurrency: 1,
+                anticipation: 0,
+            },
+        )
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn runs_iterations_and_reports_results_and_stats() {
+        let ex = executor("pack");
+        ex.add_job(JobId(1), LaneId(0), Hints::default()).unwrap();
+        let v = ex.run_main(JobId(1), None, || Ok(41 + 1)).await.unwrap();
+        assert_eq!(v, 42);
+        let err = ex
+            .run_main::<(), _>(JobId(1), None, || Err(Error::InvalidArgument("bad".into())))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)));
+        let panicked = ex
+            .run_main::<(), _>(JobId(1), None, || panic!("boom"))
+            .await
+            .unwrap_err();
+        assert!(matches!(panicked, Error::Internal(_)));
+        let status = ex.job_status(JobId(1)).unwrap();
+        assert_eq!(status.iterations, 3);
+        assert_eq!(ex.stats().iterations_total, 3);
+        let unknown = ex.run_main(JobId(9), None, || Ok(())).await.unwrap_err();
+        assert!(matches!(unknown, Error::Internal(_)));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn expired_and_removed_iterations_are_dropped_not_run() {
+        let ex = executor("fifo");
+        ex.add_job(JobId(1), LaneId(0), Hints::default()).unwrap();
+        ex.add_job(JobId(2), LaneId(0), Hints::default()).unwrap();
+        // FIFO: job 2 waits behind job 1 (alive, idle) forever...
+        let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = ran.clone();
+        let past = Instant::now();
+        let expired = ex.run_main(JobId(2), Some(past), move || {
+            flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        });
+        assert!(matches!(expired.await, Err(Error::IterationDropped(_))));
+        assert!(!ran.load(std::sync::atomic::Ordering::SeqCst));
+        // ...until job 1 is removed; a job's own queue is dropped when it is removed.
+        let ex2 = ex.clone();
+        let waiting = tokio::spawn(async move { ex2.run_main(JobId(2), None, || Ok(7)).await });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished());
+        ex.remove_job(JobId(1));
+        assert_eq!(waiting.await.unwrap().unwrap(), 7);
+        assert!(ex.stats().dropped_iterations >= 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn switching_between_jobs_is_measured_and_policy_changes_apply() {
+        let ex = executor("rr");
+        ex.add_job(JobId(1), LaneId(0), Hints::default()).unwrap();
+        ex.add_job(JobId(2), LaneId(0), Hints::default()).unwrap();
+        let mut handles = Vec::new();
+        for job in [1, 2] {
+            let ex = ex.clone();
+            handles.push(tokio::spawn(async move {
+                for _ in 0..20 {
+                    ex.run_main(JobId(job), None, || {
+                        std::thread::sleep(Duration::from_micros(200));
+                        Ok(())
+                    })
+                    .await
+                    .unwrap();
+                }
+            }));
+        }
+        for h in handles {
+            h.await.unwrap();
+        }
+        let stats = ex.stats();
+        assert_eq!(stats.iterations_total, 40);
+        assert!(stats.switch_latency.count > 0, "{stats:?}");
+        assert_eq!(ex.set_policy("srtf").unwrap(), ("rr", "srtf"));
+        assert!(ex.set_policy("bogus").is_err());
+        assert_eq!(ex.policy_name(), "srtf");
+    }
+}
