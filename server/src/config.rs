@@ -20,6 +20,9 @@ const PROTOBUF_MAX_BYTES: u64 = 2 << 30;
              in one shared server, over TensorFlow's own master protocol."
 )]
 pub struct Args {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
     /// Address to listen on. Port 0 picks a free port; the bound address is
     /// printed on stdout as "salus-server listening on ADDR".
     #[arg(long, env = "SALUS_LISTEN", default_value = "127.0.0.1:5501")]
@@ -77,6 +80,12 @@ pub struct Args {
     /// RUST_LOG overrides the log filter.
     #[arg(short, long, env = "SALUS_VERBOSE", action = clap::ArgAction::Count)]
     pub verbose: u8,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum Command {
+    /// Talk to a running server's admin API: jobs, stats, policy, hints.
+    Ctl(crate::ctl::CtlArgs),
 }
 
 /// Validated settings of one server.

@@ -20,6 +20,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod ctl;
 pub mod error;
 pub mod exec;
 pub mod executor;

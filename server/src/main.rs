@@ -1,28 +1,88 @@
 //! `salus-server` binary: flags, logging, signals; everything else is in the library.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 
 use anyhow::Context;
 use clap::Parser;
-use salus_server::config::{Args, Config};
+use salus_server::config::{Args, Command, Config};
 use salus_server::server::Server;
 use tracing_subscriber::EnvFilter;
 
+/// Redirects stderr before TensorFlow's libraries load and log (see `tf_log`).
+#[used]
+#[link_section = ".preinit_array"]
+static EARLY_REDIRECT: unsafe extern "C" fn(
+    std::ffi::c_int,
+    *const *const std::ffi::c_char,
+    *const *const std::ffi::c_char,
+) = salus_server::tf_log::early_redirect;
+
 fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
-    let config = Config::try_from(args).map_err(anyhow::Error::msg)?;
+    // fd 2 may be a filtered pipe now: messages printed right before exiting go
+    // to the real stderr directly, or the filter thread could lose them.
+    let mut stderr =
+        salus_server::tf_log::filter_stderr().context("cannot set up log filtering")?;
+    let panic_stderr = stderr.try_clone()?;
+    std::panic::set_hook(Box::new(move |info| {
+        let _ = writeln!(&panic_stderr, "salus-server: {info}");
+    }));
+    let mut args = match Args::try_parse() {
+        Ok(args) => args,
+        Err(err) => {
+            let terminal = if err.use_stderr() {
+                stderr.is_terminal()
+            } else {
+                std::io::stdout().is_terminal()
+            };
+            let styled = err.render();
+            let text = if terminal {
+                styled.ansi().to_string()
+            } else {
+                styled.to_string()
+            };
+            if err.use_stderr() {
+                let _ = write!(stderr, "{text}");
+            } else {
+                print!("{text}");
+            }
+            std::process::exit(err.exit_code());
+        }
+    };
+    if let Some(Command::Ctl(ctl)) = args.command.take() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        return match runtime.block_on(salus_server::ctl::run(ctl)) {
+            Ok(text) => {
+                print!("{text}");
+                Ok(())
+            }
+            Err(err) => {
+                let _ = writeln!(stderr, "salus-server ctl: {err}");
+                std::process::exit(1);
+            }
+        };
+    }
+    let config = match Config::try_from(args) {
+        Ok(config) => config,
+        Err(message) => {
+            let _ = writeln!(stderr, "salus-server: {message}");
+            std::process::exit(2);
+        }
+    };
     // TensorFlow reads this when it first logs; set it before any thread starts.
     if config.verbose == 0 && std::env::var_os("TF_CPP_MIN_LOG_LEVEL").is_none() {
         std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "2");
     }
-    // Before TensorFlow logs anything: route its stderr lines through the filter.
-    let stderr = salus_server::tf_log::filter_stderr(config.verbose > 0)
-        .context("cannot set up log filtering")?;
-    init_logging(config.verbose, stderr);
+    init_logging(config.verbose, stderr.try_clone()?);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(run(config))
+    if let Err(err) = runtime.block_on(run(config)) {
+        let _ = writeln!(stderr, "salus-server: {err:#}");
+        std::process::exit(1);
+    }
+    Ok(())
 }
 
 fn init_logging(verbose: u8, stderr: std::fs::File) {

@@ -1,15 +1,77 @@
 //! Keeps TensorFlow's own log noise out of the server's output.
 //!
-//! TensorFlow 2.21 logs through absl before (and regardless of) its
-//! `TF_CPP_MIN_LOG_LEVEL` setting, straight to file descriptor 2. So the server
-//! moves its own stderr to a duplicate descriptor, points fd 2 at a pipe, and a
-//! thread copies TensorFlow's lines through, dropping INFO and WARNING ones
-//! unless asked to keep them. Lines that are not in TensorFlow's log format are
-//! always passed through.
+//! TensorFlow 2.21 logs through absl regardless of its `TF_CPP_MIN_LOG_LEVEL`
+//! setting, straight to file descriptor 2, and it already logs while its
+//! libraries load, before `main`. So the binary registers [`early_redirect`] in
+//! `.preinit_array` (run before any shared library's initialisers): it keeps the
+//! real stderr on a duplicate descriptor and points fd 2 at a pipe, whose small
+//! buffer holds what TensorFlow prints at load. In `main`, [`filter_stderr`]
+//! starts a thread that copies the pipe to the real stderr, dropping
+//! TensorFlow's INFO and WARNING lines. Lines not in TensorFlow's log format
+//! always pass. With `-v` (or SALUS_VERBOSE) nothing is redirected.
 
+use std::ffi::{c_char, c_int, CStr};
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicI32, Ordering};
+
+/// Read end of the pipe fd 2 points at, and the real stderr, once
+/// [`early_redirect`] ran; -1 otherwise.
+static EARLY_PIPE: AtomicI32 = AtomicI32::new(-1);
+static REAL_STDERR: AtomicI32 = AtomicI32::new(-1);
+
+/// Whether the command line or environment asks for TensorFlow's logs.
+///
+/// # Safety
+/// `argv` holds `argc` NUL-terminated strings, as the loader passes them.
+unsafe fn verbose_requested(argc: c_int, argv: *const *const c_char) -> bool {
+    if std::env::var_os("SALUS_VERBOSE").is_some_and(|v| !v.is_empty() && v != "0") {
+        return true;
+    }
+    (1..argc.max(0) as usize).any(|i| {
+        let arg = CStr::from_ptr(*argv.add(i)).to_bytes();
+        arg == b"--verbose"
+            || (arg.len() >= 2
+                && arg[0] == b'-'
+                && arg[1] == b'v'
+                && arg[1..].iter().all(|&c| c == b'v'))
+    })
+}
+
+/// Runs from `.preinit_array`, before TensorFlow's libraries initialise: sends
+/// fd 2 into a pipe unless verbose output was asked for. Only plain descriptor
+/// syscalls; on any failure stderr is left as it is.
+///
+/// # Safety
+/// Called by the dynamic loader with the process's argc/argv/envp.
+pub unsafe extern "C" fn early_redirect(
+    argc: c_int,
+    argv: *const *const c_char,
+    _envp: *const *const c_char,
+) {
+    if argv.is_null() || verbose_requested(argc, argv) {
+        return;
+    }
+    let real = libc::fcntl(2, libc::F_DUPFD_CLOEXEC, 3);
+    if real < 0 {
+        return;
+    }
+    let mut fds = [0; 2];
+    if libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+        libc::close(real);
+        return;
+    }
+    if libc::dup2(fds[1], 2) < 0 {
+        libc::close(fds[0]);
+        libc::close(fds[1]);
+        libc::close(real);
+        return;
+    }
+    libc::close(fds[1]);
+    EARLY_PIPE.store(fds[0], Ordering::SeqCst);
+    REAL_STDERR.store(real, Ordering::SeqCst);
+}
 
 /// Whether a line is a TensorFlow/absl log line of INFO or WARNING severity, or
 /// absl's notice about logging before initialisation.
@@ -27,42 +89,38 @@ pub fn is_tensorflow_noise(line: &str) -> bool {
         || line.starts_with("To enable the following instructions:")
 }
 
-/// Redirects fd 2 through a filter thread. Returns the server's own stderr.
-/// With `keep_all`, nothing is filtered and stderr is left alone.
-pub fn filter_stderr(keep_all: bool) -> io::Result<File> {
-    // SAFETY: plain descriptor calls; every descriptor created is owned below.
-    unsafe {
-        let own = libc::dup(2);
+/// Starts copying the redirected fd 2 to the real stderr, without TensorFlow's
+/// INFO/WARNING lines, and returns the real stderr for the server's own logs.
+/// When nothing was redirected (verbose, or no early redirect), returns a
+/// duplicate of fd 2 and filters nothing.
+pub fn filter_stderr() -> io::Result<File> {
+    let pipe = EARLY_PIPE.swap(-1, Ordering::SeqCst);
+    let real = REAL_STDERR.load(Ordering::SeqCst);
+    if pipe < 0 || real < 0 {
+        // SAFETY: dup of a descriptor this process owns; the result is owned below.
+        let own = unsafe { libc::dup(2) };
         if own < 0 {
             return Err(io::Error::last_os_error());
         }
-        let own = OwnedFd::from_raw_fd(own);
-        if keep_all {
-            return Ok(File::from(own));
-        }
-        let mut fds = [0; 2];
-        if libc::pipe(fds.as_mut_ptr()) != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let (read, write) = (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]));
-        if libc::dup2(fds[1], 2) < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        drop(write);
-        let mut passthrough = File::from(own.try_clone()?);
-        std::thread::Builder::new()
-            .name("tf-log-filter".into())
-            .spawn(move || {
-                let reader = BufReader::new(File::from(read));
-                for line in reader.split(b'\n').map_while(Result::ok) {
-                    if !is_tensorflow_noise(&String::from_utf8_lossy(&line)) {
-                        let _ = passthrough.write_all(&line);
-                        let _ = passthrough.write_all(b"\n");
-                    }
-                }
-            })?;
-        Ok(File::from(own))
+        // SAFETY: `own` is a fresh descriptor owned by nobody else.
+        return Ok(File::from(unsafe { OwnedFd::from_raw_fd(own) }));
     }
+    // SAFETY: both descriptors were created by early_redirect and are owned here
+    // from now on (the pipe: swapped out above, so only once).
+    let (read, real) = unsafe { (OwnedFd::from_raw_fd(pipe), OwnedFd::from_raw_fd(real)) };
+    let mut passthrough = File::from(real.try_clone()?);
+    std::thread::Builder::new()
+        .name("tf-log-filter".into())
+        .spawn(move || {
+            let reader = BufReader::new(File::from(read));
+            for line in reader.split(b'\n').map_while(Result::ok) {
+                if !is_tensorflow_noise(&String::from_utf8_lossy(&line)) {
+                    let _ = passthrough.write_all(&line);
+                    let _ = passthrough.write_all(b"\n");
+                }
+            }
+        })?;
+    Ok(File::from(real))
 }
 
 #[cfg(test)]

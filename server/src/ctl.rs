@@ -1,0 +1,335 @@
+//! `salus-server ctl`: a human (and `--json`) client of the admin API.
+
+use clap::{Args, Subcommand};
+use salus_proto::salus::v1::admin_client::AdminClient;
+use salus_proto::salus::v1::*;
+use serde_json::{json, Value};
+use tonic::transport::Channel;
+
+#[derive(Args, Debug)]
+pub struct CtlArgs {
+    /// Address of the salus-server to talk to.
+    #[arg(long, env = "SALUS_SERVER", default_value = "127.0.0.1:5501")]
+    pub server: String,
+    #[command(subcommand)]
+    pub command: CtlCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum CtlCommand {
+    /// List jobs: state, lane, iterations, attained time, queue wait, hints.
+    Jobs {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Scheduler statistics: switch latency, queues, iterations per second.
+    Stats {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show the scheduling policy, or switch to NAME (jobs are kept).
+    Policy { name: Option<String> },
+    /// Replace a job's hints (job id, session handle or name).
+    Hints {
+        job: String,
+        #[arg(long, default_value_t = 0)]
+        priority: i32,
+        /// Expected main iterations (0: none).
+        #[arg(long, default_value_t = 0)]
+        iterations: u64,
+        /// Expected total device seconds (0: none).
+        #[arg(long, default_value_t = 0.0)]
+        seconds: f64,
+    },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CtlError {
+    #[error("cannot connect to salus-server at {addr}: {source}")]
+    Connect {
+        addr: String,
+        source: tonic::transport::Error,
+    },
+    #[error("invalid server address {0:?}")]
+    Address(String),
+    #[error("{}", .0.message())]
+    Rpc(#[from] tonic::Status),
+}
+
+async fn connect(server: &str) -> Result<AdminClient<Channel>, CtlError> {
+    let url = if server.contains("://") {
+        server.replace("grpc://", "http://")
+    } else {
+        format!("http://{server}")
+    };
+    let endpoint = Channel::from_shared(url).map_err(|_| CtlError::Address(server.to_string()))?;
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|source| CtlError::Connect {
+            addr: server.to_string(),
+            source,
+        })?;
+    Ok(AdminClient::new(channel))
+}
+
+/// Runs one command and returns what to print.
+pub async fn run(args: CtlArgs) -> Result<String, CtlError> {
+    let mut admin = connect(&args.server).await?;
+    Ok(match args.command {
+        CtlCommand::Jobs { json } => {
+            let jobs = admin.list_jobs(ListJobsRequest {}).await?.into_inner().jobs;
+            if json {
+                pretty(&Value::Array(jobs.iter().map(job_json).collect()))
+            } else {
+                jobs_table(&jobs)
+            }
+        }
+        CtlCommand::Stats { json } => {
+            let stats = admin.get_stats(GetStatsRequest {}).await?.into_inner();
+            if json {
+                pretty(&stats_json(&stats))
+            } else {
+                stats_text(&stats)
+            }
+        }
+        CtlCommand::Policy { name: None } => {
+            format!(
+                "policy: {}\n",
+                admin
+                    .get_server_info(GetServerInfoRequest {})
+                    .await?
+                    .into_inner()
+                    .policy
+            )
+        }
+        CtlCommand::Policy { name: Some(policy) } => {
+            let r = admin
+                .set_policy(SetPolicyRequest { policy })
+                .await?
+                .into_inner();
+            format!("policy: {} -> {}\n", r.previous, r.policy)
+        }
+        CtlCommand::Hints {
+            job,
+            priority,
+            iterations,
+            seconds,
+        } => {
+            let hints = Some(JobHints {
+                priority,
+                expected_iterations: iterations,
+                expected_seconds: seconds,
+            });
+            let info = admin
+                .set_job_hints(SetJobHintsRequest { job, hints })
+                .await?
+                .into_inner();
+            jobs_table(&[info])
+        }
+    })
+}
+
+fn pretty(value: &Value) -> String {
+    let mut text = serde_json::to_string_pretty(value).unwrap_or_else(|_| "null".into());
+    text.push('\n');
+    text
+}
+
+fn opt<T: PartialEq + Default + Into<Value>>(v: T) -> Value {
+    if v == T::default() {
+        Value::Null
+    } else {
+        v.into()
+    }
+}
+
+pub fn job_json(j: &JobInfo) -> Value {
+    let hints = j.hints.clone().unwrap_or_default();
+    json!({
+        "id": j.id,
+        "handle": j.handle,
+        "name": j.name,
+        "state": j.state,
+        "lane": j.lane,
+        "policy": j.policy,
+        "iterations": j.iterations,
+        "attained_s": j.attained_seconds,
+        "mean_iteration_ms": j.mean_iteration_ms,
+        "queue_wait_s": j.queue_wait_seconds,
+        "queued": j.queued,
+        "priority": hints.priority,
+        "expected_iterations": opt(hints.expected_iterations),
+        "expected_seconds": opt(hints.expected_seconds),
+        "note": j.note,
+        "graph_version": j.graph_version,
+        "graph_nodes": j.graph_nodes,
+        "runs_completed": j.runs_completed,
+        "runs_failed": j.runs_failed,
+        "age_s": j.age_seconds,
+        "idle_s": j.idle_seconds,
+    })
+}
+
+pub fn stats_json(s: &SchedulerStats) -> Value {
+    let l = s.switch_latency.clone().unwrap_or_default();
+    json!({
+        "policy": s.policy,
+        "iterations_total": s.iterations_total,
+        "iterations_per_s": s.iterations_per_second,
+        "queued": s.queued,
+        "cheap_runs_total": s.cheap_runs_total,
+        "dropped_iterations": s.dropped_iterations,
+        "switch_latency_us": {"count": l.count, "p50": l.p50_us, "p99": l.p99_us, "max": l.max_us, "buckets": l.buckets},
+        "lanes": s.lanes.iter().map(|q| json!({"lane": q.lane, "queued": q.queued, "running": q.running})).collect::<Vec<_>>(),
+    })
+}
+
+/// Left-aligned columns separated by two spaces.
+fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let mut out: String = cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect::<Vec<_>>()
+            .join("  ");
+        out.truncate(out.trim_end().len());
+        out.push('\n');
+        out
+    };
+    let mut out = line(header.iter().map(|h| h.to_string()).collect());
+    for row in rows {
+        out += &line(row.clone());
+    }
+    out
+}
+
+pub fn jobs_table(jobs: &[JobInfo]) -> String {
+    if jobs.is_empty() {
+        return "no jobs\n".into();
+    }
+    let rows: Vec<Vec<String>> = jobs
+        .iter()
+        .map(|j| {
+            let h = j.hints.clone().unwrap_or_default();
+            let expected = match (h.expected_iterations, h.expected_seconds) {
+                (0, s) if s == 0.0 => "-".to_string(),
+                (0, s) => format!("{s}s"),
+                (n, s) if s == 0.0 => format!("{n} it"),
+                (n, s) => format!("{n} it/{s}s"),
+            };
+            vec![
+                j.id.to_string(),
+                if j.name.is_empty() {
+                    "-".into()
+                } else {
+                    j.name.clone()
+                },
+                j.state.clone(),
+                j.lane.to_string(),
+                j.iterations.to_string(),
+                format!("{:.3}", j.attained_seconds),
+                format!("{:.2}", j.mean_iteration_ms),
+                format!("{:.3}", j.queue_wait_seconds),
+                j.queued.to_string(),
+                h.priority.to_string(),
+                expected,
+                j.note.clone(),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "ID",
+            "NAME",
+            "STATE",
+            "LANE",
+            "ITERS",
+            "ATTAINED_S",
+            "MEAN_MS",
+            "WAIT_S",
+            "QUEUED",
+            "PRIO",
+            "EXPECTED",
+            "NOTE",
+        ],
+        &rows,
+    )
+}
+
+pub fn stats_text(s: &SchedulerStats) -> String {
+    let l = s.switch_latency.clone().unwrap_or_default();
+    let mut out = format!(
+        "policy           {}\niterations       {} ({:.1}/s over the last minute)\ncheap runs       {}\nqueued           {}\ndropped          {}\nswitch latency   {} samples, p50 {:.1} us, p99 {:.1} us, max {:.1} us\n",
+        s.policy, s.iterations_total, s.iterations_per_second, s.cheap_runs_total, s.queued, s.dropped_iterations, l.count, l.p50_us, l.p99_us, l.max_us
+    );
+    for q in &s.lanes {
+        out += &format!(
+            "lane {}           {} running, {} queued\n",
+            q.lane, q.running, q.queued
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job() -> JobInfo {
+        JobInfo {
+            id: 3,
+            name: "resnet".into(),
+            state: "queued".into(),
+            iterations: 12,
+            attained_seconds: 1.5,
+            hints: Some(JobHints {
+                priority: 2,
+                expected_iterations: 100,
+                expected_seconds: 0.0,
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn jobs_render_as_table_and_json() {
+        let text = jobs_table(&[job()]);
+        let mut lines = text.lines();
+        assert!(lines.next().unwrap().starts_with("ID  NAME    STATE"));
+        let row = lines.next().unwrap();
+        assert!(row.starts_with("3   resnet  queued"), "{row}");
+        assert!(row.contains("100 it"), "{row}");
+        assert_eq!(jobs_table(&[]), "no jobs\n");
+        let v = job_json(&job());
+        assert_eq!(v["iterations"], 12);
+        assert_eq!(v["expected_iterations"], 100);
+        assert_eq!(v["expected_seconds"], Value::Null);
+        assert_eq!(v["priority"], 2);
+    }
+
+    #[test]
+    fn stats_render() {
+        let s = SchedulerStats {
+            policy: "srtf".into(),
+            iterations_total: 10,
+            switch_latency: Some(LatencySummary {
+                count: 4,
+                p50_us: 12.0,
+                p99_us: 40.0,
+                max_us: 41.0,
+                buckets: vec![],
+            }),
+            ..Default::default()
+        };
+        assert!(stats_text(&s).contains("p50 12.0 us, p99 40.0 us"));
+        assert_eq!(stats_json(&s)["switch_latency_us"]["p99"], 40.0);
+    }
+}
