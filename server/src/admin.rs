@@ -64,7 +64,9 @@ fn note(policy: &str, s: &JobStatus) -> String {
         "srtf" if s.remaining.is_none() && s.hints.expected_seconds.is_none() && s.hints.expected_iterations.is_none() => {
             "srtf: no iterations/seconds hint, so ranked by least attained service (LAS) after jobs with estimates".into()
         }
-        "srtf" if s.remaining.is_none() => "srtf: waiting for a first measured iteration to estimate remaining time".into(),
+        "srtf" if s.mean_iteration.is_none() && s.hints.expected_seconds.is_none() => {
+            "srtf: runs one iteration first to measure its iteration time".into()
+        }
         _ => String::new(),
     }
 }

@@ -87,11 +87,13 @@ impl<W> JobState<W> {
         (self.iterations > 0).then(|| self.attained / self.iterations)
     }
 
-    /// Expected remaining device time, from hints and measurements.
+    /// Expected remaining device time, from hints and measurements. A job
+    /// with an iterations hint but no measured iteration yet counts as 0, so it
+    /// runs one iteration at the next boundary and gets a real estimate.
     fn remaining(&self) -> Option<Nanos> {
         let total = match (self.hints.expected_seconds, self.hints.expected_iterations) {
             (Some(s), _) => (s * 1e9) as Nanos,
-            (None, Some(n)) => n.saturating_mul(self.mean_iteration()?),
+            (None, Some(n)) => n.saturating_mul(self.mean_iteration().unwrap_or(0)),
             (None, None) => return None,
         };
         Some(total.saturating_sub(self.attained))

@@ -108,14 +108,19 @@ fn srtf_estimates_from_iteration_hints_and_measured_time() {
     for (job, name) in [(1, "a"), (2, "b")] {
         s.submit(JobId(job), name, now).unwrap();
     }
-    // Neither has a measurement yet: LAS/arrival order, job 1 first.
+    // Neither has a measurement yet: both count as 0 remaining, arrival order.
     assert_eq!(run_next(&mut s, &mut now, MS), Some("a"));
     now += 10 * MS;
     assert_eq!(run_next(&mut s, &mut now, MS), Some("b"));
     assert_eq!(s.status(JobId(2)).unwrap().remaining, Some(9 * MS));
+    // A hinted newcomer is probed at the next boundary, ahead of job 2.
+    s.add_job(JobId(3), L, h(5000), now).unwrap();
+    assert_eq!(s.status(JobId(3)).unwrap().remaining, Some(0));
     assert_eq!(s.status(JobId(1)).unwrap().remaining, Some(999 * MS));
     s.submit(JobId(1), "a", now).unwrap();
     s.submit(JobId(2), "b", now).unwrap();
+    s.submit(JobId(3), "c", now).unwrap();
+    assert_eq!(run_next(&mut s, &mut now, MS), Some("c"));
     assert_eq!(run_next(&mut s, &mut now, MS), Some("b"));
 }
 
