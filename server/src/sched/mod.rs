@@ -23,10 +23,10 @@
 pub mod hints;
 pub mod policy;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 
 pub use hints::{HintError, Hints};
-use policy::{Hold, JobView, Policy};
+use policy::{Hold, JobView, Policy, SortKey};
 
 /// Nanoseconds since an epoch chosen by the driver.
 pub type Nanos = u64;
@@ -80,6 +80,8 @@ struct JobState<W> {
     last_end: Option<Nanos>,
     queue: VecDeque<Pending<W>>,
     total_wait: Nanos,
+    /// Rank under the current policy, as stored in the lane's indexes.
+    key: SortKey,
 }
 
 impl<W> JobState<W> {
@@ -112,10 +114,14 @@ impl<W> JobState<W> {
     }
 }
 
+/// A lane's jobs, ordered by the policy's key. Keys change only when their
+/// job changes, so a decision is an ordered walk, not a scan of every job.
 #[derive(Default)]
 struct LaneState {
-    /// Jobs in admission order.
-    jobs: Vec<JobId>,
+    /// Every live job of the lane.
+    all: BTreeSet<(SortKey, JobId)>,
+    /// Jobs with at least one queued iteration.
+    ready: BTreeSet<(SortKey, JobId)>,
     running: usize,
 }
 
@@ -179,6 +185,10 @@ impl<W> Scheduler<W> {
     /// Swaps the policy; queued iterations and job history are kept.
     pub fn set_policy(&mut self, policy: Box<dyn Policy>) {
         self.policy = policy;
+        let ids: Vec<JobId> = self.jobs.keys().copied().collect();
+        for id in ids {
+            self.rekey(id);
+        }
     }
 
     pub fn config(&self) -> SchedConfig {
@@ -198,29 +208,53 @@ impl<W> Scheduler<W> {
         let lane_state = self.lanes.entry(lane).or_default();
         // Fair share starts at the lane's current minimum.
         let fair_offset = lane_state
-            .jobs
+            .all
             .iter()
-            .filter_map(|j| self.jobs.get(j))
+            .filter_map(|(_, j)| self.jobs.get(j))
             .map(|j| j.attained + j.fair_offset)
             .min()
             .unwrap_or(0);
-        lane_state.jobs.push(id);
-        self.jobs.insert(
-            id,
-            JobState {
-                lane,
+        let mut job = JobState {
+            lane,
+            arrival: now,
+            hints,
+            attained: 0,
+            fair_offset,
+            iterations: 0,
+            running: 0,
+            last_end: None,
+            queue: VecDeque::new(),
+            total_wait: 0,
+            key: SortKey {
+                primary: 0,
+                secondary: 0,
                 arrival: now,
-                hints,
-                attained: 0,
-                fair_offset,
-                iterations: 0,
-                running: 0,
-                last_end: None,
-                queue: VecDeque::new(),
-                total_wait: 0,
+                id: id.0,
             },
-        );
+        };
+        job.key = self.policy.key(&job.view(id));
+        lane_state.all.insert((job.key, id));
+        self.jobs.insert(id, job);
         Ok(())
+    }
+
+    /// Recomputes a job's key after it changed, keeping the indexes in step.
+    fn rekey(&mut self, id: JobId) {
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return;
+        };
+        let new = self.policy.key(&job.view(id));
+        if new == job.key {
+            return;
+        }
+        let old = std::mem::replace(&mut job.key, new);
+        if let Some(lane) = self.lanes.get_mut(&job.lane) {
+            lane.all.remove(&(old, id));
+            lane.all.insert((new, id));
+            if lane.ready.remove(&(old, id)) {
+                lane.ready.insert((new, id));
+            }
+        }
     }
 
     /// Forgets a job; its queued iterations are returned, not run.
@@ -228,8 +262,9 @@ impl<W> Scheduler<W> {
         let job = self.jobs.remove(&id).ok_or(SchedError::UnknownJob(id))?;
         // A running iteration keeps its lane slot until `finish`.
         if let Some(lane) = self.lanes.get_mut(&job.lane) {
-            lane.jobs.retain(|j| *j != id);
-            if lane.jobs.is_empty() && lane.running == 0 {
+            lane.all.remove(&(job.key, id));
+            lane.ready.remove(&(job.key, id));
+            if lane.all.is_empty() && lane.running == 0 {
                 self.lanes.remove(&job.lane);
             }
         }
@@ -241,6 +276,7 @@ impl<W> Scheduler<W> {
             .get_mut(&id)
             .ok_or(SchedError::UnknownJob(id))?
             .hints = hints;
+        self.rekey(id);
         Ok(())
     }
 
@@ -251,6 +287,11 @@ impl<W> Scheduler<W> {
             submitted: now,
             work,
         });
+        if state.queue.len() == 1 {
+            if let Some(lane) = self.lanes.get_mut(&state.lane) {
+                lane.ready.insert((state.key, job));
+            }
+        }
         Ok(state.lane)
     }
 
@@ -258,7 +299,11 @@ impl<W> Scheduler<W> {
     /// passed) and returns them.
     pub fn drain_queued(&mut self, mut keep: impl FnMut(&W) -> bool) -> Vec<W> {
         let mut dropped = Vec::new();
-        for job in self.jobs.values_mut() {
+        for (&id, job) in self.jobs.iter_mut() {
+            if job.queue.is_empty() {
+                continue;
+            }
+            let before = dropped.len();
             let mut kept = VecDeque::with_capacity(job.queue.len());
             for pending in job.queue.drain(..) {
                 if keep(&pending.work) {
@@ -268,6 +313,11 @@ impl<W> Scheduler<W> {
                 }
             }
             job.queue = kept;
+            if dropped.len() > before && job.queue.is_empty() {
+                if let Some(lane) = self.lanes.get_mut(&job.lane) {
+                    lane.ready.remove(&(job.key, id));
+                }
+            }
         }
         dropped
     }
@@ -280,47 +330,40 @@ impl<W> Scheduler<W> {
         if lane_state.running >= self.config.lane_concurrency {
             return Decision::Idle;
         }
-        let hold = self.policy.hold();
         let anticipation = self.config.anticipation;
-        // The best eligible job: one with work ready, or (when the policy holds)
-        // one worth waiting for.
-        let mut best: Option<(JobId, JobView, bool)> = None;
-        let mut wake: Option<Nanos> = None;
-        for &id in &lane_state.jobs {
-            let Some(job) = self.jobs.get(&id) else {
-                continue;
-            };
-            let ready = !job.queue.is_empty();
-            let worth_waiting = !ready
-                && match hold {
-                    Hold::Never => false,
-                    Hold::Always => job.running == 0,
-                    Hold::WhileActive => {
-                        job.running == 0
-                            && job
-                                .last_end
-                                .is_some_and(|end| now < end.saturating_add(anticipation))
-                    }
-                };
-            if !ready && !worth_waiting {
-                continue;
-            }
-            let view = job.view(id);
-            let better = match &best {
-                None => true,
-                Some((_, b, _)) => self.policy.compare(&view, b).is_lt(),
-            };
-            if better {
-                best = Some((id, view, ready));
-            }
-        }
-        match best {
-            Some((id, _, true)) => {
-                let job = self.jobs.get_mut(&id).expect("job of the lane");
+        // Walk jobs best-first: run the first with work ready, unless the policy
+        // holds the lane for a better job that is between iterations.
+        let chosen: Option<Result<JobId, Option<Nanos>>> = match self.policy.hold() {
+            Hold::Never => lane_state.ready.first().map(|&(_, id)| Ok(id)),
+            hold => lane_state.all.iter().find_map(|&(_, id)| {
+                let job = self.jobs.get(&id)?;
+                if !job.queue.is_empty() {
+                    return Some(Ok(id));
+                }
+                if job.running > 0 {
+                    return None;
+                }
+                match hold {
+                    Hold::Always => Some(Err(None)),
+                    _ => job
+                        .last_end
+                        .map(|end| end.saturating_add(anticipation))
+                        .filter(|&until| now < until)
+                        .map(|until| Err(Some(until))),
+                }
+            }),
+        };
+        match chosen {
+            Some(Ok(id)) => {
+                let job = self.jobs.get_mut(&id).expect("indexed job exists");
                 let pending = job.queue.pop_front().expect("ready job has work");
                 job.running += 1;
                 job.total_wait += now.saturating_sub(pending.submitted);
-                self.lanes.get_mut(&lane).expect("lane").running += 1;
+                let lane_state = self.lanes.get_mut(&lane).expect("lane exists");
+                lane_state.running += 1;
+                if job.queue.is_empty() {
+                    lane_state.ready.remove(&(job.key, id));
+                }
                 Decision::Run(Dispatch {
                     job: id,
                     lane,
@@ -328,15 +371,8 @@ impl<W> Scheduler<W> {
                     submitted: pending.submitted,
                 })
             }
-            Some((id, _, false)) => {
-                if hold == Hold::WhileActive {
-                    wake = self.jobs[&id]
-                        .last_end
-                        .map(|end| end.saturating_add(anticipation));
-                }
-                wake.map_or(Decision::Idle, Decision::WaitUntil)
-            }
-            None => Decision::Idle,
+            Some(Err(Some(until))) => Decision::WaitUntil(until),
+            Some(Err(None)) | None => Decision::Idle,
         }
     }
 
@@ -350,10 +386,11 @@ impl<W> Scheduler<W> {
                 state.iterations += 1;
                 state.last_end = Some(now);
             }
+            self.rekey(job);
         }
         if let Some(lane_state) = self.lanes.get_mut(&lane) {
             lane_state.running = lane_state.running.saturating_sub(1);
-            if lane_state.jobs.is_empty() && lane_state.running == 0 {
+            if lane_state.all.is_empty() && lane_state.running == 0 {
                 self.lanes.remove(&lane);
             }
         }

@@ -3,9 +3,7 @@
 //! admission (start-time fair queueing), so it shares equally instead of
 //! monopolising the lane until it catches up (that is `las`).
 
-use std::cmp::Ordering;
-
-use super::{by_arrival, JobView, Policy};
+use super::{JobView, Policy, SortKey};
 
 pub struct Fair;
 
@@ -13,9 +11,7 @@ impl Policy for Fair {
     fn name(&self) -> &'static str {
         "fair"
     }
-    fn compare(&self, a: &JobView, b: &JobView) -> Ordering {
-        a.fair_attained
-            .cmp(&b.fair_attained)
-            .then_with(|| by_arrival(a, b))
+    fn key(&self, job: &JobView) -> SortKey {
+        SortKey::new(job, job.fair_attained as i128, 0)
     }
 }

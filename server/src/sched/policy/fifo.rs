@@ -2,9 +2,7 @@
 //! finishes (its session closes). Later jobs wait even while it is between
 //! iterations.
 
-use std::cmp::Ordering;
-
-use super::{by_arrival, Hold, JobView, Policy};
+use super::{Hold, JobView, Policy, SortKey};
 
 pub struct Fifo;
 
@@ -12,8 +10,8 @@ impl Policy for Fifo {
     fn name(&self) -> &'static str {
         "fifo"
     }
-    fn compare(&self, a: &JobView, b: &JobView) -> Ordering {
-        by_arrival(a, b)
+    fn key(&self, job: &JobView) -> SortKey {
+        SortKey::new(job, 0, 0)
     }
     fn hold(&self) -> Hold {
         Hold::Always

@@ -2,9 +2,7 @@
 //! durations it approximates SRTF: short jobs finish while long ones have
 //! accumulated service.
 
-use std::cmp::Ordering;
-
-use super::{by_arrival, JobView, Policy};
+use super::{JobView, Policy, SortKey};
 
 pub struct Las;
 
@@ -12,7 +10,7 @@ impl Policy for Las {
     fn name(&self) -> &'static str {
         "las"
     }
-    fn compare(&self, a: &JobView, b: &JobView) -> Ordering {
-        a.attained.cmp(&b.attained).then_with(|| by_arrival(a, b))
+    fn key(&self, job: &JobView) -> SortKey {
+        SortKey::new(job, job.attained as i128, 0)
     }
 }

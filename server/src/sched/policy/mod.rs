@@ -62,18 +62,39 @@ pub enum Hold {
     Always,
 }
 
-pub trait Policy: Send + Sync {
-    fn name(&self) -> &'static str;
-    /// `Less` when `a` should run before `b`.
-    fn compare(&self, a: &JobView, b: &JobView) -> Ordering;
-    fn hold(&self) -> Hold {
-        Hold::WhileActive
+/// A job's rank under a policy: smaller runs first. Keys change only when the
+/// job itself changes (an iteration ends, hints change), which lets the core
+/// keep jobs in ordered indexes instead of scanning them per decision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SortKey {
+    pub primary: i128,
+    pub secondary: i128,
+    /// Every policy breaks ties by arrival, then job id.
+    pub arrival: Nanos,
+    pub id: u64,
+}
+
+impl SortKey {
+    pub fn new(job: &JobView, primary: i128, secondary: i128) -> SortKey {
+        SortKey {
+            primary,
+            secondary,
+            arrival: job.arrival,
+            id: job.id,
+        }
     }
 }
 
-/// Earlier arrival, then lower id: the tie-break every policy ends with.
-pub fn by_arrival(a: &JobView, b: &JobView) -> Ordering {
-    a.arrival.cmp(&b.arrival).then(a.id.cmp(&b.id))
+pub trait Policy: Send + Sync {
+    fn name(&self) -> &'static str;
+    fn key(&self, job: &JobView) -> SortKey;
+    fn hold(&self) -> Hold {
+        Hold::WhileActive
+    }
+    /// `Less` when `a` should run before `b`.
+    fn compare(&self, a: &JobView, b: &JobView) -> Ordering {
+        self.key(a).cmp(&self.key(b))
+    }
 }
 
 pub const NAMES: &[&str] = &["fifo", "srtf", "pack", "fair", "rr", "priority", "las"];

@@ -2,9 +2,7 @@
 //! earliest job with an iteration ready runs. Packing itself comes from several
 //! lanes running at once.
 
-use std::cmp::Ordering;
-
-use super::{by_arrival, Hold, JobView, Policy};
+use super::{Hold, JobView, Policy, SortKey};
 
 pub struct Pack;
 
@@ -12,8 +10,8 @@ impl Policy for Pack {
     fn name(&self) -> &'static str {
         "pack"
     }
-    fn compare(&self, a: &JobView, b: &JobView) -> Ordering {
-        by_arrival(a, b)
+    fn key(&self, job: &JobView) -> SortKey {
+        SortKey::new(job, 0, 0)
     }
     fn hold(&self) -> Hold {
         Hold::Never

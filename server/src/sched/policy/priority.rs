@@ -1,9 +1,7 @@
 //! `priority`: the highest `priority` hint runs first (e.g. inference over
 //! training); equal priorities share by `fair`.
 
-use std::cmp::Ordering;
-
-use super::{Fair, JobView, Policy};
+use super::{JobView, Policy, SortKey};
 
 pub struct Priority;
 
@@ -11,7 +9,7 @@ impl Policy for Priority {
     fn name(&self) -> &'static str {
         "priority"
     }
-    fn compare(&self, a: &JobView, b: &JobView) -> Ordering {
-        b.priority.cmp(&a.priority).then_with(|| Fair.compare(a, b))
+    fn key(&self, job: &JobView) -> SortKey {
+        SortKey::new(job, -(job.priority as i128), job.fair_attained as i128)
     }
 }

@@ -1,9 +1,7 @@
 //! `rr`: the job with the fewest finished iterations runs next, so jobs take
 //! turns iteration by iteration.
 
-use std::cmp::Ordering;
-
-use super::{by_arrival, JobView, Policy};
+use super::{JobView, Policy, SortKey};
 
 pub struct RoundRobin;
 
@@ -11,9 +9,7 @@ impl Policy for RoundRobin {
     fn name(&self) -> &'static str {
         "rr"
     }
-    fn compare(&self, a: &JobView, b: &JobView) -> Ordering {
-        a.iterations
-            .cmp(&b.iterations)
-            .then_with(|| by_arrival(a, b))
+    fn key(&self, job: &JobView) -> SortKey {
+        SortKey::new(job, job.iterations as i128, 0)
     }
 }

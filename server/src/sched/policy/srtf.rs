@@ -6,9 +6,7 @@
 //! it is measured at once. Jobs without any hint rank after those with one, by
 //! least attained service (LAS).
 
-use std::cmp::Ordering;
-
-use super::{by_arrival, JobView, Policy};
+use super::{JobView, Policy, SortKey};
 
 pub struct Srtf;
 
@@ -16,13 +14,10 @@ impl Policy for Srtf {
     fn name(&self) -> &'static str {
         "srtf"
     }
-    fn compare(&self, a: &JobView, b: &JobView) -> Ordering {
-        match (a.remaining, b.remaining) {
-            (Some(x), Some(y)) => x.cmp(&y),
-            (Some(_), None) => Ordering::Less,
-            (None, Some(_)) => Ordering::Greater,
-            (None, None) => a.attained.cmp(&b.attained),
+    fn key(&self, job: &JobView) -> SortKey {
+        match job.remaining {
+            Some(remaining) => SortKey::new(job, 0, remaining as i128),
+            None => SortKey::new(job, 1, job.attained as i128),
         }
-        .then_with(|| by_arrival(a, b))
     }
 }
