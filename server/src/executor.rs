@@ -41,7 +41,10 @@ impl Work {
 
 trait Task: Send {
     fn client_gone(&self) -> bool;
-    fn run(self: Box<Self>);
+    /// Runs the iteration; the returned closure delivers its outcome. The
+    /// executor accounts the iteration before delivering, so a client that has
+    /// its reply also sees the iteration in the statistics.
+    fn run(self: Box<Self>) -> Box<dyn FnOnce() + Send>;
 }
 
 /// Runs `f` and sends its outcome (a panic included) to the waiting handler.
@@ -50,13 +53,16 @@ struct Reply<T, F> {
     tx: oneshot::Sender<std::thread::Result<T>>,
 }
 
-impl<T: Send, F: FnOnce() -> T + Send> Task for Reply<T, F> {
+impl<T: Send + 'static, F: FnOnce() -> T + Send> Task for Reply<T, F> {
     fn client_gone(&self) -> bool {
         self.tx.is_closed()
     }
-    fn run(self: Box<Self>) {
-        let outcome = catch_unwind(AssertUnwindSafe(self.f));
-        let _ = self.tx.send(outcome);
+    fn run(self: Box<Self>) -> Box<dyn FnOnce() + Send> {
+        let Reply { f, tx } = *self;
+        let outcome = catch_unwind(AssertUnwindSafe(f));
+        Box::new(move || {
+            let _ = tx.send(outcome);
+        })
     }
 }
 
@@ -321,7 +327,7 @@ fn lane_loop(shared: &Shared, lane: LaneId) {
                 set_running(&mut inner, lane, 1);
                 drop(inner);
                 let started = Instant::now();
-                dispatch.work.task.run();
+                let deliver = dispatch.work.task.run();
                 let device_time = started.elapsed().as_nanos() as Nanos;
                 inner = shared.lock();
                 let end = shared.now();
@@ -346,6 +352,9 @@ fn lane_loop(shared: &Shared, lane: LaneId) {
                 {
                     inner.rate.pop_front();
                 }
+                drop(inner);
+                deliver();
+                inner = shared.lock();
                 // Another lane thread may be waiting on this job's slot or anticipation.
                 shared.wake.notify_all();
             }
