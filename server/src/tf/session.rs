@@ -124,16 +124,7 @@ impl Session {
                 status.as_ptr(),
             );
         }
-        // SAFETY: non-null entries are tensors TF handed over to us.
-        let tensors: Vec<Option<Tensor>> = output_values
-            .into_iter()
-            .map(|p| unsafe { Tensor::from_raw(p) })
-            .collect();
-        status.check()?;
-        let outputs = tensors
-            .into_iter()
-            .map(|t| t.ok_or_else(|| TfError::new(13, "TF_SessionRun returned a null output")))
-            .collect::<Result<_, _>>()?;
+        let outputs = take_outputs(output_values, &status, "TF_SessionRun")?;
         Ok(RunOutput {
             outputs,
             metadata: metadata.map(|m| m.to_vec()).unwrap_or_default(),
@@ -200,16 +191,7 @@ impl Session {
                 status.as_ptr(),
             );
         }
-        // SAFETY: non-null entries are tensors TF handed over to us.
-        let tensors: Vec<Option<Tensor>> = output_values
-            .into_iter()
-            .map(|p| unsafe { Tensor::from_raw(p) })
-            .collect();
-        status.check()?;
-        tensors
-            .into_iter()
-            .map(|t| t.ok_or_else(|| TfError::new(13, "TF_SessionPRun returned a null output")))
-            .collect()
+        take_outputs(output_values, &status, "TF_SessionPRun")
     }
 
     /// The devices this session runs on.
@@ -254,6 +236,25 @@ impl Drop for Session {
             }
         }
     }
+}
+
+/// Takes ownership of the tensors a run wrote (also when it failed, since TF
+/// may have filled some), then reports the run's status.
+fn take_outputs(
+    values: Vec<*mut sys::TF_Tensor>,
+    status: &Status,
+    call: &str,
+) -> Result<Vec<Tensor>, TfError> {
+    // SAFETY: non-null entries are tensors TF handed over to us.
+    let tensors: Vec<Option<Tensor>> = values
+        .into_iter()
+        .map(|p| unsafe { Tensor::from_raw(p) })
+        .collect();
+    status.check()?;
+    tensors
+        .into_iter()
+        .map(|t| t.ok_or_else(|| TfError::new(13, format!("{call} returned a null output"))))
+        .collect()
 }
 
 /// TensorFlow's handle of a partial run set up with [`Session::partial_run_setup`].
