@@ -67,6 +67,7 @@ fn note(policy: &str, s: &JobStatus) -> String {
         "srtf" if s.mean_iteration.is_none() && s.hints.expected_seconds.is_none() => {
             "srtf: runs one iteration first to measure its iteration time".into()
         }
+        "fifo" if s.queued > 0 && s.running == 0 => "fifo: runs after the earlier-admitted jobs of its lane finish".into(),
         _ => String::new(),
     }
 }

@@ -32,7 +32,7 @@ pub enum CtlCommand {
     /// Replace a job's hints (job id, session handle or name).
     Hints {
         job: String,
-        #[arg(long, default_value_t = 0)]
+        #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
         priority: i32,
         /// Expected main iterations (0: none).
         #[arg(long, default_value_t = 0)]
@@ -313,6 +313,21 @@ mod tests {
         assert_eq!(v["expected_iterations"], 100);
         assert_eq!(v["expected_seconds"], Value::Null);
         assert_eq!(v["priority"], 2);
+    }
+
+    #[test]
+    fn hints_accept_negative_priorities() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            ctl: CtlArgs,
+        }
+        let cli = Cli::try_parse_from(["ctl", "hints", "job1", "--priority", "-2"]).unwrap();
+        assert!(matches!(
+            cli.ctl.command,
+            CtlCommand::Hints { priority: -2, .. }
+        ));
     }
 
     #[test]

@@ -83,8 +83,6 @@ pub struct ExecStats {
 struct Inner {
     sched: Scheduler<Work>,
     lanes_with_threads: HashSet<LaneId>,
-    /// Per lane: the job whose iteration ended last, and when.
-    last_end: Vec<(LaneId, JobId, Nanos)>,
     switch_latency: LatencyRecorder,
     iterations_total: u64,
     /// (second since epoch, iterations finished in it)
@@ -125,7 +123,6 @@ impl Executor {
                 inner: Mutex::new(Inner {
                     sched: Scheduler::new(policy, config),
                     lanes_with_threads: HashSet::new(),
-                    last_end: Vec::new(),
                     switch_latency: LatencyRecorder::default(),
                     iterations_total: 0,
                     rate: VecDeque::new(),
@@ -302,32 +299,46 @@ fn set_running(inner: &mut Inner, lane: LaneId, delta: isize) {
 }
 
 /// One executor thread of `lane`.
+///
+/// After an iteration ends, the thread accounts it and picks the next one in
+/// one critical section, then delivers the finished reply and starts the next
+/// iteration: a switch is one decision on a thread that is already awake.
 fn lane_loop(shared: &Shared, lane: LaneId) {
+    // The iteration this thread just finished: (job, end); cleared whenever
+    // the thread waits, so only direct switches are measured.
+    let mut just_finished: Option<(JobId, Nanos)> = None;
+    let mut deliver: Option<Box<dyn FnOnce() + Send>> = None;
     let mut inner = shared.lock();
     loop {
         let now_instant = Instant::now();
         let dropped = inner.sched.drain_queued(|w| !w.abandoned(now_instant));
-        if !dropped.is_empty() {
-            inner.dropped += dropped.len() as u64;
-            // Dropping a Work drops its reply sender: the handler sees the drop.
-            drop(dropped);
-        }
+        inner.dropped += dropped.len() as u64;
         if inner.stopping && inner.sched.queued() == 0 {
+            drop(inner);
+            if let Some(deliver) = deliver.take() {
+                deliver();
+            }
             return;
         }
         let now = shared.now();
         match inner.sched.next(lane, now) {
             Decision::Run(dispatch) => {
-                if let Some(&(_, prev, end)) = inner.last_end.iter().find(|(l, _, _)| *l == lane) {
-                    // A switch: another job's iteration was waiting when the last one ended.
-                    if prev != dispatch.job && dispatch.submitted <= end {
-                        inner.switch_latency.record(now.saturating_sub(end));
-                    }
-                }
                 set_running(&mut inner, lane, 1);
                 drop(inner);
+                // Dropping a Work drops its reply sender: the handler sees the drop.
+                drop(dropped);
+                if let Some(deliver) = deliver.take() {
+                    deliver();
+                }
                 let started = Instant::now();
-                let deliver = dispatch.work.task.run();
+                if let Some((prev, end)) = just_finished.take() {
+                    // A switch: another job's iteration was waiting when the last one ended.
+                    if prev != dispatch.job && dispatch.submitted <= end {
+                        let latency = shared.now().saturating_sub(end);
+                        shared.lock().switch_latency.record(latency);
+                    }
+                }
+                let reply = dispatch.work.task.run();
                 let device_time = started.elapsed().as_nanos() as Nanos;
                 inner = shared.lock();
                 let end = shared.now();
@@ -335,10 +346,6 @@ fn lane_loop(shared: &Shared, lane: LaneId) {
                 inner
                     .sched
                     .finish(dispatch.job, lane, Some(device_time), end);
-                match inner.last_end.iter_mut().find(|(l, _, _)| *l == lane) {
-                    Some(entry) => *entry = (lane, dispatch.job, end),
-                    None => inner.last_end.push((lane, dispatch.job, end)),
-                }
                 inner.iterations_total += 1;
                 let second = end / 1_000_000_000;
                 match inner.rate.back_mut() {
@@ -352,25 +359,34 @@ fn lane_loop(shared: &Shared, lane: LaneId) {
                 {
                     inner.rate.pop_front();
                 }
-                drop(inner);
-                deliver();
-                inner = shared.lock();
+                just_finished = Some((dispatch.job, end));
+                deliver = Some(reply);
                 // Another lane thread may be waiting on this job's slot or anticipation.
                 shared.wake.notify_all();
             }
-            Decision::WaitUntil(at) => {
-                let wait = Duration::from_nanos(at.saturating_sub(now).max(1_000));
+            decision => {
+                // Nothing to start now: deliver the finished reply before waiting.
+                if deliver.is_some() || !dropped.is_empty() {
+                    drop(inner);
+                    drop(dropped);
+                    if let Some(deliver) = deliver.take() {
+                        deliver();
+                    }
+                    inner = shared.lock();
+                    // The delivered client may have queued its next iteration.
+                    continue;
+                }
+                just_finished = None;
+                let wait = match decision {
+                    Decision::WaitUntil(at) => {
+                        Duration::from_nanos(at.saturating_sub(now).max(1_000))
+                    }
+                    // Also wake periodically to drop queued iterations whose client left.
+                    _ => Duration::from_millis(100),
+                };
                 inner = shared
                     .wake
                     .wait_timeout(inner, wait)
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
-            }
-            Decision::Idle => {
-                // Also wake periodically to drop queued iterations whose client left.
-                inner = shared
-                    .wake
-                    .wait_timeout(inner, Duration::from_millis(100))
                     .unwrap_or_else(|e| e.into_inner())
                     .0;
             }
@@ -421,7 +437,8 @@ mod tests {
         let ex = executor("fifo");
         ex.add_job(JobId(1), LaneId(0), Hints::default()).unwrap();
         ex.add_job(JobId(2), LaneId(0), Hints::default()).unwrap();
-        // FIFO: job 2 waits behind job 1 (alive, idle) forever...
+        ex.run_main(JobId(1), None, || Ok(())).await.unwrap();
+        // FIFO: job 2 waits behind job 1 (alive, started, idle) forever...
         let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = ran.clone();
         let past = Instant::now();

@@ -344,7 +344,10 @@ impl<W> Scheduler<W> {
                     return None;
                 }
                 match hold {
-                    Hold::Always => Some(Err(None)),
+                    // A job that has not started its main iterations yet (a
+                    // session opened and left idle) does not hold the lane.
+                    Hold::Always if job.iterations > 0 => Some(Err(None)),
+                    Hold::Always => None,
                     _ => job
                         .last_end
                         .map(|end| end.saturating_add(anticipation))

@@ -41,15 +41,28 @@ fn fifo_blocks_later_jobs_while_the_first_lives() {
     let mut s = sched("fifo");
     s.add_job(JobId(1), L, Hints::default(), 0).unwrap();
     s.add_job(JobId(2), L, Hints::default(), 1).unwrap();
-    s.submit(JobId(2), "b", 2).unwrap();
-    // Job 1 has nothing queued, but it lives: job 2 waits.
-    assert!(matches!(s.next(L, 3), Decision::Idle));
-    s.submit(JobId(1), "a", 4).unwrap();
-    let mut now = 5;
+    s.submit(JobId(1), "a", 2).unwrap();
+    let mut now = 3;
     assert_eq!(run_next(&mut s, &mut now, MS), Some("a"));
+    // Job 1 has nothing queued, but it lives and has started: job 2 waits.
+    s.submit(JobId(2), "b", now).unwrap();
     assert!(matches!(s.next(L, now + 100 * MS), Decision::Idle));
     s.remove_job(JobId(1)).unwrap();
     assert_eq!(run_next(&mut s, &mut now, MS), Some("b"));
+}
+
+#[test]
+fn fifo_does_not_wait_for_an_idle_session_that_never_started() {
+    let mut s = sched("fifo");
+    s.add_job(JobId(1), L, Hints::default(), 0).unwrap();
+    s.add_job(JobId(2), L, Hints::default(), 1).unwrap();
+    s.submit(JobId(2), "b", 2).unwrap();
+    let mut now = 3;
+    assert_eq!(run_next(&mut s, &mut now, MS), Some("b"));
+    // Once job 1 has work, it is first again: it was admitted first.
+    s.submit(JobId(1), "a", now).unwrap();
+    s.submit(JobId(2), "b", now).unwrap();
+    assert_eq!(run_next(&mut s, &mut now, MS), Some("a"));
 }
 
 #[test]
@@ -277,12 +290,14 @@ fn dropping_queued_work_and_switching_policy_keep_jobs() {
     let mut s = sched("fifo");
     s.add_job(JobId(1), L, Hints::default(), 0).unwrap();
     s.add_job(JobId(2), L, Hints::default(), 1).unwrap();
-    s.submit(JobId(1), "gone", 2).unwrap();
-    s.submit(JobId(2), "b", 2).unwrap();
+    s.submit(JobId(1), "a", 2).unwrap();
+    let mut now = 2;
+    assert_eq!(run_next(&mut s, &mut now, MS), Some("a"));
+    s.submit(JobId(1), "gone", now).unwrap();
+    s.submit(JobId(2), "b", now).unwrap();
     assert_eq!(s.drain_queued(|w| *w != "gone"), vec!["gone"]);
-    assert!(matches!(s.next(L, 3), Decision::Idle));
+    assert!(matches!(s.next(L, now), Decision::Idle));
     s.set_policy(by_name("pack").unwrap());
     assert_eq!(s.policy_name(), "pack");
-    let mut now = 3;
     assert_eq!(run_next(&mut s, &mut now, MS), Some("b"));
 }

@@ -1,6 +1,7 @@
 //! `fifo`: the earliest-admitted live job of the lane runs, alone, until it
 //! finishes (its session closes). Later jobs wait even while it is between
-//! iterations.
+//! iterations — once it has started its main iterations; a session that is
+//! open but has not run one yet does not hold the lane.
 
 use super::{Hold, JobView, Policy, SortKey};
 

@@ -1,0 +1,483 @@
+"""The iteration scheduler end to end: real TF training jobs (subprocesses) against servers with each policy.
+
+Every test but the hint-format one starts its own salus-server (never the shared one) with the flags under
+test, and stops it by its PID. Jobs are integration_tests/workloads/sched_job.py: an MLP whose steps take several milliseconds, so its
+repeated steps are main iterations that the scheduler orders. A job imports TensorFlow and builds its graph
+first, then waits for its go file; the test releases the jobs about a second apart, so arrival order is
+controlled although TensorFlow's import time varies a lot on a busy machine.
+
+What is checked: finishing order per policy (fifo, fair, srtf), a policy switch at run time, the admin CLI
+(`salus-server ctl ... --json`, hints, the JSON field names), unknown policy names, malformed hints, and that
+a killed client's session is reclaimed after --idle-timeout, also while one of its iterations is queued.
+Every job's per-step losses must equal the same job run in-process. Runs in about 75 s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+import salus_wire as w
+from conftest import WORKLOADS, SalusProcess, child_env, server_bin, venv_python, wait_until
+
+pytestmark = pytest.mark.skipif(
+    bool(os.environ.get("SALUS_TEST_TARGET")),
+    reason="scheduler tests start their own salus-server with scheduler flags")
+
+JOB_SCRIPT = WORKLOADS / "sched_job.py"
+POLICIES = ("fifo", "srtf", "pack", "fair", "rr", "priority", "las")
+# Submission order long, medium, short; steps of the same cost (~5-8 ms each on a 2-core machine).
+TRIO = {"long": dict(seed=1, steps=600), "medium": dict(seed=2, steps=300), "short": dict(seed=3, steps=60)}
+ADMIN_JOBS = {"alpha": dict(seed=1, steps=400, hints="priority=3&iterations=400"),
+              "beta": dict(seed=2, steps=400, hints="iterations=400&seconds=5")}
+ARRIVAL_GAP_S = 1.0
+JOB_ROW_KEYS = {"id", "handle", "name", "state", "lane", "policy", "iterations", "attained_s",
+                "mean_iteration_ms", "queue_wait_s", "queued", "priority", "expected_iterations",
+                "expected_seconds", "note"}
+
+
+# --- helpers ----------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module", autouse=True)
+def scheduler_binary():
+    """Fail once, clearly, when the binary predates the scheduler (it refuses the flags)."""
+    binary = server_bin()
+    if not binary.exists():
+        pytest.fail(f"salus-server binary not found at {binary}")
+    out = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=30).stdout
+    if "--policy" not in out:
+        pytest.fail(f"{binary} has no --policy flag: it predates the scheduler (rebuild it)")
+    return binary
+
+
+@pytest.fixture(scope="module")
+def references():
+    """In-process per-step losses by seed, as long as the longest use of that seed (runs share prefixes)."""
+    from workloads import sched_job
+
+    steps: dict[int, int] = {}
+    for cfg in [*TRIO.values(), *ADMIN_JOBS.values()]:
+        steps[cfg["seed"]] = max(steps.get(cfg["seed"], 0), cfg["steps"])
+    return {seed: sched_job.reference(seed, n) for seed, n in steps.items()}
+
+
+def ctl(address: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([str(server_bin()), "ctl", "--server", address, *args], capture_output=True,
+                          text=True, timeout=30, stdin=subprocess.DEVNULL)
+    if check and proc.returncode != 0:
+        pytest.fail(f"ctl {' '.join(args)} exited with {proc.returncode}\nstdout:\n{proc.stdout[-2000:]}\n"
+                    f"stderr:\n{proc.stderr[-2000:]}")
+    return proc
+
+
+def ctl_json(address: str, *args: str):
+    proc = ctl(address, *args, "--json")
+    try:
+        return json.loads(proc.stdout)
+    except json.JSONDecodeError as e:
+        pytest.fail(f"ctl {' '.join(args)} --json printed no valid JSON ({e}):\n{proc.stdout[-2000:]}")
+
+
+def switch_latency(stats: dict) -> dict:
+    """The switch-latency summary of `ctl stats --json` (its key name is checked by the schema test)."""
+    lat = stats["switch_latency_us"]
+    assert isinstance(lat, dict), f"no switch-latency object in {stats}"
+    return lat
+
+
+def jobs_by_name(address: str) -> dict[str, dict]:
+    """ctl jobs --json, keyed by the job name without its hints (the server may keep either form)."""
+    return {row["name"].split("?")[0]: row for row in ctl_json(address, "jobs")}
+
+
+class Job:
+    """One sched_job.py child, started at once, held at its go file until released."""
+
+    def __init__(self, key: str, tmp: Path, *, seed: int, steps: int, name: str, extra: tuple = ()):
+        self.key = key
+        self.ready = tmp / f"{key}.ready"
+        self.go_file = tmp / f"{key}.go"
+        self.proc = subprocess.Popen(
+            [venv_python(), str(JOB_SCRIPT), "--name", name, "--seed", str(seed), "--steps", str(steps),
+             "--ready-file", str(self.ready), "--go-file", str(self.go_file), *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+            stdin=subprocess.DEVNULL)
+        self.lines: queue.Queue = queue.Queue()
+        self.stderr: list[str] = []
+        threading.Thread(target=self._pump, daemon=True).start()
+        threading.Thread(target=lambda: self.stderr.extend(self.proc.stderr), daemon=True).start()
+
+    def _pump(self):
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                self.lines.put(json.loads(line))
+        self.lines.put(None)
+
+    def release(self, target: str) -> None:
+        tmp = self.go_file.with_suffix(".tmp")
+        tmp.write_text(target)
+        tmp.rename(self.go_file)  # atomic: the job never reads a half-written target
+
+    def result(self, timeout: float) -> dict:
+        try:
+            msg = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            msg = None
+        if msg is None:
+            self.proc.poll()
+            pytest.fail(f"job {self.key} gave no result (exit code {self.proc.returncode}); stderr tail:\n"
+                        f"{''.join(self.stderr)[-4000:]}")
+        return msg
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()  # our own child, by its Popen handle
+            self.proc.wait(10)
+
+
+class Jobs:
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.jobs: dict[str, Job] = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for job in self.jobs.values():
+            job.kill()
+
+    def start(self, key: str, *, seed: int, steps: int, name: str, extra: tuple = ()) -> Job:
+        self.jobs[key] = Job(key, self.tmp, seed=seed, steps=steps, name=name, extra=extra)
+        return self.jobs[key]
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        ok = wait_until(lambda: all(j.ready.exists() or j.proc.poll() is not None for j in self.jobs.values()),
+                        timeout)
+        dead = [k for k, j in self.jobs.items() if j.proc.poll() is not None]
+        if dead or not ok:
+            pytest.fail(f"jobs not ready (dead: {dead}); stderr of the first:\n"
+                        f"{''.join(self.jobs[(dead or list(self.jobs))[0]].stderr)[-4000:]}")
+
+    def results(self, timeout: float = 120) -> dict[str, dict]:
+        return {k: j.result(timeout) for k, j in self.jobs.items()}
+
+
+def check_losses(results: dict, configs: dict, references: dict) -> None:
+    for key, res in results.items():
+        cfg = configs[key]
+        assert res["steps"] == cfg["steps"], res
+        ref = references[cfg["seed"]][:cfg["steps"]]
+        assert res["losses"] == ref, f"job {key}: per-step losses differ from the same job in-process"
+
+
+def stop_cleanly(server: SalusProcess) -> None:
+    code = server.stop()
+    assert code == 0, f"salus-server exited with {code} after SIGTERM; stderr tail:\n{server.stderr_tail()}"
+
+
+def finish_order(results: dict) -> list[str]:
+    return sorted(results, key=lambda k: results[k]["end"])
+
+
+def timeline(results: dict) -> str:
+    t0 = min(r["go"] for r in results.values())
+    return ", ".join(f"{k}: go {r['go'] - t0:.2f}s start {r['start'] - t0:.2f}s end {r['end'] - t0:.2f}s "
+                     f"(median step {r['step_ms_median']:.1f} ms)" for k, r in results.items())
+
+
+# --- finishing order per policy --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("policy", ["fifo", "fair", "srtf"])
+def test_three_jobs_finish_in_policy_order(policy, references, tmp_path):
+    server = SalusProcess(tmp_path / "salus-server.stderr.log", extra_args=("--policy", policy))
+    try:
+        with Jobs(tmp_path) as jobs:
+            for key, cfg in TRIO.items():
+                hints = f"?iterations={cfg['steps']}" if policy == "srtf" else ""
+                jobs.start(key, seed=cfg["seed"], steps=cfg["steps"], name=key + hints)
+            jobs.wait_ready()
+            for i, key in enumerate(TRIO):  # long, medium, short, a second apart
+                if i:
+                    time.sleep(ARRIVAL_GAP_S)
+                jobs.jobs[key].release(server.target)
+            results = jobs.results()
+            stats = ctl_json(server.address, "stats")
+        stop_cleanly(server)
+    finally:
+        server.kill()
+
+    when = timeline(results)
+    print(f"{policy}: {when}")
+    # The jobs overlapped: the short job arrived while the long one was still training.
+    assert results["short"]["go"] < results["long"]["end"], f"no overlap, the test proves nothing: {when}"
+    order = finish_order(results)
+    if policy == "fifo":
+        assert order == ["long", "medium", "short"], f"fifo finished {order}: {when}"
+        # Strict FIFO: a later job's training runs only after the earlier one is done.
+        assert results["medium"]["end"] > results["long"]["end"]
+    elif policy == "srtf":
+        # Remaining work decides: the medium job overtakes the long one, the short one overtakes both.
+        assert order == ["short", "medium", "long"], f"srtf finished {order}: {when}"
+    else:
+        assert order[0] == "short", f"{policy} finished {order}, short first expected: {when}"
+    assert stats["policy"] == policy
+    check_losses(results, TRIO, references)
+
+
+# --- run-time policy switch ------------------------------------------------------------------------------
+
+def test_policy_switch_at_run_time_changes_the_order(references, tmp_path):
+    server = SalusProcess(tmp_path / "salus-server.stderr.log", extra_args=("--policy", "fifo"))
+    configs = {"long": TRIO["long"], "short": TRIO["short"]}
+    try:
+        with Jobs(tmp_path) as jobs:
+            jobs.start("long", seed=configs["long"]["seed"], steps=configs["long"]["steps"], name="long")
+            jobs.start("short", seed=configs["short"]["seed"], steps=configs["short"]["steps"],
+                       name=f"short?iterations={configs['short']['steps']}")
+            jobs.wait_ready()
+            jobs.jobs["long"].release(server.target)
+            time.sleep(ARRIVAL_GAP_S)
+            jobs.jobs["short"].release(server.target)
+            # Under fifo the short job's main iterations wait behind the long job.
+            seen: dict = {}
+
+            def short_waiting() -> bool:
+                seen.update(jobs_by_name(server.address))
+                row = seen.get("short")
+                return bool(row and row["state"] == "queued" and row["queued"] > 0)
+
+            assert wait_until(short_waiting, timeout=20, interval=0.1), f"short never queued: {seen}"
+            assert seen["short"]["iterations"] == 0, f"fifo ran the short job's main iterations: {seen}"
+            assert seen["long"]["state"] == "running" or seen["long"]["iterations"] > 0, seen
+            time.sleep(0.3)
+            assert jobs.jobs["long"].proc.poll() is None, "the long job ended before the switch"
+            switch = ctl(server.address, "policy", "srtf")
+            assert "fifo" in switch.stdout and "srtf" in switch.stdout, switch.stdout
+            switched_at = time.time()
+            results = jobs.results()
+            stats = ctl_json(server.address, "stats")
+        stop_cleanly(server)
+    finally:
+        server.kill()
+
+    when = timeline(results)
+    print(f"switched fifo -> srtf at {switched_at - min(r['go'] for r in results.values()):.2f}s: {when}")
+    assert results["long"]["end"] > switched_at, f"the long job ended before the switch: {when}"
+    assert finish_order(results) == ["short", "long"], f"after switching to srtf: {when}"
+    assert stats["policy"] == "srtf"
+    check_losses(results, configs, references)
+
+
+# --- admin CLI ----------------------------------------------------------------------------------------------
+
+def test_ctl_jobs_stats_hints_and_bad_policy(references, tmp_path):
+    server = SalusProcess(tmp_path / "salus-server.stderr.log")  # default policy: pack
+    try:
+        with Jobs(tmp_path) as jobs:
+            for key, cfg in ADMIN_JOBS.items():
+                jobs.start(key, seed=cfg["seed"], steps=cfg["steps"], name=f"{key}?{cfg['hints']}")
+            jobs.wait_ready()
+            for job in jobs.jobs.values():
+                job.release(server.target)
+
+            rows: dict = {}
+
+            def both_progressing() -> bool:
+                rows.clear()
+                rows.update(jobs_by_name(server.address))
+                return all(k in rows and rows[k]["iterations"] > 0 and rows[k]["attained_s"] > 0
+                           for k in ADMIN_JOBS)
+
+            assert wait_until(both_progressing, timeout=30, interval=0.1), f"ctl jobs --json: {rows}"
+            for key, row in rows.items():
+                assert JOB_ROW_KEYS <= set(row), f"missing keys {JOB_ROW_KEYS - set(row)} in {row}"
+                assert row["state"] in ("running", "queued", "idle"), row
+                assert row["lane"] == 0 and row["policy"] == "pack", row
+                assert row["mean_iteration_ms"] > 1.0, f"steps of several ms measured as {row}"
+                assert isinstance(row["id"], int) and row["handle"], row
+            a, b = rows["alpha"], rows["beta"]
+            assert (a["priority"], a["expected_iterations"], a["expected_seconds"]) == (3, 400, None), a
+            assert (b["priority"], b["expected_iterations"], b["expected_seconds"]) == (0, 400, 5.0), b
+            assert a["id"] != b["id"] and a["handle"] != b["handle"]
+
+            human = ctl(server.address, "jobs")
+            assert "alpha" in human.stdout and "beta" in human.stdout, human.stdout
+
+            # Hints set at run time, by name and by id.
+            ctl(server.address, "hints", "beta", "--priority", "7", "--iterations", "123", "--seconds", "9")
+            ctl(server.address, "hints", str(a["id"]), "--priority=-2", "--iterations", "50",
+                "--seconds", "1.5")
+            rows = jobs_by_name(server.address)
+            assert (rows["beta"]["priority"], rows["beta"]["expected_iterations"],
+                    rows["beta"]["expected_seconds"]) == (7, 123, 9.0), rows["beta"]
+            assert (rows["alpha"]["priority"], rows["alpha"]["expected_iterations"],
+                    rows["alpha"]["expected_seconds"]) == (-2, 50, 1.5), rows["alpha"]
+            bad_hint = ctl(server.address, "hints", "no-such-job", "--priority", "1", check=False)
+            assert bad_hint.returncode != 0, bad_hint.stdout
+
+            results = jobs.results()
+
+        # Both jobs ran concurrently, so the lane switched between them.
+        assert results["alpha"]["start"] < results["beta"]["end"]
+        assert results["beta"]["start"] < results["alpha"]["end"]
+        stats = ctl_json(server.address, "stats")
+        assert stats["policy"] == "pack"
+        assert stats["iterations_total"] >= 2 * (400 - 2) - 10, stats  # all but the first cheap runs
+        assert stats["queued"] == 0, stats
+        lat = switch_latency(stats)
+        assert lat["count"] > 0, f"no switch-latency samples after two jobs interleaved: {stats}"
+        assert 0 <= lat["p50"] <= lat["p99"] <= lat["max"], lat
+        assert isinstance(stats["iterations_per_s"], (int, float))
+        human = ctl(server.address, "stats")
+        assert "pack" in human.stdout, human.stdout
+
+        # Closed sessions leave the job list.
+        assert wait_until(lambda: not jobs_by_name(server.address), timeout=10, interval=0.2), \
+            ctl_json(server.address, "jobs")
+
+        # An unknown policy is refused with a message naming the valid ones; the server keeps running.
+        bad = ctl(server.address, "policy", "bogus", check=False)
+        text = bad.stdout + bad.stderr
+        assert bad.returncode != 0, text
+        assert "bogus" in text and all(p in text for p in POLICIES), text
+        assert server.proc.poll() is None
+        assert ctl_json(server.address, "stats")["policy"] == "pack"
+        with grpc.insecure_channel(server.address) as ch:
+            assert w.health_check(ch) == w.SERVING
+        ok = ctl(server.address, "policy", "las")
+        assert "pack" in ok.stdout and "las" in ok.stdout, ok.stdout
+        assert ctl_json(server.address, "stats")["policy"] == "las"
+        stop_cleanly(server)
+    finally:
+        server.kill()
+    check_losses(results, ADMIN_JOBS, references)
+
+
+def test_ctl_json_schema_and_policy_get(tmp_path):
+    server = SalusProcess(tmp_path / "salus-server.stderr.log", extra_args=("--policy", "rr"))
+    try:
+        assert ctl_json(server.address, "jobs") == []
+        stats = ctl_json(server.address, "stats")
+        missing = {"policy", "iterations_total", "iterations_per_s", "queued", "switch_latency_us"} - set(stats)
+        assert not missing, f"ctl stats --json lacks {missing}: {sorted(stats)}"
+        assert {"count", "p50", "p99", "max"} <= set(stats["switch_latency_us"]), stats
+        assert stats["policy"] == "rr" and stats["iterations_total"] == 0 and stats["queued"] == 0, stats
+        assert stats["switch_latency_us"]["count"] == 0, stats
+        # `ctl policy` without a name shows the current one.
+        assert "rr" in ctl(server.address, "policy").stdout
+        stop_cleanly(server)
+    finally:
+        server.kill()
+
+
+def test_unknown_policy_at_start_fails_naming_the_valid_ones():
+    proc = subprocess.run([str(server_bin()), "--listen", "127.0.0.1:0", "--policy", "bogus"],
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0, text
+    assert "listening" not in proc.stdout
+    assert "bogus" in text and all(p in text for p in POLICIES), text
+
+
+# --- idle timeout --------------------------------------------------------------------------------------------
+
+def test_killed_client_session_is_reclaimed_after_idle_timeout(tmp_path):
+    server = SalusProcess(tmp_path / "salus-server.stderr.log", extra_args=("--idle-timeout", "2"))
+    try:
+        with Jobs(tmp_path) as jobs:
+            orphan = jobs.start("orphan", seed=3, steps=20, name="orphan?iterations=20", extra=("--hold",))
+            survivor = jobs.start("survivor", seed=2, steps=20, name="survivor", extra=("--hold",))
+            jobs.wait_ready()
+            orphan.release(server.target)
+            held = orphan.result(timeout=60)
+            assert held.get("phase") == "holding", held
+            assert "orphan" in jobs_by_name(server.address)
+            orphan.kill()  # SIGKILL: the client never closes its session
+            killed_at = time.monotonic()
+            assert "orphan" in jobs_by_name(server.address), "reclaimed at once, not after the idle timeout"
+            # A client that is alive and active is unaffected: it starts (and keeps sending) work meanwhile.
+            survivor.release(server.target)
+            assert wait_until(lambda: "orphan" not in jobs_by_name(server.address), timeout=6, interval=0.25), \
+                f"session of the killed client still listed 6 s after the kill (--idle-timeout 2): " \
+                f"{ctl_json(server.address, 'jobs')}"
+            reclaimed_after = time.monotonic() - killed_at
+            print(f"reclaimed {reclaimed_after:.2f}s after SIGKILL (--idle-timeout 2)")
+            assert reclaimed_after >= 1.0, f"reclaimed {reclaimed_after:.1f}s after the kill, before the timeout"
+            done = survivor.result(timeout=60)
+            assert done.get("phase") == "holding" and done["steps"] == 20, done
+        with grpc.insecure_channel(server.address) as ch:
+            assert w.health_check(ch) == w.SERVING
+        stop_cleanly(server)
+    finally:
+        server.kill()
+
+
+def test_killed_client_with_a_queued_iteration(references, tmp_path):
+    """Under fifo the second job's iterations queue behind the first; its client dies while one waits. The
+    waiting iteration never runs, the session is reclaimed after --idle-timeout, the first job is unaffected."""
+    server = SalusProcess(tmp_path / "salus-server.stderr.log",
+                          extra_args=("--policy", "fifo", "--idle-timeout", "2"))
+    blocker_cfg = TRIO["long"]
+    try:
+        with Jobs(tmp_path) as jobs:
+            blocker = jobs.start("blocker", seed=blocker_cfg["seed"], steps=blocker_cfg["steps"], name="blocker")
+            orphan = jobs.start("orphan", seed=3, steps=60, name="orphan")
+            jobs.wait_ready()
+            blocker.release(server.target)
+            time.sleep(0.3)
+            orphan.release(server.target)
+            rows: dict = {}
+
+            def orphan_queued() -> bool:
+                rows.clear()
+                rows.update(jobs_by_name(server.address))
+                return bool(rows.get("orphan") and rows["orphan"]["queued"] > 0)
+
+            assert wait_until(orphan_queued, timeout=20, interval=0.05), f"orphan never queued: {rows}"
+            orphan.kill()
+            killed_at = time.monotonic()
+            seen_iterations: list[int] = []
+
+            def orphan_gone() -> bool:
+                row = jobs_by_name(server.address).get("orphan")
+                if row:
+                    seen_iterations.append(row["iterations"])
+                return row is None
+
+            assert wait_until(orphan_gone, timeout=6, interval=0.25), "killed client's session still listed"
+            reclaimed_after = time.monotonic() - killed_at
+            print(f"queued-iteration orphan reclaimed {reclaimed_after:.2f}s after SIGKILL")
+            assert seen_iterations and max(seen_iterations) == 0, \
+                f"the dead client's queued iteration ran under fifo: iterations {seen_iterations}"
+            assert blocker.proc.poll() is None, "blocker ended early: the test proved nothing"
+            result = blocker.result(timeout=120)
+        stats = ctl_json(server.address, "stats")
+        assert stats["queued"] == 0, stats
+        stop_cleanly(server)
+    finally:
+        server.kill()
+    check_losses({"blocker": result}, {"blocker": blocker_cfg}, references)
+
+
+def test_malformed_hints_are_refused_with_a_clear_error(salus_target):
+    import tensorflow as tf
+    from workloads import sched_job
+
+    g = tf.Graph()
+    with g.as_default():
+        c = tf.constant(1.0) + 1.0
+        with pytest.raises(tf.errors.InvalidArgumentError, match="prio"):
+            with tf.compat.v1.Session(salus_target, config=sched_job.config("typo?prio=1")) as sess:
+                sess.run(c)
+        # Well-formed hints are accepted by the same server.
+        with tf.compat.v1.Session(salus_target, config=sched_job.config("ok?priority=1&iterations=5")) as sess:
+            assert sess.run(c) == 2.0
