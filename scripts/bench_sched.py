@@ -7,7 +7,7 @@
     `salus-server ctl stats --json` reports it. Printed: count, median, p99, max against the targets
     (median <= 50 us, p99 <= 500 us).
 (b) A trace: six training jobs of the same per-step cost (an MLP step of several ms) and mixed lengths
-    (400, 50, 200, 30, 100, 60 iterations, times --scale: 2 by default) arriving 0.2 s x scale apart
+    (500, 25, 250, 15, 125, 30 iterations, times --scale: 2 by default) arriving 0.2 s x scale apart
     (--gap), longest first, run once per policy against a fresh server each. Printed per policy: makespan,
     mean and p95 job completion time (JCT = end of a job's last step - its arrival), and the FIFO/SRTF
     mean-JCT ratio (target >= 2). The ratio depends on the trace as much as on the server: next to the
@@ -43,7 +43,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 JOB_SCRIPT = REPO / "integration_tests" / "workloads" / "sched_job.py"
 LISTEN_RE = re.compile(r"^salus-server listening on (127\.0\.0\.1:\d+)\s*$")
-TRACE = [400, 50, 200, 30, 100, 60]  # iterations, in arrival order
+TRACE = [500, 25, 250, 15, 125, 30]  # iterations, in arrival order: heavy-tailed, like training traces
 LATENCY_TARGET_US = {"p50": 50.0, "p99": 500.0}
 RATIO_TARGET = 2.0
 SERVER_ARGS: list[str] = []  # --server-args
