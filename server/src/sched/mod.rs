@@ -19,8 +19,11 @@
 //! # Layout
 //! - [`policy`]: the policies, one module each.
 //! - [`hints`]: job hints and their wire format.
+//! - [`lanes`]: memory lanes (Salus's assignment rule); not yet used by the
+//!   server, which runs every job in lane 0.
 
 pub mod hints;
+pub mod lanes;
 pub mod policy;
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
