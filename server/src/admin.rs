@@ -27,6 +27,7 @@ impl AdminService {
         let policy = self.state.executor.policy_name();
         let status = self.state.executor.job_status(job.id);
         let s = status.as_ref();
+        let variables = job.variable_bytes();
         let state = match s {
             Some(s) if s.running > 0 => "running",
             Some(s) if s.queued > 0 => "queued",
@@ -54,6 +55,9 @@ impl AdminService {
             runs_failed: job.stats.runs_failed.load(Ordering::Relaxed),
             age_seconds: job.created.elapsed().as_secs_f64(),
             idle_seconds: job.idle_seconds(),
+            variable_bytes: variables.bytes,
+            variables: variables.variables,
+            variables_of_unknown_size: variables.unknown,
         }
     }
 }

@@ -168,6 +168,9 @@ pub fn job_json(j: &JobInfo) -> Value {
         "runs_failed": j.runs_failed,
         "age_s": j.age_seconds,
         "idle_s": j.idle_seconds,
+        "variable_bytes": j.variable_bytes,
+        "variables": j.variables,
+        "variables_of_unknown_size": j.variables_of_unknown_size,
     })
 }
 

@@ -9,7 +9,7 @@
 use std::collections::{BTreeSet, HashSet};
 
 use prost::Message;
-use salus_proto::tensorflow::{attr_value, AttrValue, GraphDef};
+use salus_proto::tensorflow::{attr_value, AttrValue, GraphDef, NodeDef};
 
 use crate::tf::{Graph, ImportMappings};
 
@@ -69,6 +69,60 @@ pub struct CheckedDelta {
     pub ops: BTreeSet<String>,
     /// Nodes with a `container` attribute: (node name, container), for Reset.
     pub containers: Vec<(String, String)>,
+    /// Persistent memory the delta's variables declare (see [`variable_bytes`]).
+    pub variables: VariableBytes,
+}
+
+/// Bytes of the variables a graph declares: the persistent memory of a job
+/// (optimizer slots are variables too).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VariableBytes {
+    pub bytes: u64,
+    pub variables: u64,
+    /// Variables whose shape or dtype size is not static (not counted in `bytes`).
+    pub unknown: u64,
+}
+
+impl std::ops::AddAssign for VariableBytes {
+    fn add_assign(&mut self, other: VariableBytes) {
+        self.bytes = self.bytes.saturating_add(other.bytes);
+        self.variables += other.variables;
+        self.unknown += other.unknown;
+    }
+}
+
+/// Ops that create a variable whose value lives as long as the session.
+const VARIABLE_OPS: &[&str] = &["VarHandleOp", "VariableV2", "Variable"];
+
+/// The static size of the variable `node` creates: `Some(None)` for a variable
+/// of unknown size, `None` for a node that is not a variable.
+pub fn variable_bytes(node: &NodeDef) -> Option<Option<u64>> {
+    if !VARIABLE_OPS.contains(&node.op.as_str()) {
+        return None;
+    }
+    let dtype = match node.attr.get("dtype") {
+        Some(AttrValue {
+            value: Some(attr_value::Value::Type(t)),
+        }) => *t,
+        _ => return Some(None),
+    };
+    let element = crate::tf::tensor::dtype_info(dtype)
+        .ok()
+        .and_then(|info| info.element_size);
+    let shape = match node.attr.get("shape") {
+        Some(AttrValue {
+            value: Some(attr_value::Value::Shape(shape)),
+        }) if !shape.unknown_rank => shape,
+        _ => return Some(None),
+    };
+    let mut count: u64 = 1;
+    for dim in &shape.dim {
+        if dim.size < 0 {
+            return Some(None);
+        }
+        count = count.checked_mul(dim.size as u64)?;
+    }
+    Some(element.and_then(|size| count.checked_mul(size)))
 }
 
 /// Decodes `bytes` and checks it can be imported into `graph`.
@@ -91,6 +145,23 @@ pub fn check_delta(bytes: &[u8], graph: &Graph) -> Result<CheckedDelta, GraphErr
     let mut seen_control = HashSet::new();
     for node in &def.node {
         checked.ops.insert(node.op.clone());
+        match variable_bytes(node) {
+            Some(Some(bytes)) => {
+                checked.variables += VariableBytes {
+                    bytes,
+                    variables: 1,
+                    unknown: 0,
+                }
+            }
+            Some(None) => {
+                checked.variables += VariableBytes {
+                    bytes: 0,
+                    variables: 1,
+                    unknown: 1,
+                }
+            }
+            None => {}
+        }
         if let Some(AttrValue {
             value: Some(attr_value::Value::S(container)),
         }) = node.attr.get("container")
@@ -144,6 +215,66 @@ pub fn check_delta(bytes: &[u8], graph: &Graph) -> Result<CheckedDelta, GraphErr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use salus_proto::tensorflow::{tensor_shape_proto::Dim, DataType, TensorShapeProto};
+
+    fn variable(op: &str, dtype: DataType, dims: &[i64]) -> NodeDef {
+        let shape = TensorShapeProto {
+            dim: dims
+                .iter()
+                .map(|&size| Dim {
+                    size,
+                    name: String::new(),
+                })
+                .collect(),
+            unknown_rank: false,
+        };
+        NodeDef {
+            name: "v".into(),
+            op: op.into(),
+            attr: [
+                (
+                    "dtype".to_string(),
+                    AttrValue {
+                        value: Some(attr_value::Value::Type(dtype as i32)),
+                    },
+                ),
+                (
+                    "shape".to_string(),
+                    AttrValue {
+                        value: Some(attr_value::Value::Shape(shape)),
+                    },
+                ),
+            ]
+            .into_iter()
+            .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn variables_declare_their_persistent_bytes() {
+        assert_eq!(
+            variable_bytes(&variable("VarHandleOp", DataType::DtFloat, &[784, 128])),
+            Some(Some(784 * 128 * 4))
+        );
+        assert_eq!(
+            variable_bytes(&variable("VariableV2", DataType::DtInt64, &[])),
+            Some(Some(8))
+        );
+        assert_eq!(
+            variable_bytes(&variable("VarHandleOp", DataType::DtFloat, &[-1, 3])),
+            Some(None)
+        );
+        assert_eq!(
+            variable_bytes(&variable("VarHandleOp", DataType::DtString, &[2])),
+            Some(None)
+        );
+        assert_eq!(
+            variable_bytes(&variable("Const", DataType::DtFloat, &[2])),
+            None
+        );
+    }
 
     #[test]
     fn parses_input_forms() {

@@ -28,7 +28,7 @@ use salus_proto::tensorflow::{CallableOptions, DataType, TensorProto};
 use tensorflow_sys as sys;
 
 use crate::error::{Error, Result};
-use crate::graph_delta::check_delta;
+use crate::graph_delta::{check_delta, VariableBytes};
 use crate::sched::JobId;
 use crate::state::JobSettings;
 use crate::tf::{self, Graph, Operation, PartialRunHandle, Session, Tensor};
@@ -167,6 +167,8 @@ pub struct Job {
     next_partial_run: AtomicU64,
     /// Stateful nodes and their resource container, for Reset.
     containers: Mutex<Vec<(String, String)>>,
+    /// Persistent memory declared by the graph's variables so far.
+    variables: Mutex<VariableBytes>,
     run_profiles: Mutex<HashMap<RunKey, RunProfile>>,
     inline_below_ns: f64,
     cheap_below_ns: f64,
@@ -196,10 +198,12 @@ impl Job {
     ) -> Result<Job> {
         let graph = Arc::new(Graph::new());
         let mut containers = Vec::new();
+        let mut variables = VariableBytes::default();
         if !graph_def.is_empty() {
             let delta = check_delta(graph_def, &graph)?;
             graph.import(graph_def, &delta.mappings)?;
             containers = delta.containers;
+            variables = delta.variables;
         }
         let session = Session::new(graph, config)?;
         Ok(Job {
@@ -213,6 +217,7 @@ impl Job {
             partial_runs: Mutex::new(HashMap::new()),
             next_partial_run: AtomicU64::new(0),
             containers: Mutex::new(containers),
+            variables: Mutex::new(variables),
             run_profiles: Mutex::new(HashMap::new()),
             inline_below_ns: settings.inline_below.as_nanos() as f64,
             cheap_below_ns: settings.cheap_below.as_nanos() as f64,
@@ -231,6 +236,11 @@ impl Job {
     pub fn idle_seconds(&self) -> f64 {
         let last = self.last_active_ms.load(Ordering::Relaxed) as f64 / 1000.0;
         (self.created.elapsed().as_secs_f64() - last).max(0.0)
+    }
+
+    /// Persistent memory the job's variables declare (optimizer slots included).
+    pub fn variable_bytes(&self) -> VariableBytes {
+        *lock(&self.variables)
     }
 
     pub fn graph_version(&self) -> i64 {
@@ -259,6 +269,7 @@ impl Job {
         let delta = check_delta(graph_def, graph)?;
         graph.import(graph_def, &delta.mappings)?;
         lock(&self.containers).extend(delta.containers);
+        *lock(&self.variables) += delta.variables;
         *version += 1;
         Ok(*version)
     }

@@ -447,6 +447,7 @@ async fn master_protocol_end_to_end() {
         .find(|i| i.handle == handle)
         .expect("session listed");
     assert_eq!(info.graph_version, 2);
+    assert_eq!(info.variables, 0);
     assert_eq!(info.graph_nodes, 5);
     assert!(info.runs_completed >= 3);
     let server_info = s
