@@ -4,6 +4,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
         "proto/tensorflow/master_service.proto",
         "proto/tensorflow/graph.proto",
+        "proto/tensorflow/step_stats.proto",
         "proto/salus/v1/admin.proto",
     ];
     println!("cargo:rerun-if-changed=proto");

@@ -11,6 +11,7 @@
 //! - [`admin`]: `salus.v1.Admin`, the server's own status API.
 //! - [`state`], [`sessions`], [`job`]: shared state, the session table, one job.
 //! - [`graph_delta`]: checks (delta) GraphDefs before import.
+//! - [`memory_profile`]: a run's memory peak from TF's step stats.
 //! - [`session_config`]: client ConfigProto -> server-side session config.
 //! - [`tf`]: safe wrappers over TensorFlow's C API.
 //! - [`tf_log`]: filters TensorFlow's own log lines out of stderr.
@@ -28,6 +29,7 @@ pub mod graph_delta;
 pub mod job;
 pub mod latency;
 pub mod master;
+pub mod memory_profile;
 pub mod sched;
 pub mod server;
 pub mod session_config;

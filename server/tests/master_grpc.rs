@@ -756,3 +756,112 @@ async fn main_iterations_are_scheduled_and_visible_in_the_admin_api() {
         .is_empty());
     s.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn traced_runs_return_step_stats_with_the_runs_memory_peak() {
+    let mut s = start().await;
+    let axes = TensorProto {
+        dtype: DataType::DtInt32 as i32,
+        tensor_shape: Some(TensorShapeProto {
+            dim: vec![tensor_shape_proto::Dim {
+                size: 2,
+                name: String::new(),
+            }],
+            unknown_rank: false,
+        }),
+        int_val: vec![0, 1],
+        ..Default::default()
+    };
+    let g = graph(vec![
+        node(
+            "x",
+            "Placeholder",
+            &[],
+            vec![("dtype", attr_type(DataType::DtFloat))],
+        ),
+        node(
+            "sq",
+            "Square",
+            &["x"],
+            vec![("T", attr_type(DataType::DtFloat))],
+        ),
+        node(
+            "axes",
+            "Const",
+            &[],
+            vec![
+                ("dtype", attr_type(DataType::DtInt32)),
+                (
+                    "value",
+                    AttrValue {
+                        value: Some(attr_value::Value::Tensor(axes)),
+                    },
+                ),
+            ],
+        ),
+        node(
+            "total",
+            "Sum",
+            &["sq", "axes"],
+            vec![
+                ("T", attr_type(DataType::DtFloat)),
+                ("Tidx", attr_type(DataType::DtInt32)),
+            ],
+        ),
+    ]);
+    let handle = s
+        .master
+        .create_session(CreateSessionRequest {
+            graph_def: g,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .session_handle;
+    let mut input = float_vector(&vec![1.5; 256 * 784]);
+    input.tensor_shape = Some(TensorShapeProto {
+        dim: [256, 784]
+            .iter()
+            .map(|&size| tensor_shape_proto::Dim {
+                size,
+                name: String::new(),
+            })
+            .collect(),
+        unknown_rank: false,
+    });
+    let response = s
+        .master
+        .run_step(RunStepRequest {
+            session_handle: handle.clone(),
+            feed: vec![NamedTensorProto {
+                name: "x:0".into(),
+                tensor: Some(input),
+            }],
+            fetch: vec!["total:0".into()],
+            // RunOptions { trace_level: FULL_TRACE }
+            options: vec![0x08, 0x03].into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        floats(response.tensor[0].tensor.as_ref().unwrap()),
+        [2.25 * 256.0 * 784.0]
+    );
+    let memory = salus_server::memory_profile::step_memory(&response.metadata).unwrap();
+    // The Square output (256 x 784 floats) is the run's largest live tensor.
+    let squared = 256 * 784 * 4;
+    assert!(
+        memory.peak() >= squared && memory.peak() <= squared * 12 / 10,
+        "{memory:?}"
+    );
+    s.master
+        .close_session(CloseSessionRequest {
+            session_handle: handle,
+        })
+        .await
+        .unwrap();
+    s.shutdown().await;
+}
