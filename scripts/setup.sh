@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# One-time (idempotent) setup: project venv with TensorFlow, the cargo link
-# configuration that points tensorflow-sys at TensorFlow's C API inside that venv,
-# and a release build of the server.
+# One-time (idempotent) setup: project venv with TensorFlow and the Python adapter
+# (python/), the cargo link configuration that points tensorflow-sys at TensorFlow's
+# C API inside that venv, and a release build of the server.
 #
 #   scripts/setup.sh            # venv + link config + release build
 #   SALUS_SKIP_BUILD=1 scripts/setup.sh   # venv + link config only
@@ -26,6 +26,19 @@ if [[ ! -f "$stamp" ]]; then
     touch "$stamp"
 else
     echo "setup: $venv is ready"
+fi
+
+# The Python adapter (python/, distribution salus-tf, import name salus, CLI `salus`): reinstalled
+# only when its sources change, so re-runs are quick and need no network.
+pkg_hash="$(cd python && find . -type f \( -name '*.py' -o -name '*.pth' -o -name '*.toml' -o -name '*.md' \) \
+    -not -path '*/__pycache__/*' -not -path './build/*' -not -path './dist/*' \
+    | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16)"
+pkg_stamp="$venv/.salus-python-$pkg_hash"
+if [[ ! -f "$pkg_stamp" ]] || ! "$venv/bin/python" -c 'import salus' >/dev/null 2>&1; then
+    echo "setup: installing the Python adapter (pip install ./python)"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check ./python
+    rm -f "$venv"/.salus-python-*
+    touch "$pkg_stamp"
 fi
 
 # TensorFlow's C API ships inside the wheel, split over two libraries.

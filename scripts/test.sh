@@ -5,6 +5,12 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
+# The tests start their own servers and compare with local runs: settings meant
+# for a user's own server or adapter (SALUS_SERVER, SALUS_POLICY, ...) must not leak in.
+for var in $(compgen -e | grep '^SALUS_' || true); do
+    case "$var" in SALUS_TEST_TARGET|SALUS_SERVER_BIN) ;; *) unset "$var" ;; esac
+done
+
 scripts/setup.sh
 # Release profile: shares the dependency build with the server binary.
 cargo test --release --locked --workspace 2>&1

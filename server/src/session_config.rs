@@ -16,6 +16,11 @@ use crate::wire;
 /// share_cluster_devices_in_session (17).
 const CLIENT_ONLY_FIELDS: &[u64] = &[1, 4, 13, 14, 17];
 const INTRA_OP_THREADS_FIELD: u64 = 2;
+/// ConfigProto.experimental (16) . session_metadata (11): Salus's job hints.
+/// TensorFlow refuses a second session with the same metadata in one process,
+/// and every tenant's session lives in this one, so it never reaches TF.
+const EXPERIMENTAL_FIELD: u64 = 16;
+const SESSION_METADATA_FIELD: u64 = 11;
 const INTER_OP_THREADS_FIELD: u64 = 5;
 
 /// Server-side defaults for settings the client leaves unset.
@@ -31,7 +36,9 @@ pub struct SessionDefaults {
 pub fn session_config(client: &[u8], defaults: SessionDefaults) -> Result<(Vec<u8>, String)> {
     let view = ConfigProtoView::decode(client)
         .map_err(|e| Error::InvalidArgument(format!("invalid ConfigProto: {e}")))?;
-    let mut config = wire::strip_fields(client, CLIENT_ONLY_FIELDS)?;
+    let config = wire::strip_fields(client, CLIENT_ONLY_FIELDS)?;
+    let mut config =
+        wire::strip_nested_fields(&config, EXPERIMENTAL_FIELD, &[SESSION_METADATA_FIELD])?;
     for (field, value) in [
         (INTRA_OP_THREADS_FIELD, defaults.intra_op_threads),
         (INTER_OP_THREADS_FIELD, defaults.inter_op_threads),

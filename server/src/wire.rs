@@ -84,6 +84,32 @@ pub fn strip_fields(bytes: &[u8], drop: &[u64]) -> Result<Vec<u8>, WireError> {
     Ok(out)
 }
 
+/// `bytes` with the sub-fields `inner` removed from every top-level
+/// length-delimited field numbered `outer` (one level of nesting).
+pub fn strip_nested_fields(bytes: &[u8], outer: u64, inner: &[u64]) -> Result<Vec<u8>, WireError> {
+    let mut out = Vec::with_capacity(bytes.len());
+    for field in fields(bytes)? {
+        let raw = &bytes[field.start..field.end];
+        if field.number != outer {
+            out.extend_from_slice(raw);
+            continue;
+        }
+        // key, then length, then the nested message
+        let mut pos = 0;
+        let key = read_varint(raw, &mut pos)?;
+        if key & 7 != 2 {
+            out.extend_from_slice(raw);
+            continue;
+        }
+        read_varint(raw, &mut pos)?;
+        let nested = strip_fields(&raw[pos..], inner)?;
+        write_varint(&mut out, key);
+        write_varint(&mut out, nested.len() as u64);
+        out.extend_from_slice(&nested);
+    }
+    Ok(out)
+}
+
 /// Whether a top-level field numbered `number` is present.
 pub fn has_field(bytes: &[u8], number: u64) -> Result<bool, WireError> {
     Ok(fields(bytes)?.iter().any(|f| f.number == number))
@@ -108,6 +134,24 @@ mod tests {
         assert_eq!(strip_fields(&msg, &[]).unwrap(), msg.to_vec());
         assert!(has_field(&msg, 5).unwrap());
         assert!(!has_field(&msg, 3).unwrap());
+    }
+
+    #[test]
+    fn strips_nested_fields_only_inside_the_named_field() {
+        // field 1 = "x"; field 16 = { field 11 = "ab", field 2 = 7 }; field 11 = 5 at the top stays.
+        let inner = [0x5a, 0x02, b'a', b'b', 0x10, 0x07];
+        let mut msg = vec![0x0a, 0x01, b'x', 0x82, 0x01, inner.len() as u8];
+        msg.extend_from_slice(&inner);
+        msg.extend_from_slice(&[0x58, 0x05]);
+        let out = strip_nested_fields(&msg, 16, &[11]).unwrap();
+        assert_eq!(
+            out,
+            vec![0x0a, 0x01, b'x', 0x82, 0x01, 0x02, 0x10, 0x07, 0x58, 0x05]
+        );
+        assert_eq!(
+            strip_nested_fields(&[0x82, 0x01, 0x03, 0x5a], 16, &[11]),
+            Err(WireError::Truncated)
+        );
     }
 
     #[test]

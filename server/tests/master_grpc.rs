@@ -649,6 +649,24 @@ async fn main_iterations_are_scheduled_and_visible_in_the_admin_api() {
         .unwrap()
         .into_inner()
         .jobs;
+    // A second job of the same name: TF itself refuses equal session metadata in
+    // one process, so the server must not pass the hints on to it.
+    let twin = s
+        .master
+        .create_session(CreateSessionRequest {
+            config: config.encode_to_vec().into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .session_handle;
+    s.master
+        .close_session(CloseSessionRequest {
+            session_handle: twin,
+        })
+        .await
+        .unwrap();
     let job = jobs.iter().find(|j| j.handle == handle).unwrap();
     assert_eq!(job.name, "trainer");
     assert_eq!(job.iterations, 3, "{job:?}");

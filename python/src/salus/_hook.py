@@ -1,0 +1,101 @@
+"""The startup hook: waits for TensorFlow's session module to be imported, then patches it.
+
+salus_tf.pth (top of site-packages) calls install_from_env() only when SALUS_SERVER is set. This module
+never imports TensorFlow: a meta-path finder watches for `tensorflow.python.client.session` (every way of
+importing TensorFlow or tf-keras loads it) and patches BaseSession right after that module has run.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from . import _config
+
+SESSION_MODULE = "tensorflow.python.client.session"
+
+_installed = False
+_from_env_done = False
+
+
+def _warn(msg: str) -> None:
+    try:
+        sys.stderr.write(f"salus: {msg}\n")
+        sys.stderr.flush()
+    except Exception:
+        pass
+
+
+class _PatchingLoader:
+    """Wraps the real loader of the session module; patches the module once it has executed."""
+
+    def __init__(self, real):
+        self._real = real
+
+    def create_module(self, spec):
+        return self._real.create_module(spec)
+
+    def exec_module(self, module):
+        self._real.exec_module(module)
+        _on_session_module(module)
+
+    def __getattr__(self, name):  # get_source, get_code, get_filename, is_package, ...
+        return getattr(self._real, name)
+
+
+class _SessionModuleFinder:
+    """sys.meta_path entry that only answers for tensorflow.python.client.session."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != SESSION_MODULE:
+            return None
+        for finder in list(sys.meta_path):
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _PatchingLoader(spec.loader)
+                return spec
+        return None
+
+    def invalidate_caches(self):
+        pass
+
+
+def _on_session_module(module) -> None:
+    try:
+        from . import _patch
+        _patch.patch_session_module(module)
+    except Exception as e:  # never break the user's TensorFlow import
+        _warn(f"could not route TensorFlow sessions to the Salus server ({type(e).__name__}: {e}); "
+              f"sessions run locally")
+
+
+def install() -> None:
+    """Routes sessions to the server from now on (idempotent; TensorFlow may or may not be imported yet)."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    module = sys.modules.get(SESSION_MODULE)
+    if module is not None:
+        _on_session_module(module)
+    else:
+        sys.meta_path.insert(0, _SessionModuleFinder())
+
+
+def install_from_env() -> None:
+    """Called by salus_tf.pth when SALUS_SERVER is set (site may process a venv's .pth files twice)."""
+    global _from_env_done
+    if _from_env_done:
+        return
+    _from_env_done = True
+    try:
+        _config.from_env()
+    except _config.SalusConfigError as e:
+        # Said early; sessions refuse to start with the same message, so nothing silently runs locally.
+        _warn(f"error: {e}")
+    try:
+        install()
+    except Exception as e:
+        _warn(f"could not install the TensorFlow hook ({type(e).__name__}: {e})")
