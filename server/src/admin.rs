@@ -195,6 +195,13 @@ impl Admin for AdminService {
             expected_iterations: (given.expected_iterations > 0)
                 .then_some(given.expected_iterations),
             expected_seconds: (given.expected_seconds > 0.0).then_some(given.expected_seconds),
+            // Memory hints are not part of this request: keep them.
+            ..self
+                .state
+                .executor
+                .job_status(job.id)
+                .map(|s| s.hints)
+                .unwrap_or_default()
         };
         self.state.executor.set_hints(job.id, hints.clone())?;
         tracing::info!(job = job.id.0, ?hints, "job hints changed");

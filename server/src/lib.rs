@@ -16,6 +16,7 @@
 //! - [`tf`]: safe wrappers over TensorFlow's C API.
 //! - [`tf_log`]: filters TensorFlow's own log lines out of stderr.
 //! - [`exec`]: runs TensorFlow work off the async runtime.
+//! - [`units`]: byte sizes ("512MiB").
 //! - [`wire`]: wire-level protobuf field editing.
 //! - [`error`]: the error type and its mapping to gRPC/TensorFlow codes.
 
@@ -37,4 +38,5 @@ pub mod sessions;
 pub mod state;
 pub mod tf;
 pub mod tf_log;
+pub mod units;
 pub mod wire;

@@ -9,7 +9,9 @@
 //!
 //! Keys: `priority` (integer, higher runs first under `priority`),
 //! `iterations` (expected main iterations), `seconds` (expected total device
-//! seconds). Unknown keys and malformed values are errors, so typos surface.
+//! seconds), `persistent` and `ephemeral` (memory, e.g. `512MiB`; they override
+//! the server's own estimates). Unknown keys and malformed values are errors,
+//! so typos surface.
 
 /// Optional facts a job may declare about itself.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -18,11 +20,17 @@ pub struct Hints {
     pub priority: i32,
     pub expected_iterations: Option<u64>,
     pub expected_seconds: Option<f64>,
+    /// Persistent memory (variables) in bytes, overriding the estimate.
+    pub persistent_bytes: Option<u64>,
+    /// Per-iteration memory in bytes, overriding the measurement.
+    pub ephemeral_bytes: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum HintError {
-    #[error("unknown job hint {0:?}; known hints: priority, iterations, seconds")]
+    #[error(
+        "unknown job hint {0:?}; known hints: priority, iterations, seconds, persistent, ephemeral"
+    )]
     UnknownKey(String),
     #[error("job hint {key}={value:?} is not valid: {why}")]
     BadValue {
@@ -74,6 +82,18 @@ impl Hints {
                 }
                 self.expected_seconds = Some(s);
             }
+            "persistent" => {
+                self.persistent_bytes = Some(
+                    crate::units::parse_size(value)
+                        .map_err(|_| bad("expected a size like 512MiB"))?,
+                )
+            }
+            "ephemeral" => {
+                self.ephemeral_bytes = Some(
+                    crate::units::parse_size(value)
+                        .map_err(|_| bad("expected a size like 512MiB"))?,
+                )
+            }
             other => return Err(HintError::UnknownKey(other.to_string())),
         }
         Ok(())
@@ -95,10 +115,20 @@ mod tests {
                 name: "resnet".into(),
                 priority: 10,
                 expected_iterations: Some(2000),
-                expected_seconds: Some(600.5)
+                expected_seconds: Some(600.5),
+                ..Default::default()
             }
         );
         assert_eq!(Hints::parse("?priority=-3").unwrap().priority, -3);
+        let m = Hints::parse("m?persistent=2GiB&ephemeral=512MiB").unwrap();
+        assert_eq!(
+            (m.persistent_bytes, m.ephemeral_bytes),
+            (Some(2 << 30), Some(512 << 20))
+        );
+        assert!(matches!(
+            Hints::parse("m?ephemeral=lots"),
+            Err(HintError::BadValue { .. })
+        ));
     }
 
     #[test]
