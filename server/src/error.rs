@@ -36,6 +36,8 @@ pub enum Error {
     ShuttingDown,
     #[error("{0}")]
     IterationDropped(String),
+    #[error("{0}")]
+    ResourceExhausted(String),
     #[error("invalid job hints: {0}")]
     Hints(#[from] crate::sched::HintError),
     #[error(transparent)]
@@ -71,6 +73,7 @@ impl Error {
             Error::Unimplemented(_) => TfCode::Unimplemented,
             Error::ShuttingDown => TfCode::Unavailable,
             Error::IterationDropped(_) => TfCode::Aborted,
+            Error::ResourceExhausted(_) => TfCode::ResourceExhausted,
             Error::Hints(_) => TfCode::InvalidArgument,
             Error::Tensorflow(err) => TfCode::try_from(err.code).unwrap_or(TfCode::Unknown),
             Error::Internal(_) => TfCode::Internal,

@@ -8,6 +8,7 @@
 //! - [`config`]: command-line flags and the validated [`config::Config`].
 //! - [`server`]: assembles the gRPC services and runs them until shutdown.
 //! - [`master`]: `tensorflow.MasterService`, one handler per RPC.
+//! - [`admission`]: memory lanes for jobs, waiting, RAII reservations.
 //! - [`admin`]: `salus.v1.Admin`, the server's own status API.
 //! - [`state`], [`sessions`], [`job`]: shared state, the session table, one job.
 //! - [`graph_delta`]: checks (delta) GraphDefs before import.
@@ -21,6 +22,7 @@
 //! - [`error`]: the error type and its mapping to gRPC/TensorFlow codes.
 
 pub mod admin;
+pub mod admission;
 pub mod config;
 pub mod ctl;
 pub mod error;
