@@ -7,6 +7,7 @@ use salus_proto::salus::v1::admin_server::Admin;
 use salus_proto::salus::v1::*;
 use tonic::{Request, Response, Status};
 
+use crate::admission::MemoryState;
 use crate::error::Error;
 use crate::job::Job;
 use crate::sched::{Hints, JobStatus};
@@ -28,6 +29,33 @@ impl AdminService {
         let status = self.state.executor.job_status(job.id);
         let s = status.as_ref();
         let variables = job.variable_bytes();
+        let estimate = job.memory_estimate(
+            &s.map(|s| s.hints.clone())
+                .unwrap_or_else(|| job.hints.clone()),
+        );
+        let memory_state = match &self.state.admission {
+            None => String::new(),
+            Some(admission) => match admission.state_of(job.id) {
+                MemoryState::Waiting { .. } => "waiting for memory".into(),
+                MemoryState::Admitted(_) => "admitted".into(),
+                MemoryState::NotRequested => "not admitted yet".into(),
+            },
+        };
+        let waiting_note = match self.state.admission.as_ref().map(|a| (a.state_of(job.id), a.free(), a.capacity())) {
+            Some((MemoryState::Waiting { need, waited }, free, capacity)) => Some(format!(
+                "waiting for memory {:.1} s: needs {} bytes ({} persistent + {} ephemeral), {free} of {capacity} free",
+                waited.as_secs_f64(),
+                need.limit(),
+                need.persistent,
+                need.ephemeral
+            )),
+            _ => None,
+        };
+        let memory_waiting = self
+            .state
+            .admission
+            .as_ref()
+            .is_some_and(|a| matches!(a.state_of(job.id), MemoryState::Waiting { .. }));
         let state = match s {
             Some(s) if s.running > 0 => "running",
             Some(s) if s.queued > 0 => "queued",
@@ -37,7 +65,11 @@ impl AdminService {
             id: job.id.0,
             handle: job.handle.clone(),
             name: job.name.clone(),
-            state: state.into(),
+            state: if memory_waiting {
+                "waiting for memory".into()
+            } else {
+                state.into()
+            },
             lane: s.map_or(0, |s| s.lane.0),
             policy: policy.into(),
             iterations: s.map_or(0, |s| s.iterations),
@@ -48,7 +80,7 @@ impl AdminService {
             queue_wait_seconds: s.map_or(0.0, |s| s.total_wait as f64 / 1e9),
             queued: s.map_or(0, |s| s.queued as u64),
             hints: s.map(|s| hints_to_proto(&s.hints)),
-            note: s.map(|s| note(policy, s)).unwrap_or_default(),
+            note: waiting_note.unwrap_or_else(|| s.map(|s| note(policy, s)).unwrap_or_default()),
             graph_version: job.graph_version(),
             graph_nodes: job.graph_nodes() as u64,
             runs_completed: job.stats.runs_completed.load(Ordering::Relaxed),
@@ -58,6 +90,11 @@ impl AdminService {
             variable_bytes: variables.bytes,
             variables: variables.variables,
             variables_of_unknown_size: variables.unknown,
+            memory_state,
+            persistent_estimate_bytes: estimate.need.persistent,
+            ephemeral_estimate_bytes: estimate.need.ephemeral,
+            persistent_source: estimate.persistent_source.into(),
+            ephemeral_source: estimate.ephemeral_source.into(),
         }
     }
 }
@@ -108,6 +145,21 @@ impl Admin for AdminService {
             runs_completed: s.runs_completed(),
             uptime_seconds: s.started.elapsed().as_secs_f64(),
             policy: s.executor.policy_name().into(),
+            memory_capacity_bytes: s.admission.as_ref().map_or(0, |a| a.capacity()),
+            memory_free_bytes: s.admission.as_ref().map_or(0, |a| a.free()),
+            memory_lanes: s
+                .admission
+                .as_ref()
+                .map(|a| a.lanes())
+                .unwrap_or_default()
+                .into_iter()
+                .map(|l| MemoryLane {
+                    lane: l.id.0,
+                    size_bytes: l.size,
+                    used_bytes: l.used,
+                    jobs: l.jobs.iter().map(|j| j.0).collect(),
+                })
+                .collect(),
         }))
     }
 

@@ -164,6 +164,14 @@ impl Admission {
             .map_or(MemoryState::NotRequested, MemoryState::Admitted)
     }
 
+    /// Forgets a job's waiting request, if any (its session closed).
+    pub fn withdraw(&self, job: JobId) {
+        let waiting = self.shared.lock().waiting.remove(&job).is_some();
+        if waiting {
+            self.shared.release(job);
+        }
+    }
+
     /// Asks for a lane for `job` and waits until it has one, up to the
     /// admission timeout. A job larger than the whole device is refused at once.
     pub async fn admit(

@@ -66,6 +66,18 @@ pub struct Args {
     #[arg(long, env = "SALUS_IDLE_TIMEOUT", default_value_t = 3600)]
     pub idle_timeout: u64,
 
+    /// Memory of the device that jobs share, e.g. 12GiB. When set, every job
+    /// gets a memory lane (Salus's rule: sum of persistent + max of per-iteration
+    /// memory) before its first main iteration, and waits while memory is short.
+    /// Unset: no admission, all jobs share one lane.
+    #[arg(long, env = "SALUS_MEMORY_CAPACITY", value_parser = parse_size)]
+    pub memory_capacity: Option<u64>,
+
+    /// Seconds a job may wait for memory before its iteration fails with
+    /// RESOURCE_EXHAUSTED.
+    #[arg(long, env = "SALUS_ADMISSION_TIMEOUT", default_value_t = 600)]
+    pub admission_timeout: u64,
+
     /// Runs of a job measured faster than this many microseconds execute on the
     /// executor thread itself instead of TensorFlow's inter-op thread pool,
     /// saving two thread switches per run (0 disables).
@@ -97,6 +109,8 @@ pub struct Config {
     pub session_defaults: SessionDefaults,
     pub inline_below: Duration,
     pub cheap_below: Duration,
+    pub memory_capacity: Option<u64>,
+    pub admission_timeout: Duration,
     pub policy: String,
     pub sched: SchedConfig,
     /// None: sessions are never reclaimed for idleness.
@@ -113,6 +127,8 @@ impl Default for Config {
             session_defaults: SessionDefaults::default(),
             inline_below: Duration::from_micros(200),
             cheap_below: Duration::from_micros(1000),
+            memory_capacity: None,
+            admission_timeout: Duration::from_secs(600),
             policy: "pack".into(),
             sched: SchedConfig::default(),
             idle_timeout: Some(Duration::from_secs(3600)),
@@ -145,6 +161,8 @@ impl TryFrom<Args> for Config {
             },
             inline_below: Duration::from_micros(args.inline_below_us),
             cheap_below: Duration::from_micros(args.cheap_below_us),
+            memory_capacity: args.memory_capacity,
+            admission_timeout: Duration::from_secs(args.admission_timeout),
             policy: args.policy,
             sched: SchedConfig {
                 lane_concurrency: args.lane_concurrency,

@@ -171,6 +171,11 @@ pub fn job_json(j: &JobInfo) -> Value {
         "variable_bytes": j.variable_bytes,
         "variables": j.variables,
         "variables_of_unknown_size": j.variables_of_unknown_size,
+        "memory_state": j.memory_state,
+        "persistent_estimate_bytes": j.persistent_estimate_bytes,
+        "ephemeral_estimate_bytes": j.ephemeral_estimate_bytes,
+        "persistent_source": j.persistent_source,
+        "ephemeral_source": j.ephemeral_source,
     })
 }
 

@@ -27,9 +27,12 @@ use bytes::Bytes;
 use salus_proto::tensorflow::{CallableOptions, DataType, TensorProto};
 use tensorflow_sys as sys;
 
+use crate::admission::LaneReservation;
 use crate::error::{Error, Result};
 use crate::graph_delta::{check_delta, VariableBytes};
-use crate::sched::JobId;
+use crate::memory_profile;
+use crate::sched::lanes::MemoryNeed;
+use crate::sched::{Hints, JobId, LaneId};
 use crate::state::JobSettings;
 use crate::tf::{self, Graph, Operation, PartialRunHandle, Session, Tensor};
 use crate::wire;
@@ -132,6 +135,21 @@ fn is_marker(name: &str) -> bool {
     op == MAIN_MARKER || op.ends_with(&format!("/{MAIN_MARKER}"))
 }
 
+/// Which run of a signature (1-based) is traced to measure memory.
+const MEMORY_SAMPLE_RUNS: &[u64] = &[WARMUP_RUNS, 10, 100, 1000];
+/// RunOptions field `trace_level`, and FULL_TRACE (needed for memory records).
+const TRACE_LEVEL_FIELD: u64 = 1;
+const FULL_TRACE: u64 = 3;
+
+/// A job's memory need and where each part comes from ("graph", "measured",
+/// "hint", "default").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryEstimate {
+    pub need: MemoryNeed,
+    pub persistent_source: &'static str,
+    pub ephemeral_source: &'static str,
+}
+
 /// RunOptions field `inter_op_thread_pool`; -1 runs on the caller's thread.
 const INTER_OP_THREAD_POOL_FIELD: u64 = 3;
 
@@ -155,6 +173,8 @@ pub struct JobStats {
 pub struct Job {
     pub id: JobId,
     pub handle: String,
+    /// Hints given at creation (the scheduler keeps the current ones).
+    pub hints: Hints,
     /// Client-given name (ConfigProto.experimental.session_metadata.name).
     pub name: String,
     session: Session,
@@ -174,6 +194,14 @@ pub struct Job {
     cheap_below_ns: f64,
     max_tensor_bytes: u64,
     pub stats: JobStats,
+    /// Whether runs are traced to measure per-iteration memory (admission on).
+    measure_memory: bool,
+    /// Largest per-iteration memory measured so far (run peak + feeds), bytes.
+    ephemeral_measured: AtomicU64,
+    /// The job's memory lane, once admitted (dropping it frees the share).
+    reservation: Mutex<Option<LaneReservation>>,
+    /// Serialises admission of the job's concurrent runs.
+    pub admission_lock: tokio::sync::Mutex<()>,
     pub created: Instant,
     /// Milliseconds since `created` of the last request.
     last_active_ms: AtomicU64,
@@ -191,7 +219,7 @@ impl Job {
     pub fn create(
         id: JobId,
         handle: String,
-        name: String,
+        hints: Hints,
         graph_def: &[u8],
         config: &[u8],
         settings: JobSettings,
@@ -209,7 +237,8 @@ impl Job {
         Ok(Job {
             id,
             handle,
-            name,
+            name: hints.name.clone(),
+            hints,
             session,
             graph_version: Mutex::new(0),
             callables: Mutex::new(HashMap::new()),
@@ -223,6 +252,10 @@ impl Job {
             cheap_below_ns: settings.cheap_below.as_nanos() as f64,
             max_tensor_bytes: settings.max_tensor_bytes,
             stats: JobStats::default(),
+            measure_memory: settings.measure_memory,
+            ephemeral_measured: AtomicU64::new(0),
+            reservation: Mutex::new(None),
+            admission_lock: tokio::sync::Mutex::new(()),
             created: Instant::now(),
             last_active_ms: AtomicU64::new(0),
         })
@@ -236,6 +269,44 @@ impl Job {
     pub fn idle_seconds(&self) -> f64 {
         let last = self.last_active_ms.load(Ordering::Relaxed) as f64 / 1000.0;
         (self.created.elapsed().as_secs_f64() - last).max(0.0)
+    }
+
+    /// The job's memory need with Salus's margins (+10% persistent, +5%
+    /// ephemeral), and where each figure comes from. Hints override; without a
+    /// measurement yet, the ephemeral need defaults to the persistent one.
+    pub fn memory_estimate(&self, hints: &Hints) -> MemoryEstimate {
+        let (persistent, persistent_source) = match hints.persistent_bytes {
+            Some(bytes) => (bytes, "hint"),
+            None => (self.variable_bytes().bytes.saturating_mul(11) / 10, "graph"),
+        };
+        let measured = self.ephemeral_measured.load(Ordering::Relaxed);
+        let (ephemeral, ephemeral_source) = match hints.ephemeral_bytes {
+            Some(bytes) => (bytes, "hint"),
+            None if measured > 0 => (measured.saturating_mul(21) / 20, "measured"),
+            None => (persistent, "default"),
+        };
+        MemoryEstimate {
+            need: MemoryNeed {
+                persistent,
+                ephemeral,
+            },
+            persistent_source,
+            ephemeral_source,
+        }
+    }
+
+    /// The job's lane, once admitted.
+    pub fn lane(&self) -> Option<LaneId> {
+        lock(&self.reservation).as_ref().map(LaneReservation::lane)
+    }
+
+    pub fn set_reservation(&self, reservation: LaneReservation) {
+        *lock(&self.reservation) = Some(reservation);
+    }
+
+    /// Records a measured per-iteration memory peak.
+    fn record_ephemeral(&self, bytes: u64) {
+        self.ephemeral_measured.fetch_max(bytes, Ordering::Relaxed);
     }
 
     /// Persistent memory the job's variables declare (optimizer slots included).
@@ -413,28 +484,79 @@ impl Job {
     ) -> Result<tf::RunOutput> {
         let profile = self.profile(key);
         let inline = profile.runs > 0 && profile.mean_ns < self.inline_below_ns;
-        let options = if inline {
+        // Trace a few runs of each signature to measure their memory: the last
+        // warm-up run (the first one allocates one-time state) and a few later.
+        let trace = self.measure_memory
+            && MEMORY_SAMPLE_RUNS.contains(&(profile.runs + 1))
+            && !wire::has_field(run_options, TRACE_LEVEL_FIELD)?;
+        let mut options = if inline {
             Cow::Owned(on_caller_thread(run_options)?)
         } else {
             Cow::Borrowed(run_options)
         };
+        if trace {
+            let mut traced = options.into_owned();
+            wire::write_varint(&mut traced, TRACE_LEVEL_FIELD << 3);
+            wire::write_varint(&mut traced, FULL_TRACE);
+            options = Cow::Owned(traced);
+        }
         let inputs: Vec<_> = feeds.iter().map(|f| (f.port.tf(), &f.tensor)).collect();
         let outputs: Vec<_> = fetches.iter().map(|p| p.tf()).collect();
         let started = Instant::now();
-        let result = self.session.run(
+        let mut result = self.session.run(
             &options,
-            !run_options.is_empty(),
+            trace || !run_options.is_empty(),
             &inputs,
             &outputs,
             targets,
         );
         let elapsed = started.elapsed().as_nanos() as f64;
+        if let Ok(out) = &mut result {
+            if trace {
+                match memory_profile::step_memory(&out.metadata) {
+                    Ok(memory) => {
+                        let feed_bytes: u64 = feeds.iter().map(|f| f.tensor.byte_size()).sum();
+                        self.record_ephemeral(memory.peak() + feed_bytes);
+                    }
+                    Err(err) => {
+                        tracing::warn!(job = self.id.0, cause = %err, "unreadable step stats")
+                    }
+                }
+                if run_options.is_empty() {
+                    // The client did not ask for metadata.
+                    out.metadata.clear();
+                }
+            }
+        }
+        if let Err(err) = &result {
+            if err.code == salus_proto::tensorflow::error::Code::ResourceExhausted as i32 {
+                // Out of memory: raise the estimate for the next admission.
+                let raised = self.estimate_ephemeral_after_oom();
+                tracing::warn!(
+                    job = self.id.0,
+                    ephemeral = raised,
+                    "iteration ran out of memory; estimate raised"
+                );
+            }
+        }
         lock(&self.run_profiles)
             .entry(key)
             .or_default()
             .record(elapsed);
         self.count(result.is_ok());
         Ok(result?)
+    }
+
+    /// After an out-of-memory error: half again the current measurement.
+    fn estimate_ephemeral_after_oom(&self) -> u64 {
+        let current = self
+            .ephemeral_measured
+            .load(Ordering::Relaxed)
+            .max(self.variable_bytes().bytes)
+            .max(1 << 20);
+        let raised = current.saturating_mul(3) / 2;
+        self.record_ephemeral(raised);
+        raised
     }
 
     fn count(&self, ok: bool) {

@@ -45,8 +45,38 @@ impl Master {
                 self.state.executor.count_cheap_run();
                 exec::blocking(f).await
             }
-            RunClass::Main => self.state.executor.run_main(job.id, deadline, f).await,
+            RunClass::Main => {
+                self.admit(job).await?;
+                self.state.executor.run_main(job.id, deadline, f).await
+            }
         }
+    }
+}
+
+impl Master {
+    /// Gives the job a memory lane before its first main iteration (when memory
+    /// admission is on); waits while memory is short.
+    async fn admit(&self, job: &Job) -> Result<()> {
+        let Some(admission) = &self.state.admission else {
+            return Ok(());
+        };
+        if job.lane().is_some() {
+            return Ok(());
+        }
+        let _one_at_a_time = job.admission_lock.lock().await;
+        if job.lane().is_some() {
+            return Ok(());
+        }
+        let hints = self
+            .state
+            .executor
+            .job_status(job.id)
+            .map(|s| s.hints)
+            .unwrap_or_else(|| job.hints.clone());
+        let estimate = job.memory_estimate(&hints);
+        let reservation = admission.admit(job.id, estimate.need, hints).await?;
+        job.set_reservation(reservation);
+        Ok(())
     }
 }
 
@@ -142,12 +172,17 @@ impl MasterService for Master {
         let (id, handle) = self.state.sessions.next_job();
         let job = {
             let handle = handle.clone();
-            let name = hints.name.clone();
+            let hints = hints.clone();
             let settings = self.state.settings;
-            exec::blocking(move || Job::create(id, handle, name, &req.graph_def, &config, settings))
-                .await?
+            exec::blocking(move || {
+                Job::create(id, handle, hints, &req.graph_def, &config, settings)
+            })
+            .await?
         };
-        self.state.executor.add_job(id, LaneId(0), hints.clone())?;
+        // With memory lanes, the job joins the scheduler when it is admitted.
+        if self.state.admission.is_none() {
+            self.state.executor.add_job(id, LaneId(0), hints.clone())?;
+        }
         if let Err(err) = self.state.sessions.insert(Arc::new(job)) {
             self.state.executor.remove_job(id);
             return Err(err.into());
@@ -229,6 +264,9 @@ impl MasterService for Master {
         let handle = request.into_inner().session_handle;
         let job = self.state.sessions.remove(&handle)?;
         self.state.executor.remove_job(job.id);
+        if let Some(admission) = &self.state.admission {
+            admission.withdraw(job.id);
+        }
         // The TF session closes when the last reference goes; do that off the runtime.
         exec::blocking(move || {
             drop(job);

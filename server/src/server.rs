@@ -11,6 +11,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::StreamExt;
 
 use crate::admin::AdminService;
+use crate::admission::Admission;
 use crate::config::Config;
 use crate::error::Error;
 use crate::exec;
@@ -50,6 +51,7 @@ impl Server {
             max_tensor_bytes: config.max_message_size as u64,
             inline_below: config.inline_below,
             cheap_below: config.cheap_below,
+            measure_memory: config.memory_capacity.is_some(),
         };
         let policy =
             policy::by_name(&config.policy).map_err(|e| Error::InvalidArgument(e.to_string()))?;
@@ -59,8 +61,17 @@ impl Server {
             "scheduler"
         );
         let executor = Executor::new(policy, config.sched);
+        let admission = config.memory_capacity.map(|capacity| {
+            tracing::info!(
+                capacity,
+                timeout_s = config.admission_timeout.as_secs(),
+                "memory lanes"
+            );
+            Admission::new(capacity, config.admission_timeout, executor.clone())
+        });
         let state = Arc::new(ServerState::new(
             executor,
+            admission,
             settings,
             config.session_defaults,
             devices,

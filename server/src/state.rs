@@ -3,6 +3,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
+use crate::admission::Admission;
 use crate::executor::Executor;
 use crate::session_config::SessionDefaults;
 use crate::sessions::SessionTable;
@@ -18,11 +19,15 @@ pub struct JobSettings {
     pub inline_below: std::time::Duration,
     /// Repeated runs measured faster than this bypass the scheduler.
     pub cheap_below: std::time::Duration,
+    /// Trace sample runs to measure per-iteration memory (admission on).
+    pub measure_memory: bool,
 }
 
 pub struct ServerState {
     pub sessions: SessionTable,
     pub executor: Executor,
+    /// Memory admission, when a capacity is configured.
+    pub admission: Option<Admission>,
     pub settings: JobSettings,
     pub session_defaults: SessionDefaults,
     /// The server's devices, listed once at start-up.
@@ -35,6 +40,7 @@ pub struct ServerState {
 impl ServerState {
     pub fn new(
         executor: Executor,
+        admission: Option<Admission>,
         settings: JobSettings,
         session_defaults: SessionDefaults,
         devices: Vec<DeviceInfo>,
@@ -43,6 +49,7 @@ impl ServerState {
         ServerState {
             sessions: SessionTable::new(),
             executor,
+            admission,
             settings,
             session_defaults,
             devices,

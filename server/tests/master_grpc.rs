@@ -120,9 +120,11 @@ struct TestServer {
 }
 
 async fn start() -> TestServer {
-    let server = Server::start(Config::default())
-        .await
-        .expect("server starts");
+    start_with(Config::default()).await
+}
+
+async fn start_with(config: Config) -> TestServer {
+    let server = Server::start(config).await.expect("server starts");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -881,5 +883,142 @@ async fn traced_runs_return_step_stats_with_the_runs_memory_peak() {
         })
         .await
         .unwrap();
+    s.shutdown().await;
+}
+
+/// A session whose graph has a main-iteration marker, with memory hints.
+async fn hinted_job(s: &mut TestServer, name: &str) -> String {
+    let config = ConfigProtoView {
+        experimental: Some(config_proto_view::Experimental {
+            session_metadata: Some(SessionMetadata {
+                name: name.into(),
+                version: 0,
+            }),
+        }),
+        ..Default::default()
+    };
+    let mut nodes = GraphDef::decode(base_graph()).unwrap().node;
+    nodes.push(node(
+        "salus_main_iter",
+        "Identity",
+        &["y"],
+        vec![("T", attr_type(DataType::DtFloat))],
+    ));
+    s.master
+        .create_session(CreateSessionRequest {
+            graph_def: graph(nodes),
+            config: config.encode_to_vec().into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .session_handle
+}
+
+fn main_step(handle: &str) -> RunStepRequest {
+    RunStepRequest {
+        session_handle: handle.into(),
+        feed: vec![NamedTensorProto {
+            name: "x:0".into(),
+            tensor: Some(float_vector(&[1.0])),
+        }],
+        fetch: vec!["salus_main_iter:0".into()],
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_lanes_admit_wait_and_refuse() {
+    let config = Config {
+        memory_capacity: Some(100 << 20),
+        admission_timeout: std::time::Duration::from_secs(20),
+        ..Default::default()
+    };
+    let mut s = start_with(config).await;
+    let a = hinted_job(&mut s, "a?persistent=40MiB&ephemeral=20MiB").await;
+    let b = hinted_job(&mut s, "b?persistent=30MiB&ephemeral=10MiB").await;
+    let c = hinted_job(&mut s, "c?persistent=30MiB&ephemeral=30MiB").await;
+    let d = hinted_job(&mut s, "d?persistent=90MiB&ephemeral=20MiB").await;
+    s.master.run_step(main_step(&a)).await.unwrap();
+    s.master.run_step(main_step(&b)).await.unwrap();
+    // c needs 60 MiB, 0 are free and no lane holds it: it waits.
+    let mut master = s.master.clone();
+    let c_handle = c.clone();
+    let waiting = tokio::spawn(async move { master.run_step(main_step(&c_handle)).await });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished());
+    let jobs = s
+        .admin
+        .list_jobs(ListJobsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .jobs;
+    let job_c = jobs.iter().find(|j| j.handle == c).unwrap();
+    assert_eq!(job_c.state, "waiting for memory", "{job_c:?}");
+    assert!(
+        job_c.note.contains("needs 62914560 bytes"),
+        "{}",
+        job_c.note
+    );
+    assert_eq!(
+        (
+            job_c.persistent_source.as_str(),
+            job_c.ephemeral_source.as_str()
+        ),
+        ("hint", "hint")
+    );
+    let info = s
+        .admin
+        .get_server_info(GetServerInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (info.memory_capacity_bytes, info.memory_free_bytes),
+        (100 << 20, 0)
+    );
+    assert_eq!(info.memory_lanes.len(), 2);
+    // Larger than the device: refused at once.
+    let err = s.master.run_step(main_step(&d)).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted);
+    assert!(
+        err.message().contains("device has 104857600 bytes"),
+        "{}",
+        err.message()
+    );
+    // a leaves: its lane returns to the pool and c runs.
+    s.master
+        .close_session(CloseSessionRequest { session_handle: a })
+        .await
+        .unwrap();
+    waiting.await.unwrap().unwrap();
+    let jobs = s
+        .admin
+        .list_jobs(ListJobsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .jobs;
+    assert_eq!(
+        jobs.iter().find(|j| j.handle == c).unwrap().memory_state,
+        "admitted"
+    );
+    for handle in [b, c, d] {
+        s.master
+            .close_session(CloseSessionRequest {
+                session_handle: handle,
+            })
+            .await
+            .unwrap();
+    }
+    let info = s
+        .admin
+        .get_server_info(GetServerInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.memory_free_bytes, 100 << 20);
     s.shutdown().await;
 }

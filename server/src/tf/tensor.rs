@@ -296,6 +296,12 @@ impl Tensor {
         }
     }
 
+    /// Bytes of the tensor's buffer.
+    pub fn byte_size(&self) -> u64 {
+        // SAFETY: self owns a live tensor.
+        unsafe { sys::TF_TensorByteSize(self.as_ptr()) as u64 }
+    }
+
     pub fn element_count(&self) -> u64 {
         // SAFETY: self owns a live tensor.
         unsafe { sys::TF_TensorElementCount(self.as_ptr()) as u64 }
