@@ -14,5 +14,7 @@ done
 scripts/setup.sh
 # Release profile: shares the dependency build with the server binary.
 cargo test --release --locked --workspace 2>&1
+# GPU code stays optional: it must build without CUDA installed.
+cargo check --release --locked --features cuda -p salus-server 2>&1
 export SALUS_SERVER_BIN="$root/target/release/salus-server"
 exec .venv/bin/python -m pytest integration_tests -q -p no:cacheprovider "$@"

@@ -69,7 +69,8 @@ pub struct Args {
     /// Memory of the device that jobs share, e.g. 12GiB. When set, every job
     /// gets a memory lane (Salus's rule: sum of persistent + max of per-iteration
     /// memory) before its first main iteration, and waits while memory is short.
-    /// Unset: no admission, all jobs share one lane.
+    /// Unset: no admission, all jobs share one lane (a build with the `cuda`
+    /// feature uses GPU 0's memory when a CUDA driver is found).
     #[arg(long, env = "SALUS_MEMORY_CAPACITY", value_parser = parse_size)]
     pub memory_capacity: Option<u64>,
 

@@ -11,6 +11,7 @@
 //! - [`admission`]: memory lanes for jobs, waiting, RAII reservations.
 //! - [`admin`]: `salus.v1.Admin`, the server's own status API.
 //! - [`state`], [`sessions`], [`job`]: shared state, the session table, one job.
+//! - `gpu` (feature `cuda`): GPU memory from the CUDA driver, loaded at run time.
 //! - [`graph_delta`]: checks (delta) GraphDefs before import.
 //! - [`memory_profile`]: a run's memory peak from TF's step stats.
 //! - [`session_config`]: client ConfigProto -> server-side session config.
@@ -28,6 +29,8 @@ pub mod ctl;
 pub mod error;
 pub mod exec;
 pub mod executor;
+#[cfg(feature = "cuda")]
+pub mod gpu;
 pub mod graph_delta;
 pub mod job;
 pub mod latency;

@@ -61,7 +61,7 @@ impl Server {
             "scheduler"
         );
         let executor = Executor::new(policy, config.sched);
-        let admission = config.memory_capacity.map(|capacity| {
+        let admission = memory_capacity(&config).map(|capacity| {
             tracing::info!(
                 capacity,
                 timeout_s = config.admission_timeout.as_secs(),
@@ -193,4 +193,27 @@ async fn reap_idle_sessions(state: Arc<ServerState>, timeout: std::time::Duratio
             }
         }
     }
+}
+
+/// The capacity lanes share: `--memory-capacity`, or with the `cuda` feature
+/// and no flag, GPU 0's total memory when a driver is present.
+fn memory_capacity(config: &Config) -> Option<u64> {
+    if config.memory_capacity.is_some() {
+        return config.memory_capacity;
+    }
+    #[cfg(feature = "cuda")]
+    match crate::gpu::device_memory(0) {
+        Ok(memory) => {
+            tracing::info!(
+                total = memory.total,
+                free = memory.free,
+                "GPU 0 memory from the CUDA driver"
+            );
+            return Some(memory.total);
+        }
+        Err(err) => {
+            tracing::info!(cause = %err, "no GPU memory capacity; memory admission stays off")
+        }
+    }
+    None
 }
