@@ -377,6 +377,12 @@ fn lane_loop(shared: &Shared, lane: LaneId) {
                     continue;
                 }
                 just_finished = None;
+                if !inner.sched.has_lane(lane) {
+                    // The lane closed (its last job left): its threads end, and a
+                    // later job on the same lane id starts new ones.
+                    inner.lanes_with_threads.remove(&lane);
+                    return;
+                }
                 let wait = match decision {
                     Decision::WaitUntil(at) => {
                         Duration::from_nanos(at.saturating_sub(now).max(1_000))
@@ -484,6 +490,13 @@ mod tests {
         assert_eq!(stats.iterations_total, 40);
         assert!(stats.switch_latency.count > 0, "{stats:?}");
         assert_eq!(ex.set_policy("srtf").unwrap(), ("rr", "srtf"));
+        // Lane threads end with their lane and come back with a new job.
+        ex.remove_job(JobId(1));
+        ex.remove_job(JobId(2));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(ex.shared.lock().lanes_with_threads.is_empty());
+        ex.add_job(JobId(3), LaneId(0), Hints::default()).unwrap();
+        assert_eq!(ex.run_main(JobId(3), None, || Ok(5)).await.unwrap(), 5);
         assert!(ex.set_policy("bogus").is_err());
         assert_eq!(ex.policy_name(), "srtf");
     }

@@ -402,6 +402,11 @@ impl<W> Scheduler<W> {
         }
     }
 
+    /// Whether the lane exists (has jobs or a running iteration).
+    pub fn has_lane(&self, lane: LaneId) -> bool {
+        self.lanes.contains_key(&lane)
+    }
+
     pub fn lanes(&self) -> Vec<LaneId> {
         let mut lanes: Vec<_> = self.lanes.keys().copied().collect();
         lanes.sort();
