@@ -188,7 +188,15 @@ impl Executor {
             if inner.stopping {
                 return Err(Error::ShuttingDown);
             }
-            inner.sched.submit(job, work, now).map_err(sched_error)?;
+            inner
+                .sched
+                .submit(job, work, now)
+                .map_err(|err| match err {
+                    SchedError::UnknownJob(_) => {
+                        Error::IterationDropped("the job's session was closed".into())
+                    }
+                    other => sched_error(other),
+                })?;
         }
         self.shared.wake.notify_all();
         match rx.await {
@@ -435,7 +443,7 @@ mod tests {
         assert_eq!(status.iterations, 3);
         assert_eq!(ex.stats().iterations_total, 3);
         let unknown = ex.run_main(JobId(9), None, || Ok(())).await.unwrap_err();
-        assert!(matches!(unknown, Error::Internal(_)));
+        assert!(matches!(unknown, Error::IterationDropped(_)));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

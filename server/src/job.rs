@@ -205,6 +205,19 @@ pub struct Job {
     pub created: Instant,
     /// Milliseconds since `created` of the last request.
     last_active_ms: AtomicU64,
+    /// Requests of this job being served now (a run may wait for memory or a
+    /// lane for longer than the idle timeout; it is not idle).
+    in_flight: AtomicU64,
+}
+
+/// A request in progress; see [`Job::busy`].
+pub struct Busy<'a>(&'a Job);
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Locks a std mutex; a poisoned lock (a panic elsewhere) still yields the data,
@@ -258,12 +271,24 @@ impl Job {
             admission_lock: tokio::sync::Mutex::new(()),
             created: Instant::now(),
             last_active_ms: AtomicU64::new(0),
+            in_flight: AtomicU64::new(0),
         })
     }
 
     pub fn touch(&self) {
         self.last_active_ms
             .store(self.created.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// Marks a request in progress until the guard drops.
+    pub fn busy(&self) -> Busy<'_> {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        Busy(self)
+    }
+
+    /// Whether any request of the job is being served.
+    pub fn is_busy(&self) -> bool {
+        self.in_flight.load(Ordering::SeqCst) > 0
     }
 
     pub fn idle_seconds(&self) -> f64 {

@@ -228,6 +228,7 @@ impl MasterService for Master {
         let store_errors = req.store_errors_in_response_body;
         let result = match self.state.sessions.get(&req.session_handle) {
             Ok(job) => {
+                let _busy = job.busy();
                 let feed_names: Vec<&str> = req.feed.iter().map(|f| f.name.as_str()).collect();
                 let key = RunKey::of_step(&feed_names, &req.fetch, &req.target);
                 // Steps of a partial run are not iterations of their own.
@@ -344,6 +345,7 @@ impl MasterService for Master {
         let deadline = grpc_deadline(request.metadata());
         let req = request.into_inner();
         let job = self.state.sessions.get(&req.session_handle)?;
+        let _busy = job.busy();
         let class = job.classify_callable(req.handle);
         let state = self.state.clone();
         let run_job = job.clone();

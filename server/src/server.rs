@@ -179,7 +179,7 @@ async fn reap_idle_sessions(state: Arc<ServerState>, timeout: std::time::Duratio
                 .executor
                 .job_status(job.id)
                 .is_some_and(|s| s.queued > 0 || s.running > 0);
-            if busy || job.idle_seconds() < timeout.as_secs_f64() {
+            if busy || job.is_busy() || job.idle_seconds() < timeout.as_secs_f64() {
                 continue;
             }
             if let Ok(job) = state.sessions.remove(&job.handle) {

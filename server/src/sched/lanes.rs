@@ -9,10 +9,15 @@
 //! Assignment (Salus): for a request of limit P + E,
 //! (a) if the free pool holds P + E, open a new lane of exactly that size;
 //! (b) else join the first existing lane where
-//!     P + max(E, max E in lane) <= lane size - sum P in lane;
+//!     P + max(E, max E in lane) <= lane size - sum P in lane + free pool,
+//!     growing the lane from the pool to exactly sum P + max E of its jobs: the
+//!     newcomer brings its persistent memory and shares the lane's ephemeral
+//!     region (a lane opened at exactly P + E has no slack, so without growth
+//!     no job could ever join one);
 //! (c) else wait. Every waiting request is re-checked after each arrival and
 //! release, in arrival order, so a later request that fits may pass an earlier
-//! one that does not. The last job out of a lane returns it to the pool.
+//! one that does not. A job leaving a shared lane shrinks it to what the
+//! remaining jobs need; the last job out returns the lane to the pool.
 //!
 //! Plain synchronous state, no I/O and no clock: the server wraps placements in
 //! RAII reservations; tests and the simulator drive it directly.
@@ -73,12 +78,11 @@ impl Lane {
             .unwrap_or(0)
     }
 
-    /// Salus's rule (b).
-    fn admits(&self, need: MemoryNeed) -> bool {
-        let room = self.size.saturating_sub(self.persistent());
-        need.persistent
+    /// Size the lane needs with `need` added: sum P + max E.
+    fn size_with(&self, need: MemoryNeed) -> u64 {
+        self.persistent()
+            .saturating_add(need.persistent)
             .saturating_add(need.ephemeral.max(self.max_ephemeral()))
-            <= room
     }
 }
 
@@ -134,13 +138,17 @@ impl LaneManager {
             );
             id
         } else {
-            *self.lanes.iter().find(|(_, lane)| lane.admits(need))?.0
+            let free = self.free();
+            // Salus's rule (b), the lane growing from the free pool if needed.
+            *self
+                .lanes
+                .iter()
+                .find(|(_, lane)| lane.size_with(need) <= lane.size.saturating_add(free))?
+                .0
         };
-        self.lanes
-            .get_mut(&lane)
-            .expect("lane exists")
-            .jobs
-            .push((job, need));
+        let lane_state = self.lanes.get_mut(&lane).expect("lane exists");
+        lane_state.size = lane_state.size.max(lane_state.size_with(need));
+        lane_state.jobs.push((job, need));
         self.placed.insert(job, lane);
         Some(lane)
     }
@@ -177,6 +185,9 @@ impl LaneManager {
                 lane.jobs.retain(|(j, _)| *j != job);
                 if lane.jobs.is_empty() {
                     self.lanes.remove(&lane_id);
+                } else {
+                    // Shrink to what the remaining jobs need; the rest returns to the pool.
+                    lane.size = lane.persistent() + lane.max_ephemeral();
                 }
             }
         }
@@ -256,17 +267,27 @@ mod tests {
             m.request(JobId(1), need(2, 6)),
             Ok(Placement::Placed(LaneId(0)))
         );
-        // 3 + max(2, 6) = 9 > 8 - 2 = 6: does not fit lane 0, pool too small: waits.
+        // 3 + 2 = 5 > 2 free; lane 0 would need 2 + 3 + max(2, 6) = 11 > 8 + 2: waits.
         assert_eq!(m.request(JobId(2), need(3, 2)), Ok(Placement::Waiting));
-        // 1 + max(4, 6) = 7 > 6: waits.
-        assert_eq!(m.request(JobId(3), need(1, 4)), Ok(Placement::Waiting));
-        // 0 + 3 = 3 > 2 free, but lane 0 holds it: 0 + max(3, 6) = 6 <= 6.
+        // 1 + 4 = 5 > 2 free, but lane 0 grows to 2 + 1 + 6 = 9 <= 8 + 2: joins.
+        assert_eq!(
+            m.request(JobId(3), need(1, 4)),
+            Ok(Placement::Placed(LaneId(0)))
+        );
+        assert_eq!(
+            (m.lanes()[0].size, m.lanes()[0].used, m.free()),
+            (9 * GB, 9 * GB, GB)
+        );
+        // 0 + 3: lane 0 holds it without growing (max E stays 6).
         assert_eq!(
             m.request(JobId(4), need(0, 3)),
             Ok(Placement::Placed(LaneId(0)))
         );
-        assert_eq!(m.lanes()[0].used, 8 * GB);
-        // MPS-style sharing would need 2 + 6 + 0 + 3 = 11 for the same two jobs; Salus fits them in 8.
+        assert_eq!(m.lanes()[0].size, 9 * GB);
+        // MPS-style sharing would need 2+6 + 1+4 + 0+3 = 16 for these three jobs; Salus fits them in 9.
+        // A job leaving a shared lane shrinks it (2 + 0 + 6 = 8); the freed GB goes back to the pool.
+        assert_eq!(m.release(JobId(3)), vec![]);
+        assert_eq!((m.lanes()[0].size, m.free()), (8 * GB, 2 * GB));
     }
 
     #[test]
@@ -289,16 +310,21 @@ mod tests {
         let mut m = LaneManager::new(10 * GB);
         m.request(JobId(1), need(4, 4)).unwrap();
         m.request(JobId(2), need(1, 1)).unwrap();
+        // Lanes 8 + 2, pool 0: neither fits a lane (4 + 3 + 4 = 11 > 8; 1 + 3 + 4 > 2).
         assert_eq!(m.request(JobId(3), need(3, 4)), Ok(Placement::Waiting));
         assert_eq!(m.request(JobId(4), need(2, 5)), Ok(Placement::Waiting));
         // Job 2 leaves: its lane closes, 2 GB free: nobody fits yet.
         assert_eq!(m.release(JobId(2)), vec![]);
         assert_eq!(m.lanes().len(), 1);
-        // Job 1 leaves: 10 GB free; job 3 (7) opens a lane, job 4 (7) no longer fits the pool (3 left)
-        // and 2 + max(5, 4) = 7 > 7 - 3 = 4: keeps waiting.
-        assert_eq!(m.release(JobId(1)), vec![(JobId(3), LaneId(2))]);
-        assert!(m.is_waiting(JobId(4)));
-        assert_eq!(m.release(JobId(3)), vec![(JobId(4), LaneId(3))]);
+        // Job 1 leaves: 10 GB free; job 3 (7) opens a lane; job 4 (7) no longer fits the pool
+        // (3 left) but joins job 3's lane, which grows to 3 + 2 + max(4, 5) = 10.
+        assert_eq!(
+            m.release(JobId(1)),
+            vec![(JobId(3), LaneId(2)), (JobId(4), LaneId(2))]
+        );
+        assert_eq!((m.lanes().len(), m.free()), (1, 0));
+        // Job 3 leaves the shared lane: it shrinks to job 4's 7.
+        assert_eq!(m.release(JobId(3)), vec![]);
         assert_eq!(m.free(), 3 * GB);
         assert_eq!(m.release(JobId(4)), vec![]);
         assert_eq!(m.free(), 10 * GB);

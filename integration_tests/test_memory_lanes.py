@@ -1,0 +1,353 @@
+"""Memory lanes end to end: admission by memory (Salus's lane rule), waiting, RESOURCE_EXHAUSTED, reclaim.
+
+Every test starts its own salus-server with --memory-capacity (never the shared one) and stops it by its PID.
+Jobs are integration_tests/workloads/mem_job.py children: small TF1 graphs whose every step fetches a node
+named salus_main_iter, so their third step is the first main iteration, where the job asks for its lane. A
+job builds its graph, touches its ready file and waits for its go file (arrival order is controlled); with
+--close-file it holds its session open after training until the test creates that file.
+
+1. Three identical hinted jobs (20 MiB persistent + 10 MiB ephemeral) on 64 MiB: two lanes of 30 MiB open,
+   the third waits ("waiting for memory", need in the note) until the first closes; all losses are exact.
+2. A job bigger than the device fails at once with RESOURCE_EXHAUSTED; a job that waits longer than
+   --admission-timeout fails with RESOURCE_EXHAUSTED naming its need; the server keeps serving.
+3. A SIGKILLed client's lane share is freed after --idle-timeout and the waiting job is admitted.
+4. Without hints, the server's estimates for a 784-512-10 Adam MLP (batch 256) are within 20% of TensorFlow's
+   own numbers (variable bytes; rise of allocator_bytes_in_use over a FULL_TRACE step + fed bytes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+import salus_wire as w
+from conftest import WORKLOADS, SalusProcess, child_env, server_bin, venv_python, wait_until
+
+pytestmark = pytest.mark.skipif(
+    bool(os.environ.get("SALUS_TEST_TARGET")),
+    reason="memory-lane tests start their own salus-server with --memory-capacity")
+
+JOB_SCRIPT = WORKLOADS / "mem_job.py"
+MiB = 1 << 20
+WAITING = "waiting for memory"
+TINY_STEPS = 20
+
+
+@pytest.fixture(scope="module", autouse=True)
+def memory_binary():
+    binary = server_bin()
+    if not binary.exists():
+        pytest.fail(f"salus-server binary not found at {binary}")
+    out = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=30).stdout
+    if "--memory-capacity" not in out:
+        pytest.fail(f"{binary} has no --memory-capacity flag: it predates memory lanes (rebuild it)")
+    return binary
+
+
+@pytest.fixture(scope="module")
+def tiny_reference():
+    from workloads import mem_job
+    return mem_job.reference("tiny_sgd", 1, TINY_STEPS)
+
+
+# --- helpers ----------------------------------------------------------------------------------------------
+
+def ctl_json(address: str, *args: str):
+    proc = subprocess.run([str(server_bin()), "ctl", "--server", address, *args, "--json"], capture_output=True,
+                          text=True, timeout=30, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        pytest.fail(f"ctl {' '.join(args)} exited with {proc.returncode}\n{proc.stdout[-2000:]}\n"
+                    f"{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout)
+
+
+def jobs_by_name(address: str) -> dict[str, dict]:
+    return {row["name"].split("?")[0]: row for row in ctl_json(address, "jobs")}
+
+
+def stop_cleanly(server: SalusProcess) -> None:
+    code = server.stop()
+    assert code == 0, f"salus-server exited with {code} after SIGTERM; stderr tail:\n{server.stderr_tail()}"
+
+
+def healthy(server: SalusProcess) -> bool:
+    with grpc.insecure_channel(server.address) as ch:
+        return server.proc.poll() is None and w.health_check(ch) == w.SERVING
+
+
+class MemJob:
+    """One mem_job.py child, started at once, held at its go file until released."""
+
+    def __init__(self, key: str, tmp: Path, *, name: str, model: str = "tiny_sgd", steps: int = TINY_STEPS,
+                 hold: bool = True):
+        self.key = key
+        self.ready = tmp / f"{key}.ready"
+        self.go_file = tmp / f"{key}.go"
+        self.close_file = tmp / f"{key}.close"
+        extra = ["--close-file", str(self.close_file)] if hold else []
+        self.proc = subprocess.Popen(
+            [venv_python(), str(JOB_SCRIPT), "--model", model, "--name", name, "--steps", str(steps),
+             "--ready-file", str(self.ready), "--go-file", str(self.go_file), *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(), stdin=subprocess.DEVNULL)
+        self.lines: queue.Queue = queue.Queue()
+        self.stderr: list[str] = []
+        threading.Thread(target=self._pump, daemon=True).start()
+        threading.Thread(target=lambda: self.stderr.extend(self.proc.stderr), daemon=True).start()
+
+    def _pump(self):
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                self.lines.put(json.loads(line))
+        self.lines.put(None)
+
+    def release(self, target: str) -> None:
+        tmp = self.go_file.with_suffix(".tmp")
+        tmp.write_text(target)
+        tmp.rename(self.go_file)
+
+    def close(self) -> None:
+        self.close_file.touch()
+
+    def result(self, timeout: float = 60) -> dict:
+        try:
+            msg = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            msg = None
+        if msg is None:
+            self.proc.poll()
+            pytest.fail(f"job {self.key} gave no result (exit code {self.proc.returncode}); stderr tail:\n"
+                        f"{''.join(self.stderr)[-4000:]}")
+        return msg
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()  # our own child, by its Popen handle
+            self.proc.wait(10)
+
+
+class MemJobs:
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.jobs: dict[str, MemJob] = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for job in self.jobs.values():
+            job.kill()
+
+    def start(self, key: str, **kw) -> MemJob:
+        self.jobs[key] = MemJob(key, self.tmp, **kw)
+        return self.jobs[key]
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        ok = wait_until(lambda: all(j.ready.exists() or j.proc.poll() is not None for j in self.jobs.values()),
+                        timeout)
+        dead = [k for k, j in self.jobs.items() if j.proc.poll() is not None]
+        if dead or not ok:
+            pytest.fail(f"jobs not ready (dead: {dead}); stderr of the first:\n"
+                        f"{''.join(self.jobs[(dead or list(self.jobs))[0]].stderr)[-4000:]}")
+
+
+def wait_state(address: str, key: str, pred, timeout: float = 30) -> dict:
+    seen: dict = {}
+
+    def check() -> bool:
+        seen.clear()
+        seen.update(jobs_by_name(address))
+        return key in seen and pred(seen[key])
+
+    assert wait_until(check, timeout=timeout, interval=0.1), f"job {key} never reached the state: {seen}"
+    return dict(seen)
+
+
+def admitted(row: dict) -> bool:
+    return row["memory_state"] == "admitted"
+
+
+def waiting(row: dict) -> bool:
+    return row["memory_state"] == WAITING and row["state"] == WAITING
+
+
+def check_trained(res: dict, reference: list[float]) -> None:
+    assert "error" not in res, f"{res.get('error')}: {res.get('message')} (after {res.get('steps')} steps)"
+    assert res["steps"] == len(reference), res
+    assert res["losses"] == reference, f"{res['name']}: per-step losses differ from the same job in-process"
+
+
+# --- 1. two of three fit --------------------------------------------------------------------------------
+
+def test_third_job_waits_for_memory_until_the_first_closes(tiny_reference, tmp_path):
+    # Each job needs 20 + 10 = 30 MiB. On 64 MiB: lane 1 (30), lane 2 (30), 4 MiB left; the third job would
+    # need 20 + max(10, 10) = 30 MiB of a lane whose persistent sum is already 20 of 30: it waits.
+    hints = "persistent=20MiB&ephemeral=10MiB"
+    server = SalusProcess(tmp_path / "salus-server.stderr.log", extra_args=("--memory-capacity", "64MiB"))
+    try:
+        with MemJobs(tmp_path) as jobs:
+            for key in ("a", "b", "c"):
+                jobs.start(key, name=f"{key}?{hints}", hold=key != "c")
+            jobs.wait_ready()
+            for key in ("a", "b"):
+                jobs.jobs[key].release(server.target)
+                held = jobs.jobs[key].result()
+                assert held.get("phase") == "holding", held
+            rows = jobs_by_name(server.address)
+            a, b = rows["a"], rows["b"]
+            for row in (a, b):
+                assert admitted(row), row
+                assert row["persistent_estimate_bytes"] == 20 * MiB and row["persistent_source"] == "hint", row
+                assert row["ephemeral_estimate_bytes"] == 10 * MiB and row["ephemeral_source"] == "hint", row
+            assert a["lane"] != b["lane"], f"two jobs of 30 MiB on 64 MiB share one lane: {a} {b}"
+
+            jobs.jobs["c"].release(server.target)
+            rows = wait_state(server.address, "c", waiting, timeout=60)
+            c = rows["c"]
+            print(f"waiting job: {c['note']}")
+            need = 30 * MiB
+            assert str(need) in c["note"] and str(20 * MiB) in c["note"] and str(10 * MiB) in c["note"], c
+            assert f"{4 * MiB} of {64 * MiB} free" in c["note"], c
+            time.sleep(1.0)  # it stays waiting while nothing is released
+            rows = jobs_by_name(server.address)
+            assert waiting(rows["c"]), rows["c"]
+            assert jobs.jobs["c"].proc.poll() is None and jobs.jobs["c"].lines.empty()
+
+            closed_at = time.time()
+            jobs.jobs["a"].close()
+            res_a = jobs.jobs["a"].result()
+            res_c = jobs.jobs["c"].result()
+            print(f"third job admitted and finished {res_c['end'] - closed_at:.2f}s after the first closed")
+            assert res_c["end"] >= res_a["closed"] - 0.5, (res_a, res_c)
+            rows = jobs_by_name(server.address)
+            assert "a" not in rows and "c" not in rows, rows
+            assert admitted(rows["b"]), rows
+            jobs.jobs["b"].close()
+            res_b = jobs.jobs["b"].result()
+        for res in (res_a, res_b, res_c):
+            check_trained(res, tiny_reference)
+        stop_cleanly(server)
+    finally:
+        server.kill()
+
+
+# --- 2. RESOURCE_EXHAUSTED --------------------------------------------------------------------------------
+
+def test_too_big_job_fails_at_once_and_admission_timeout(tiny_reference, tmp_path):
+    server = SalusProcess(tmp_path / "salus-server.stderr.log",
+                          extra_args=("--memory-capacity", "64MiB", "--admission-timeout", "2"))
+    try:
+        with MemJobs(tmp_path) as jobs:
+            huge = jobs.start("huge", name="huge?persistent=80MiB&ephemeral=10MiB", hold=False)
+            holder = jobs.start("holder", name="holder?persistent=30MiB&ephemeral=10MiB")
+            late = jobs.start("late", name="late?persistent=30MiB&ephemeral=10MiB", hold=False)
+            jobs.wait_ready()
+
+            huge.release(server.target)
+            res = huge.result()
+            print(f"too big: {res}")
+            assert res.get("error") == "ResourceExhaustedError", res
+            assert f"device has {64 * MiB} bytes" in res["message"], res
+            assert res["end"] - res["go"] < 10, f"the impossible job was not refused at once: {res}"
+            # salus_main_iter makes even the first step a main iteration; at most the two warm-up runs ran.
+            assert res["steps"] <= 2, f"the impossible job trained: {res}"
+            assert healthy(server)
+
+            # Another job still runs: 40 MiB of 64.
+            holder.release(server.target)
+            held = holder.result()
+            assert held.get("phase") == "holding", held
+            check_trained(held, tiny_reference)
+
+            # 30 MiB more does not fit (24 free, the lane has no room): waits, then times out after 2 s.
+            late.release(server.target)
+            wait_state(server.address, "late", waiting, timeout=60)
+            res = late.result(timeout=30)
+            waited = res["end"] - res["start"]
+            print(f"admission timeout after {waited:.2f}s: {res.get('message')}")
+            assert res.get("error") == "ResourceExhaustedError", res
+            assert str(30 * MiB) in res["message"] and str(24 * MiB) in res["message"], res
+            assert 1.5 <= waited < 15, res
+            assert healthy(server)
+            holder.close()
+            assert "error" not in holder.result(), "the admitted job failed"
+        assert wait_until(lambda: not ctl_json(server.address, "jobs"), timeout=10, interval=0.2)
+        stop_cleanly(server)
+    finally:
+        server.kill()
+
+
+# --- 3. SIGKILLed client -------------------------------------------------------------------------------
+
+def test_killed_client_lane_is_freed_after_idle_timeout(tiny_reference, tmp_path):
+    hints = "persistent=30MiB&ephemeral=10MiB"  # 40 MiB each: one at a time on 64 MiB
+    server = SalusProcess(tmp_path / "salus-server.stderr.log",
+                          extra_args=("--memory-capacity", "64MiB", "--idle-timeout", "2"))
+    try:
+        with MemJobs(tmp_path) as jobs:
+            victim = jobs.start("victim", name=f"victim?{hints}")
+            waiter = jobs.start("waiter", name=f"waiter?{hints}", hold=False)
+            jobs.wait_ready()
+            victim.release(server.target)
+            assert victim.result().get("phase") == "holding"
+            waiter.release(server.target)
+            rows = wait_state(server.address, "waiter", waiting, timeout=60)
+            assert admitted(rows["victim"]), rows
+            victim.kill()  # SIGKILL: the session is never closed by the client
+            killed_at = time.monotonic()
+            res = waiter.result(timeout=30)
+            freed_after = time.monotonic() - killed_at
+            print(f"waiting job finished {freed_after:.2f}s after the lane holder was SIGKILLed "
+                  f"(--idle-timeout 2)")
+            # The waiter's own RunStep was in flight (blocked on memory) the whole time: it is not idle, and
+            # must not be reclaimed together with the dead client's session.
+            assert "error" not in res, (
+                f"the waiting job failed once admitted: {res.get('error')}: {res.get('message')}\n"
+                f"server log tail:\n{server.stderr_tail(2500)}")
+            check_trained(res, tiny_reference)
+            assert freed_after < 10, freed_after
+            assert "victim" not in jobs_by_name(server.address)
+        assert healthy(server)
+        stop_cleanly(server)
+    finally:
+        server.kill()
+
+
+# --- 4. estimates vs TensorFlow -------------------------------------------------------------------------
+
+def test_estimates_match_tensorflows_own_numbers(tmp_path):
+    from workloads import mem_job
+
+    server = SalusProcess(tmp_path / "salus-server.stderr.log", extra_args=("--memory-capacity", "8GiB"))
+    try:
+        with MemJobs(tmp_path) as jobs:
+            job = jobs.start("adam", name="adam", model="mlp_adam", steps=15)
+            jobs.wait_ready()
+            job.release(server.target)
+            held = job.result()
+            assert held.get("phase") == "holding" and held["steps"] == 15, held
+            row = jobs_by_name(server.address)["adam"]
+            job.close()
+            assert "error" not in job.result()
+        stop_cleanly(server)
+    finally:
+        server.kill()
+
+    tf_nums = mem_job.tf_numbers("mlp_adam")
+    p_est, e_est = row["persistent_estimate_bytes"], row["ephemeral_estimate_bytes"]
+    p_tf, e_tf = tf_nums["variable_bytes"], tf_nums["ephemeral_bytes"]
+    print(f"persistent: salus {p_est} vs TF {p_tf} ({p_est / p_tf:.3f}x); "
+          f"ephemeral: salus {e_est} vs TF {e_tf} ({e_est / e_tf:.3f}x; TF rise {tf_nums['trace_rise_bytes']} "
+          f"+ fed {tf_nums['fed_bytes']})")
+    assert admitted(row), row
+    assert row["persistent_source"] == "graph" and row["ephemeral_source"] == "measured", row
+    assert row["variable_bytes"] == p_tf and row["variables"] == tf_nums["variables"], (row, tf_nums)
+    assert abs(p_est - p_tf) <= 0.2 * p_tf, (row, tf_nums)
+    assert abs(e_est - e_tf) <= 0.2 * e_tf, (row, tf_nums)
