@@ -188,6 +188,8 @@ def measure_estimates(models: list[str], tmp: Path) -> dict[str, dict]:
 
 
 def simulate_salus(needs: list[tuple[int, int]], capacity: int) -> int:
+    """The server's rule (sched/lanes.rs): a new lane of exactly P+E if the pool holds it, else the first lane
+    that can grow from the pool to sum(P) + max(E) with the job added."""
     lanes: list[dict] = []
     free, admitted = capacity, 0
     for p, e in needs:
@@ -197,9 +199,10 @@ def simulate_salus(needs: list[tuple[int, int]], capacity: int) -> int:
             admitted += 1
             continue
         for lane in lanes:
-            if p + max(e, lane["emax"]) <= lane["size"] - lane["psum"]:
-                lane["psum"] += p
-                lane["emax"] = max(lane["emax"], e)
+            grown = lane["psum"] + p + max(e, lane["emax"])
+            if grown <= lane["size"] + free:
+                free -= max(0, grown - lane["size"])
+                lane.update(size=max(lane["size"], grown), psum=lane["psum"] + p, emax=max(lane["emax"], e))
                 admitted += 1
                 break
     return admitted
