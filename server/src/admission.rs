@@ -197,12 +197,14 @@ impl Admission {
                             need = need.limit(),
                             "memory admitted"
                         );
-                        self.shared.executor.add_job(job, lane, hints)?;
-                        return Ok(LaneReservation {
+                        // Held before scheduling: if that fails, its drop returns the share.
+                        let reservation = LaneReservation {
                             shared: self.shared.clone(),
                             job,
                             lane,
-                        });
+                        };
+                        self.shared.executor.add_job(job, lane, hints)?;
+                        return Ok(reservation);
                     }
                     Ok(Placement::Waiting) => {
                         let (tx, rx) = oneshot::channel();
