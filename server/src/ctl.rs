@@ -151,7 +151,12 @@ pub fn job_json(j: &JobInfo) -> Value {
         "handle": j.handle,
         "name": j.name,
         "state": j.state,
-        "lane": j.lane,
+        // A job waiting for (or not yet asking for) memory has no lane.
+        "lane": if matches!(j.memory_state.as_str(), "waiting for memory" | "not admitted yet") {
+            Value::Null
+        } else {
+            j.lane.into()
+        },
         "policy": j.policy,
         "iterations": j.iterations,
         "attained_s": j.attained_seconds,
@@ -321,6 +326,12 @@ mod tests {
         assert_eq!(v["expected_iterations"], 100);
         assert_eq!(v["expected_seconds"], Value::Null);
         assert_eq!(v["priority"], 2);
+        assert_eq!(v["lane"], 0);
+        let waiting = JobInfo {
+            memory_state: "waiting for memory".into(),
+            ..job()
+        };
+        assert_eq!(job_json(&waiting)["lane"], Value::Null);
     }
 
     #[test]

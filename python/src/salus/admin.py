@@ -98,7 +98,8 @@ def job_json(job: dict) -> dict:
         "handle": job["handle"],
         "name": job["name"],
         "state": job["state"],
-        "lane": job["lane"],
+        # A job waiting for (or not yet asking for) memory has no lane.
+        "lane": None if job["memory_state"] in ("waiting for memory", "not admitted yet") else job["lane"],
         "policy": job["policy"],
         "iterations": job["iterations"],
         "attained_s": job["attained_seconds"],
@@ -119,6 +120,11 @@ def job_json(job: dict) -> dict:
         "variable_bytes": job["variable_bytes"],
         "variables": job["variables"],
         "variables_of_unknown_size": job["variables_of_unknown_size"],
+        "memory_state": job["memory_state"],
+        "persistent_estimate_bytes": job["persistent_estimate_bytes"],
+        "ephemeral_estimate_bytes": job["ephemeral_estimate_bytes"],
+        "persistent_source": job["persistent_source"],
+        "ephemeral_source": job["ephemeral_source"],
     }
 
 
