@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -29,7 +27,8 @@ import grpc
 import pytest
 
 import salus_wire as w
-from conftest import WORKLOADS, SalusProcess, child_env, server_bin, venv_python, wait_until
+from gated_jobs import GatedJob, GatedJobs
+from conftest import WORKLOADS, SalusProcess, server_bin, wait_until
 
 pytestmark = pytest.mark.skipif(
     bool(os.environ.get("SALUS_TEST_TARGET")),
@@ -83,79 +82,23 @@ def healthy(server: SalusProcess) -> bool:
         return server.proc.poll() is None and w.health_check(ch) == w.SERVING
 
 
-class MemJob:
-    """One mem_job.py child, started at once, held at its go file until released."""
+class MemJob(GatedJob):
+    """One mem_job.py child; with `hold`, it keeps its session open until `close()`."""
 
     def __init__(self, key: str, tmp: Path, *, name: str, model: str = "tiny_sgd", steps: int = TINY_STEPS,
                  hold: bool = True):
-        self.key = key
-        self.ready = tmp / f"{key}.ready"
-        self.go_file = tmp / f"{key}.go"
         self.close_file = tmp / f"{key}.close"
         extra = ["--close-file", str(self.close_file)] if hold else []
-        self.proc = subprocess.Popen(
-            [venv_python(), str(JOB_SCRIPT), "--model", model, "--name", name, "--steps", str(steps),
-             "--ready-file", str(self.ready), "--go-file", str(self.go_file), *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(), stdin=subprocess.DEVNULL)
-        self.lines: queue.Queue = queue.Queue()
-        self.stderr: list[str] = []
-        threading.Thread(target=self._pump, daemon=True).start()
-        threading.Thread(target=lambda: self.stderr.extend(self.proc.stderr), daemon=True).start()
-
-    def _pump(self):
-        for line in self.proc.stdout:
-            if line.startswith("{"):
-                self.lines.put(json.loads(line))
-        self.lines.put(None)
-
-    def release(self, target: str) -> None:
-        tmp = self.go_file.with_suffix(".tmp")
-        tmp.write_text(target)
-        tmp.rename(self.go_file)
+        super().__init__(key, tmp, [str(JOB_SCRIPT), "--model", model, "--name", name, "--steps", str(steps),
+                                    *extra])
 
     def close(self) -> None:
         self.close_file.touch()
 
-    def result(self, timeout: float = 60) -> dict:
-        try:
-            msg = self.lines.get(timeout=timeout)
-        except queue.Empty:
-            msg = None
-        if msg is None:
-            self.proc.poll()
-            pytest.fail(f"job {self.key} gave no result (exit code {self.proc.returncode}); stderr tail:\n"
-                        f"{''.join(self.stderr)[-4000:]}")
-        return msg
 
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()  # our own child, by its Popen handle
-            self.proc.wait(10)
-
-
-class MemJobs:
+class MemJobs(GatedJobs):
     def __init__(self, tmp: Path):
-        self.tmp = tmp
-        self.jobs: dict[str, MemJob] = {}
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        for job in self.jobs.values():
-            job.kill()
-
-    def start(self, key: str, **kw) -> MemJob:
-        self.jobs[key] = MemJob(key, self.tmp, **kw)
-        return self.jobs[key]
-
-    def wait_ready(self, timeout: float = 120) -> None:
-        ok = wait_until(lambda: all(j.ready.exists() or j.proc.poll() is not None for j in self.jobs.values()),
-                        timeout)
-        dead = [k for k, j in self.jobs.items() if j.proc.poll() is not None]
-        if dead or not ok:
-            pytest.fail(f"jobs not ready (dead: {dead}); stderr of the first:\n"
-                        f"{''.join(self.jobs[(dead or list(self.jobs))[0]].stderr)[-4000:]}")
+        super().__init__(tmp, MemJob)
 
 
 def wait_state(address: str, key: str, pred, timeout: float = 30) -> dict:

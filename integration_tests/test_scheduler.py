@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -26,7 +24,8 @@ import grpc
 import pytest
 
 import salus_wire as w
-from conftest import WORKLOADS, SalusProcess, child_env, server_bin, venv_python, wait_until
+from gated_jobs import GatedJob, GatedJobs
+from conftest import WORKLOADS, SalusProcess, server_bin, wait_until
 
 pytestmark = pytest.mark.skipif(
     bool(os.environ.get("SALUS_TEST_TARGET")),
@@ -98,77 +97,17 @@ def jobs_by_name(address: str) -> dict[str, dict]:
     return {row["name"].split("?")[0]: row for row in ctl_json(address, "jobs")}
 
 
-class Job:
-    """One sched_job.py child, started at once, held at its go file until released."""
+class Job(GatedJob):
+    """One sched_job.py child."""
 
     def __init__(self, key: str, tmp: Path, *, seed: int, steps: int, name: str, extra: tuple = ()):
-        self.key = key
-        self.ready = tmp / f"{key}.ready"
-        self.go_file = tmp / f"{key}.go"
-        self.proc = subprocess.Popen(
-            [venv_python(), str(JOB_SCRIPT), "--name", name, "--seed", str(seed), "--steps", str(steps),
-             "--ready-file", str(self.ready), "--go-file", str(self.go_file), *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
-            stdin=subprocess.DEVNULL)
-        self.lines: queue.Queue = queue.Queue()
-        self.stderr: list[str] = []
-        threading.Thread(target=self._pump, daemon=True).start()
-        threading.Thread(target=lambda: self.stderr.extend(self.proc.stderr), daemon=True).start()
-
-    def _pump(self):
-        for line in self.proc.stdout:
-            if line.startswith("{"):
-                self.lines.put(json.loads(line))
-        self.lines.put(None)
-
-    def release(self, target: str) -> None:
-        tmp = self.go_file.with_suffix(".tmp")
-        tmp.write_text(target)
-        tmp.rename(self.go_file)  # atomic: the job never reads a half-written target
-
-    def result(self, timeout: float) -> dict:
-        try:
-            msg = self.lines.get(timeout=timeout)
-        except queue.Empty:
-            msg = None
-        if msg is None:
-            self.proc.poll()
-            pytest.fail(f"job {self.key} gave no result (exit code {self.proc.returncode}); stderr tail:\n"
-                        f"{''.join(self.stderr)[-4000:]}")
-        return msg
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()  # our own child, by its Popen handle
-            self.proc.wait(10)
+        super().__init__(key, tmp, [str(JOB_SCRIPT), "--name", name, "--seed", str(seed), "--steps", str(steps),
+                                    *extra])
 
 
-class Jobs:
+class Jobs(GatedJobs):
     def __init__(self, tmp: Path):
-        self.tmp = tmp
-        self.jobs: dict[str, Job] = {}
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        for job in self.jobs.values():
-            job.kill()
-
-    def start(self, key: str, *, seed: int, steps: int, name: str, extra: tuple = ()) -> Job:
-        self.jobs[key] = Job(key, self.tmp, seed=seed, steps=steps, name=name, extra=extra)
-        return self.jobs[key]
-
-    def wait_ready(self, timeout: float = 120) -> None:
-        ok = wait_until(lambda: all(j.ready.exists() or j.proc.poll() is not None for j in self.jobs.values()),
-                        timeout)
-        dead = [k for k, j in self.jobs.items() if j.proc.poll() is not None]
-        if dead or not ok:
-            pytest.fail(f"jobs not ready (dead: {dead}); stderr of the first:\n"
-                        f"{''.join(self.jobs[(dead or list(self.jobs))[0]].stderr)[-4000:]}")
-
-    def results(self, timeout: float = 120) -> dict[str, dict]:
-        return {k: j.result(timeout) for k, j in self.jobs.items()}
+        super().__init__(tmp, Job)
 
 
 def check_losses(results: dict, configs: dict, references: dict) -> None:
