@@ -17,9 +17,7 @@ job builds its graph, touches its ready file and waits for its go file (arrival 
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -28,7 +26,8 @@ import pytest
 
 import salus_wire as w
 from gated_jobs import GatedJob, GatedJobs
-from conftest import WORKLOADS, SalusProcess, server_bin, wait_until
+from server_ctl import ctl_json, jobs_by_name, require_server_flag, stop_cleanly, wait_state
+from conftest import WORKLOADS, SalusProcess, wait_until
 
 pytestmark = pytest.mark.skipif(
     bool(os.environ.get("SALUS_TEST_TARGET")),
@@ -42,13 +41,7 @@ TINY_STEPS = 20
 
 @pytest.fixture(scope="module", autouse=True)
 def memory_binary():
-    binary = server_bin()
-    if not binary.exists():
-        pytest.fail(f"salus-server binary not found at {binary}")
-    out = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=30).stdout
-    if "--memory-capacity" not in out:
-        pytest.fail(f"{binary} has no --memory-capacity flag: it predates memory lanes (rebuild it)")
-    return binary
+    return require_server_flag("--memory-capacity", "memory lanes")
 
 
 @pytest.fixture(scope="module")
@@ -58,24 +51,6 @@ def tiny_reference():
 
 
 # --- helpers ----------------------------------------------------------------------------------------------
-
-def ctl_json(address: str, *args: str):
-    proc = subprocess.run([str(server_bin()), "ctl", "--server", address, *args, "--json"], capture_output=True,
-                          text=True, timeout=30, stdin=subprocess.DEVNULL)
-    if proc.returncode != 0:
-        pytest.fail(f"ctl {' '.join(args)} exited with {proc.returncode}\n{proc.stdout[-2000:]}\n"
-                    f"{proc.stderr[-2000:]}")
-    return json.loads(proc.stdout)
-
-
-def jobs_by_name(address: str) -> dict[str, dict]:
-    return {row["name"].split("?")[0]: row for row in ctl_json(address, "jobs")}
-
-
-def stop_cleanly(server: SalusProcess) -> None:
-    code = server.stop()
-    assert code == 0, f"salus-server exited with {code} after SIGTERM; stderr tail:\n{server.stderr_tail()}"
-
 
 def healthy(server: SalusProcess) -> bool:
     with grpc.insecure_channel(server.address) as ch:
@@ -99,18 +74,6 @@ class MemJob(GatedJob):
 class MemJobs(GatedJobs):
     def __init__(self, tmp: Path):
         super().__init__(tmp, MemJob)
-
-
-def wait_state(address: str, key: str, pred, timeout: float = 30) -> dict:
-    seen: dict = {}
-
-    def check() -> bool:
-        seen.clear()
-        seen.update(jobs_by_name(address))
-        return key in seen and pred(seen[key])
-
-    assert wait_until(check, timeout=timeout, interval=0.1), f"job {key} never reached the state: {seen}"
-    return dict(seen)
 
 
 def admitted(row: dict) -> bool:

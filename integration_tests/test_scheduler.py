@@ -14,7 +14,6 @@ Every job's per-step losses must equal the same job run in-process. Runs in abou
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import time
@@ -25,6 +24,7 @@ import pytest
 
 import salus_wire as w
 from gated_jobs import GatedJob, GatedJobs
+from server_ctl import ctl, ctl_json, jobs_by_name, require_server_flag, stop_cleanly
 from conftest import WORKLOADS, SalusProcess, server_bin, wait_until
 
 pytestmark = pytest.mark.skipif(
@@ -47,14 +47,7 @@ JOB_ROW_KEYS = {"id", "handle", "name", "state", "lane", "policy", "iterations",
 
 @pytest.fixture(scope="module", autouse=True)
 def scheduler_binary():
-    """Fail once, clearly, when the binary predates the scheduler (it refuses the flags)."""
-    binary = server_bin()
-    if not binary.exists():
-        pytest.fail(f"salus-server binary not found at {binary}")
-    out = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=30).stdout
-    if "--policy" not in out:
-        pytest.fail(f"{binary} has no --policy flag: it predates the scheduler (rebuild it)")
-    return binary
+    return require_server_flag("--policy", "the scheduler")
 
 
 @pytest.fixture(scope="module")
@@ -68,33 +61,11 @@ def references():
     return {seed: sched_job.reference(seed, n) for seed, n in steps.items()}
 
 
-def ctl(address: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([str(server_bin()), "ctl", "--server", address, *args], capture_output=True,
-                          text=True, timeout=30, stdin=subprocess.DEVNULL)
-    if check and proc.returncode != 0:
-        pytest.fail(f"ctl {' '.join(args)} exited with {proc.returncode}\nstdout:\n{proc.stdout[-2000:]}\n"
-                    f"stderr:\n{proc.stderr[-2000:]}")
-    return proc
-
-
-def ctl_json(address: str, *args: str):
-    proc = ctl(address, *args, "--json")
-    try:
-        return json.loads(proc.stdout)
-    except json.JSONDecodeError as e:
-        pytest.fail(f"ctl {' '.join(args)} --json printed no valid JSON ({e}):\n{proc.stdout[-2000:]}")
-
-
 def switch_latency(stats: dict) -> dict:
     """The switch-latency summary of `ctl stats --json` (its key name is checked by the schema test)."""
     lat = stats["switch_latency_us"]
     assert isinstance(lat, dict), f"no switch-latency object in {stats}"
     return lat
-
-
-def jobs_by_name(address: str) -> dict[str, dict]:
-    """ctl jobs --json, keyed by the job name without its hints (the server may keep either form)."""
-    return {row["name"].split("?")[0]: row for row in ctl_json(address, "jobs")}
 
 
 class Job(GatedJob):
@@ -116,11 +87,6 @@ def check_losses(results: dict, configs: dict, references: dict) -> None:
         assert res["steps"] == cfg["steps"], res
         ref = references[cfg["seed"]][:cfg["steps"]]
         assert res["losses"] == ref, f"job {key}: per-step losses differ from the same job in-process"
-
-
-def stop_cleanly(server: SalusProcess) -> None:
-    code = server.stop()
-    assert code == 0, f"salus-server exited with {code} after SIGTERM; stderr tail:\n{server.stderr_tail()}"
 
 
 def finish_order(results: dict) -> list[str]:
