@@ -125,11 +125,13 @@ pub struct Admission {
 }
 
 impl Admission {
-    pub fn new(capacity: u64, timeout: Duration, executor: Executor) -> Admission {
+    /// Admission over `lanes` (dynamic: [`LaneManager::new`]; GPU lanes:
+    /// [`LaneManager::fixed`]).
+    pub fn new(lanes: LaneManager, timeout: Duration, executor: Executor) -> Admission {
         Admission {
             shared: Arc::new(Shared {
                 state: Mutex::new(State {
-                    lanes: LaneManager::new(capacity),
+                    lanes,
                     waiting: HashMap::new(),
                 }),
                 executor,
@@ -148,6 +150,12 @@ impl Admission {
 
     pub fn lanes(&self) -> Vec<LaneStatus> {
         self.shared.lock().lanes.lanes()
+    }
+
+    /// With fixed (GPU) lanes, the lane a job whose graph is about to be
+    /// placed should be bound to: the one with the most room now.
+    pub fn lane_for_new_graph(&self) -> Option<LaneId> {
+        self.shared.lock().lanes.roomiest_lane()
     }
 
     pub fn state_of(&self, job: JobId) -> MemoryState {
@@ -172,12 +180,14 @@ impl Admission {
         }
     }
 
-    /// Asks for a lane for `job` and waits until it has one, up to the
-    /// admission timeout. A job larger than the whole device is refused at once.
+    /// Asks for a lane for `job` (only `pinned`, if given: the GPU lane its
+    /// graph was placed on) and waits until it has one, up to the admission
+    /// timeout. A job larger than the whole device or lane is refused at once.
     pub async fn admit(
         &self,
         job: JobId,
         need: MemoryNeed,
+        pinned: Option<LaneId>,
         hints: Hints,
     ) -> Result<LaneReservation> {
         let rx = {
@@ -188,7 +198,7 @@ impl Admission {
                 waiter.reply.push(tx);
                 rx
             } else {
-                match state.lanes.request(job, need) {
+                match state.lanes.request_in(job, need, pinned) {
                     Ok(Placement::Placed(lane)) => {
                         drop(state);
                         tracing::info!(
@@ -226,8 +236,14 @@ impl Admission {
                         );
                         rx
                     }
-                    Err(err @ LaneError::LargerThanDevice { .. }) => {
+                    Err(
+                        err @ (LaneError::LargerThanDevice { .. }
+                        | LaneError::LargerThanLane { .. }),
+                    ) => {
                         return Err(Error::ResourceExhausted(err.to_string()));
+                    }
+                    Err(err @ LaneError::UnknownLane(_)) => {
+                        return Err(Error::Internal(err.to_string()));
                     }
                     Err(LaneError::Duplicate(_)) => {
                         return Err(Error::Internal(format!(
@@ -272,7 +288,11 @@ mod tests {
 
     fn admission(capacity: u64, timeout_ms: u64) -> Admission {
         let executor = Executor::new(by_name("pack").unwrap(), SchedConfig::default());
-        Admission::new(capacity, Duration::from_millis(timeout_ms), executor)
+        Admission::new(
+            LaneManager::new(capacity),
+            Duration::from_millis(timeout_ms),
+            executor,
+        )
     }
 
     fn need(p: u64, e: u64) -> MemoryNeed {
@@ -286,17 +306,20 @@ mod tests {
     async fn waits_until_a_release_then_runs_and_drops_return_memory() {
         let a = admission(100, 5_000);
         let first = a
-            .admit(JobId(1), need(40, 20), Hints::default())
+            .admit(JobId(1), need(40, 20), None, Hints::default())
             .await
             .unwrap();
         let second = a
-            .admit(JobId(2), need(20, 10), Hints::default())
+            .admit(JobId(2), need(20, 10), None, Hints::default())
             .await
             .unwrap();
         assert_ne!(first.lane(), second.lane());
         let waiting = {
             let a = a.clone();
-            tokio::spawn(async move { a.admit(JobId(3), need(30, 30), Hints::default()).await })
+            tokio::spawn(async move {
+                a.admit(JobId(3), need(30, 30), None, Hints::default())
+                    .await
+            })
         };
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(matches!(a.state_of(JobId(3)), MemoryState::Waiting { .. }));
@@ -313,18 +336,18 @@ mod tests {
     async fn too_large_is_refused_at_once_and_waiting_times_out() {
         let a = admission(100, 50);
         let err = a
-            .admit(JobId(1), need(90, 20), Hints::default())
+            .admit(JobId(1), need(90, 20), None, Hints::default())
             .await
             .err()
             .unwrap();
         assert!(matches!(err, Error::ResourceExhausted(_)));
         assert!(err.to_string().contains("device has 100 bytes"), "{err}");
         let _held = a
-            .admit(JobId(2), need(50, 30), Hints::default())
+            .admit(JobId(2), need(50, 30), None, Hints::default())
             .await
             .unwrap();
         let err = a
-            .admit(JobId(3), need(30, 30), Hints::default())
+            .admit(JobId(3), need(30, 30), None, Hints::default())
             .await
             .err()
             .unwrap();
@@ -339,12 +362,15 @@ mod tests {
     async fn a_waiter_that_gave_up_returns_its_grant() {
         let a = admission(100, 5_000);
         let first = a
-            .admit(JobId(1), need(60, 30), Hints::default())
+            .admit(JobId(1), need(60, 30), None, Hints::default())
             .await
             .unwrap();
         let gone = {
             let a = a.clone();
-            tokio::spawn(async move { a.admit(JobId(2), need(50, 40), Hints::default()).await })
+            tokio::spawn(async move {
+                a.admit(JobId(2), need(50, 40), None, Hints::default())
+                    .await
+            })
         };
         tokio::time::sleep(Duration::from_millis(20)).await;
         gone.abort();

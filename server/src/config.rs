@@ -74,6 +74,14 @@ pub struct Args {
     #[arg(long, env = "SALUS_MEMORY_CAPACITY", value_parser = parse_size)]
     pub memory_capacity: Option<u64>,
 
+    /// Split the memory into this many fixed lanes, each a TensorFlow virtual
+    /// GPU (GPU 0 split at start: TensorFlow fixes virtual devices once per
+    /// process); a job's graph is placed on its lane's GPU. Sizes: capacity / N,
+    /// capacity being --memory-capacity or 95% of GPU 0's free memory (`cuda`
+    /// builds). 0: dynamic lanes, no device split. Not verified on a GPU.
+    #[arg(long, env = "SALUS_GPU_LANES", default_value_t = 0)]
+    pub gpu_lanes: u32,
+
     /// Seconds a job may wait for memory before its iteration fails with
     /// RESOURCE_EXHAUSTED.
     #[arg(long, env = "SALUS_ADMISSION_TIMEOUT", default_value_t = 600)]
@@ -111,6 +119,8 @@ pub struct Config {
     pub inline_below: Duration,
     pub cheap_below: Duration,
     pub memory_capacity: Option<u64>,
+    /// Fixed GPU lanes (0: dynamic lanes).
+    pub gpu_lanes: u32,
     pub admission_timeout: Duration,
     pub policy: String,
     pub sched: SchedConfig,
@@ -129,6 +139,7 @@ impl Default for Config {
             inline_below: Duration::from_micros(200),
             cheap_below: Duration::from_micros(1000),
             memory_capacity: None,
+            gpu_lanes: 0,
             admission_timeout: Duration::from_secs(600),
             policy: "pack".into(),
             sched: SchedConfig::default(),
@@ -150,6 +161,13 @@ impl TryFrom<Args> for Config {
             ));
         }
         policy::by_name(&args.policy).map_err(|e| e.to_string())?;
+        if args.gpu_lanes > 0 && args.memory_capacity.is_none() && !cfg!(feature = "cuda") {
+            return Err(
+                "--gpu-lanes needs --memory-capacity, or a salus-server built with --features cuda \
+                 to read GPU memory from the driver"
+                    .into(),
+            );
+        }
         if args.lane_concurrency == 0 {
             return Err("--lane-concurrency must be at least 1".into());
         }
@@ -159,10 +177,13 @@ impl TryFrom<Args> for Config {
             session_defaults: SessionDefaults {
                 intra_op_threads: args.intra_op_threads,
                 inter_op_threads: args.inter_op_threads,
+                // Sized at start, once the capacity is known.
+                gpu_lanes: None,
             },
             inline_below: Duration::from_micros(args.inline_below_us),
             cheap_below: Duration::from_micros(args.cheap_below_us),
             memory_capacity: args.memory_capacity,
+            gpu_lanes: args.gpu_lanes,
             admission_timeout: Duration::from_secs(args.admission_timeout),
             policy: args.policy,
             sched: SchedConfig {

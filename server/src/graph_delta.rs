@@ -253,6 +253,26 @@ mod tests {
     }
 
     #[test]
+    fn unplaced_nodes_get_the_default_device_and_placed_ones_keep_theirs() {
+        let mut pinned = variable("VarHandleOp", DataType::DtFloat, &[2]);
+        pinned.name = "pinned".into();
+        pinned.device = "/device:CPU:0".into();
+        let delta = GraphDef {
+            node: vec![variable("VarHandleOp", DataType::DtFloat, &[2]), pinned],
+            ..Default::default()
+        }
+        .encode_to_vec();
+        let graph = Graph::new();
+        let checked = check_delta(&delta, &graph).unwrap();
+        graph
+            .import(&delta, &checked.mappings, Some("/device:GPU:1"))
+            .unwrap();
+        let device = |name: &str| graph.operation(name).unwrap().device();
+        assert_eq!(device("v"), "/device:GPU:1");
+        assert_eq!(device("pinned"), "/device:CPU:0");
+    }
+
+    #[test]
     fn variables_declare_their_persistent_bytes() {
         assert_eq!(
             variable_bytes(&variable("VarHandleOp", DataType::DtFloat, &[784, 128])),

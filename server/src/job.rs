@@ -33,6 +33,7 @@ use crate::graph_delta::{check_delta, VariableBytes};
 use crate::memory_profile;
 use crate::sched::lanes::MemoryNeed;
 use crate::sched::{Hints, JobId, LaneId};
+use crate::session_config::GpuLanes;
 use crate::state::JobSettings;
 use crate::tf::{self, Graph, Operation, PartialRunHandle, Session, Tensor};
 use crate::wire;
@@ -200,6 +201,9 @@ pub struct Job {
     ephemeral_measured: AtomicU64,
     /// The job's memory lane, once admitted (dropping it frees the share).
     reservation: Mutex<Option<LaneReservation>>,
+    /// GPU lanes: the lane whose virtual GPU the graph is placed on, chosen at
+    /// CreateSession because TensorFlow places a session's nodes only once.
+    gpu_lane: Option<LaneId>,
     /// Serialises admission of the job's concurrent runs.
     pub admission_lock: tokio::sync::Mutex<()>,
     pub created: Instant,
@@ -228,7 +232,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Job {
     /// Builds the graph from `graph_def` (may be empty) and opens a TF session
-    /// with `config` (a serialized ConfigProto).
+    /// with `config` (a serialized ConfigProto). With `gpu_lane`, nodes the
+    /// client left unplaced go to that lane's virtual GPU.
     pub fn create(
         id: JobId,
         handle: String,
@@ -236,13 +241,15 @@ impl Job {
         graph_def: &[u8],
         config: &[u8],
         settings: JobSettings,
+        gpu_lane: Option<LaneId>,
     ) -> Result<Job> {
         let graph = Arc::new(Graph::new());
         let mut containers = Vec::new();
         let mut variables = VariableBytes::default();
+        let device = gpu_lane.map(|lane| GpuLanes::device(lane.0));
         if !graph_def.is_empty() {
             let delta = check_delta(graph_def, &graph)?;
-            graph.import(graph_def, &delta.mappings)?;
+            graph.import(graph_def, &delta.mappings, device.as_deref())?;
             containers = delta.containers;
             variables = delta.variables;
         }
@@ -268,6 +275,7 @@ impl Job {
             measure_memory: settings.measure_memory,
             ephemeral_measured: AtomicU64::new(0),
             reservation: Mutex::new(None),
+            gpu_lane,
             admission_lock: tokio::sync::Mutex::new(()),
             created: Instant::now(),
             last_active_ms: AtomicU64::new(0),
@@ -325,6 +333,11 @@ impl Job {
         lock(&self.reservation).as_ref().map(LaneReservation::lane)
     }
 
+    /// GPU lanes: the lane the job's graph is placed on (admission waits for it).
+    pub fn gpu_lane(&self) -> Option<LaneId> {
+        self.gpu_lane
+    }
+
     pub fn set_reservation(&self, reservation: LaneReservation) {
         *lock(&self.reservation) = Some(reservation);
     }
@@ -363,7 +376,8 @@ impl Job {
         }
         let graph = self.session.graph();
         let delta = check_delta(graph_def, graph)?;
-        graph.import(graph_def, &delta.mappings)?;
+        let device = self.gpu_lane.map(|lane| GpuLanes::device(lane.0));
+        graph.import(graph_def, &delta.mappings, device.as_deref())?;
         lock(&self.containers).extend(delta.containers);
         *lock(&self.variables) += delta.variables;
         *version += 1;

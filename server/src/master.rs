@@ -10,6 +10,7 @@ use salus_proto::tensorflow::master_service_server::MasterService;
 use salus_proto::tensorflow::*;
 use tonic::{Request, Response, Status};
 
+use crate::admission::Admission;
 use crate::error::{Error, Result};
 use crate::exec;
 use crate::job::{Job, RunClass, RunKey};
@@ -74,7 +75,9 @@ impl Master {
             .map(|s| s.hints)
             .unwrap_or_else(|| job.hints.clone());
         let estimate = job.memory_estimate(&hints);
-        let reservation = admission.admit(job.id, estimate.need, hints).await?;
+        let reservation = admission
+            .admit(job.id, estimate.need, job.gpu_lane(), hints)
+            .await?;
         job.set_reservation(reservation);
         Ok(())
     }
@@ -170,12 +173,25 @@ impl MasterService for Master {
         let (config, metadata_name) = session_config(&req.config, self.state.session_defaults)?;
         let hints = Hints::parse(&metadata_name).map_err(Error::from)?;
         let (id, handle) = self.state.sessions.next_job();
+        let gpu_lane = self
+            .state
+            .admission
+            .as_ref()
+            .and_then(Admission::lane_for_new_graph);
         let job = {
             let handle = handle.clone();
             let hints = hints.clone();
             let settings = self.state.settings;
             exec::blocking(move || {
-                Job::create(id, handle, hints, &req.graph_def, &config, settings)
+                Job::create(
+                    id,
+                    handle,
+                    hints,
+                    &req.graph_def,
+                    &config,
+                    settings,
+                    gpu_lane,
+                )
             })
             .await?
         };

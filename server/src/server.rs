@@ -17,7 +17,9 @@ use crate::error::Error;
 use crate::exec;
 use crate::executor::Executor;
 use crate::master::Master;
+use crate::sched::lanes::LaneManager;
 use crate::sched::policy;
+use crate::session_config::{session_config, GpuLanes};
 use crate::state::{JobSettings, ServerState};
 use crate::tf::{self, Graph, Session};
 
@@ -37,9 +39,15 @@ pub struct Server {
 
 impl Server {
     /// Initialises TensorFlow and lists the devices every session will see.
-    pub async fn start(config: Config) -> Result<Server, ServeError> {
-        let devices = exec::blocking(|| {
-            let probe = Session::new(Arc::new(Graph::new()), &[])?;
+    pub async fn start(mut config: Config) -> Result<Server, ServeError> {
+        let capacity = memory_capacity(&config);
+        let gpu_lanes = gpu_lanes(&config, capacity)?;
+        config.session_defaults.gpu_lanes = gpu_lanes;
+        // The probe is the process's first session: with GPU lanes it creates
+        // the virtual devices, so it gets the same config as every job.
+        let (probe_config, _) = session_config(&[], config.session_defaults)?;
+        let devices = exec::blocking(move || {
+            let probe = Session::new(Arc::new(Graph::new()), &probe_config)?;
             Ok(probe.list_devices()?)
         })
         .await?;
@@ -47,12 +55,17 @@ impl Server {
         for device in &devices {
             tracing::info!(device = %device.name, kind = %device.device_type, memory = device.memory_bytes, "device");
         }
-        let settings = JobSettings {
-            max_tensor_bytes: config.max_message_size as u64,
-            inline_below: config.inline_below,
-            cheap_below: config.cheap_below,
-            measure_memory: config.memory_capacity.is_some(),
-        };
+        if let Some(lanes) = gpu_lanes {
+            let gpus = devices.iter().filter(|d| d.device_type == "GPU").count();
+            if gpus < lanes.count as usize {
+                tracing::warn!(
+                    lanes = lanes.count,
+                    gpus,
+                    "TensorFlow sees fewer GPUs than --gpu-lanes: lanes stay fixed memory budgets, \
+                     and soft placement runs their ops on the devices that exist"
+                );
+            }
+        }
         let policy =
             policy::by_name(&config.policy).map_err(|e| Error::InvalidArgument(e.to_string()))?;
         tracing::info!(
@@ -61,14 +74,25 @@ impl Server {
             "scheduler"
         );
         let executor = Executor::new(policy, config.sched);
-        let admission = memory_capacity(&config).map(|capacity| {
+        let admission = capacity.map(|capacity| {
+            let lanes = match gpu_lanes {
+                Some(gpu) => LaneManager::fixed(&vec![gpu.lane_bytes; gpu.count as usize]),
+                None => LaneManager::new(capacity),
+            };
             tracing::info!(
                 capacity,
+                fixed_lanes = gpu_lanes.map_or(0, |g| g.count),
                 timeout_s = config.admission_timeout.as_secs(),
                 "memory lanes"
             );
-            Admission::new(capacity, config.admission_timeout, executor.clone())
+            Admission::new(lanes, config.admission_timeout, executor.clone())
         });
+        let settings = JobSettings {
+            max_tensor_bytes: config.max_message_size as u64,
+            inline_below: config.inline_below,
+            cheap_below: config.cheap_below,
+            measure_memory: admission.is_some(),
+        };
         let state = Arc::new(ServerState::new(
             executor,
             admission,
@@ -196,7 +220,8 @@ async fn reap_idle_sessions(state: Arc<ServerState>, timeout: std::time::Duratio
 }
 
 /// The capacity lanes share: `--memory-capacity`, or with the `cuda` feature
-/// and no flag, GPU 0's total memory when a driver is present.
+/// and no flag, GPU 0's memory when a driver is present (all of it for dynamic
+/// lanes; 95% of what is free for GPU lanes, which TensorFlow must allocate).
 fn memory_capacity(config: &Config) -> Option<u64> {
     if config.memory_capacity.is_some() {
         return config.memory_capacity;
@@ -209,11 +234,41 @@ fn memory_capacity(config: &Config) -> Option<u64> {
                 free = memory.free,
                 "GPU 0 memory from the CUDA driver"
             );
-            return Some(memory.total);
+            return Some(if config.gpu_lanes > 0 {
+                memory.free / 20 * 19
+            } else {
+                memory.total
+            });
         }
         Err(err) => {
             tracing::info!(cause = %err, "no GPU memory capacity; memory admission stays off")
         }
     }
     None
+}
+
+/// `--gpu-lanes N`: the capacity split into N equal lanes.
+fn gpu_lanes(config: &Config, capacity: Option<u64>) -> Result<Option<GpuLanes>, Error> {
+    if config.gpu_lanes == 0 {
+        return Ok(None);
+    }
+    let capacity = capacity.ok_or_else(|| {
+        Error::InvalidArgument(
+            "--gpu-lanes needs a memory capacity: set --memory-capacity, or run on a GPU \
+             with a salus-server built with --features cuda"
+                .into(),
+        )
+    })?;
+    let lane_bytes = capacity / u64::from(config.gpu_lanes);
+    if lane_bytes < 1 << 20 {
+        return Err(Error::InvalidArgument(format!(
+            "--gpu-lanes {} leaves lanes of {lane_bytes} bytes from a capacity of {capacity}; \
+             a lane needs at least 1 MiB",
+            config.gpu_lanes
+        )));
+    }
+    Ok(Some(GpuLanes {
+        count: config.gpu_lanes,
+        lane_bytes,
+    }))
 }

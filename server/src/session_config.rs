@@ -6,7 +6,8 @@
 //! (`{CPU: 1, GPU: 0}` on a CPU build), which says nothing about the server.
 
 use prost::Message;
-use salus_proto::tensorflow::ConfigProtoView;
+use salus_proto::tensorflow::gpu_options_view::{experimental::VirtualDevices, Experimental};
+use salus_proto::tensorflow::{ConfigProtoView, GpuOptionsView};
 
 use crate::error::{Error, Result};
 use crate::wire;
@@ -22,6 +23,10 @@ const INTRA_OP_THREADS_FIELD: u64 = 2;
 const EXPERIMENTAL_FIELD: u64 = 16;
 const SESSION_METADATA_FIELD: u64 = 11;
 const INTER_OP_THREADS_FIELD: u64 = 5;
+/// ConfigProto.gpu_options (6) and allow_soft_placement (7): the server's own
+/// with GPU lanes.
+const GPU_OPTIONS_FIELD: u64 = 6;
+const ALLOW_SOFT_PLACEMENT_FIELD: u64 = 7;
 
 /// Server-side defaults for settings the client leaves unset.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -29,6 +34,45 @@ pub struct SessionDefaults {
     /// 0 lets TensorFlow pick.
     pub intra_op_threads: u32,
     pub inter_op_threads: u32,
+    /// GPU lanes: every session gets the same virtual-device split.
+    pub gpu_lanes: Option<GpuLanes>,
+}
+
+/// GPU 0 split into `count` TensorFlow virtual GPUs of `lane_bytes` each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuLanes {
+    pub count: u32,
+    pub lane_bytes: u64,
+}
+
+impl GpuLanes {
+    /// The device a lane's jobs are placed on.
+    pub fn device(lane: u32) -> String {
+        format!("/device:GPU:{lane}")
+    }
+
+    /// TensorFlow fixes virtual devices once per process, so every session's
+    /// config must carry the same ones. Soft placement lets ops without a GPU
+    /// kernel (strings, file I/O) fall back to the CPU.
+    fn write_into(self, config: &mut Vec<u8>) -> Result<()> {
+        let stripped =
+            wire::strip_fields(config, &[GPU_OPTIONS_FIELD, ALLOW_SOFT_PLACEMENT_FIELD])?;
+        *config = stripped;
+        let limit_mb = self.lane_bytes as f64 / f64::from(1 << 20);
+        ConfigProtoView {
+            allow_soft_placement: true,
+            gpu_options: Some(GpuOptionsView {
+                experimental: Some(Experimental {
+                    virtual_devices: vec![VirtualDevices {
+                        memory_limit_mb: vec![limit_mb as f32; self.count as usize],
+                    }],
+                }),
+            }),
+            ..Default::default()
+        }
+        .encode(config)
+        .map_err(|e| Error::Internal(format!("encoding GPU options: {e}")))
+    }
 }
 
 /// The ConfigProto for TensorFlow and the job's name (from
@@ -47,6 +91,9 @@ pub fn session_config(client: &[u8], defaults: SessionDefaults) -> Result<(Vec<u
             wire::write_varint(&mut config, field << 3);
             wire::write_varint(&mut config, u64::from(value));
         }
+    }
+    if let Some(gpu_lanes) = defaults.gpu_lanes {
+        gpu_lanes.write_into(&mut config)?;
     }
     let name = view
         .experimental
@@ -68,6 +115,8 @@ mod tests {
         ConfigProtoView {
             intra_op_parallelism_threads: intra,
             inter_op_parallelism_threads: 0,
+            allow_soft_placement: false,
+            gpu_options: None,
             experimental: Some(config_proto_view::Experimental {
                 session_metadata: Some(SessionMetadata {
                     name: name.into(),
@@ -95,6 +144,7 @@ mod tests {
         let defaults = SessionDefaults {
             intra_op_threads: 2,
             inter_op_threads: 4,
+            gpu_lanes: None,
         };
         let (config, _) = session_config(&encode(3, ""), defaults).unwrap();
         let view = ConfigProtoView::decode(config.as_slice()).unwrap();
@@ -115,6 +165,42 @@ mod tests {
             (2, 4)
         );
         assert_eq!(name, "");
+    }
+
+    #[test]
+    fn gpu_lanes_replace_the_clients_gpu_options_with_virtual_devices() {
+        let mut client = encode(0, "job");
+        ConfigProtoView {
+            gpu_options: Some(GpuOptionsView {
+                experimental: Some(Experimental {
+                    virtual_devices: vec![VirtualDevices {
+                        memory_limit_mb: vec![1.0],
+                    }],
+                }),
+            }),
+            ..Default::default()
+        }
+        .encode(&mut client)
+        .unwrap();
+        let defaults = SessionDefaults {
+            gpu_lanes: Some(GpuLanes {
+                count: 3,
+                lane_bytes: 512 << 20,
+            }),
+            ..Default::default()
+        };
+        let (config, _) = session_config(&client, defaults).unwrap();
+        let view = ConfigProtoView::decode(config.as_slice()).unwrap();
+        assert!(view.allow_soft_placement);
+        let devices = view
+            .gpu_options
+            .unwrap()
+            .experimental
+            .unwrap()
+            .virtual_devices;
+        assert_eq!(devices.len(), 1, "one physical GPU");
+        assert_eq!(devices[0].memory_limit_mb, [512.0; 3]);
+        assert_eq!(GpuLanes::device(2), "/device:GPU:2");
     }
 
     #[test]

@@ -1022,3 +1022,73 @@ async fn memory_lanes_admit_wait_and_refuse() {
     assert_eq!(info.memory_free_bytes, 100 << 20);
     s.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpu_lanes_are_fixed_and_pin_each_job_to_its_device() {
+    // On a CPU-only TensorFlow the virtual GPUs do not exist: soft placement
+    // runs the lane-placed graphs on the CPU, and the lanes stay budgets.
+    let config = Config {
+        memory_capacity: Some(100 << 20),
+        gpu_lanes: 2,
+        admission_timeout: std::time::Duration::from_secs(20),
+        ..Default::default()
+    };
+    let mut s = start_with(config).await;
+    let lanes = |info: &salus_proto::salus::v1::ServerInfo| -> Vec<(u64, usize)> {
+        info.memory_lanes
+            .iter()
+            .map(|l| (l.size_bytes, l.jobs.len()))
+            .collect()
+    };
+    let info = s
+        .admin
+        .get_server_info(GetServerInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(lanes(&info), [(50 << 20, 0), (50 << 20, 0)]);
+    // Each new job is bound to the roomiest lane when its session is created.
+    let a = hinted_job(&mut s, "a?persistent=20MiB&ephemeral=10MiB").await;
+    s.master.run_step(main_step(&a)).await.unwrap();
+    let b = hinted_job(&mut s, "b?persistent=30MiB&ephemeral=10MiB").await;
+    s.master.run_step(main_step(&b)).await.unwrap();
+    // Lane 0 has 20 MiB of room, lane 1 10 MiB: c goes to lane 0 and shares it
+    // (20 + 15 + max(10, 10) = 45 <= 50).
+    let c = hinted_job(&mut s, "c?persistent=15MiB&ephemeral=10MiB").await;
+    let out = s.master.run_step(main_step(&c)).await.unwrap().into_inner();
+    assert_eq!(floats(out.tensor[0].tensor.as_ref().unwrap()), [2.0]);
+    let info = s
+        .admin
+        .get_server_info(GetServerInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(lanes(&info), [(50 << 20, 2), (50 << 20, 1)]);
+    // Larger than a lane, though not than the device: refused at once.
+    let d = hinted_job(&mut s, "d?persistent=45MiB&ephemeral=10MiB").await;
+    let err = s.master.run_step(main_step(&d)).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted);
+    assert!(
+        err.message().contains("its lane holds 52428800 bytes"),
+        "{}",
+        err.message()
+    );
+    for handle in [a, b, c, d] {
+        s.master
+            .close_session(CloseSessionRequest {
+                session_handle: handle,
+            })
+            .await
+            .unwrap();
+    }
+    // Fixed lanes outlive their jobs: they are the devices' memory limits.
+    let info = s
+        .admin
+        .get_server_info(GetServerInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(lanes(&info), [(50 << 20, 0), (50 << 20, 0)]);
+    assert_eq!(info.memory_free_bytes, 100 << 20);
+    s.shutdown().await;
+}

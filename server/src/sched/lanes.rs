@@ -19,6 +19,12 @@
 //! one that does not. A job leaving a shared lane shrinks it to what the
 //! remaining jobs need; the last job out returns the lane to the pool.
 //!
+//! Fixed lanes (GPU lanes, `--gpu-lanes`): TensorFlow splits a GPU into
+//! virtual devices once per process, so there the lanes are opened at start
+//! with fixed sizes, never grow, shrink or close, and a job may be pinned to
+//! the lane whose device its graph was placed on. Inside a lane the sharing
+//! rule is the same: sum(persistent) + max(ephemeral) <= size.
+//!
 //! Plain synchronous state, no I/O and no clock: the server wraps placements in
 //! RAII reservations; tests and the simulator drive it directly.
 
@@ -48,8 +54,17 @@ pub enum LaneError {
         ephemeral: u64,
         capacity: u64,
     },
+    #[error("job needs {need} bytes ({persistent} persistent + {ephemeral} ephemeral) but its lane holds {lane_size} bytes in all")]
+    LargerThanLane {
+        need: u64,
+        persistent: u64,
+        ephemeral: u64,
+        lane_size: u64,
+    },
     #[error("job {0:?} already holds or awaits a lane")]
     Duplicate(JobId),
+    #[error("no lane {0:?}")]
+    UnknownLane(LaneId),
 }
 
 /// The outcome of a request.
@@ -96,12 +111,22 @@ pub struct LaneStatus {
     pub used: u64,
 }
 
+/// A waiting request; `pinned` restricts it to one lane.
+#[derive(Clone, Copy, Debug)]
+struct Request {
+    job: JobId,
+    need: MemoryNeed,
+    pinned: Option<LaneId>,
+}
+
 pub struct LaneManager {
     capacity: u64,
     lanes: BTreeMap<LaneId, Lane>,
-    waiting: VecDeque<(JobId, MemoryNeed)>,
+    waiting: VecDeque<Request>,
     placed: HashMap<JobId, LaneId>,
     next_lane: u32,
+    /// Lanes opened at start with fixed sizes (GPU virtual devices).
+    fixed: bool,
 }
 
 impl LaneManager {
@@ -112,21 +137,79 @@ impl LaneManager {
             waiting: VecDeque::new(),
             placed: HashMap::new(),
             next_lane: 0,
+            fixed: false,
         }
+    }
+
+    /// Fixed lanes of the given sizes, numbered from 0, that never change.
+    pub fn fixed(sizes: &[u64]) -> LaneManager {
+        let lanes = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &size)| {
+                let lane = Lane {
+                    size,
+                    jobs: Vec::new(),
+                };
+                (LaneId(i as u32), lane)
+            })
+            .collect();
+        LaneManager {
+            capacity: sizes.iter().sum(),
+            lanes,
+            waiting: VecDeque::new(),
+            placed: HashMap::new(),
+            next_lane: sizes.len() as u32,
+            fixed: true,
+        }
+    }
+
+    pub fn is_fixed(&self) -> bool {
+        self.fixed
+    }
+
+    /// The fixed lane with the most room for `persistent` more bytes: where a
+    /// job whose graph is about to be placed should go. None with dynamic lanes.
+    pub fn roomiest_lane(&self) -> Option<LaneId> {
+        if !self.fixed {
+            return None;
+        }
+        self.lanes
+            .iter()
+            .max_by_key(|(id, lane)| {
+                let used = lane.persistent() + lane.max_ephemeral();
+                (lane.size.saturating_sub(used), std::cmp::Reverse(**id))
+            })
+            .map(|(id, _)| *id)
     }
 
     pub fn capacity(&self) -> u64 {
         self.capacity
     }
 
-    /// Bytes not given to any lane.
+    /// Bytes not given to any lane; with fixed lanes, bytes no job uses.
     pub fn free(&self) -> u64 {
-        self.capacity
-            .saturating_sub(self.lanes.values().map(|l| l.size).sum())
+        let taken: u64 = if self.fixed {
+            self.lanes
+                .values()
+                .map(|l| l.persistent() + l.max_ephemeral())
+                .sum()
+        } else {
+            self.lanes.values().map(|l| l.size).sum()
+        };
+        self.capacity.saturating_sub(taken)
     }
 
-    fn place(&mut self, job: JobId, need: MemoryNeed) -> Option<LaneId> {
-        let lane = if need.limit() <= self.free() {
+    fn place(&mut self, request: Request) -> Option<LaneId> {
+        let Request { job, need, pinned } = request;
+        let lane = if self.fixed {
+            *self
+                .lanes
+                .iter()
+                .filter(|(id, _)| pinned.is_none_or(|p| p == **id))
+                .find(|(_, lane)| lane.size_with(need) <= lane.size)?
+                .0
+        } else if need.limit() <= self.free() {
             let id = LaneId(self.next_lane);
             self.next_lane += 1;
             self.lanes.insert(
@@ -155,7 +238,19 @@ impl LaneManager {
 
     /// Asks for a lane. A job larger than the whole device is refused at once.
     pub fn request(&mut self, job: JobId, need: MemoryNeed) -> Result<Placement, LaneError> {
-        if self.placed.contains_key(&job) || self.waiting.iter().any(|(j, _)| *j == job) {
+        self.request_in(job, need, None)
+    }
+
+    /// Asks for a lane, only `pinned` if given (fixed lanes: the lane whose
+    /// device holds the job's graph). A job larger than the device, or than
+    /// every lane it may use, is refused at once.
+    pub fn request_in(
+        &mut self,
+        job: JobId,
+        need: MemoryNeed,
+        pinned: Option<LaneId>,
+    ) -> Result<Placement, LaneError> {
+        if self.placed.contains_key(&job) || self.waiting.iter().any(|r| r.job == job) {
             return Err(LaneError::Duplicate(job));
         }
         if need.limit() > self.capacity {
@@ -166,11 +261,34 @@ impl LaneManager {
                 capacity: self.capacity,
             });
         }
+        if let Some(lane) = pinned {
+            if !self.fixed || !self.lanes.contains_key(&lane) {
+                return Err(LaneError::UnknownLane(lane));
+            }
+        }
+        if self.fixed {
+            let largest = self
+                .lanes
+                .iter()
+                .filter(|(id, _)| pinned.is_none_or(|p| p == **id))
+                .map(|(_, lane)| lane.size)
+                .max()
+                .unwrap_or(0);
+            if need.limit() > largest {
+                return Err(LaneError::LargerThanLane {
+                    need: need.limit(),
+                    persistent: need.persistent,
+                    ephemeral: need.ephemeral,
+                    lane_size: largest,
+                });
+            }
+        }
+        let request = Request { job, need, pinned };
         // Waiting requests were checked at the last change; only this one is new.
-        Ok(match self.place(job, need) {
+        Ok(match self.place(request) {
             Some(lane) => Placement::Placed(lane),
             None => {
-                self.waiting.push_back((job, need));
+                self.waiting.push_back(request);
                 Placement::Waiting
             }
         })
@@ -179,11 +297,13 @@ impl LaneManager {
     /// Releases a job's lane share (or withdraws its waiting request) and
     /// returns the waiting jobs that now got a lane.
     pub fn release(&mut self, job: JobId) -> Vec<(JobId, LaneId)> {
-        self.waiting.retain(|(j, _)| *j != job);
+        self.waiting.retain(|r| r.job != job);
         if let Some(lane_id) = self.placed.remove(&job) {
             if let Some(lane) = self.lanes.get_mut(&lane_id) {
                 lane.jobs.retain(|(j, _)| *j != job);
-                if lane.jobs.is_empty() {
+                if self.fixed {
+                    // Fixed lanes keep their size: it is a device's memory limit.
+                } else if lane.jobs.is_empty() {
                     self.lanes.remove(&lane_id);
                 } else {
                     // Shrink to what the remaining jobs need; the rest returns to the pool.
@@ -198,10 +318,10 @@ impl LaneManager {
     fn rescan(&mut self) -> Vec<(JobId, LaneId)> {
         let mut admitted = Vec::new();
         let waiting = std::mem::take(&mut self.waiting);
-        for (job, need) in waiting {
-            match self.place(job, need) {
-                Some(lane) => admitted.push((job, lane)),
-                None => self.waiting.push_back((job, need)),
+        for request in waiting {
+            match self.place(request) {
+                Some(lane) => admitted.push((request.job, lane)),
+                None => self.waiting.push_back(request),
             }
         }
         admitted
@@ -212,7 +332,7 @@ impl LaneManager {
     }
 
     pub fn is_waiting(&self, job: JobId) -> bool {
-        self.waiting.iter().any(|(j, _)| *j == job)
+        self.waiting.iter().any(|r| r.job == job)
     }
 
     pub fn lanes(&self) -> Vec<LaneStatus> {
@@ -350,5 +470,90 @@ mod tests {
         assert_eq!(m.request(JobId(4), need(4, 3)), Ok(Placement::Waiting));
         assert_eq!(m.release(JobId(4)), vec![]);
         assert!(!m.is_waiting(JobId(4)));
+    }
+
+    #[test]
+    fn fixed_lanes_share_by_the_rule_and_never_grow_or_close() {
+        let mut m = LaneManager::fixed(&[8 * GB, 8 * GB]);
+        assert!(m.is_fixed());
+        assert_eq!(
+            (m.capacity(), m.free(), m.roomiest_lane()),
+            (16 * GB, 16 * GB, Some(LaneId(0)))
+        );
+        assert_eq!(
+            m.request(JobId(1), need(2, 4)),
+            Ok(Placement::Placed(LaneId(0)))
+        );
+        // Lane 0 now has 2 GB of room, lane 1 all 8.
+        assert_eq!(m.roomiest_lane(), Some(LaneId(1)));
+        // Pinned to lane 0: 2 + 1 + max(4, 2) = 7 <= 8, shares it.
+        assert_eq!(
+            m.request_in(JobId(2), need(1, 2), Some(LaneId(0))),
+            Ok(Placement::Placed(LaneId(0)))
+        );
+        // Pinned to lane 0, 2 + 1 + 3 + 4 = 10 > 8: waits though lane 1 is empty.
+        assert_eq!(
+            m.request_in(JobId(3), need(3, 1), Some(LaneId(0))),
+            Ok(Placement::Waiting)
+        );
+        // Unpinned: the first lane that holds it.
+        assert_eq!(
+            m.request(JobId(4), need(3, 1)),
+            Ok(Placement::Placed(LaneId(1)))
+        );
+        assert_eq!(
+            m.lanes()
+                .iter()
+                .map(|l| (l.size, l.used))
+                .collect::<Vec<_>>(),
+            [(8 * GB, 7 * GB), (8 * GB, 4 * GB)]
+        );
+        // Job 1 leaves: lane 0 keeps its size, job 3 now fits (1 + 3 + 2 = 6).
+        assert_eq!(m.release(JobId(1)), [(JobId(3), LaneId(0))]);
+        for job in [2, 3, 4] {
+            m.release(JobId(job));
+        }
+        assert_eq!(
+            m.lanes()
+                .iter()
+                .map(|l| (l.size, l.jobs.len()))
+                .collect::<Vec<_>>(),
+            [(8 * GB, 0), (8 * GB, 0)]
+        );
+        assert_eq!(m.free(), 16 * GB);
+    }
+
+    #[test]
+    fn fixed_lanes_refuse_jobs_larger_than_their_lane_and_unknown_lanes() {
+        let mut m = LaneManager::fixed(&[4 * GB, 6 * GB]);
+        assert_eq!(
+            m.request_in(JobId(1), need(4, 1), Some(LaneId(0))),
+            Err(LaneError::LargerThanLane {
+                need: 5 * GB,
+                persistent: 4 * GB,
+                ephemeral: GB,
+                lane_size: 4 * GB
+            })
+        );
+        // Unpinned, the larger lane holds it.
+        assert_eq!(
+            m.request(JobId(1), need(4, 1)),
+            Ok(Placement::Placed(LaneId(1)))
+        );
+        assert!(matches!(
+            m.request(JobId(2), need(6, 1)),
+            Err(LaneError::LargerThanLane { .. })
+        ));
+        assert_eq!(
+            m.request_in(JobId(3), need(1, 1), Some(LaneId(7))),
+            Err(LaneError::UnknownLane(LaneId(7)))
+        );
+        // Dynamic lanes cannot be pinned, nor have a roomiest lane.
+        let mut dynamic = LaneManager::new(8 * GB);
+        assert_eq!(dynamic.roomiest_lane(), None);
+        assert_eq!(
+            dynamic.request_in(JobId(1), need(1, 1), Some(LaneId(0))),
+            Err(LaneError::UnknownLane(LaneId(0)))
+        );
     }
 }

@@ -35,6 +35,14 @@ impl Operation {
         }
     }
 
+    /// The device the node asks for ("" when unplaced).
+    pub fn device(self) -> String {
+        // SAFETY: a live operation; TF returns a NUL-terminated string it owns.
+        unsafe { CStr::from_ptr(sys::TF_OperationDevice(self.as_ptr())) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
     /// Raw dtype number of output `index` (must be < num_outputs).
     pub fn output_type_raw(self, index: i32) -> i32 {
         // SAFETY: a live operation; the caller keeps index in range.
@@ -78,8 +86,19 @@ impl Graph {
     }
 
     /// Imports `graph_def` (serialized GraphDef bytes) into this graph, wiring
-    /// references to existing nodes through `mappings`.
-    pub fn import(&self, graph_def: &[u8], mappings: &ImportMappings) -> Result<(), TfError> {
+    /// references to existing nodes through `mappings`; nodes without a device
+    /// get `default_device`, if given.
+    pub fn import(
+        &self,
+        graph_def: &[u8],
+        mappings: &ImportMappings,
+        default_device: Option<&str>,
+    ) -> Result<(), TfError> {
+        let default_device = default_device
+            .map(|d| {
+                CString::new(d).map_err(|_| TfError::new(3, format!("device {d:?} contains NUL")))
+            })
+            .transpose()?;
         // Keep the CStrings alive until the import is done: TF copies them, but
         // only during the call.
         let names: Vec<CString> = mappings
@@ -98,6 +117,9 @@ impl Graph {
         unsafe {
             let opts = sys::TF_NewImportGraphDefOptions();
             ffi::TF_ImportGraphDefOptionsSetValidateColocationConstraints(opts, 0);
+            if let Some(device) = &default_device {
+                sys::TF_ImportGraphDefOptionsSetDefaultDevice(opts, device.as_ptr());
+            }
             let (data_names, control_names) = names.split_at(mappings.data.len());
             for ((_, index, op), name) in mappings.data.iter().zip(data_names) {
                 sys::TF_ImportGraphDefOptionsAddInputMapping(
