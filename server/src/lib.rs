@@ -8,6 +8,7 @@
 //! - [`config`]: command-line flags and the validated [`config::Config`].
 //! - [`server`]: assembles the gRPC services and runs them until shutdown.
 //! - [`master`]: `tensorflow.MasterService`, one handler per RPC.
+//! - [`sched`] (crate `salus-sched`): the scheduler core and memory lanes.
 //! - [`admission`]: memory lanes for jobs, waiting, RAII reservations.
 //! - [`admin`]: `salus.v1.Admin`, the server's own status API.
 //! - [`state`], [`sessions`], [`job`]: shared state, the session table, one job.
@@ -18,7 +19,6 @@
 //! - [`tf`]: safe wrappers over TensorFlow's C API.
 //! - [`tf_log`]: filters TensorFlow's own log lines out of stderr.
 //! - [`exec`]: runs TensorFlow work off the async runtime.
-//! - [`units`]: byte sizes ("512MiB").
 //! - [`wire`]: wire-level protobuf field editing.
 //! - [`error`]: the error type and its mapping to gRPC/TensorFlow codes.
 
@@ -36,12 +36,14 @@ pub mod job;
 pub mod latency;
 pub mod master;
 pub mod memory_profile;
-pub mod sched;
 pub mod server;
 pub mod session_config;
 pub mod sessions;
 pub mod state;
 pub mod tf;
 pub mod tf_log;
-pub mod units;
 pub mod wire;
+
+/// The scheduler core, shared with the simulator (crate `salus-sched`).
+pub use salus_sched as sched;
+pub use salus_sched::units;

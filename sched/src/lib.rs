@@ -1,3 +1,5 @@
+//! # salus-sched
+//!
 //! The scheduler core: jobs, lanes and per-lane queues of pending iterations.
 //!
 //! A plain synchronous state machine with no I/O and no clock: every call takes
@@ -19,12 +21,16 @@
 //! # Layout
 //! - [`policy`]: the policies, one module each.
 //! - [`hints`]: job hints and their wire format.
-//! - [`lanes`]: memory lanes (Salus's assignment rule); not yet used by the
-//!   server, which runs every job in lane 0.
+//! - [`lanes`]: memory lanes (Salus's assignment rule).
+//! - [`units`]: byte sizes ("512MiB").
+//!
+//! The server (`salus-server`) and the simulator (`salus-sim`) both drive this
+//! crate; neither has a scheduler of its own.
 
 pub mod hints;
 pub mod lanes;
 pub mod policy;
+pub mod units;
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 

@@ -1,0 +1,647 @@
+//! The simulation: a trace's jobs through the server's own scheduler core in
+//! virtual time.
+//!
+//! # The device model (stated, since the results rest on it)
+//! Every running iteration (or, for `mps`, every job's current iteration) is an
+//! *activity* with its model's `iteration_s` of work and `utilization` u. The
+//! device runs all activities at once at a common rate: with demand D = sum u
+//! and k activities, each progresses at 1 / max(1, D x (1 + i x (k - 1)))
+//! seconds of work per second, i being the interference (`--interference`,
+//! default 0.05: 5% lost per extra concurrent activity once the device is
+//! full). Activities that together need less than the whole device run at full
+//! speed, so packing gains only where jobs leave the device idle. Device
+//! utilization is the useful work rate, D x rate, capped at 1.
+//!
+//! # The schedules
+//! - Salus policies (`fifo`, `srtf`, `pack`, `fair`, `rr`, `priority`, `las`):
+//!   the server's [`Scheduler`] decides per lane at each iteration boundary, one
+//!   iteration in flight per lane; with a capacity, the server's
+//!   [`LaneManager`] assigns lanes at a job's first iteration (as the server's
+//!   admission does) and lanes run concurrently; without one, all jobs share
+//!   one lane (as the server without `--memory-capacity`). Jobs carry hints:
+//!   `iterations` from the trace, `seconds` from its `duration_s`.
+//! - `exclusive`: one job at a time in arrival order, the whole device.
+//! - `mps`: jobs start in arrival order (a later one may pass an earlier one
+//!   that does not fit) while the sum of persistent + ephemeral memory of the
+//!   running jobs fits the capacity (no capacity: all start), and run at once.
+//!
+//! A job arrives at its submit time, spends its `startup_s` off the device,
+//! then runs its iterations back to back (its next iteration is submitted the
+//! moment the previous one ends, as a training loop does).
+
+use std::cmp::{Ordering, Reverse};
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+
+use salus_sched::lanes::{LaneManager, MemoryNeed, Placement};
+use salus_sched::{policy, Decision, Hints, JobId, LaneId, Nanos, SchedConfig, Scheduler};
+
+use crate::trace::TraceJob;
+use crate::workload::WorkloadTable;
+use crate::SimError;
+
+/// The schedules besides the server's policies.
+pub const BASELINES: &[&str] = &["exclusive", "mps"];
+
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    /// A server policy, `exclusive` or `mps`.
+    pub policy: String,
+    /// Device memory in bytes; None: no memory limit (one lane).
+    pub capacity: Option<u64>,
+    pub interference: f64,
+    pub sched: SchedConfig,
+}
+
+impl SimConfig {
+    pub fn new(policy: &str) -> SimConfig {
+        SimConfig {
+            policy: policy.to_string(),
+            capacity: None,
+            interference: 0.05,
+            sched: SchedConfig::default(),
+        }
+    }
+}
+
+/// One job's fate.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobOutcome {
+    pub job_id: String,
+    pub model: String,
+    pub arrival_s: f64,
+    /// Start of its first iteration.
+    pub start_s: Option<f64>,
+    pub end_s: Option<f64>,
+    pub lane: Option<u32>,
+    /// Why it never ran (larger than the device).
+    pub refused: Option<String>,
+}
+
+impl JobOutcome {
+    pub fn jct_s(&self) -> Option<f64> {
+        self.end_s.map(|end| end - self.arrival_s)
+    }
+}
+
+/// From `start_s` until the next point: device utilization, lanes open, jobs
+/// holding memory or a lane.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Point {
+    pub start_s: f64,
+    pub utilization: f64,
+    pub lanes: usize,
+    pub running: usize,
+}
+
+#[derive(Clone, Debug)]
+pub struct SimResult {
+    pub policy: String,
+    pub jobs: Vec<JobOutcome>,
+    /// Change points of utilization, lanes and running jobs.
+    pub timeline: Vec<Point>,
+    /// Integral of utilization over time, device-seconds.
+    pub busy_s: f64,
+    /// Iterations simulated.
+    pub iterations: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, PartialOrd)]
+struct Time(f64);
+
+impl Eq for Time {}
+
+impl Ord for Time {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    Arrive(usize),
+    /// Start-up done: the job asks for its first iteration.
+    Ready(usize),
+    /// A lane's anticipation window ends.
+    Timer(u32),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Salus,
+    Exclusive,
+    Mps,
+}
+
+struct Job {
+    iteration_s: f64,
+    utilization: f64,
+    startup_s: f64,
+    need: MemoryNeed,
+    total: u64,
+    done: u64,
+    hints: Hints,
+    lane: Option<LaneId>,
+    /// When its current iteration started.
+    iteration_start: f64,
+    running: bool,
+    outcome: JobOutcome,
+}
+
+struct Sim {
+    mode: Mode,
+    interference: f64,
+    capacity: Option<u64>,
+    t: f64,
+    /// Work-seconds every activity has progressed since the start.
+    v: f64,
+    /// Activities by the value of `v` at which they end.
+    active: BinaryHeap<Reverse<(Time, usize)>>,
+    demand: f64,
+    events: BinaryHeap<Reverse<(Time, u64, Event)>>,
+    seq: u64,
+    jobs: Vec<Job>,
+    sched: Scheduler<usize>,
+    lanes: Option<LaneManager>,
+    timers: HashMap<u32, f64>,
+    /// `exclusive` and `mps`: jobs not started yet, in arrival order.
+    queue: VecDeque<usize>,
+    /// `mps`: memory of the started jobs; `exclusive`: whether one runs.
+    used: u64,
+    running_jobs: usize,
+    timeline: Vec<Point>,
+    busy_s: f64,
+    iterations: u64,
+}
+
+fn ns(seconds: f64) -> Nanos {
+    (seconds * 1e9).round().max(0.0) as Nanos
+}
+
+/// Runs `trace` with `table` under `config`.
+pub fn simulate(
+    trace: &[TraceJob],
+    table: &WorkloadTable,
+    config: &SimConfig,
+) -> Result<SimResult, SimError> {
+    let (mode, policy) = match config.policy.as_str() {
+        "exclusive" => (Mode::Exclusive, policy::by_name("fifo")),
+        "mps" => (Mode::Mps, policy::by_name("fifo")),
+        name => (Mode::Salus, policy::by_name(name)),
+    };
+    let policy = policy
+        .map_err(|e| SimError::Invalid(format!("{e}, or a baseline: {}", BASELINES.join(", "))))?;
+    if !(config.interference >= 0.0 && config.interference.is_finite()) {
+        return Err(SimError::Invalid(
+            "interference must be a number >= 0".into(),
+        ));
+    }
+    let mut jobs = Vec::with_capacity(trace.len());
+    for t in trace {
+        let w = table.get(&t.model)?;
+        jobs.push(Job {
+            iteration_s: w.iteration_s,
+            utilization: w.utilization,
+            startup_s: w.startup_s,
+            need: MemoryNeed {
+                persistent: w.persistent_bytes,
+                ephemeral: w.ephemeral_bytes,
+            },
+            total: t.iterations,
+            done: 0,
+            hints: Hints {
+                name: t.model.clone(),
+                expected_iterations: Some(t.iterations),
+                expected_seconds: t.duration_s,
+                ..Hints::default()
+            },
+            lane: None,
+            iteration_start: 0.0,
+            running: false,
+            outcome: JobOutcome {
+                job_id: t.job_id.clone(),
+                model: t.model.clone(),
+                arrival_s: t.submit_s,
+                start_s: None,
+                end_s: None,
+                lane: None,
+                refused: None,
+            },
+        });
+    }
+    let mut sim = Sim {
+        mode,
+        interference: config.interference,
+        capacity: config.capacity,
+        t: 0.0,
+        v: 0.0,
+        active: BinaryHeap::new(),
+        demand: 0.0,
+        events: BinaryHeap::new(),
+        seq: 0,
+        jobs,
+        sched: Scheduler::new(policy, config.sched),
+        lanes: (mode == Mode::Salus)
+            .then_some(config.capacity)
+            .flatten()
+            .map(LaneManager::new),
+        timers: HashMap::new(),
+        queue: VecDeque::new(),
+        used: 0,
+        running_jobs: 0,
+        timeline: Vec::new(),
+        busy_s: 0.0,
+        iterations: 0,
+    };
+    for (i, job) in trace.iter().enumerate() {
+        sim.at(job.submit_s, Event::Arrive(i));
+    }
+    sim.run();
+    Ok(SimResult {
+        policy: config.policy.clone(),
+        jobs: sim.jobs.into_iter().map(|j| j.outcome).collect(),
+        timeline: sim.timeline,
+        busy_s: sim.busy_s,
+        iterations: sim.iterations,
+    })
+}
+
+impl Sim {
+    fn at(&mut self, time: f64, event: Event) {
+        self.seq += 1;
+        self.events.push(Reverse((Time(time), self.seq, event)));
+    }
+
+    fn now(&self) -> Nanos {
+        ns(self.t)
+    }
+
+    /// Work-seconds per second every activity gets now.
+    fn rate(&self) -> f64 {
+        let k = self.active.len();
+        if k <= 1 {
+            return 1.0;
+        }
+        let load = self.demand * (1.0 + self.interference * (k - 1) as f64);
+        1.0 / load.max(1.0)
+    }
+
+    fn advance(&mut self, to: f64) {
+        let dt = (to - self.t).max(0.0);
+        let rate = self.rate();
+        self.busy_s += (self.demand * rate).min(1.0) * dt;
+        self.v += rate * dt;
+        self.t = to.max(self.t);
+    }
+
+    fn run(&mut self) {
+        loop {
+            let next_event = self.events.peek().map(|Reverse((t, _, _))| t.0);
+            let next_done = self
+                .active
+                .peek()
+                .map(|Reverse((end_v, _))| self.t + (end_v.0 - self.v).max(0.0) / self.rate());
+            let done_first = match (next_done, next_event) {
+                (Some(done), Some(event)) => done <= event,
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+                (None, None) => break,
+            };
+            match (next_done, next_event) {
+                (Some(done), _) if done_first => {
+                    self.advance(done);
+                    let Reverse((_, job)) = self.active.pop().expect("peeked");
+                    self.demand -= self.jobs[job].utilization;
+                    if self.active.is_empty() {
+                        self.demand = 0.0;
+                    }
+                    self.iteration_done(job);
+                }
+                (_, Some(event)) => {
+                    self.advance(event);
+                    let Reverse((_, _, event)) = self.events.pop().expect("peeked");
+                    match event {
+                        Event::Arrive(job) => self.arrive(job),
+                        Event::Ready(job) => self.ready(job),
+                        Event::Timer(lane) => {
+                            self.timers.remove(&lane);
+                            self.poll(LaneId(lane));
+                        }
+                    }
+                }
+                _ => break,
+            }
+            self.record();
+        }
+    }
+
+    fn record(&mut self) {
+        let k = self.active.len();
+        let point = Point {
+            start_s: self.t,
+            utilization: (self.demand * self.rate()).min(1.0) * (k > 0) as u8 as f64,
+            lanes: match (&self.lanes, self.mode) {
+                (Some(lanes), _) => lanes.lanes().len(),
+                (None, Mode::Salus) => self.sched.lanes().len(),
+                (None, _) => 0,
+            },
+            running: self.running_jobs,
+        };
+        match self.timeline.last_mut() {
+            Some(last)
+                if (last.utilization, last.lanes, last.running)
+                    == (point.utilization, point.lanes, point.running) => {}
+            Some(last) if last.start_s == point.start_s => *last = point,
+            _ => self.timeline.push(point),
+        }
+    }
+
+    fn start_iteration(&mut self, job: usize) {
+        let j = &mut self.jobs[job];
+        j.iteration_start = self.t;
+        j.outcome.start_s.get_or_insert(self.t);
+        self.demand += j.utilization;
+        let end_v = self.v + j.iteration_s;
+        self.active.push(Reverse((Time(end_v), job)));
+    }
+
+    fn arrive(&mut self, job: usize) {
+        match self.mode {
+            Mode::Salus if self.lanes.is_none() => {
+                // Without memory lanes the server schedules a job from its session's creation.
+                let hints = self.jobs[job].hints.clone();
+                let now = self.now();
+                let _ = self.sched.add_job(JobId(job as u64), LaneId(0), hints, now);
+                self.jobs[job].lane = Some(LaneId(0));
+                self.admitted(job);
+            }
+            Mode::Salus => self.at(self.t + self.jobs[job].startup_s, Event::Ready(job)),
+            Mode::Exclusive | Mode::Mps => {
+                self.queue.push_back(job);
+                self.start_queued();
+            }
+        }
+    }
+
+    /// The job holds its lane or memory: start-up, then its first iteration.
+    fn admitted(&mut self, job: usize) {
+        self.running_jobs += 1;
+        self.jobs[job].running = true;
+        if self.mode == Mode::Salus && self.lanes.is_some() {
+            // Admission happens at the first iteration, after start-up.
+            self.submit(job);
+        } else {
+            self.at(self.t + self.jobs[job].startup_s, Event::Ready(job));
+        }
+    }
+
+    fn ready(&mut self, job: usize) {
+        match self.mode {
+            Mode::Salus => match &mut self.lanes {
+                None => self.submit(job),
+                Some(lanes) => match lanes.request(JobId(job as u64), self.jobs[job].need) {
+                    Ok(Placement::Placed(lane)) => self.place(job, lane),
+                    Ok(Placement::Waiting) => {}
+                    Err(err) => self.jobs[job].outcome.refused = Some(err.to_string()),
+                },
+            },
+            Mode::Exclusive | Mode::Mps => self.start_iteration(job),
+        }
+    }
+
+    /// Salus with lanes: the lane manager placed the job.
+    fn place(&mut self, job: usize, lane: LaneId) {
+        let hints = self.jobs[job].hints.clone();
+        let now = self.now();
+        let _ = self.sched.add_job(JobId(job as u64), lane, hints, now);
+        self.jobs[job].lane = Some(lane);
+        self.jobs[job].outcome.lane = Some(lane.0);
+        self.admitted(job);
+    }
+
+    fn submit(&mut self, job: usize) {
+        let now = self.now();
+        if let Ok(lane) = self.sched.submit(JobId(job as u64), job, now) {
+            self.poll(lane);
+        }
+    }
+
+    /// Lets a lane run what its policy picks.
+    fn poll(&mut self, lane: LaneId) {
+        loop {
+            match self.sched.next(lane, self.now()) {
+                Decision::Run(dispatch) => self.start_iteration(dispatch.work),
+                Decision::WaitUntil(until) => {
+                    let until = until as f64 / 1e9;
+                    let earlier = self.timers.get(&lane.0).is_none_or(|&t| until < t);
+                    if earlier {
+                        self.timers.insert(lane.0, until);
+                        self.at(until, Event::Timer(lane.0));
+                    }
+                    return;
+                }
+                Decision::Idle => return,
+            }
+        }
+    }
+
+    fn iteration_done(&mut self, job: usize) {
+        self.iterations += 1;
+        let now = self.now();
+        let j = &mut self.jobs[job];
+        j.done += 1;
+        let finished = j.done >= j.total;
+        let elapsed = ns(self.t - j.iteration_start);
+        if finished {
+            j.outcome.end_s = Some(self.t);
+            j.running = false;
+            self.running_jobs -= 1;
+        }
+        match self.mode {
+            Mode::Salus => {
+                let lane = j.lane.expect("a running job has a lane");
+                self.sched
+                    .finish(JobId(job as u64), lane, Some(elapsed), now);
+                if !finished {
+                    self.submit(job);
+                    return;
+                }
+                let _ = self.sched.remove_job(JobId(job as u64));
+                let admitted = self
+                    .lanes
+                    .as_mut()
+                    .map(|l| l.release(JobId(job as u64)))
+                    .unwrap_or_default();
+                for (id, lane) in admitted {
+                    self.place(id.0 as usize, lane);
+                }
+                self.poll(lane);
+            }
+            Mode::Exclusive | Mode::Mps if !finished => self.start_iteration(job),
+            Mode::Exclusive | Mode::Mps => {
+                self.used -= self.memory_of(job);
+                self.start_queued();
+            }
+        }
+    }
+
+    fn memory_of(&self, job: usize) -> u64 {
+        match self.mode {
+            Mode::Exclusive => 1,
+            _ => self.jobs[job].need.limit(),
+        }
+    }
+
+    /// `exclusive` and `mps`: starts queued jobs that fit, in arrival order.
+    fn start_queued(&mut self) {
+        let mut still_waiting = VecDeque::new();
+        while let Some(job) = self.queue.pop_front() {
+            let need = self.memory_of(job);
+            let capacity = match self.mode {
+                Mode::Exclusive => 1,
+                _ => self.capacity.unwrap_or(u64::MAX),
+            };
+            if need > capacity {
+                self.jobs[job].outcome.refused =
+                    Some(format!("needs {need} bytes, the device has {capacity}"));
+            } else if self.used + need <= capacity
+                && (self.mode == Mode::Mps || still_waiting.is_empty())
+            {
+                self.used += need;
+                self.admitted(job);
+            } else {
+                still_waiting.push_back(job);
+            }
+        }
+        self.queue = still_waiting;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::TraceJob;
+
+    const TABLE: &str = "model,iteration_s,persistent_mb,ephemeral_mb,utilization,startup_s\n\
+        a,1,1,1,1,0\nhalf,1,1,1,0.5,0\nslow_start,1,1,1,1,2\n";
+
+    fn job(id: &str, model: &str, iterations: u64, submit_s: f64) -> TraceJob {
+        TraceJob {
+            job_id: id.into(),
+            model: model.into(),
+            iterations,
+            submit_s,
+            duration_s: Some(iterations as f64),
+        }
+    }
+
+    fn run(trace: &[TraceJob], policy: &str, capacity_mib: Option<u64>) -> SimResult {
+        let config = SimConfig {
+            capacity: capacity_mib.map(|m| m << 20),
+            interference: 0.0,
+            ..SimConfig::new(policy)
+        };
+        simulate(trace, &WorkloadTable::parse(TABLE).unwrap(), &config).unwrap()
+    }
+
+    fn ends(result: &SimResult) -> Vec<f64> {
+        result.jobs.iter().map(|j| j.end_s.unwrap()).collect()
+    }
+
+    fn close(actual: &[f64], expected: &[f64]) {
+        assert_eq!(actual.len(), expected.len());
+        for (a, e) in actual.iter().zip(expected) {
+            assert!((a - e).abs() < 1e-6, "{actual:?} != {expected:?}");
+        }
+    }
+
+    #[test]
+    fn one_lane_fifo_runs_jobs_in_turn_and_srtf_lets_the_short_one_pass() {
+        let trace = [job("x", "a", 3, 0.0), job("y", "a", 1, 0.5)];
+        // FIFO: x 0-3, y 3-4.
+        let fifo = run(&trace, "fifo", None);
+        close(&ends(&fifo), &[3.0, 4.0]);
+        assert_eq!(fifo.jobs[1].start_s, Some(3.0));
+        // SRTF: at x's first boundary (t = 1) y has 1 s left against x's 2: y 1-2, x 2-4.
+        close(&ends(&run(&trace, "srtf", None)), &[4.0, 2.0]);
+        // Exclusive is FIFO without sharing here.
+        close(&ends(&run(&trace, "exclusive", None)), &[3.0, 4.0]);
+        let summary = crate::report::Summary::of(&fifo);
+        assert_eq!((summary.makespan_s, summary.mean_jct_s), (4.0, 3.25));
+        assert!((summary.mean_utilization - 1.0).abs() < 1e-9);
+        assert_eq!(fifo.iterations, 4);
+    }
+
+    #[test]
+    fn mps_shares_the_device_by_processor_sharing() {
+        // x alone 0-0.5; both at half speed until y's 1 s of work is done at 2.5;
+        // x then has 1.5 s of work done and finishes alone at 4.
+        let trace = [job("x", "a", 3, 0.0), job("y", "a", 1, 0.5)];
+        close(&ends(&run(&trace, "mps", None)), &[4.0, 2.5]);
+        // Jobs that each use half the device run at full speed together.
+        let halves = [job("x", "half", 2, 0.0), job("y", "half", 2, 0.0)];
+        let result = run(&halves, "mps", None);
+        close(&ends(&result), &[2.0, 2.0]);
+        assert!((result.busy_s - 2.0).abs() < 1e-9, "{}", result.busy_s);
+        // Interference slows a full device: 2 activities of u = 1 with 10%: rate 1 / 2.2.
+        let config = SimConfig {
+            interference: 0.1,
+            ..SimConfig::new("mps")
+        };
+        let table = WorkloadTable::parse(TABLE).unwrap();
+        let both = [job("x", "a", 1, 0.0), job("y", "a", 1, 0.0)];
+        close(
+            &ends(&simulate(&both, &table, &config).unwrap()),
+            &[2.2, 2.2],
+        );
+        // MPS with memory: 2 MiB each, 3 MiB: the second waits for the first.
+        close(&ends(&run(&both, "mps", Some(3))), &[1.0, 2.0]);
+    }
+
+    #[test]
+    fn memory_lanes_share_by_the_rule_and_separate_lanes_run_at_once() {
+        let both = [job("x", "a", 2, 0.0), job("y", "a", 2, 0.0)];
+        // 3 MiB: y joins x's lane (1 + 1 + max(1, 1) = 3): they time-share, fifo.
+        let shared = run(&both, "fifo", Some(3));
+        close(&ends(&shared), &[2.0, 4.0]);
+        assert_eq!(
+            shared.jobs.iter().map(|j| j.lane).collect::<Vec<_>>(),
+            [Some(0), Some(0)]
+        );
+        // 4 MiB: two lanes that run at once, each at half speed.
+        let apart = run(&both, "fifo", Some(4));
+        close(&ends(&apart), &[4.0, 4.0]);
+        assert_eq!(crate::report::Summary::of(&apart).max_lanes, 2);
+        // Half-utilization jobs in two lanes: full speed each.
+        let halves = [job("x", "half", 2, 0.0), job("y", "half", 2, 0.0)];
+        close(&ends(&run(&halves, "pack", Some(4))), &[2.0, 2.0]);
+        // Larger than the device: refused, not run.
+        let refused = run(&[job("x", "a", 1, 0.0)], "fifo", Some(1));
+        assert!(refused.jobs[0]
+            .refused
+            .as_deref()
+            .unwrap()
+            .contains("device has"));
+        assert_eq!(refused.jobs[0].end_s, None);
+    }
+
+    #[test]
+    fn startup_happens_off_the_device() {
+        // slow_start: 2 s off the device, then 1 s iterations; x runs meanwhile.
+        let trace = [job("s", "slow_start", 1, 0.0), job("x", "a", 2, 0.0)];
+        let result = run(&trace, "fifo", None);
+        close(&ends(&result), &[3.0, 2.0]);
+        assert_eq!(result.jobs[0].start_s, Some(2.0));
+        let exclusive = run(&trace, "exclusive", None);
+        close(&ends(&exclusive), &[3.0, 5.0]);
+    }
+
+    #[test]
+    fn unknown_policies_and_models_are_errors() {
+        let table = WorkloadTable::parse(TABLE).unwrap();
+        let err = simulate(&[], &table, &SimConfig::new("bogus")).unwrap_err();
+        assert!(err.to_string().contains("exclusive, mps"), "{err}");
+        let err =
+            simulate(&[job("x", "nope", 1, 0.0)], &table, &SimConfig::new("fifo")).unwrap_err();
+        assert!(matches!(err, SimError::UnknownModel(_)));
+    }
+}
