@@ -335,6 +335,11 @@ impl LaneManager {
         self.waiting.iter().any(|r| r.job == job)
     }
 
+    /// Lanes open now.
+    pub fn lane_count(&self) -> usize {
+        self.lanes.len()
+    }
+
     pub fn lanes(&self) -> Vec<LaneStatus> {
         self.lanes
             .iter()

@@ -413,6 +413,10 @@ impl<W> Scheduler<W> {
         self.lanes.contains_key(&lane)
     }
 
+    pub fn lane_count(&self) -> usize {
+        self.lanes.len()
+    }
+
     pub fn lanes(&self) -> Vec<LaneId> {
         let mut lanes: Vec<_> = self.lanes.keys().copied().collect();
         lanes.sort();

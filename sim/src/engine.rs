@@ -340,8 +340,8 @@ impl Sim {
             start_s: self.t,
             utilization: (self.demand * self.rate()).min(1.0) * (k > 0) as u8 as f64,
             lanes: match (&self.lanes, self.mode) {
-                (Some(lanes), _) => lanes.lanes().len(),
-                (None, Mode::Salus) => self.sched.lanes().len(),
+                (Some(lanes), _) => lanes.lane_count(),
+                (None, Mode::Salus) => self.sched.lane_count(),
                 (None, _) => 0,
             },
             running: self.running_jobs,

@@ -1,1 +1,275 @@
-fn main() {}
+//! `salus-sim`: runs traces through Salus's scheduler core in virtual time.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::{Parser, Subcommand};
+use salus_sched::units::parse_size;
+use salus_sim::engine::{simulate, SimConfig};
+use salus_sim::experiments::{self, Experiment};
+use salus_sim::report::{jobs_csv, timeline_csv, Summary};
+use salus_sim::trace::{self, TraceSpec};
+use salus_sim::workload::{derive_from_salus, WorkloadTable};
+
+#[derive(Parser)]
+#[command(
+    name = "salus-sim",
+    version,
+    about = "Trace-driven simulator of Salus: the server's own scheduler and lane manager in virtual time. \
+             See docs/EVALUATION.md."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Simulate a trace under one policy and print a summary.
+    Run {
+        /// Trace CSV: job_id,model,iterations,submit_time_s,duration_s.
+        #[arg(long)]
+        trace: PathBuf,
+        /// Workload table CSV: model,iteration_s,persistent_mb,ephemeral_mb[,utilization,startup_s].
+        #[arg(long)]
+        workloads: PathBuf,
+        /// fifo, srtf, pack, fair, rr, priority, las, or a baseline: exclusive, mps.
+        #[arg(long, default_value = "pack")]
+        policy: String,
+        /// Device memory, e.g. 16GiB: memory lanes (Salus) or admission (mps). Unset: one lane, no limit.
+        #[arg(long, value_parser = parse_size)]
+        capacity: Option<u64>,
+        /// Share of speed lost per extra concurrent activity on a full device.
+        #[arg(long, default_value_t = 0.05)]
+        interference: f64,
+        /// Write per-job results (job_id,model,arrival_s,start_s,end_s,jct_s,lane).
+        #[arg(long)]
+        jobs_out: Option<PathBuf>,
+        /// Write utilization, lanes and running jobs over time (500 steps).
+        #[arg(long)]
+        timeline_out: Option<PathBuf>,
+        /// Print the summary as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Generate a seeded trace: Poisson arrivals, models and lengths drawn uniformly.
+    GenTrace {
+        #[arg(long)]
+        workloads: PathBuf,
+        #[arg(long, default_value_t = 100)]
+        jobs: usize,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Mean seconds between arrivals (0: all at once).
+        #[arg(long, default_value_t = 30.0)]
+        mean_interarrival: f64,
+        /// Models to draw from (comma separated); default: every model of the table.
+        #[arg(long, value_delimiter = ',')]
+        models: Vec<String>,
+        /// Job lengths alone, in minutes, drawn uniformly.
+        #[arg(long, value_delimiter = ',', default_value = "1,5,10")]
+        minutes: Vec<f64>,
+        /// Output file (default: stdout).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Derive the workload table from Salus's measurements (shared/data/salus_workloads.csv).
+    Workloads {
+        #[arg(long)]
+        from: PathBuf,
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// One of the paper's experiments: prints a table, writes CSVs for plots.
+    Experiment {
+        #[arg(value_enum)]
+        which: Experiment,
+        #[arg(long)]
+        workloads: PathBuf,
+        /// Where the CSVs go.
+        #[arg(long, default_value = "eval-out")]
+        out_dir: PathBuf,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// GPU memory of one device.
+        #[arg(long, value_parser = parse_size, default_value = "16GiB")]
+        capacity: u64,
+    },
+    /// Time a large generated trace (default 10,000 jobs) under one policy.
+    Scale {
+        #[arg(long)]
+        workloads: PathBuf,
+        #[arg(long, default_value_t = 10_000)]
+        jobs: usize,
+        #[arg(long, default_value = "pack")]
+        policy: String,
+        #[arg(long, value_parser = parse_size, default_value = "16GiB")]
+        capacity: u64,
+        /// Mean seconds between arrivals.
+        #[arg(long, default_value_t = 60.0)]
+        mean_interarrival: f64,
+    },
+}
+
+fn read(path: &Path) -> Result<String, String> {
+    std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+}
+
+fn write(path: &Path, text: &str) -> Result<(), String> {
+    std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+fn table(path: &Path) -> Result<WorkloadTable, String> {
+    WorkloadTable::parse(&read(path)?).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn output(out: Option<&Path>, text: &str) -> Result<(), String> {
+    match out {
+        Some(path) => write(path, text),
+        None => {
+            print!("{text}");
+            Ok(())
+        }
+    }
+}
+
+pub fn print_summary(s: &Summary) {
+    println!(
+        "{:<10} jobs {:>5} (refused {})  makespan {:>10.1} s  mean JCT {:>9.1} s  p95 JCT {:>9.1} s  utilization {:>5.1}%  max lanes {}",
+        s.policy,
+        s.jobs,
+        s.refused,
+        s.makespan_s,
+        s.mean_jct_s,
+        s.p95_jct_s,
+        s.mean_utilization * 100.0,
+        s.max_lanes
+    );
+}
+
+fn main_inner(cli: Cli) -> Result<(), String> {
+    match cli.command {
+        Command::Run {
+            trace: trace_path,
+            workloads,
+            policy,
+            capacity,
+            interference,
+            jobs_out,
+            timeline_out,
+            json,
+        } => {
+            let table = table(&workloads)?;
+            let jobs = trace::parse(&read(&trace_path)?)
+                .map_err(|e| format!("{}: {e}", trace_path.display()))?;
+            let config = SimConfig {
+                capacity,
+                interference,
+                ..SimConfig::new(&policy)
+            };
+            let result = simulate(&jobs, &table, &config).map_err(|e| e.to_string())?;
+            let summary = Summary::of(&result);
+            if let Some(path) = jobs_out {
+                write(&path, &jobs_csv(&result))?;
+            }
+            if let Some(path) = timeline_out {
+                write(&path, &timeline_csv(&result.timeline, 500))?;
+            }
+            if json {
+                println!("{}", summary.to_json());
+            } else {
+                print_summary(&summary);
+            }
+            Ok(())
+        }
+        Command::GenTrace {
+            workloads,
+            jobs,
+            seed,
+            mean_interarrival,
+            models,
+            minutes,
+            out,
+        } => {
+            let spec = TraceSpec {
+                jobs,
+                seed,
+                mean_interarrival_s: mean_interarrival,
+                models,
+                minutes,
+            };
+            let trace = trace::generate(&spec, &table(&workloads)?).map_err(|e| e.to_string())?;
+            output(out.as_deref(), &trace::to_csv(&trace))
+        }
+        Command::Workloads { from, out } => {
+            let table =
+                derive_from_salus(&read(&from)?).map_err(|e| format!("{}: {e}", from.display()))?;
+            output(out.as_deref(), &table.to_csv())
+        }
+        Command::Experiment {
+            which,
+            workloads,
+            out_dir,
+            seed,
+            capacity,
+        } => {
+            std::fs::create_dir_all(&out_dir)
+                .map_err(|e| format!("cannot create {}: {e}", out_dir.display()))?;
+            let report = experiments::run(which, &table(&workloads)?, seed, capacity)
+                .map_err(|e| e.to_string())?;
+            print!("{}", report.text);
+            for (name, text) in &report.files {
+                write(&out_dir.join(name), text)?;
+            }
+            println!(
+                "wrote {} files to {}",
+                report.files.len(),
+                out_dir.display()
+            );
+            Ok(())
+        }
+        Command::Scale {
+            workloads,
+            jobs,
+            policy,
+            capacity,
+            mean_interarrival,
+        } => {
+            let table = table(&workloads)?;
+            let spec = TraceSpec {
+                jobs,
+                seed: 1,
+                mean_interarrival_s: mean_interarrival,
+                models: vec![],
+                minutes: vec![1.0, 5.0, 10.0],
+            };
+            let trace = trace::generate(&spec, &table).map_err(|e| e.to_string())?;
+            let config = SimConfig {
+                capacity: Some(capacity),
+                ..SimConfig::new(&policy)
+            };
+            let started = Instant::now();
+            let result = simulate(&trace, &table, &config).map_err(|e| e.to_string())?;
+            let elapsed = started.elapsed().as_secs_f64();
+            print_summary(&Summary::of(&result));
+            println!(
+                "simulated {jobs} jobs ({} iterations, arrivals every {mean_interarrival} s on average) \
+                 in {elapsed:.2} s (target <= 10 s: {})",
+                result.iterations,
+                if elapsed <= 10.0 { "met" } else { "MISSED" }
+            );
+            Ok(())
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    match main_inner(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("salus-sim: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
