@@ -15,8 +15,9 @@
 //!     region (a lane opened at exactly P + E has no slack, so without growth
 //!     no job could ever join one);
 //! (c) else wait. Every waiting request is re-checked after each arrival and
-//! release, in arrival order, so a later request that fits may pass an earlier
-//! one that does not. A job leaving a shared lane shrinks it to what the
+//! release, in rank order (the scheduling policy's rank of the job when it
+//! asked, e.g. shortest first under SRTF; arrival order when unranked), so a
+//! later request that fits may pass an earlier one that does not. A job leaving a shared lane shrinks it to what the
 //! remaining jobs need; the last job out returns the lane to the pool.
 //!
 //! Fixed lanes (GPU lanes, `--gpu-lanes`): TensorFlow splits a GPU into
@@ -28,8 +29,9 @@
 //! Plain synchronous state, no I/O and no clock: the server wraps placements in
 //! RAII reservations; tests and the simulator drive it directly.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 
+use super::policy::SortKey;
 use super::{JobId, LaneId};
 
 /// Memory a job needs, in bytes.
@@ -117,12 +119,17 @@ struct Request {
     job: JobId,
     need: MemoryNeed,
     pinned: Option<LaneId>,
+    /// Waiting requests are re-checked in (rank, seq) order.
+    rank: SortKey,
+    seq: u64,
 }
 
 pub struct LaneManager {
     capacity: u64,
     lanes: BTreeMap<LaneId, Lane>,
-    waiting: VecDeque<Request>,
+    /// Sorted by (rank, seq).
+    waiting: Vec<Request>,
+    next_seq: u64,
     placed: HashMap<JobId, LaneId>,
     next_lane: u32,
     /// Lanes opened at start with fixed sizes (GPU virtual devices).
@@ -134,7 +141,8 @@ impl LaneManager {
         LaneManager {
             capacity,
             lanes: BTreeMap::new(),
-            waiting: VecDeque::new(),
+            waiting: Vec::new(),
+            next_seq: 0,
             placed: HashMap::new(),
             next_lane: 0,
             fixed: false,
@@ -157,7 +165,8 @@ impl LaneManager {
         LaneManager {
             capacity: sizes.iter().sum(),
             lanes,
-            waiting: VecDeque::new(),
+            waiting: Vec::new(),
+            next_seq: 0,
             placed: HashMap::new(),
             next_lane: sizes.len() as u32,
             fixed: true,
@@ -201,7 +210,9 @@ impl LaneManager {
     }
 
     fn place(&mut self, request: Request) -> Option<LaneId> {
-        let Request { job, need, pinned } = request;
+        let Request {
+            job, need, pinned, ..
+        } = request;
         let lane = if self.fixed {
             *self
                 .lanes
@@ -241,14 +252,26 @@ impl LaneManager {
         self.request_in(job, need, None)
     }
 
-    /// Asks for a lane, only `pinned` if given (fixed lanes: the lane whose
-    /// device holds the job's graph). A job larger than the device, or than
-    /// every lane it may use, is refused at once.
+    /// [`Self::request_in`] unranked: waits in arrival order.
     pub fn request_in(
         &mut self,
         job: JobId,
         need: MemoryNeed,
         pinned: Option<LaneId>,
+    ) -> Result<Placement, LaneError> {
+        self.request_ranked(job, need, pinned, SortKey::default())
+    }
+
+    /// Asks for a lane, only `pinned` if given (fixed lanes: the lane whose
+    /// device holds the job's graph); if it must wait, it is re-checked before
+    /// every waiting request of a larger `rank`. A job larger than the device,
+    /// or than every lane it may use, is refused at once.
+    pub fn request_ranked(
+        &mut self,
+        job: JobId,
+        need: MemoryNeed,
+        pinned: Option<LaneId>,
+        rank: SortKey,
     ) -> Result<Placement, LaneError> {
         if self.placed.contains_key(&job) || self.waiting.iter().any(|r| r.job == job) {
             return Err(LaneError::Duplicate(job));
@@ -283,12 +306,22 @@ impl LaneManager {
                 });
             }
         }
-        let request = Request { job, need, pinned };
+        self.next_seq += 1;
+        let request = Request {
+            job,
+            need,
+            pinned,
+            rank,
+            seq: self.next_seq,
+        };
         // Waiting requests were checked at the last change; only this one is new.
         Ok(match self.place(request) {
             Some(lane) => Placement::Placed(lane),
             None => {
-                self.waiting.push_back(request);
+                let at = self
+                    .waiting
+                    .partition_point(|r| (r.rank, r.seq) < (rank, request.seq));
+                self.waiting.insert(at, request);
                 Placement::Waiting
             }
         })
@@ -314,14 +347,14 @@ impl LaneManager {
         self.rescan()
     }
 
-    /// Re-checks every waiting request in arrival order.
+    /// Re-checks every waiting request in rank order.
     fn rescan(&mut self) -> Vec<(JobId, LaneId)> {
         let mut admitted = Vec::new();
         let waiting = std::mem::take(&mut self.waiting);
         for request in waiting {
             match self.place(request) {
                 Some(lane) => admitted.push((request.job, lane)),
-                None => self.waiting.push_back(request),
+                None => self.waiting.push(request),
             }
         }
         admitted
@@ -560,5 +593,26 @@ mod tests {
             dynamic.request_in(JobId(1), need(1, 1), Some(LaneId(0))),
             Err(LaneError::UnknownLane(LaneId(0)))
         );
+    }
+
+    #[test]
+    fn waiting_requests_are_rechecked_in_rank_order() {
+        let rank = |primary| SortKey {
+            primary,
+            ..SortKey::default()
+        };
+        let mut m = LaneManager::new(4 * GB);
+        assert_eq!(
+            m.request(JobId(1), need(2, 2)),
+            Ok(Placement::Placed(LaneId(0)))
+        );
+        // Both wait; job 3 asked later but ranks first (e.g. shorter under SRTF).
+        let waits =
+            |m: &mut LaneManager, job, r| m.request_ranked(JobId(job), need(2, 2), None, rank(r));
+        assert_eq!(waits(&mut m, 2, 10), Ok(Placement::Waiting));
+        assert_eq!(waits(&mut m, 3, 5), Ok(Placement::Waiting));
+        // Room for one: the better-ranked job gets it.
+        assert_eq!(m.release(JobId(1)), [(JobId(3), LaneId(1))]);
+        assert_eq!(m.release(JobId(3)), [(JobId(2), LaneId(2))]);
     }
 }

@@ -35,7 +35,8 @@ pub mod units;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 
 pub use hints::{HintError, Hints};
-use policy::{Hold, JobView, Policy, SortKey};
+pub use policy::SortKey;
+use policy::{Hold, JobView, Policy};
 
 /// Nanoseconds since an epoch chosen by the driver.
 pub type Nanos = u64;
@@ -94,6 +95,27 @@ struct JobState<W> {
 }
 
 impl<W> JobState<W> {
+    fn new(id: JobId, lane: LaneId, hints: Hints, now: Nanos, fair_offset: Nanos) -> Self {
+        JobState {
+            lane,
+            arrival: now,
+            hints,
+            attained: 0,
+            fair_offset,
+            iterations: 0,
+            running: 0,
+            last_end: None,
+            queue: VecDeque::new(),
+            total_wait: 0,
+            key: SortKey {
+                primary: 0,
+                secondary: 0,
+                arrival: now,
+                id: id.0,
+            },
+        }
+    }
+
     fn mean_iteration(&self) -> Option<Nanos> {
         (self.iterations > 0).then(|| self.attained / self.iterations)
     }
@@ -223,28 +245,18 @@ impl<W> Scheduler<W> {
             .map(|j| j.attained + j.fair_offset)
             .min()
             .unwrap_or(0);
-        let mut job = JobState {
-            lane,
-            arrival: now,
-            hints,
-            attained: 0,
-            fair_offset,
-            iterations: 0,
-            running: 0,
-            last_end: None,
-            queue: VecDeque::new(),
-            total_wait: 0,
-            key: SortKey {
-                primary: 0,
-                secondary: 0,
-                arrival: now,
-                id: id.0,
-            },
-        };
+        let mut job = JobState::new(id, lane, hints, now, fair_offset);
         job.key = self.policy.key(&job.view(id));
         lane_state.all.insert((job.key, id));
         self.jobs.insert(id, job);
         Ok(())
+    }
+
+    /// The rank `id` would have under the current policy if it arrived now
+    /// with `hints`: how memory admission orders jobs not yet scheduled.
+    pub fn rank_new(&self, id: JobId, hints: &Hints, now: Nanos) -> SortKey {
+        let job = JobState::<W>::new(id, LaneId(0), hints.clone(), now, 0);
+        self.policy.key(&job.view(id))
     }
 
     /// Recomputes a job's key after it changed, keeping the indexes in step.

@@ -1,5 +1,7 @@
 //! Memory admission: with `--memory-capacity`, a job gets a memory lane before
-//! its first main iteration, and waits (visibly) while memory is short.
+//! its first main iteration, and waits (visibly) while memory is short; waiting
+//! jobs are admitted in the scheduling policy's order (shortest first under
+//! SRTF, highest priority first under `priority`, arrival order otherwise).
 //!
 //! The lane manager ([`crate::sched::lanes`]) decides; this module holds it for
 //! the server, parks waiting requests, and hands out [`LaneReservation`]s,
@@ -190,6 +192,8 @@ impl Admission {
         pinned: Option<LaneId>,
         hints: Hints,
     ) -> Result<LaneReservation> {
+        // Ranked before taking the admission lock: the executor has its own.
+        let rank = self.shared.executor.rank_new(job, &hints);
         let rx = {
             let mut state = self.shared.lock();
             if let Some(waiter) = state.waiting.get_mut(&job) {
@@ -198,7 +202,7 @@ impl Admission {
                 waiter.reply.push(tx);
                 rx
             } else {
-                match state.lanes.request_in(job, need, pinned) {
+                match state.lanes.request_ranked(job, need, pinned, rank) {
                     Ok(Placement::Placed(lane)) => {
                         drop(state);
                         tracing::info!(

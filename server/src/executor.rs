@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::latency::{LatencyRecorder, LatencySnapshot};
 use crate::sched::policy::{self, Policy};
 use crate::sched::{
-    Decision, Hints, JobId, JobStatus, LaneId, Nanos, SchedConfig, SchedError, Scheduler,
+    Decision, Hints, JobId, JobStatus, LaneId, Nanos, SchedConfig, SchedError, Scheduler, SortKey,
 };
 
 /// Window for the iterations-per-second figure.
@@ -239,6 +239,14 @@ impl Executor {
             .map_err(sched_error)?;
         self.shared.wake.notify_all();
         Ok(())
+    }
+
+    /// The rank a job arriving now with `hints` has under the current policy
+    /// (memory admission re-checks waiting jobs in this order).
+    pub fn rank_new(&self, id: JobId, hints: &Hints) -> SortKey {
+        let inner = self.shared.lock();
+        let now = self.shared.now();
+        inner.sched.rank_new(id, hints, now)
     }
 
     pub fn job_status(&self, id: JobId) -> Option<JobStatus> {

@@ -5,12 +5,13 @@
 //! Every running iteration (or, for `mps`, every job's current iteration) is an
 //! *activity* with its model's `iteration_s` of work and `utilization` u. The
 //! device runs all activities at once at a common rate: with demand D = sum u
-//! and k activities, each progresses at 1 / max(1, D x (1 + i x (k - 1)))
-//! seconds of work per second, i being the interference (`--interference`,
-//! default 0.05: 5% lost per extra concurrent activity once the device is
-//! full). Activities that together need less than the whole device run at full
-//! speed, so packing gains only where jobs leave the device idle. Device
-//! utilization is the useful work rate, D x rate, capped at 1.
+//! over k activities, each progresses at 1 / max(1, D x (1 + i)) seconds of
+//! work per second when k > 1 (1 when alone), i being the interference
+//! (`--interference`, default 0.1: sharing a saturated device loses 10% to
+//! contention, however many share it). Activities that together need less
+//! than the whole device run at full speed, so packing gains only where jobs
+//! leave the device idle. Device utilization is the useful work rate,
+//! D x rate, capped at 1.
 //!
 //! # The schedules
 //! - Salus policies (`fifo`, `srtf`, `pack`, `fair`, `rr`, `priority`, `las`):
@@ -57,7 +58,7 @@ impl SimConfig {
         SimConfig {
             policy: policy.to_string(),
             capacity: None,
-            interference: 0.05,
+            interference: 0.1,
             sched: SchedConfig::default(),
         }
     }
@@ -281,7 +282,7 @@ impl Sim {
         if k <= 1 {
             return 1.0;
         }
-        let load = self.demand * (1.0 + self.interference * (k - 1) as f64);
+        let load = self.demand * (1.0 + self.interference);
         1.0 / load.max(1.0)
     }
 
@@ -398,7 +399,13 @@ impl Sim {
         match self.mode {
             Mode::Salus => match &mut self.lanes {
                 None => self.submit(job),
-                Some(lanes) => match lanes.request(JobId(job as u64), self.jobs[job].need) {
+                Some(lanes) => match lanes.request_ranked(
+                    JobId(job as u64),
+                    self.jobs[job].need,
+                    None,
+                    self.sched
+                        .rank_new(JobId(job as u64), &self.jobs[job].hints, ns(self.t)),
+                ) {
                     Ok(Placement::Placed(lane)) => self.place(job, lane),
                     Ok(Placement::Waiting) => {}
                     Err(err) => self.jobs[job].outcome.refused = Some(err.to_string()),
@@ -582,7 +589,7 @@ mod tests {
         let result = run(&halves, "mps", None);
         close(&ends(&result), &[2.0, 2.0]);
         assert!((result.busy_s - 2.0).abs() < 1e-9, "{}", result.busy_s);
-        // Interference slows a full device: 2 activities of u = 1 with 10%: rate 1 / 2.2.
+        // Interference slows a saturated device: 2 activities of u = 1 with 10%: rate 1 / 2.2.
         let config = SimConfig {
             interference: 0.1,
             ..SimConfig::new("mps")

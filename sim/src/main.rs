@@ -40,8 +40,8 @@ enum Command {
         /// Device memory, e.g. 16GiB: memory lanes (Salus) or admission (mps). Unset: one lane, no limit.
         #[arg(long, value_parser = parse_size)]
         capacity: Option<u64>,
-        /// Share of speed lost per extra concurrent activity on a full device.
-        #[arg(long, default_value_t = 0.05)]
+        /// Share of speed lost when activities share a saturated device.
+        #[arg(long, default_value_t = 0.1)]
         interference: f64,
         /// Write per-job results (job_id,model,arrival_s,start_s,end_s,jct_s,lane).
         #[arg(long)]

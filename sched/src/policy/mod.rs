@@ -65,7 +65,7 @@ pub enum Hold {
 /// A job's rank under a policy: smaller runs first. Keys change only when the
 /// job itself changes (an iteration ends, hints change), which lets the core
 /// keep jobs in ordered indexes instead of scanning them per decision.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct SortKey {
     pub primary: i128,
     pub secondary: i128,
