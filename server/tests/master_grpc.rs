@@ -1092,3 +1092,64 @@ async fn gpu_lanes_are_fixed_and_pin_each_job_to_its_device() {
     assert_eq!(info.memory_free_bytes, 100 << 20);
     s.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_admission_follows_the_policy_rank() {
+    let config = Config {
+        memory_capacity: Some(100 << 20),
+        policy: "srtf".into(),
+        admission_timeout: std::time::Duration::from_secs(20),
+        ..Default::default()
+    };
+    let mut s = start_with(config).await;
+    let a = hinted_job(&mut s, "a?persistent=60MiB&ephemeral=20MiB").await;
+    s.master.run_step(main_step(&a)).await.unwrap();
+    // Both wait for a's memory; the short one asked last.
+    let long = hinted_job(&mut s, "long?persistent=60MiB&ephemeral=20MiB&seconds=100").await;
+    let short = hinted_job(&mut s, "short?persistent=60MiB&ephemeral=20MiB&seconds=1").await;
+    let mut waiting = Vec::new();
+    for handle in [&long, &short] {
+        let mut master = s.master.clone();
+        let handle = handle.clone();
+        waiting.push(tokio::spawn(async move {
+            master.run_step(main_step(&handle)).await
+        }));
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    s.master
+        .close_session(CloseSessionRequest { session_handle: a })
+        .await
+        .unwrap();
+    let short_run = waiting.pop().unwrap();
+    short_run.await.unwrap().unwrap();
+    let state = |jobs: &[salus_proto::salus::v1::JobInfo], handle: &str| {
+        jobs.iter()
+            .find(|j| j.handle == handle)
+            .unwrap()
+            .memory_state
+            .clone()
+    };
+    let jobs = s
+        .admin
+        .list_jobs(ListJobsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .jobs;
+    assert_eq!(state(&jobs, &short), "admitted");
+    assert_eq!(state(&jobs, &long), "waiting for memory");
+    s.master
+        .close_session(CloseSessionRequest {
+            session_handle: short,
+        })
+        .await
+        .unwrap();
+    waiting.pop().unwrap().await.unwrap().unwrap();
+    s.master
+        .close_session(CloseSessionRequest {
+            session_handle: long,
+        })
+        .await
+        .unwrap();
+    s.shutdown().await;
+}
