@@ -38,6 +38,8 @@ pub enum Error {
     IterationDropped(String),
     #[error("{0}")]
     ResourceExhausted(String),
+    #[error("{0}")]
+    PermissionDenied(String),
     #[error("invalid job hints: {0}")]
     Hints(#[from] crate::sched::HintError),
     #[error(transparent)]
@@ -74,6 +76,7 @@ impl Error {
             Error::ShuttingDown => TfCode::Unavailable,
             Error::IterationDropped(_) => TfCode::Aborted,
             Error::ResourceExhausted(_) => TfCode::ResourceExhausted,
+            Error::PermissionDenied(_) => TfCode::PermissionDenied,
             Error::Hints(_) => TfCode::InvalidArgument,
             Error::Tensorflow(err) => TfCode::try_from(err.code).unwrap_or(TfCode::Unknown),
             Error::Internal(_) => TfCode::Internal,

@@ -14,6 +14,8 @@
 //! - [`state`], [`sessions`], [`job`]: shared state, the session table, one job.
 //! - `gpu` (feature `cuda`): GPU memory from the CUDA driver, loaded at run time.
 //! - [`graph_delta`]: checks (delta) GraphDefs before import.
+//! - [`op_policy`], [`checkpoint_guard`]: the tenant boundary: refused ops,
+//!   checkpoint paths confined to the job's directory.
 //! - [`memory_profile`]: a run's memory peak from TF's step stats.
 //! - [`session_config`]: client ConfigProto -> server-side session config.
 //! - [`tf`]: safe wrappers over TensorFlow's C API.
@@ -24,6 +26,7 @@
 
 pub mod admin;
 pub mod admission;
+pub mod checkpoint_guard;
 pub mod config;
 pub mod ctl;
 pub mod error;
@@ -36,6 +39,7 @@ pub mod job;
 pub mod latency;
 pub mod master;
 pub mod memory_profile;
+pub mod op_policy;
 pub mod server;
 pub mod session_config;
 pub mod sessions;

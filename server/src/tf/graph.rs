@@ -8,6 +8,7 @@ use tensorflow_sys as sys;
 use super::buffer;
 use super::ffi;
 use super::status::{with_status, TfError};
+use super::tensor::Tensor;
 
 /// An operation of a [`Graph`]; valid as long as the graph lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,6 +36,22 @@ impl Operation {
         }
     }
 
+    /// The tensor feeding input `index` (must be < the op's input count).
+    pub fn input_source(self, index: i32) -> sys::TF_Output {
+        // SAFETY: a live operation; the caller keeps index in range.
+        unsafe {
+            sys::TF_OperationInput(sys::TF_Input {
+                oper: self.as_ptr(),
+                index,
+            })
+        }
+    }
+
+    pub fn num_inputs(self) -> i32 {
+        // SAFETY: a live operation.
+        unsafe { sys::TF_OperationNumInputs(self.as_ptr()) }
+    }
+
     /// The device the node asks for ("" when unplaced).
     pub fn device(self) -> String {
         // SAFETY: a live operation; TF returns a NUL-terminated string it owns.
@@ -48,6 +65,21 @@ impl Operation {
         // SAFETY: a live operation; the caller keeps index in range.
         unsafe { ffi::TF_OperationOutputTypeRaw(self.output(index)) }
     }
+}
+
+/// An attribute value for [`Graph::add_operation`].
+pub enum Attr<'a> {
+    Str(&'a str),
+    Bool(bool),
+    Int(i64),
+    Type(sys::TF_DataType),
+    Tensor(&'a Tensor),
+}
+
+/// An input of an operation being added: one tensor or a list.
+pub enum OpInput {
+    One(sys::TF_Output),
+    List(Vec<sys::TF_Output>),
 }
 
 /// How an imported delta's references to existing nodes are resolved.
@@ -142,6 +174,81 @@ impl Graph {
             sys::TF_DeleteImportGraphDefOptions(opts);
             result
         }
+    }
+
+    /// Adds an operation built from its parts.
+    pub fn add_operation(
+        &self,
+        op_type: &str,
+        name: &str,
+        inputs: &[OpInput],
+        control: &[Operation],
+        attrs: &[(&str, Attr<'_>)],
+    ) -> Result<Operation, TfError> {
+        let cstring =
+            |s: &str| CString::new(s).map_err(|_| TfError::new(3, format!("{s:?} contains NUL")));
+        let op_type = cstring(op_type)?;
+        let name = cstring(name)?;
+        let attr_names: Vec<CString> = attrs
+            .iter()
+            .map(|(n, _)| cstring(n))
+            .collect::<Result<_, _>>()?;
+        // SAFETY: the description is created here and finished (which frees it)
+        // on every path; every pointer handed to TF outlives the calls.
+        unsafe {
+            let desc = sys::TF_NewOperation(self.as_ptr(), op_type.as_ptr(), name.as_ptr());
+            for input in inputs {
+                match input {
+                    OpInput::One(output) => sys::TF_AddInput(desc, *output),
+                    OpInput::List(outputs) => {
+                        sys::TF_AddInputList(desc, outputs.as_ptr(), outputs.len() as i32)
+                    }
+                }
+            }
+            for op in control {
+                sys::TF_AddControlInput(desc, op.as_ptr());
+            }
+            let mut attr_status = Ok(());
+            for ((_, value), attr) in attrs.iter().zip(&attr_names) {
+                match value {
+                    Attr::Str(v) => {
+                        sys::TF_SetAttrString(desc, attr.as_ptr(), v.as_ptr().cast(), v.len())
+                    }
+                    Attr::Bool(v) => sys::TF_SetAttrBool(desc, attr.as_ptr(), u8::from(*v)),
+                    Attr::Int(v) => sys::TF_SetAttrInt(desc, attr.as_ptr(), *v),
+                    Attr::Type(v) => sys::TF_SetAttrType(desc, attr.as_ptr(), *v),
+                    Attr::Tensor(t) => {
+                        let result = with_status(|status| {
+                            sys::TF_SetAttrTensor(desc, attr.as_ptr(), t.as_ptr(), status)
+                        });
+                        if attr_status.is_ok() {
+                            attr_status = result;
+                        }
+                    }
+                }
+            }
+            let op = with_status(|status| sys::TF_FinishOperation(desc, status));
+            attr_status?;
+            NonNull::new(op?)
+                .map(Operation)
+                .ok_or_else(|| TfError::new(13, "TF_FinishOperation returned no operation"))
+        }
+    }
+
+    /// Makes input `index` of `consumer` read `source` instead. Only for
+    /// operations no session has run yet (TensorFlow refuses the others).
+    pub fn update_edge(
+        &self,
+        source: sys::TF_Output,
+        consumer: Operation,
+        index: i32,
+    ) -> Result<(), TfError> {
+        let input = sys::TF_Input {
+            oper: consumer.as_ptr(),
+            index,
+        };
+        // SAFETY: live graph and operations of it.
+        unsafe { with_status(|status| sys::TF_UpdateEdge(self.as_ptr(), source, input, status)) }
     }
 
     /// Adds `DestroyResourceOp(handle:0)` named `name` (or returns the existing

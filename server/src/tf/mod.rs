@@ -16,7 +16,7 @@ pub mod session;
 pub mod status;
 pub mod tensor;
 
-pub use graph::{tensorflow_version, Graph, ImportMappings, Operation};
+pub use graph::{tensorflow_version, Attr, Graph, ImportMappings, OpInput, Operation};
 pub use session::{DeviceInfo, PartialRunHandle, RunOutput, Session};
 pub use status::TfError;
 pub use tensor::{Tensor, TensorError};
