@@ -57,15 +57,17 @@ def child_env(**extra: str) -> dict:
 class SalusProcess:
     """A salus-server child started on a free port; stopped by its own PID only."""
 
-    def __init__(self, log_path: Path, extra_args: tuple[str, ...] = ()):
-        binary = server_bin()
+    def __init__(self, log_path: Path, extra_args: tuple[str, ...] = (), cwd: Path | None = None):
+        binary = server_bin().resolve()  # absolute: the child runs in another directory
         if not binary.exists():
             pytest.fail(f"salus-server binary not found at {binary}: build it (cargo build --release), set "
                         f"SALUS_SERVER_BIN, or point SALUS_TEST_TARGET at a running server")
         self.log_path = log_path
         self._log = open(log_path, "wb")
+        # The server's working directory holds its default per-job checkpoint directories.
         self.proc = subprocess.Popen([str(binary), "--listen", "127.0.0.1:0", *extra_args],
-                                     stdout=subprocess.PIPE, stderr=self._log, stdin=subprocess.DEVNULL)
+                                     stdout=subprocess.PIPE, stderr=self._log, stdin=subprocess.DEVNULL,
+                                     cwd=cwd or log_path.parent)
         self.pid = self.proc.pid
         self.address = self._wait_listening()
         self.target = f"grpc://{self.address}"
@@ -137,7 +139,10 @@ def salus_server(tmp_path_factory):
     if external:
         yield external, None
         return
-    server = SalusProcess(tmp_path_factory.mktemp("salus") / "salus-server.stderr.log")
+    # Tests save checkpoints under their tmp_path: the shared server's checkpoint root is pytest's base.
+    root = str(tmp_path_factory.getbasetemp())
+    server = SalusProcess(tmp_path_factory.mktemp("salus") / "salus-server.stderr.log",
+                          ("--checkpoint-root", root))
     yield server.target, server
     code = server.stop()
     assert code == 0, f"salus-server exited with {code} after SIGTERM; stderr tail:\n{server.stderr_tail()}"

@@ -6,8 +6,10 @@ use std::time::Duration;
 
 use clap::Parser;
 
+use crate::op_policy::OpPolicy;
 use crate::sched::{policy, SchedConfig};
 use crate::session_config::SessionDefaults;
+use crate::tenant::{absolute, default_checkpoint_base, CheckpointRoot, TenantRules};
 pub use crate::units::parse_size;
 
 /// Protobuf messages cannot exceed 2 GiB.
@@ -93,6 +95,31 @@ pub struct Args {
     #[arg(long, env = "SALUS_INLINE_BELOW_US", default_value_t = 200)]
     pub inline_below_us: u64,
 
+    /// Ops to allow although they reach the server's filesystem or processes
+    /// (comma separated, e.g. ReadFile,TFRecordDataset). See SECURITY.md.
+    #[arg(long, env = "SALUS_ALLOW_OPS", value_delimiter = ',')]
+    pub allow_ops: Vec<String>,
+
+    /// Further ops to refuse in every graph (comma separated).
+    #[arg(long, env = "SALUS_DENY_OPS", value_delimiter = ',')]
+    pub deny_ops: Vec<String>,
+
+    /// Directory that Save/Restore ops of every job may use (shared by all
+    /// jobs). Unset: each job gets its own directory,
+    /// ./salus-checkpoints/<job name>. Relative checkpoint paths are placed in
+    /// the directory; paths outside it fail the step.
+    #[arg(long, env = "SALUS_CHECKPOINT_ROOT")]
+    pub checkpoint_root: Option<std::path::PathBuf>,
+
+    /// Largest GraphDef one CreateSession/ExtendSession may carry, e.g. 512MiB.
+    #[arg(long, env = "SALUS_MAX_GRAPH_BYTES", default_value = "1GiB", value_parser = parse_size)]
+    pub max_graph_bytes: u64,
+
+    /// Most sessions open at once; CreateSession beyond it fails with
+    /// RESOURCE_EXHAUSTED.
+    #[arg(long, env = "SALUS_MAX_SESSIONS", default_value_t = 1024)]
+    pub max_sessions: usize,
+
     /// Seconds that in-flight requests get to finish on SIGINT/SIGTERM before the
     /// server closes all sessions and exits.
     #[arg(long, env = "SALUS_SHUTDOWN_GRACE", default_value_t = 30)]
@@ -128,6 +155,9 @@ pub struct Config {
     pub idle_timeout: Option<Duration>,
     pub shutdown_grace: Duration,
     pub verbose: u8,
+    /// What jobs' graphs may do (ops, checkpoint directory, graph size).
+    pub tenant: TenantRules,
+    pub max_sessions: usize,
 }
 
 impl Default for Config {
@@ -146,6 +176,8 @@ impl Default for Config {
             idle_timeout: Some(Duration::from_secs(3600)),
             shutdown_grace: Duration::from_secs(30),
             verbose: 0,
+            tenant: TenantRules::default(),
+            max_sessions: 1024,
         }
     }
 }
@@ -167,6 +199,17 @@ impl TryFrom<Args> for Config {
                  to read GPU memory from the driver"
                     .into(),
             );
+        }
+        if args.max_sessions == 0 {
+            return Err("--max-sessions must be at least 1".into());
+        }
+        if let Some(op) = args
+            .allow_ops
+            .iter()
+            .chain(&args.deny_ops)
+            .find(|op| op.is_empty() || op.contains(char::is_whitespace))
+        {
+            return Err(format!("--allow-ops/--deny-ops: {op:?} is not an op name"));
         }
         if args.lane_concurrency == 0 {
             return Err("--lane-concurrency must be at least 1".into());
@@ -193,6 +236,15 @@ impl TryFrom<Args> for Config {
             idle_timeout: (args.idle_timeout > 0).then(|| Duration::from_secs(args.idle_timeout)),
             shutdown_grace: Duration::from_secs(args.shutdown_grace),
             verbose: args.verbose,
+            tenant: TenantRules {
+                ops: OpPolicy::new(&args.allow_ops, &args.deny_ops),
+                checkpoints: match &args.checkpoint_root {
+                    Some(dir) => CheckpointRoot::Shared(absolute(dir)),
+                    None => CheckpointRoot::PerJob(default_checkpoint_base()),
+                },
+                max_graph_bytes: args.max_graph_bytes,
+            },
+            max_sessions: args.max_sessions,
         })
     }
 }

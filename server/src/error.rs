@@ -40,6 +40,8 @@ pub enum Error {
     ResourceExhausted(String),
     #[error("{0}")]
     PermissionDenied(String),
+    #[error("{0}")]
+    FailedPrecondition(String),
     #[error("invalid job hints: {0}")]
     Hints(#[from] crate::sched::HintError),
     #[error(transparent)]
@@ -77,6 +79,7 @@ impl Error {
             Error::IterationDropped(_) => TfCode::Aborted,
             Error::ResourceExhausted(_) => TfCode::ResourceExhausted,
             Error::PermissionDenied(_) => TfCode::PermissionDenied,
+            Error::FailedPrecondition(_) => TfCode::FailedPrecondition,
             Error::Hints(_) => TfCode::InvalidArgument,
             Error::Tensorflow(err) => TfCode::try_from(err.code).unwrap_or(TfCode::Unknown),
             Error::Internal(_) => TfCode::Internal,

@@ -6,11 +6,13 @@
 //! out the mappings, and rejects duplicate names and dangling inputs with a clear
 //! message before TensorFlow sees the graph.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use prost::Message;
-use salus_proto::tensorflow::{attr_value, AttrValue, GraphDef, NodeDef};
+use salus_proto::tensorflow::{attr_value, AttrValue, FunctionDefLibraryView, GraphDef, NodeDef};
 
+use crate::checkpoint_guard::RESERVED_PREFIX;
+use crate::op_policy::checkpoint_path_inputs;
 use crate::tf::{Graph, ImportMappings};
 
 /// Why a graph cannot be imported.
@@ -18,7 +20,7 @@ use crate::tf::{Graph, ImportMappings};
 pub enum GraphError {
     #[error("graph_def is not a valid GraphDef: {0}")]
     Malformed(String),
-    #[error("node name {0:?} is not valid")]
+    #[error("node name {0:?} is not valid (empty, NUL, a leading ^, or the server's reserved salus_checkpoint_guard/ prefix)")]
     InvalidName(String),
     #[error("duplicate node name {0:?}: a node of that name already exists")]
     DuplicateNode(String),
@@ -67,6 +69,11 @@ pub struct CheckedDelta {
     pub node_count: usize,
     /// Every op type in the delta (for policy checks and logs).
     pub ops: BTreeSet<String>,
+    /// Op types used inside the delta's function library, with a function
+    /// using each.
+    pub library_ops: BTreeMap<String, String>,
+    /// Checkpoint ops of the delta: (node name, op), to confine their paths.
+    pub checkpoint_nodes: Vec<(String, String)>,
     /// Nodes with a `container` attribute: (node name, container), for Reset.
     pub containers: Vec<(String, String)>,
     /// Persistent memory the delta's variables declare (see [`variable_bytes`]).
@@ -130,7 +137,11 @@ pub fn check_delta(bytes: &[u8], graph: &Graph) -> Result<CheckedDelta, GraphErr
     let def = GraphDef::decode(bytes).map_err(|e| GraphError::Malformed(e.to_string()))?;
     let mut names = HashSet::with_capacity(def.node.len());
     for node in &def.node {
-        if node.name.is_empty() || node.name.contains('\0') || node.name.starts_with('^') {
+        if node.name.is_empty()
+            || node.name.contains('\0')
+            || node.name.starts_with('^')
+            || node.name.starts_with(RESERVED_PREFIX)
+        {
             return Err(GraphError::InvalidName(node.name.clone()));
         }
         if !names.insert(node.name.as_str()) || graph.operation(&node.name).is_some() {
@@ -143,8 +154,26 @@ pub fn check_delta(bytes: &[u8], graph: &Graph) -> Result<CheckedDelta, GraphErr
     };
     let mut seen_data = HashSet::new();
     let mut seen_control = HashSet::new();
+    if !def.library.is_empty() {
+        let library = FunctionDefLibraryView::decode(def.library.as_ref())
+            .map_err(|e| GraphError::Malformed(format!("function library: {e}")))?;
+        for function in library.function {
+            let name = function.signature.map(|s| s.name).unwrap_or_default();
+            for node in function.node_def {
+                checked
+                    .library_ops
+                    .entry(node.op)
+                    .or_insert_with(|| name.clone());
+            }
+        }
+    }
     for node in &def.node {
         checked.ops.insert(node.op.clone());
+        if checkpoint_path_inputs(&node.op).is_some() {
+            checked
+                .checkpoint_nodes
+                .push((node.name.clone(), node.op.clone()));
+        }
         match variable_bytes(node) {
             Some(Some(bytes)) => {
                 checked.variables += VariableBytes {

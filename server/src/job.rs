@@ -19,6 +19,7 @@ use std::borrow::Cow;
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -28,13 +29,15 @@ use salus_proto::tensorflow::{CallableOptions, DataType, TensorProto};
 use tensorflow_sys as sys;
 
 use crate::admission::LaneReservation;
+use crate::checkpoint_guard;
 use crate::error::{Error, Result};
-use crate::graph_delta::{check_delta, VariableBytes};
+use crate::graph_delta::{check_delta, CheckedDelta, VariableBytes};
 use crate::memory_profile;
 use crate::sched::lanes::MemoryNeed;
 use crate::sched::{Hints, JobId, LaneId};
 use crate::session_config::GpuLanes;
 use crate::state::JobSettings;
+use crate::tenant::TenantRules;
 use crate::tf::{self, Graph, Operation, PartialRunHandle, Session, Tensor};
 use crate::wire;
 
@@ -204,6 +207,12 @@ pub struct Job {
     /// GPU lanes: the lane whose virtual GPU the graph is placed on, chosen at
     /// CreateSession because TensorFlow places a session's nodes only once.
     gpu_lane: Option<LaneId>,
+    /// What the job's graphs may do; its checkpoint directory.
+    rules: Arc<TenantRules>,
+    checkpoint_dir: PathBuf,
+    /// Set when a graph was imported but could not be confined: the job must
+    /// not run anything any more.
+    unusable: Mutex<Option<String>>,
     /// Serialises admission of the job's concurrent runs.
     pub admission_lock: tokio::sync::Mutex<()>,
     pub created: Instant,
@@ -226,6 +235,18 @@ impl Drop for Busy<'_> {
 
 /// Locks a std mutex; a poisoned lock (a panic elsewhere) still yields the data,
 /// since every critical section here leaves it consistent.
+/// Reroutes the path inputs of a delta's checkpoint ops (just imported, never
+/// run) through guards confining them to `dir`.
+fn confine_checkpoints(graph: &Graph, delta: &CheckedDelta, dir: &std::path::Path) -> Result<()> {
+    for (name, op) in &delta.checkpoint_nodes {
+        let node = graph
+            .operation(name)
+            .ok_or_else(|| Error::Internal(format!("imported node {name:?} is missing")))?;
+        checkpoint_guard::confine(graph, node, name, op, dir)?;
+    }
+    Ok(())
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -242,14 +263,18 @@ impl Job {
         config: &[u8],
         settings: JobSettings,
         gpu_lane: Option<LaneId>,
+        rules: Arc<TenantRules>,
     ) -> Result<Job> {
         let graph = Arc::new(Graph::new());
         let mut containers = Vec::new();
         let mut variables = VariableBytes::default();
         let device = gpu_lane.map(|lane| GpuLanes::device(lane.0));
+        let checkpoint_dir = rules.checkpoints.dir_for(&hints.name, id);
         if !graph_def.is_empty() {
             let delta = check_delta(graph_def, &graph)?;
+            rules.check_graph(graph_def.len(), &delta)?;
             graph.import(graph_def, &delta.mappings, device.as_deref())?;
+            confine_checkpoints(&graph, &delta, &checkpoint_dir)?;
             containers = delta.containers;
             variables = delta.variables;
         }
@@ -276,6 +301,9 @@ impl Job {
             ephemeral_measured: AtomicU64::new(0),
             reservation: Mutex::new(None),
             gpu_lane,
+            rules,
+            checkpoint_dir,
+            unusable: Mutex::new(None),
             admission_lock: tokio::sync::Mutex::new(()),
             created: Instant::now(),
             last_active_ms: AtomicU64::new(0),
@@ -333,6 +361,22 @@ impl Job {
         lock(&self.reservation).as_ref().map(LaneReservation::lane)
     }
 
+    /// Fails when an earlier graph could not be confined (see `unusable`).
+    fn usable(&self) -> Result<()> {
+        match &*lock(&self.unusable) {
+            None => Ok(()),
+            Some(why) => Err(Error::FailedPrecondition(format!(
+                "this session can no longer run: its checkpoint ops could not be confined ({why}); \
+                 close it and create a new one"
+            ))),
+        }
+    }
+
+    /// Where the job's checkpoint ops write.
+    pub fn checkpoint_dir(&self) -> &std::path::Path {
+        &self.checkpoint_dir
+    }
+
     /// GPU lanes: the lane the job's graph is placed on (admission waits for it).
     pub fn gpu_lane(&self) -> Option<LaneId> {
         self.gpu_lane
@@ -376,8 +420,13 @@ impl Job {
         }
         let graph = self.session.graph();
         let delta = check_delta(graph_def, graph)?;
+        self.rules.check_graph(graph_def.len(), &delta)?;
         let device = self.gpu_lane.map(|lane| GpuLanes::device(lane.0));
         graph.import(graph_def, &delta.mappings, device.as_deref())?;
+        if let Err(err) = confine_checkpoints(graph, &delta, &self.checkpoint_dir) {
+            *lock(&self.unusable) = Some(err.to_string());
+            return Err(err);
+        }
         lock(&self.containers).extend(delta.containers);
         *lock(&self.variables) += delta.variables;
         *version += 1;
@@ -521,6 +570,7 @@ impl Job {
         fetches: &[Port],
         targets: &[Operation],
     ) -> Result<tf::RunOutput> {
+        self.usable()?;
         let profile = self.profile(key);
         let inline = profile.runs > 0 && profile.mean_ns < self.inline_below_ns;
         // Trace a few runs of each signature to measure their memory: the last
@@ -609,6 +659,7 @@ impl Job {
 
     /// MakeCallable: resolves the callable's names now so RunCallable is cheap.
     pub fn make_callable(&self, options: &CallableOptions) -> Result<i64> {
+        self.usable()?;
         if !options.tensor_connection.is_empty() {
             return Err(Error::Unimplemented(
                 "CallableOptions.tensor_connection is not supported by Salus; feed the tensor instead".into(),
@@ -645,6 +696,7 @@ impl Job {
 
     /// RunCallable: feeds are positional, in the callable's feed order.
     pub fn run_callable(&self, handle: i64, feeds: &[TensorProto]) -> Result<tf::RunOutput> {
+        self.usable()?;
         let callable =
             lock(&self.callables)
                 .get(&handle)
@@ -700,6 +752,7 @@ impl Job {
         fetches: &[String],
         targets: &[String],
     ) -> Result<String> {
+        self.usable()?;
         let inputs: Vec<_> = feeds
             .iter()
             .map(|n| Ok(self.port(n, "feed")?.tf()))
@@ -738,6 +791,7 @@ impl Job {
         fetch_names: &[String],
         target_names: &[String],
     ) -> Result<Vec<Tensor>> {
+        self.usable()?;
         let fetches: Vec<_> = fetch_names
             .iter()
             .map(|n| Ok(self.port(n, "fetch")?.tf()))

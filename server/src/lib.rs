@@ -14,8 +14,8 @@
 //! - [`state`], [`sessions`], [`job`]: shared state, the session table, one job.
 //! - `gpu` (feature `cuda`): GPU memory from the CUDA driver, loaded at run time.
 //! - [`graph_delta`]: checks (delta) GraphDefs before import.
-//! - [`op_policy`], [`checkpoint_guard`]: the tenant boundary: refused ops,
-//!   checkpoint paths confined to the job's directory.
+//! - [`tenant`], [`op_policy`], [`checkpoint_guard`]: the tenant boundary:
+//!   refused ops, checkpoint paths confined to the job's directory, limits.
 //! - [`memory_profile`]: a run's memory peak from TF's step stats.
 //! - [`session_config`]: client ConfigProto -> server-side session config.
 //! - [`tf`]: safe wrappers over TensorFlow's C API.
@@ -44,6 +44,7 @@ pub mod server;
 pub mod session_config;
 pub mod sessions;
 pub mod state;
+pub mod tenant;
 pub mod tf;
 pub mod tf_log;
 pub mod wire;

@@ -172,6 +172,13 @@ impl MasterService for Master {
         let req = request.into_inner();
         let (config, metadata_name) = session_config(&req.config, self.state.session_defaults)?;
         let hints = Hints::parse(&metadata_name).map_err(Error::from)?;
+        if self.state.sessions.len() >= self.state.max_sessions {
+            return Err(Error::ResourceExhausted(format!(
+                "the server already holds its maximum of {} sessions (--max-sessions); close sessions you no longer use",
+                self.state.max_sessions
+            ))
+            .into());
+        }
         let (id, handle) = self.state.sessions.next_job();
         let gpu_lane = self
             .state
@@ -182,6 +189,7 @@ impl MasterService for Master {
             let handle = handle.clone();
             let hints = hints.clone();
             let settings = self.state.settings;
+            let tenant = self.state.tenant.clone();
             exec::blocking(move || {
                 Job::create(
                     id,
@@ -191,6 +199,7 @@ impl MasterService for Master {
                     &config,
                     settings,
                     gpu_lane,
+                    tenant,
                 )
             })
             .await?
@@ -199,7 +208,11 @@ impl MasterService for Master {
         if self.state.admission.is_none() {
             self.state.executor.add_job(id, LaneId(0), hints.clone())?;
         }
-        if let Err(err) = self.state.sessions.insert(Arc::new(job)) {
+        if let Err(err) = self
+            .state
+            .sessions
+            .insert(Arc::new(job), self.state.max_sessions)
+        {
             self.state.executor.remove_job(id);
             return Err(err.into());
         }

@@ -98,6 +98,8 @@ impl Server {
             admission,
             settings,
             config.session_defaults,
+            Arc::new(config.tenant.clone()),
+            config.max_sessions,
             devices,
             version,
         ));

@@ -57,11 +57,20 @@ impl SessionTable {
             .ok_or_else(|| Error::InvalidArgument(format!("no job has id, handle or name {key:?}")))
     }
 
-    pub fn insert(&self, job: Arc<Job>) -> Result<()> {
+    /// Adds a job unless the table already holds `max` (checked under the
+    /// table's lock, so concurrent creations cannot overshoot).
+    pub fn insert(&self, job: Arc<Job>, max: usize) -> Result<()> {
         if self.closing.load(Ordering::SeqCst) {
             return Err(Error::ShuttingDown);
         }
-        self.jobs().insert(job.handle.clone(), job);
+        let mut jobs = self.jobs();
+        if jobs.len() >= max {
+            return Err(Error::ResourceExhausted(format!(
+                "the server already holds its maximum of {max} sessions (--max-sessions); \
+                 close sessions you no longer use"
+            )));
+        }
+        jobs.insert(job.handle.clone(), job);
         Ok(())
     }
 

@@ -1,12 +1,14 @@
 //! State shared by the gRPC services of one server.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::admission::Admission;
 use crate::executor::Executor;
 use crate::session_config::SessionDefaults;
 use crate::sessions::SessionTable;
+use crate::tenant::TenantRules;
 use crate::tf::DeviceInfo;
 
 /// Settings every job gets.
@@ -30,6 +32,8 @@ pub struct ServerState {
     pub admission: Option<Admission>,
     pub settings: JobSettings,
     pub session_defaults: SessionDefaults,
+    pub tenant: Arc<TenantRules>,
+    pub max_sessions: usize,
     /// The server's devices, listed once at start-up.
     pub devices: Vec<DeviceInfo>,
     pub tensorflow_version: String,
@@ -43,6 +47,8 @@ impl ServerState {
         admission: Option<Admission>,
         settings: JobSettings,
         session_defaults: SessionDefaults,
+        tenant: Arc<TenantRules>,
+        max_sessions: usize,
         devices: Vec<DeviceInfo>,
         tensorflow_version: String,
     ) -> Self {
@@ -52,6 +58,8 @@ impl ServerState {
             admission,
             settings,
             session_defaults,
+            tenant,
+            max_sessions,
             devices,
             tensorflow_version,
             started: Instant::now(),

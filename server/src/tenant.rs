@@ -1,0 +1,149 @@
+//! What a tenant's job may do on the server: which ops its graphs may use,
+//! where its checkpoints go, and how large its graphs may be.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+use crate::graph_delta::CheckedDelta;
+use crate::op_policy::{checkpoint_path_inputs, OpPolicy};
+use crate::sched::JobId;
+
+/// Where checkpoint ops may write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CheckpointRoot {
+    /// Each job gets `BASE/<job name>` (or `BASE/job-<id>` without a name):
+    /// the default, so tenants never see each other's files, and a job that
+    /// comes back under its name finds its checkpoints.
+    PerJob(PathBuf),
+    /// `--checkpoint-root DIR`: one directory for every job (tenants share it).
+    Shared(PathBuf),
+}
+
+impl CheckpointRoot {
+    /// The directory of one job (absolute when the root is).
+    pub fn dir_for(&self, job_name: &str, id: JobId) -> PathBuf {
+        match self {
+            CheckpointRoot::Shared(dir) => dir.clone(),
+            CheckpointRoot::PerJob(base) => {
+                let safe: String = job_name
+                    .chars()
+                    .map(|c| {
+                        if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                            c
+                        } else {
+                            '_'
+                        }
+                    })
+                    .collect();
+                match safe.trim_start_matches('.') {
+                    "" => base.join(format!("job-{}", id.0)),
+                    name => base.join(name),
+                }
+            }
+        }
+    }
+}
+
+/// The rules every job's graph is held to.
+#[derive(Clone, Debug)]
+pub struct TenantRules {
+    pub ops: OpPolicy,
+    pub checkpoints: CheckpointRoot,
+    /// Largest serialized GraphDef one request may carry, bytes.
+    pub max_graph_bytes: u64,
+}
+
+impl Default for TenantRules {
+    fn default() -> Self {
+        TenantRules {
+            ops: OpPolicy::default(),
+            checkpoints: CheckpointRoot::PerJob(default_checkpoint_base()),
+            max_graph_bytes: 1 << 30,
+        }
+    }
+}
+
+/// `salus-checkpoints` in the server's working directory, made absolute.
+pub fn default_checkpoint_base() -> PathBuf {
+    absolute(Path::new("salus-checkpoints"))
+}
+
+/// `path` made absolute against the working directory, without touching the
+/// filesystem (the directory may not exist yet).
+pub fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+impl TenantRules {
+    /// Checks a graph (delta) before it is imported: its size, its ops and the
+    /// ops of its function library (where checkpoint paths cannot be confined).
+    pub fn check_graph(&self, graph_bytes: usize, delta: &CheckedDelta) -> Result<()> {
+        if graph_bytes as u64 > self.max_graph_bytes {
+            return Err(Error::ResourceExhausted(format!(
+                "the graph is {graph_bytes} bytes; this server accepts at most {} per request (--max-graph-bytes)",
+                self.max_graph_bytes
+            )));
+        }
+        self.ops.check(delta.ops.iter().map(String::as_str))?;
+        self.ops
+            .check(delta.library_ops.keys().map(String::as_str))
+            .map_err(|e| Error::PermissionDenied(format!("in the function library: {e}")))?;
+        if let Some((op, function)) = delta
+            .library_ops
+            .iter()
+            .find(|(op, _)| checkpoint_path_inputs(op).is_some())
+        {
+            return Err(Error::PermissionDenied(format!(
+                "op {op} in function {function:?}: checkpoint ops are allowed only in the graph itself, \
+                 where the server can confine their paths to the job's checkpoint directory"
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_job_directories_are_named_safely() {
+        let root = CheckpointRoot::PerJob(PathBuf::from("/srv/ckpt"));
+        assert_eq!(
+            root.dir_for("resnet-50_v2", JobId(3)),
+            Path::new("/srv/ckpt/resnet-50_v2")
+        );
+        assert_eq!(
+            root.dir_for("../../etc", JobId(3)),
+            Path::new("/srv/ckpt/_.._etc")
+        );
+        assert_eq!(root.dir_for("..", JobId(3)), Path::new("/srv/ckpt/job-3"));
+        assert_eq!(root.dir_for("", JobId(4)), Path::new("/srv/ckpt/job-4"));
+        let shared = CheckpointRoot::Shared(PathBuf::from("/data"));
+        assert_eq!(shared.dir_for("x", JobId(1)), Path::new("/data"));
+    }
+
+    #[test]
+    fn graphs_are_checked_for_size_ops_and_library_checkpoints() {
+        let rules = TenantRules {
+            max_graph_bytes: 10,
+            ..TenantRules::default()
+        };
+        let mut delta = CheckedDelta::default();
+        assert!(rules.check_graph(10, &delta).is_ok());
+        assert!(matches!(
+            rules.check_graph(11, &delta),
+            Err(Error::ResourceExhausted(_))
+        ));
+        delta.library_ops.insert("WriteFile".into(), "f".into());
+        let err = rules.check_graph(1, &delta).unwrap_err().to_string();
+        assert!(
+            err.contains("in the function library") && err.contains("WriteFile"),
+            "{err}"
+        );
+        delta.library_ops.clear();
+        delta.library_ops.insert("SaveV2".into(), "f".into());
+        let err = rules.check_graph(1, &delta).unwrap_err().to_string();
+        assert!(err.contains("op SaveV2 in function \"f\""), "{err}");
+    }
+}
