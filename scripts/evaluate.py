@@ -106,12 +106,21 @@ def plot_hyperparam(out: Path) -> Path:
 def plot_inference(out: Path) -> Path:
     plt = pyplot()
     summary = rows(out / "inference_summary.csv")
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.bar([r["rule"] for r in summary], [int(r["devices"]) for r in summary])
-    for i, r in enumerate(summary):
-        ax.text(i, int(r["devices"]), r["devices"], ha="center", va="bottom")
+    memories = list(dict.fromkeys(r["memory"] for r in summary))
+    rules = list(dict.fromkeys(r["rule"] for r in summary))
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    width = 0.8 / len(memories)
+    for k, memory in enumerate(memories):
+        counts = [int(next(r["devices"] for r in summary if r["memory"] == memory and r["rule"] == rule))
+                  for rule in rules]
+        xs = [i + (k - (len(memories) - 1) / 2) * width for i in range(len(rules))]
+        ax.bar(xs, counts, width, label=f"{memory} inference memory")
+        for x, n in zip(xs, counts):
+            ax.text(x, n, str(n), ha="center", va="bottom")
+    ax.set_xticks(range(len(rules)), rules)
     ax.set_ylabel("devices needed")
     ax.set_title("(c) inference: 14 models x 3 instances")
+    ax.legend()
     return save(fig, out / "inference.png")
 
 

@@ -255,20 +255,38 @@ fn inference_configs(table: &WorkloadTable) -> Vec<String> {
     configs
 }
 
+/// How an inference job's per-iteration memory is derived from the training
+/// step's (the data has no inference measurements).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum InferenceMemory {
+    /// Batches of the configuration's size, forward pass only: a third of the
+    /// training step's ephemeral memory (training also keeps activations for
+    /// the backward pass and holds gradients).
+    Batched,
+    /// Single requests: the training step's ephemeral memory / batch size.
+    SingleRequest,
+}
+
 /// Inference memory of a training configuration: the same weights
-/// (persistent), and the activations of one request, taken as the training
-/// step's ephemeral memory divided by its batch size (forward only needs no
-/// more than that).
-fn inference_need(table: &WorkloadTable, config: &str) -> Result<MemoryNeed, SimError> {
+/// (persistent), and the ephemeral memory by `model`.
+fn inference_need(
+    table: &WorkloadTable,
+    config: &str,
+    model: InferenceMemory,
+) -> Result<MemoryNeed, SimError> {
     let w = table.get(config)?;
     let batch: u64 = config
         .rsplit_once('_')
         .and_then(|(_, b)| b.parse().ok())
         .filter(|b| *b > 0)
         .ok_or_else(|| SimError::Invalid(format!("{config}: no batch size in the name")))?;
+    let ephemeral = match model {
+        InferenceMemory::Batched => w.ephemeral_bytes / 3,
+        InferenceMemory::SingleRequest => w.ephemeral_bytes / batch,
+    };
     Ok(MemoryNeed {
         persistent: w.persistent_bytes,
-        ephemeral: w.ephemeral_bytes / batch,
+        ephemeral,
     })
 }
 
@@ -288,32 +306,11 @@ enum Device {
     Mps(u64),
 }
 
-/// (c) How many devices 14 x 3 inference jobs need.
-fn inference(table: &WorkloadTable, capacity: u64) -> Result<Report, SimError> {
-    let configs = inference_configs(table);
-    let mut needs = Vec::new();
-    let mut text = format!(
-        "(c) inference: {} models x {INFERENCE_INSTANCES} instances on {} GiB devices\n{:<16} {:>10} {:>10}\n",
-        configs.len(),
-        capacity >> 30,
-        "model",
-        "P MiB",
-        "E MiB"
-    );
-    let mut csv = String::from("rule,devices\n");
-    for config in &configs {
-        let need = inference_need(table, config)?;
-        let _ = writeln!(
-            text,
-            "{:<16} {:>10.1} {:>10.1}",
-            config,
-            need.persistent as f64 / MIB,
-            need.ephemeral as f64 / MIB
-        );
-        needs.extend(std::iter::repeat_n(need, INFERENCE_INSTANCES));
-    }
+/// Devices needed for `needs` under the Salus lane manager, the sum(P) +
+/// max(E) bound (each device one lane), the MPS rule and exclusively.
+fn devices_needed(needs: &[MemoryNeed], capacity: u64) -> (usize, usize, usize, usize) {
     // Salus: each device a lane manager; a job goes to the first device that places it.
-    let salus = first_fit(&needs, |devices, i| {
+    let salus = first_fit(needs, |devices, i| {
         let id = JobId(i as u64);
         for device in devices.iter_mut() {
             if let Device::Salus(lanes) = device {
@@ -332,7 +329,7 @@ fn inference(table: &WorkloadTable, capacity: u64) -> Result<Report, SimError> {
         placed
     });
     // MPS: every job holds persistent + ephemeral at once.
-    let mps = first_fit(&needs, |devices, i| {
+    let mps = first_fit(needs, |devices, i| {
         let limit = needs[i].limit();
         for device in devices.iter_mut() {
             if let Device::Mps(used) = device {
@@ -345,16 +342,69 @@ fn inference(table: &WorkloadTable, capacity: u64) -> Result<Report, SimError> {
         devices.push(Device::Mps(limit));
         limit <= capacity
     });
-    let exclusive = needs.len();
-    let _ = writeln!(
-        text,
-        "devices needed: Salus {salus}, MPS {mps}, exclusive {exclusive} (paper: 1, 6, 42)\n\
-         Salus packs {:.1}x more than exclusive and {:.1}x more than MPS (paper: 42x and 7x)",
-        exclusive as f64 / salus as f64,
-        mps as f64 / salus as f64
+    // The rule's bound: all of a device's jobs in one lane.
+    let mut one_lane: Vec<(u64, u64)> = Vec::new();
+    for need in needs {
+        let fits = |(p, e): &(u64, u64)| p + need.persistent + need.ephemeral.max(*e) <= capacity;
+        match one_lane.iter_mut().find(|d| fits(d)) {
+            Some((p, e)) => {
+                *p += need.persistent;
+                *e = (*e).max(need.ephemeral);
+            }
+            None => one_lane.push((need.persistent, need.ephemeral)),
+        }
+    }
+    (salus, one_lane.len(), mps, needs.len())
+}
+
+/// (c) How many devices 14 x 3 inference jobs need.
+fn inference(table: &WorkloadTable, capacity: u64) -> Result<Report, SimError> {
+    let configs = inference_configs(table);
+    let mut text = format!(
+        "(c) inference: {} models x {INFERENCE_INSTANCES} instances on {} GiB devices \
+         (E: batched forward pass = training E / 3; E1: single requests = training E / batch)\n\
+         {:<16} {:>10} {:>10} {:>10}\n",
+        configs.len(),
+        capacity >> 30,
+        "model",
+        "P MiB",
+        "E MiB",
+        "E1 MiB"
     );
-    for (rule, n) in [("salus", salus), ("mps", mps), ("exclusive", exclusive)] {
-        let _ = writeln!(csv, "{rule},{n}");
+    let mut csv = String::from("memory,rule,devices\n");
+    let mut needs = [Vec::new(), Vec::new()];
+    for config in &configs {
+        let batched = inference_need(table, config, InferenceMemory::Batched)?;
+        let single = inference_need(table, config, InferenceMemory::SingleRequest)?;
+        let _ = writeln!(
+            text,
+            "{:<16} {:>10.1} {:>10.1} {:>10.1}",
+            config,
+            batched.persistent as f64 / MIB,
+            batched.ephemeral as f64 / MIB,
+            single.ephemeral as f64 / MIB
+        );
+        needs[0].extend(std::iter::repeat_n(batched, INFERENCE_INSTANCES));
+        needs[1].extend(std::iter::repeat_n(single, INFERENCE_INSTANCES));
+    }
+    for (label, needs) in [("batched", &needs[0]), ("single-request", &needs[1])] {
+        let (salus, bound, mps, exclusive) = devices_needed(needs, capacity);
+        let _ = writeln!(
+            text,
+            "{label:<15} devices needed: Salus {salus}, MPS {mps}, exclusive {exclusive} (paper: 1, 6, 42); \
+             Salus packs {:.1}x more than exclusive, {:.1}x more than MPS (paper: 42x, 7x); \
+             one lane per device would need {bound}",
+            exclusive as f64 / salus as f64,
+            mps as f64 / salus as f64
+        );
+        for (rule, n) in [
+            ("salus", salus),
+            ("salus_one_lane", bound),
+            ("mps", mps),
+            ("exclusive", exclusive),
+        ] {
+            let _ = writeln!(csv, "{label},{rule},{n}");
+        }
     }
     Ok(Report {
         text,
