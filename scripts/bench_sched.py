@@ -28,153 +28,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import os
-import re
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-JOB_SCRIPT = REPO / "integration_tests" / "workloads" / "sched_job.py"
-LISTEN_RE = re.compile(r"^salus-server listening on (127\.0\.0\.1:\d+)\s*$")
+from trace_jobs import Server, pct, run_jobs, server_bin
+
 TRACE = [500, 25, 250, 15, 125, 30]  # iterations, in arrival order: heavy-tailed, like training traces
 LATENCY_TARGET_US = {"p50": 50.0, "p99": 500.0}
 RATIO_TARGET = 2.0
 SERVER_ARGS: list[str] = []  # --server-args
 
 
-def server_bin() -> Path:
-    return Path(os.environ.get("SALUS_SERVER_BIN", REPO / "target" / "release" / "salus-server"))
-
-
-def python() -> str:
-    p = REPO / ".venv" / "bin" / "python"
-    return str(p) if p.exists() else sys.executable
-
-
-def child_env() -> dict:
-    env = dict(os.environ)
-    env.update(TF_CPP_MIN_LOG_LEVEL="2", TF_USE_LEGACY_KERAS="1", PYTHONHASHSEED="0")
-    return env
-
-
-class Server:
-    """A salus-server we started on a free port; stopped by its own PID."""
-
-    def __init__(self, *flags: str, timeout: float = 90):
-        self.log = tempfile.NamedTemporaryFile(prefix="salus-bench-", suffix=".log", delete=False)
-        self.proc = subprocess.Popen([str(server_bin()), "--listen", "127.0.0.1:0", *flags],
-                                     stdout=subprocess.PIPE, stderr=self.log, stdin=subprocess.DEVNULL, text=True)
-        self.pid = self.proc.pid
-        found: list[str] = []
-        ready = threading.Event()
-
-        def reader():
-            for line in self.proc.stdout:  # keep draining so the pipe never fills
-                m = LISTEN_RE.match(line)
-                if m and not found:
-                    found.append(m.group(1))
-                    ready.set()
-            ready.set()
-
-        threading.Thread(target=reader, daemon=True).start()
-        if not ready.wait(timeout) or not found:
-            self.stop()
-            sys.exit(f"bench: salus-server {' '.join(flags)} did not start (exit code {self.proc.poll()}); "
-                     f"log: {self.log.name}")
-        self.address = found[0]
-        self.target = f"grpc://{self.address}"
-
-    def ctl(self, *args: str):
-        proc = subprocess.run([str(server_bin()), "ctl", "--server", self.address, *args],
-                              capture_output=True, text=True, timeout=30)
-        if proc.returncode != 0:
-            sys.exit(f"bench: ctl {' '.join(args)} failed ({proc.returncode}): {proc.stderr[-1000:]}")
-        return json.loads(proc.stdout) if "--json" in args else proc.stdout
-
-    def stop(self) -> int | None:
-        if self.proc.poll() is None:
-            os.kill(self.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.kill(self.pid, signal.SIGKILL)
-                self.proc.wait()
-        return self.proc.returncode
-
-
-class Job:
-    """A sched_job.py child; imports TF and builds its graph, then waits for its go file."""
-
-    def __init__(self, tmp: Path, key: str, args: list[str]):
-        self.key = key
-        self.ready = tmp / f"{key}.ready"
-        self.go_file = tmp / f"{key}.go"
-        self.proc = subprocess.Popen([python(), str(JOB_SCRIPT), "--ready-file", str(self.ready),
-                                      "--go-file", str(self.go_file), "--digest-only", *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env=child_env(), stdin=subprocess.DEVNULL)
-
-    def release(self, target: str) -> None:
-        tmp = self.go_file.with_suffix(".tmp")
-        tmp.write_text(target)
-        tmp.rename(self.go_file)
-
-    def result(self, timeout: float = 600) -> dict:
-        out, err = self.proc.communicate(timeout=timeout)
-        lines = [line for line in out.splitlines() if line.startswith("{")]
-        if self.proc.returncode != 0 or not lines:
-            sys.exit(f"bench: job {self.key} failed ({self.proc.returncode}):\n{err[-3000:]}")
-        return json.loads(lines[-1])
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()  # our own child
-            self.proc.wait()
-
-
-def wait_ready(jobs: list[Job], timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while not all(j.ready.exists() for j in jobs):
-        dead = [j for j in jobs if j.proc.poll() is not None]
-        if dead or time.monotonic() > deadline:
-            err = dead[0].proc.stderr.read()[-3000:] if dead else "timeout"
-            sys.exit(f"bench: jobs did not get ready: {err}")
-        time.sleep(0.02)
-
-
-def run_jobs(server: Server, specs: list[tuple[str, list[str], float]]) -> dict[str, dict]:
-    """specs: (key, sched_job args, arrival offset in s). Returns each job's result line."""
-    with tempfile.TemporaryDirectory(prefix="salus-bench-") as d:
-        jobs = [Job(Path(d), key, args) for key, args, _ in specs]
-        try:
-            wait_ready(jobs)
-            t0 = time.monotonic()
-            for job, (_, _, offset) in sorted(zip(jobs, specs), key=lambda p: p[1][2]):
-                delay = t0 + offset - time.monotonic()
-                if delay > 0:
-                    time.sleep(delay)
-                job.release(server.target)
-            return {job.key: job.result() for job in jobs}
-        finally:
-            for job in jobs:
-                job.kill()
-
-
 def switch_latency(stats: dict) -> dict:
     return stats["switch_latency_us"]
-
-
-def pct(values: list[float], q: float) -> float:
-    """Nearest-rank percentile."""
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))]
 
 
 # --- (a) switch latency ------------------------------------------------------------------------------------
@@ -184,7 +53,7 @@ def bench_latency(n_jobs: int, policy: str, seconds: float) -> dict:
     try:
         specs = [(f"tiny{i}", ["--tiny", "--force-main", "--seed", str(i + 1), "--seconds", str(seconds),
                                "--name", f"tiny{i}"], 0.0) for i in range(n_jobs)]
-        results = run_jobs(server, specs)
+        _, results = run_jobs(server.target, specs)
         stats = server.ctl("stats", "--json")
     finally:
         code = server.stop()
@@ -214,7 +83,7 @@ def bench_trace(policy: str, iterations: list[int], gap: float, step_s: float | 
     server_policy = "srtf" if policy.startswith("srtf") else policy
     server = Server("--policy", server_policy, *SERVER_ARGS)
     try:
-        results = run_jobs(server, trace_specs(policy, iterations, gap, step_s))
+        _, results = run_jobs(server.target, trace_specs(policy, iterations, gap, step_s))
         stats = server.ctl("stats", "--json")
     finally:
         code = server.stop()
@@ -261,7 +130,7 @@ def calibrate_step_s() -> float:
     """Seconds per step of the trace's job alone on a server (for srtf-seconds hints)."""
     server = Server(*SERVER_ARGS)
     try:
-        res = run_jobs(server, [("calib", ["--seed", "99", "--steps", "40", "--name", "calib"], 0.0)])
+        _, res = run_jobs(server.target, [("calib", ["--seed", "99", "--steps", "40", "--name", "calib"], 0.0)])
     finally:
         server.stop()
     return res["calib"]["step_ms_median"] / 1000

@@ -13,14 +13,14 @@ venv="$root/.venv"
 python="${PYTHON:-python3}"
 
 TF_VERSION=2.21.0
-stamp="$venv/.salus-setup-$TF_VERSION-v2"
+stamp="$venv/.salus-setup-$TF_VERSION-v3"
 
 if [[ ! -f "$stamp" ]]; then
     echo "setup: creating $venv with tensorflow-cpu==$TF_VERSION (takes about a minute)"
     [[ -x "$venv/bin/python" ]] || "$python" -m venv "$venv"
     "$venv/bin/pip" install --quiet --disable-pip-version-check --upgrade pip
     "$venv/bin/pip" install --quiet --disable-pip-version-check \
-        "tensorflow-cpu==$TF_VERSION" pytest numpy grpcio grpcio-tools
+        "tensorflow-cpu==$TF_VERSION" pytest numpy grpcio grpcio-tools matplotlib
     # Without --no-deps tf-keras pulls the full GPU tensorflow wheel over the CPU one.
     "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps "tf-keras==$TF_VERSION"
     touch "$stamp"
