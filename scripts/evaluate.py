@@ -55,72 +55,67 @@ def pyplot():
     return plt
 
 
+def grouped_bars(ax, names: list[str], series: dict[str, list[float]], ylabel: str, title: str,
+                 annotate: bool = False) -> None:
+    """One group of bars per name, one bar per series."""
+    width = 0.8 / len(series)
+    for k, (label, values) in enumerate(series.items()):
+        xs = [i + (k - (len(series) - 1) / 2) * width for i in range(len(names))]
+        ax.bar(xs, values, width, label=label)
+        if annotate:
+            for x, v in zip(xs, values):
+                ax.text(x, v, f"{v:g}", ha="center", va="bottom")
+    ax.set_xticks(range(len(names)), names)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend()
+
+
+def timelines(ax, out: Path, files: dict[str, str], column: str, ylabel: str, title: str) -> None:
+    """One line per label: `column` of a timeline CSV over time, in hours."""
+    for label, name in files.items():
+        series = rows(out / name)
+        ax.plot([float(r["time_s"]) / 3600 for r in series], [float(r[column]) for r in series],
+                label=label, linewidth=1)
+    ax.set_xlabel("hours")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend()
+
+
 def plot_training(out: Path) -> Path:
-    plt = pyplot()
     summary = rows(out / "training_summary.csv")
-    fig, (bars, timeline) = plt.subplots(1, 2, figsize=(13, 4.5))
-    names = [r["policy"] for r in summary]
-    x = range(len(names))
-    bars.bar([i - 0.2 for i in x], [float(r["mean_jct_s"]) / 3600 for r in summary], 0.4, label="mean JCT")
-    bars.bar([i + 0.2 for i in x], [float(r["makespan_s"]) / 3600 for r in summary], 0.4, label="makespan")
-    bars.set_xticks(list(x), names)
-    bars.set_ylabel("hours")
-    bars.set_title("(a) training trace: JCT and makespan per policy")
-    bars.legend()
-    for policy in ("fifo", "srtf", "exclusive", "mps"):
-        series = rows(out / f"training_timeline_{policy}.csv")
-        timeline.plot([float(r["time_s"]) / 3600 for r in series], [float(r["running"]) for r in series],
-                      label=policy, linewidth=1)
-    timeline.set_xlabel("hours")
-    timeline.set_ylabel("jobs holding memory (running)")
-    timeline.set_title("jobs running over time")
-    timeline.legend()
+    fig, (bars, timeline) = pyplot().subplots(1, 2, figsize=(13, 4.5))
+    grouped_bars(bars, [r["policy"] for r in summary],
+                 {"mean JCT": [float(r["mean_jct_s"]) / 3600 for r in summary],
+                  "makespan": [float(r["makespan_s"]) / 3600 for r in summary]},
+                 "hours", "(a) training trace: JCT and makespan per policy")
+    timelines(timeline, out, {p: f"training_timeline_{p}.csv" for p in ("fifo", "srtf", "exclusive", "mps")},
+              "running", "jobs holding memory (running)", "jobs running over time")
     return save(fig, out / "training.png")
 
 
 def plot_hyperparam(out: Path) -> Path:
-    plt = pyplot()
     summary = rows(out / "hyperparam_summary.csv")
-    fig, (bars, timeline) = plt.subplots(1, 2, figsize=(13, 4.5))
     names = [r["model"] for r in summary]
-    x = range(len(names))
-    bars.bar([i - 0.2 for i in x], [100 * float(r["exclusive_utilization"]) for r in summary], 0.4,
-             label="exclusive")
-    bars.bar([i + 0.2 for i in x], [100 * float(r["salus_utilization"]) for r in summary], 0.4,
-             label="Salus (pack, lanes)")
-    bars.set_xticks(list(x), names)
-    bars.set_ylabel("mean device utilization %")
-    bars.set_title("(b) hyper-parameter tuning, 300 jobs per model")
-    bars.legend()
-    for name in names:
-        series = rows(out / f"hyperparam_timeline_{name}.csv")
-        timeline.plot([float(r["time_s"]) / 3600 for r in series], [float(r["lanes"]) for r in series],
-                      label=name, linewidth=1)
-    timeline.set_xlabel("hours")
-    timeline.set_ylabel("memory lanes")
-    timeline.set_title("Salus lanes over time")
-    timeline.legend()
+    fig, (bars, timeline) = pyplot().subplots(1, 2, figsize=(13, 4.5))
+    grouped_bars(bars, names,
+                 {"exclusive": [100 * float(r["exclusive_utilization"]) for r in summary],
+                  "Salus (pack, lanes)": [100 * float(r["salus_utilization"]) for r in summary]},
+                 "mean device utilization %", "(b) hyper-parameter tuning, 300 jobs per model")
+    timelines(timeline, out, {n: f"hyperparam_timeline_{n}.csv" for n in names}, "lanes", "memory lanes",
+              "Salus lanes over time")
     return save(fig, out / "hyperparam.png")
 
 
 def plot_inference(out: Path) -> Path:
-    plt = pyplot()
     summary = rows(out / "inference_summary.csv")
     memories = list(dict.fromkeys(r["memory"] for r in summary))
     rules = list(dict.fromkeys(r["rule"] for r in summary))
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    width = 0.8 / len(memories)
-    for k, memory in enumerate(memories):
-        counts = [int(next(r["devices"] for r in summary if r["memory"] == memory and r["rule"] == rule))
-                  for rule in rules]
-        xs = [i + (k - (len(memories) - 1) / 2) * width for i in range(len(rules))]
-        ax.bar(xs, counts, width, label=f"{memory} inference memory")
-        for x, n in zip(xs, counts):
-            ax.text(x, n, str(n), ha="center", va="bottom")
-    ax.set_xticks(range(len(rules)), rules)
-    ax.set_ylabel("devices needed")
-    ax.set_title("(c) inference: 14 models x 3 instances")
-    ax.legend()
+    devices = {(r["memory"], r["rule"]): float(r["devices"]) for r in summary}
+    fig, ax = pyplot().subplots(figsize=(8, 4.5))
+    grouped_bars(ax, rules, {f"{m} inference memory": [devices[m, rule] for rule in rules] for m in memories},
+                 "devices needed", "(c) inference: 14 models x 3 instances", annotate=True)
     return save(fig, out / "inference.png")
 
 

@@ -150,6 +150,32 @@ async fn start_with(config: Config) -> TestServer {
 }
 
 impl TestServer {
+    async fn close(&mut self, handle: &str) {
+        self.master
+            .close_session(CloseSessionRequest {
+                session_handle: handle.into(),
+            })
+            .await
+            .unwrap();
+    }
+
+    async fn server_info(&mut self) -> salus_proto::salus::v1::ServerInfo {
+        self.admin
+            .get_server_info(GetServerInfoRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+    }
+
+    async fn jobs(&mut self) -> Vec<salus_proto::salus::v1::JobInfo> {
+        self.admin
+            .list_jobs(ListJobsRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .jobs
+    }
+
     async fn shutdown(mut self) {
         drop(self.master);
         drop(self.admin);
@@ -437,13 +463,7 @@ async fn master_protocol_end_to_end() {
     );
 
     // The admin API sees the session.
-    let sessions = s
-        .admin
-        .list_jobs(ListJobsRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .jobs;
+    let sessions = s.jobs().await;
     let info = sessions
         .iter()
         .find(|i| i.handle == handle)
@@ -452,12 +472,7 @@ async fn master_protocol_end_to_end() {
     assert_eq!(info.variables, 0);
     assert_eq!(info.graph_nodes, 5);
     assert!(info.runs_completed >= 3);
-    let server_info = s
-        .admin
-        .get_server_info(GetServerInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let server_info = s.server_info().await;
     assert_eq!(server_info.open_sessions, 1);
     assert!(
         server_info.tensorflow_version.starts_with("2."),
@@ -644,13 +659,7 @@ async fn main_iterations_are_scheduled_and_visible_in_the_admin_api() {
             .into_inner();
         assert_eq!(floats(out.tensor[0].tensor.as_ref().unwrap()), [2.0]);
     }
-    let jobs = s
-        .admin
-        .list_jobs(ListJobsRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .jobs;
+    let jobs = s.jobs().await;
     // A second job of the same name: TF itself refuses equal session metadata in
     // one process, so the server must not pass the hints on to it.
     let twin = s
@@ -663,12 +672,7 @@ async fn main_iterations_are_scheduled_and_visible_in_the_admin_api() {
         .unwrap()
         .into_inner()
         .session_handle;
-    s.master
-        .close_session(CloseSessionRequest {
-            session_handle: twin,
-        })
-        .await
-        .unwrap();
+    s.close(&twin).await;
     let job = jobs.iter().find(|j| j.handle == handle).unwrap();
     assert_eq!(job.name, "trainer");
     assert_eq!(job.iterations, 3, "{job:?}");
@@ -760,20 +764,8 @@ async fn main_iterations_are_scheduled_and_visible_in_the_admin_api() {
         err.message()
     );
 
-    s.master
-        .close_session(CloseSessionRequest {
-            session_handle: handle,
-        })
-        .await
-        .unwrap();
-    assert!(s
-        .admin
-        .list_jobs(ListJobsRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .jobs
-        .is_empty());
+    s.close(&handle).await;
+    assert!(s.jobs().await.is_empty());
     s.shutdown().await;
 }
 
@@ -877,12 +869,7 @@ async fn traced_runs_return_step_stats_with_the_runs_memory_peak() {
         memory.peak() >= squared && memory.peak() <= squared * 12 / 10,
         "{memory:?}"
     );
-    s.master
-        .close_session(CloseSessionRequest {
-            session_handle: handle,
-        })
-        .await
-        .unwrap();
+    s.close(&handle).await;
     s.shutdown().await;
 }
 
@@ -948,13 +935,7 @@ async fn memory_lanes_admit_wait_and_refuse() {
     let waiting = tokio::spawn(async move { master.run_step(main_step(&c_handle)).await });
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     assert!(!waiting.is_finished());
-    let jobs = s
-        .admin
-        .list_jobs(ListJobsRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .jobs;
+    let jobs = s.jobs().await;
     let job_c = jobs.iter().find(|j| j.handle == c).unwrap();
     assert_eq!(job_c.state, "waiting for memory", "{job_c:?}");
     assert!(
@@ -969,12 +950,7 @@ async fn memory_lanes_admit_wait_and_refuse() {
         ),
         ("hint", "hint")
     );
-    let info = s
-        .admin
-        .get_server_info(GetServerInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let info = s.server_info().await;
     assert_eq!(
         (info.memory_capacity_bytes, info.memory_free_bytes),
         (100 << 20, 0)
@@ -989,36 +965,17 @@ async fn memory_lanes_admit_wait_and_refuse() {
         err.message()
     );
     // a leaves: its lane returns to the pool and c runs.
-    s.master
-        .close_session(CloseSessionRequest { session_handle: a })
-        .await
-        .unwrap();
+    s.close(&a).await;
     waiting.await.unwrap().unwrap();
-    let jobs = s
-        .admin
-        .list_jobs(ListJobsRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .jobs;
+    let jobs = s.jobs().await;
     assert_eq!(
         jobs.iter().find(|j| j.handle == c).unwrap().memory_state,
         "admitted"
     );
     for handle in [b, c, d] {
-        s.master
-            .close_session(CloseSessionRequest {
-                session_handle: handle,
-            })
-            .await
-            .unwrap();
+        s.close(&handle).await;
     }
-    let info = s
-        .admin
-        .get_server_info(GetServerInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let info = s.server_info().await;
     assert_eq!(info.memory_free_bytes, 100 << 20);
     s.shutdown().await;
 }
@@ -1040,12 +997,7 @@ async fn gpu_lanes_are_fixed_and_pin_each_job_to_its_device() {
             .map(|l| (l.size_bytes, l.jobs.len()))
             .collect()
     };
-    let info = s
-        .admin
-        .get_server_info(GetServerInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let info = s.server_info().await;
     assert_eq!(lanes(&info), [(50 << 20, 0), (50 << 20, 0)]);
     // Each new job is bound to the roomiest lane when its session is created.
     let a = hinted_job(&mut s, "a?persistent=20MiB&ephemeral=10MiB").await;
@@ -1057,12 +1009,7 @@ async fn gpu_lanes_are_fixed_and_pin_each_job_to_its_device() {
     let c = hinted_job(&mut s, "c?persistent=15MiB&ephemeral=10MiB").await;
     let out = s.master.run_step(main_step(&c)).await.unwrap().into_inner();
     assert_eq!(floats(out.tensor[0].tensor.as_ref().unwrap()), [2.0]);
-    let info = s
-        .admin
-        .get_server_info(GetServerInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let info = s.server_info().await;
     assert_eq!(lanes(&info), [(50 << 20, 2), (50 << 20, 1)]);
     // Larger than a lane, though not than the device: refused at once.
     let d = hinted_job(&mut s, "d?persistent=45MiB&ephemeral=10MiB").await;
@@ -1074,20 +1021,10 @@ async fn gpu_lanes_are_fixed_and_pin_each_job_to_its_device() {
         err.message()
     );
     for handle in [a, b, c, d] {
-        s.master
-            .close_session(CloseSessionRequest {
-                session_handle: handle,
-            })
-            .await
-            .unwrap();
+        s.close(&handle).await;
     }
     // Fixed lanes outlive their jobs: they are the devices' memory limits.
-    let info = s
-        .admin
-        .get_server_info(GetServerInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let info = s.server_info().await;
     assert_eq!(lanes(&info), [(50 << 20, 0), (50 << 20, 0)]);
     assert_eq!(info.memory_free_bytes, 100 << 20);
     s.shutdown().await;
@@ -1116,10 +1053,7 @@ async fn memory_admission_follows_the_policy_rank() {
         }));
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
-    s.master
-        .close_session(CloseSessionRequest { session_handle: a })
-        .await
-        .unwrap();
+    s.close(&a).await;
     let short_run = waiting.pop().unwrap();
     short_run.await.unwrap().unwrap();
     let state = |jobs: &[salus_proto::salus::v1::JobInfo], handle: &str| {
@@ -1129,27 +1063,11 @@ async fn memory_admission_follows_the_policy_rank() {
             .memory_state
             .clone()
     };
-    let jobs = s
-        .admin
-        .list_jobs(ListJobsRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .jobs;
+    let jobs = s.jobs().await;
     assert_eq!(state(&jobs, &short), "admitted");
     assert_eq!(state(&jobs, &long), "waiting for memory");
-    s.master
-        .close_session(CloseSessionRequest {
-            session_handle: short,
-        })
-        .await
-        .unwrap();
+    s.close(&short).await;
     waiting.pop().unwrap().await.unwrap().unwrap();
-    s.master
-        .close_session(CloseSessionRequest {
-            session_handle: long,
-        })
-        .await
-        .unwrap();
+    s.close(&long).await;
     s.shutdown().await;
 }
