@@ -16,5 +16,13 @@ scripts/setup.sh
 cargo test --release --locked --workspace 2>&1
 # GPU code stays optional: it must build without CUDA installed.
 cargo check --release --locked --features cuda -p salus-server 2>&1
+# The fuzz targets (fuzz/, their own workspace) must keep building. Built plainly, without
+# cargo-fuzz or nightly flags (libFuzzer linked, nothing instrumented), into target/ so the
+# dependencies built above are reused; fuzz/README.md says how to run them.
+cargo build --release --locked --manifest-path fuzz/Cargo.toml --target-dir target 2>&1
+# Each target runs its committed seeds once (they include inputs that crashed the server).
+for target in request_decode tensor_proto; do
+    target/release/"$target" -runs=0 "fuzz/seeds/$target" 2>&1 | tail -n 1
+done
 export SALUS_SERVER_BIN="$root/target/release/salus-server"
 exec .venv/bin/python -m pytest integration_tests -q -p no:cacheprovider "$@"

@@ -1,7 +1,9 @@
 //! Conversion between the wire's `TensorProto` and TensorFlow's `TF_Tensor`.
 //!
 //! Every proto is validated before anything is allocated: the dtype must be one a
-//! script can feed, the shape fully defined, the element count must not overflow,
+//! script can feed, the shape fully defined and of at most TensorFlow's 254
+//! dimensions (more makes `TF_AllocateTensor` abort the process), the element
+//! count must not overflow,
 //! the tensor must fit the configured byte limit (TensorFlow's "one typed value
 //! fills the whole shape" rule lets a few-byte proto demand a huge tensor), and
 //! `tensor_content` must match the shape exactly.
@@ -33,6 +35,8 @@ pub enum TensorError {
     UnsupportedDtype(&'static str),
     #[error("tensor shape has unknown rank; a fed tensor needs a fully defined shape")]
     UnknownRank,
+    #[error("tensor shape has {rank} dimensions; TensorFlow allows at most {MAX_RANK}")]
+    TooManyDimensions { rank: usize },
     #[error("tensor shape dimension {index} has size {size}; sizes must be >= 0")]
     NegativeDimension { index: usize, size: i64 },
     #[error("tensor shape {dims:?} has more elements than can be counted")]
@@ -75,6 +79,10 @@ pub struct DtypeInfo {
     /// Bytes per element in `tensor_content`; `None` for strings.
     pub element_size: Option<u64>,
 }
+
+/// Most dimensions a TensorFlow shape may have (`TensorShape::MaxDimensions()`);
+/// `TF_AllocateTensor` CHECK-fails, aborting the process, on more.
+pub const MAX_RANK: usize = 254;
 
 /// Size of TensorFlow's `TF_TString` (each string element of a tensor).
 const TSTRING_SIZE: u64 = std::mem::size_of::<sys::TF_TString>() as u64;
@@ -165,6 +173,11 @@ fn checked_shape(shape: Option<&TensorShapeProto>) -> Result<(Vec<i64>, u64), Te
     };
     if shape.unknown_rank {
         return Err(TensorError::UnknownRank);
+    }
+    if shape.dim.len() > MAX_RANK {
+        return Err(TensorError::TooManyDimensions {
+            rank: shape.dim.len(),
+        });
     }
     let dims: Vec<i64> = shape.dim.iter().map(|d| d.size).collect();
     let mut count: u64 = 1;
@@ -298,6 +311,11 @@ impl Tensor {
 
     /// Bytes of the tensor's buffer.
     pub fn byte_size(&self) -> u64 {
+        // A tensor without elements may have no buffer at all (TF_TensorFromProto
+        // leaves none), which TF_TensorByteSize and TF_TensorData dereference.
+        if self.element_count() == 0 {
+            return 0;
+        }
         // SAFETY: self owns a live tensor.
         unsafe { sys::TF_TensorByteSize(self.as_ptr()) as u64 }
     }
@@ -309,6 +327,9 @@ impl Tensor {
 
     /// The raw element bytes (fixed-size dtypes).
     fn data(&self) -> &[u8] {
+        if self.element_count() == 0 {
+            return &[]; // maybe no buffer: see byte_size
+        }
         // SAFETY: TF_TensorData points at TF_TensorByteSize bytes owned by the
         // tensor and not mutated while shared.
         unsafe {
@@ -325,6 +346,9 @@ impl Tensor {
     /// The string elements of a DT_STRING tensor.
     fn strings(&self) -> Vec<Bytes> {
         let count = self.element_count() as usize;
+        if count == 0 {
+            return Vec::new(); // maybe no buffer: see byte_size
+        }
         // SAFETY: a DT_STRING tensor's data is an array of `count` initialised
         // TF_TStrings; each data pointer is valid for its size while the tensor lives.
         unsafe {

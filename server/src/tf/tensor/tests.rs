@@ -312,3 +312,50 @@ fn lying_protos_are_rejected_before_allocation() {
         Err(TensorError::TooLarge { .. })
     ));
 }
+
+#[test]
+fn tensors_without_elements_are_safe_to_measure_and_fetch() {
+    // Found by fuzzing (fuzz/, target tensor_proto): TF_TensorFromProto leaves a
+    // tensor without elements without a buffer, and TF_TensorByteSize /
+    // TF_TensorData then dereference null. The stock client sends an empty
+    // batch just so (no tensor_content), and the server measures fed bytes.
+    use DataType::*;
+    for (dtype, dims) in [
+        (DtFloat, &[0i64, 3][..]),
+        (DtInt64, &[4, 0][..]),
+        (DtString, &[0][..]),
+        (DtString, &[0, 1 << 20][..]),
+    ] {
+        let proto = TensorProto {
+            dtype: dtype as i32,
+            tensor_shape: shape(dims),
+            ..Default::default()
+        };
+        let tensor = Tensor::from_proto(&proto, LIMIT).expect("from_proto");
+        assert_eq!(tensor.element_count(), 0, "{dtype:?} {dims:?}");
+        assert_eq!(tensor.byte_size(), 0, "{dtype:?} {dims:?}");
+        let back = tensor.into_proto().expect("into_proto");
+        assert_eq!(back.tensor_shape, shape(dims), "{dtype:?} {dims:?}");
+        assert!(back.tensor_content.is_empty() && back.string_val.is_empty());
+    }
+}
+
+#[test]
+fn shapes_over_tensorflows_rank_limit_are_rejected() {
+    // TF_AllocateTensor aborts the whole process on a shape of more than 254
+    // dimensions; a 1 KB feed must not be able to do that.
+    let dims = vec![1i64; MAX_RANK + 1];
+    let typed = TensorProto {
+        dtype: DataType::DtUint8 as i32,
+        tensor_shape: shape(&dims),
+        ..Default::default()
+    };
+    for proto in [content_proto(DataType::DtUint8, &dims, vec![1]), typed] {
+        assert_eq!(
+            Tensor::from_proto(&proto, LIMIT).err(),
+            Some(TensorError::TooManyDimensions { rank: MAX_RANK + 1 })
+        );
+    }
+    let at_max = content_proto(DataType::DtUint8, &vec![1; MAX_RANK], vec![7]);
+    assert_eq!(round_trip(&at_max).tensor_content.as_ref(), &[7]);
+}
