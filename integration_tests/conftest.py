@@ -57,7 +57,10 @@ def child_env(**extra: str) -> dict:
 class SalusProcess:
     """A salus-server child started on a free port; stopped by its own PID only."""
 
-    def __init__(self, log_path: Path, extra_args: tuple[str, ...] = (), cwd: Path | None = None):
+    def __init__(self, log_path: Path, extra_args: tuple[str, ...] = (), cwd: Path | None = None,
+                 listen: str = "127.0.0.1:0", env: dict | None = None):
+        """`listen`: a fixed address, to restart a server on the port of one that died (default: a free port);
+        `env`: extra environment variables for the server."""
         binary = server_bin().resolve()  # absolute: the child runs in another directory
         if not binary.exists():
             pytest.fail(f"salus-server binary not found at {binary}: build it (cargo build --release), set "
@@ -65,9 +68,9 @@ class SalusProcess:
         self.log_path = log_path
         self._log = open(log_path, "wb")
         # The server's working directory holds its default per-job checkpoint directories.
-        self.proc = subprocess.Popen([str(binary), "--listen", "127.0.0.1:0", *extra_args],
+        self.proc = subprocess.Popen([str(binary), "--listen", listen, *extra_args],
                                      stdout=subprocess.PIPE, stderr=self._log, stdin=subprocess.DEVNULL,
-                                     cwd=cwd or log_path.parent)
+                                     cwd=cwd or log_path.parent, env={**os.environ, **env} if env else None)
         self.pid = self.proc.pid
         self.address = self._wait_listening()
         self.target = f"grpc://{self.address}"

@@ -20,7 +20,7 @@ use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -139,6 +139,12 @@ fn is_marker(name: &str) -> bool {
     op == MAIN_MARKER || op.ends_with(&format!("/{MAIN_MARKER}"))
 }
 
+/// TensorFlow allows one profiling session per process: a traced run while
+/// another is active fails with AlreadyExists. Traced runs of all jobs take
+/// turns here; the server's own memory samples skip a busy turn and retry on
+/// the job's next run.
+static TRACE_TURN: Mutex<()> = Mutex::new(());
+
 /// Which run of a signature (1-based) is traced to measure memory.
 const MEMORY_SAMPLE_RUNS: &[u64] = &[WARMUP_RUNS, 10, 100, 1000];
 /// RunOptions field `trace_level`, and FULL_TRACE (needed for memory records).
@@ -202,6 +208,8 @@ pub struct Job {
     measure_memory: bool,
     /// Largest per-iteration memory measured so far (run peak + feeds), bytes.
     ephemeral_measured: AtomicU64,
+    /// A memory sample was due but another job was tracing: take it next run.
+    sample_pending: AtomicBool,
     /// The job's memory lane, once admitted (dropping it frees the share).
     reservation: Mutex<Option<LaneReservation>>,
     /// GPU lanes: the lane whose virtual GPU the graph is placed on, chosen at
@@ -299,6 +307,7 @@ impl Job {
             stats: JobStats::default(),
             measure_memory: settings.measure_memory,
             ephemeral_measured: AtomicU64::new(0),
+            sample_pending: AtomicBool::new(false),
             reservation: Mutex::new(None),
             gpu_lane,
             rules,
@@ -575,9 +584,21 @@ impl Job {
         let inline = profile.runs > 0 && profile.mean_ns < self.inline_below_ns;
         // Trace a few runs of each signature to measure their memory: the last
         // warm-up run (the first one allocates one-time state) and a few later.
-        let trace = self.measure_memory
-            && MEMORY_SAMPLE_RUNS.contains(&(profile.runs + 1))
-            && !wire::has_field(run_options, TRACE_LEVEL_FIELD)?;
+        let client_traces = wire::has_field(run_options, TRACE_LEVEL_FIELD)?;
+        let wants_sample = self.measure_memory
+            && !client_traces
+            && (MEMORY_SAMPLE_RUNS.contains(&(profile.runs + 1))
+                || self.sample_pending.load(Ordering::Relaxed));
+        let _trace_turn = if client_traces {
+            Some(TRACE_TURN.lock().unwrap_or_else(|e| e.into_inner()))
+        } else if wants_sample {
+            TRACE_TURN.try_lock().ok()
+        } else {
+            None
+        };
+        let trace = wants_sample && _trace_turn.is_some();
+        self.sample_pending
+            .store(wants_sample && !trace, Ordering::Relaxed);
         let mut options = if inline {
             Cow::Owned(on_caller_thread(run_options)?)
         } else {

@@ -20,6 +20,7 @@
 //! - [`session_config`]: client ConfigProto -> server-side session config.
 //! - [`tf`]: safe wrappers over TensorFlow's C API.
 //! - [`tf_log`]: filters TensorFlow's own log lines out of stderr.
+//! - [`tf_env`]: TensorFlow settings chosen through the environment.
 //! - [`exec`]: runs TensorFlow work off the async runtime.
 //! - [`wire`]: wire-level protobuf field editing.
 //! - [`error`]: the error type and its mapping to gRPC/TensorFlow codes.
@@ -46,6 +47,7 @@ pub mod sessions;
 pub mod state;
 pub mod tenant;
 pub mod tf;
+pub mod tf_env;
 pub mod tf_log;
 pub mod wire;
 

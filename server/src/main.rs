@@ -18,6 +18,7 @@ static EARLY_REDIRECT: unsafe extern "C" fn(
 ) = salus_server::tf_log::early_redirect;
 
 fn main() -> anyhow::Result<()> {
+    salus_server::tf_env::prepare();
     // fd 2 may be a filtered pipe now: messages printed right before exiting go
     // to the real stderr directly, or the filter thread could lose them.
     let mut stderr =
