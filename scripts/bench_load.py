@@ -42,8 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -52,8 +50,9 @@ import threading
 import time
 from pathlib import Path
 
+from trace_jobs import Server, server_bin
+
 REPO = Path(__file__).resolve().parent.parent
-LISTEN_RE = re.compile(r"^salus-server listening on (127\.0\.0\.1:\d+)\s*$")
 RSS_GROWTH_TARGET_PCT = 10.0
 LEAK_KIB_PER_CYCLE = 4.0  # RSS slope over the second half of the churn above which sessions look leaked
 MODELS = {  # name: (input dim, hidden widths, batch)
@@ -63,52 +62,7 @@ MODELS = {  # name: (input dim, hidden widths, batch)
 }
 
 
-# --- server process and /proc -----------------------------------------------------------------------------
-
-def server_bin() -> Path:
-    return Path(os.environ.get("SALUS_SERVER_BIN", REPO / "target" / "release" / "salus-server"))
-
-
-class Server:
-    """A salus-server child on a free port; stopped by its own PID only."""
-
-    def __init__(self, log_path: Path, extra: tuple[str, ...] = ()):
-        binary = server_bin()
-        if not binary.exists():
-            sys.exit(f"bench_load: {binary} not found; build it (cargo build --release) or set SALUS_SERVER_BIN")
-        self.log = open(log_path, "wb")
-        self.proc = subprocess.Popen([str(binary), "--listen", "127.0.0.1:0", *extra], stdout=subprocess.PIPE,
-                                     stderr=self.log, stdin=subprocess.DEVNULL, text=True)
-        self.pid = self.proc.pid
-        found: list[str] = []
-        ready = threading.Event()
-
-        def reader():
-            for line in self.proc.stdout:  # keeps draining so the pipe never fills
-                m = LISTEN_RE.match(line)
-                if m and not found:
-                    found.append(m.group(1))
-                    ready.set()
-            ready.set()
-
-        threading.Thread(target=reader, daemon=True).start()
-        if not ready.wait(90) or not found:
-            self.stop()
-            sys.exit(f"bench_load: salus-server did not start (exit code {self.proc.poll()}); log {log_path}")
-        self.address = found[0]
-        self.target = f"grpc://{self.address}"
-
-    def stop(self) -> int | None:
-        if self.proc.poll() is None:
-            os.kill(self.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.kill(self.pid, signal.SIGKILL)
-                self.proc.wait()
-        self.log.close()
-        return self.proc.returncode
-
+# --- /proc -----------------------------------------------------------------------------------------------
 
 def proc_status(pid: int) -> dict:
     """VmRSS (MiB), Threads and open file descriptors of a process."""
@@ -290,7 +244,7 @@ def phase_load(args, tmp: Path) -> bool:
     print(f"== load: {args.sessions} sessions ({procs} processes x {max(per)} threads), {args.minutes:g} min "
           f"(warm-up {args.warmup_s:g} s), models {', '.join(MODELS)}, main iterations in every other session, "
           f"think time {args.think_ms:g} ms, policy {args.policy or 'default (pack)'}", flush=True)
-    server = Server(tmp / "load-server.log", ("--policy", args.policy) if args.policy else ())
+    server = Server(*(("--policy", args.policy) if args.policy else ()))
     print(f"salus-server pid {server.pid} on {server.address}; at start: {proc_status(server.pid)}", flush=True)
     workers = []
     try:
@@ -415,7 +369,7 @@ def phase_load(args, tmp: Path) -> bool:
 
 def phase_churn(args, tmp: Path) -> bool:
     print(f"== churn: {args.cycles} CreateSession / RunStep / CloseSession cycles, one after another", flush=True)
-    server = Server(tmp / "churn-server.log")
+    server = Server()
     argv = [venv_python(), __file__, "--worker", "churn", "--target", server.target, "--address", server.address,
             "--server-pid", str(server.pid), "--cycles", str(args.cycles), "--checkpoints", args.checkpoints]
     worker = subprocess.Popen(argv, env=worker_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
