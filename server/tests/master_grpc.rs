@@ -615,45 +615,12 @@ async fn bad_graphs_and_tensors_leave_the_server_healthy() {
 async fn main_iterations_are_scheduled_and_visible_in_the_admin_api() {
     let mut s = start().await;
     // Hints travel in ConfigProto.experimental.session_metadata.name.
-    let config = ConfigProtoView {
-        experimental: Some(config_proto_view::Experimental {
-            session_metadata: Some(SessionMetadata {
-                name: "trainer?priority=3&iterations=50".into(),
-                version: 0,
-            }),
-        }),
-        ..Default::default()
-    };
-    let mut nodes = GraphDef::decode(base_graph()).unwrap().node;
-    nodes.push(node(
-        "salus_main_iter",
-        "Identity",
-        &["y"],
-        vec![("T", attr_type(DataType::DtFloat))],
-    ));
-    let handle = s
-        .master
-        .create_session(CreateSessionRequest {
-            graph_def: graph(nodes),
-            config: config.encode_to_vec().into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .session_handle;
+    let name = "trainer?priority=3&iterations=50";
+    let handle = hinted_job(&mut s, name).await;
     for _ in 0..3 {
         let out = s
             .master
-            .run_step(RunStepRequest {
-                session_handle: handle.clone(),
-                feed: vec![NamedTensorProto {
-                    name: "x:0".into(),
-                    tensor: Some(float_vector(&[1.0])),
-                }],
-                fetch: vec!["salus_main_iter:0".into()],
-                ..Default::default()
-            })
+            .run_step(main_step(&handle))
             .await
             .unwrap()
             .into_inner();
@@ -662,16 +629,7 @@ async fn main_iterations_are_scheduled_and_visible_in_the_admin_api() {
     let jobs = s.jobs().await;
     // A second job of the same name: TF itself refuses equal session metadata in
     // one process, so the server must not pass the hints on to it.
-    let twin = s
-        .master
-        .create_session(CreateSessionRequest {
-            config: config.encode_to_vec().into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .session_handle;
+    let twin = hinted_job(&mut s, name).await;
     s.close(&twin).await;
     let job = jobs.iter().find(|j| j.handle == handle).unwrap();
     assert_eq!(job.name, "trainer");
@@ -873,7 +831,7 @@ async fn traced_runs_return_step_stats_with_the_runs_memory_peak() {
     s.shutdown().await;
 }
 
-/// A session whose graph has a main-iteration marker, with memory hints.
+/// A session whose graph has a main-iteration marker, with hints in its name.
 async fn hinted_job(s: &mut TestServer, name: &str) -> String {
     let config = ConfigProtoView {
         experimental: Some(config_proto_view::Experimental {
