@@ -4,7 +4,7 @@
 //! The first input byte picks the request type (modulo 10, in the order of
 //! [`Kind`]); the rest is the message body, decoded with prost exactly as the
 //! gRPC codec does. Then the handlers' own pure checks run on the decoded
-//! fields (see `server/src/master.rs` and `server/src/job.rs`):
+//! fields (see `server/src/frontend/master/mod.rs` and `server/src/runtime/graph_job.rs`):
 //! - CreateSession: `session_config` on the ConfigProto bytes (with and without
 //!   server defaults and GPU lanes), `Hints::parse` on the session metadata
 //!   name, the job's checkpoint directory, `check_delta` of the GraphDef against
@@ -35,13 +35,13 @@ use salus_proto::tensorflow::{
     RunCallableRequest, RunStepRequest, TensorProto, TensorShapeProto,
 };
 use salus_server::error::Error;
-use salus_server::graph_delta::{check_delta, CheckedDelta};
-use salus_server::job::RunKey;
+use salus_server::runtime::graph_delta::{check_delta, CheckedDelta};
+use salus_server::runtime::graph_job::RunKey;
+use salus_server::runtime::session_config::{session_config, GpuLanes, SessionDefaults};
+use salus_server::runtime::wire;
 use salus_server::sched::{Hints, JobId};
-use salus_server::session_config::{session_config, GpuLanes, SessionDefaults};
 use salus_server::tenant::{CheckpointRoot, TenantRules};
 use salus_server::tf::{Graph, ImportMappings, Tensor};
-use salus_server::wire;
 
 /// Largest tensor a feed may create here (the server's default is 2 GiB): a
 /// proto claiming more must be refused before anything is allocated.

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use crate::op_policy::OpPolicy;
+use crate::runtime::session_config::SessionDefaults;
 use crate::sched::{policy, SchedConfig};
-use crate::session_config::SessionDefaults;
+use crate::tenant::op_policy::OpPolicy;
 use crate::tenant::{absolute, default_checkpoint_base, CheckpointRoot, TenantRules};
 pub use crate::units::parse_size;
 

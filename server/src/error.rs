@@ -2,9 +2,8 @@
 
 use salus_proto::tensorflow::error::Code as TfCode;
 
-use crate::graph_delta::GraphError;
+use crate::runtime::wire::WireError;
 use crate::tf::{TensorError, TfError};
-use crate::wire::WireError;
 
 /// Every error a request can end with. Codes follow TensorFlow's (and gRPC's)
 /// numbering, so a stock client raises the matching `tf.errors` class.
@@ -16,8 +15,11 @@ pub enum Error {
     InvalidArgument(String),
     #[error("invalid tensor {name:?}: {source}")]
     Tensor { name: String, source: TensorError },
-    #[error(transparent)]
-    Graph(#[from] GraphError),
+    /// A [`GraphError`](crate::runtime::graph_delta::GraphError), converted
+    /// where it is defined: boxed, so this module does not depend on the graph
+    /// checker (which depends on the tenant modules, which use this one).
+    #[error("{0}")]
+    Graph(Box<dyn std::error::Error + Send + Sync>),
     #[error("invalid ConfigProto: {0}")]
     Config(#[from] WireError),
     #[error("graph version mismatch: session {handle:?} is at version {current}, the request extends version {requested}")]
@@ -124,7 +126,9 @@ mod tests {
                 tonic::Code::FailedPrecondition,
             ),
             (
-                Error::Graph(GraphError::DuplicateNode("a".into())),
+                Error::from(crate::runtime::graph_delta::GraphError::DuplicateNode(
+                    "a".into(),
+                )),
                 tonic::Code::InvalidArgument,
             ),
             (

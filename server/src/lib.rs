@@ -5,51 +5,47 @@
 //! protocol; the server executes their graphs through TensorFlow's C API.
 //!
 //! # Layout
+//! The folders follow the architecture: protocol front ends on top, one job
+//! runtime under them, the tenant boundary and the TensorFlow bindings below.
 //! - [`config`]: command-line flags and the validated [`config::Config`].
 //! - [`server`]: assembles the gRPC services and runs them until shutdown.
-//! - [`master`]: `tensorflow.MasterService`, one handler per RPC.
+//! - [`frontend`]: the gRPC services; they translate requests and call the runtime.
+//!   - [`frontend::master`]: `tensorflow.MasterService`, one handler per RPC.
+//!   - [`frontend::admin`]: `salus.v1.Admin`, the server's own status API.
+//! - [`runtime`]: jobs and how they run.
+//!   - [`runtime::state`], [`runtime::jobs`], [`runtime::graph_job`]: shared
+//!     state, the table of jobs, one TF_Session job.
+//!   - [`runtime::graph_delta`]: checks (delta) GraphDefs before import.
+//!   - [`runtime::session_config`]: client ConfigProto -> server-side session config.
+//!   - [`runtime::wire`]: wire-level protobuf field editing.
+//!   - [`runtime::executor`]: drives the scheduler core with real time.
+//!   - [`runtime::admission`]: memory lanes for jobs, waiting, RAII reservations.
+//!   - [`runtime::memory_profile`]: a run's memory peak from TF's step stats.
+//!   - [`runtime::latency`]: switch-latency statistics.
+//!   - [`runtime::exec`]: runs TensorFlow work off the async runtime.
+//! - [`tenant`]: the tenant boundary: checkpoint directories and limits;
+//!   [`tenant::op_policy`] (refused ops) and [`tenant::checkpoint_guard`]
+//!   (checkpoint paths confined to the job's directory).
 //! - [`sched`] (crate `salus-sched`): the scheduler core and memory lanes.
-//! - [`admission`]: memory lanes for jobs, waiting, RAII reservations.
-//! - [`admin`]: `salus.v1.Admin`, the server's own status API.
-//! - [`state`], [`sessions`], [`job`]: shared state, the session table, one job.
-//! - `gpu` (feature `cuda`): GPU memory from the CUDA driver, loaded at run time.
-//! - [`graph_delta`]: checks (delta) GraphDefs before import.
-//! - [`tenant`], [`op_policy`], [`checkpoint_guard`]: the tenant boundary:
-//!   refused ops, checkpoint paths confined to the job's directory, limits.
-//! - [`memory_profile`]: a run's memory peak from TF's step stats.
-//! - [`session_config`]: client ConfigProto -> server-side session config.
 //! - [`tf`]: safe wrappers over TensorFlow's C API.
+//! - `gpu` (feature `cuda`): GPU memory from the CUDA driver, loaded at run time.
+//! - [`ctl`]: `salus-server ctl`, the admin API's command-line client.
 //! - [`tf_log`]: filters TensorFlow's own log lines out of stderr.
 //! - [`tf_env`]: TensorFlow settings chosen through the environment.
-//! - [`exec`]: runs TensorFlow work off the async runtime.
-//! - [`wire`]: wire-level protobuf field editing.
 //! - [`error`]: the error type and its mapping to gRPC/TensorFlow codes.
 
-pub mod admin;
-pub mod admission;
-pub mod checkpoint_guard;
 pub mod config;
 pub mod ctl;
 pub mod error;
-pub mod exec;
-pub mod executor;
+pub mod frontend;
 #[cfg(feature = "cuda")]
 pub mod gpu;
-pub mod graph_delta;
-pub mod job;
-pub mod latency;
-pub mod master;
-pub mod memory_profile;
-pub mod op_policy;
+pub mod runtime;
 pub mod server;
-pub mod session_config;
-pub mod sessions;
-pub mod state;
 pub mod tenant;
 pub mod tf;
 pub mod tf_env;
 pub mod tf_log;
-pub mod wire;
 
 /// The scheduler core, shared with the simulator (crate `salus-sched`).
 pub use salus_sched as sched;

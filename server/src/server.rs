@@ -10,17 +10,18 @@ use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::StreamExt;
 
-use crate::admin::AdminService;
-use crate::admission::Admission;
 use crate::config::Config;
 use crate::error::Error;
-use crate::exec;
-use crate::executor::Executor;
-use crate::master::Master;
+use crate::frontend::admin::AdminService;
+use crate::frontend::master::Master;
+use crate::runtime::admission::Admission;
+use crate::runtime::exec;
+use crate::runtime::executor::Executor;
+use crate::runtime::graph_job::JobSettings;
+use crate::runtime::session_config::{session_config, GpuLanes};
+use crate::runtime::state::ServerState;
 use crate::sched::lanes::LaneManager;
 use crate::sched::policy;
-use crate::session_config::{session_config, GpuLanes};
-use crate::state::{JobSettings, ServerState};
 use crate::tf::{self, Graph, Session};
 
 #[derive(Debug, thiserror::Error)]

@@ -820,7 +820,7 @@ async fn traced_runs_return_step_stats_with_the_runs_memory_peak() {
         floats(response.tensor[0].tensor.as_ref().unwrap()),
         [2.25 * 256.0 * 784.0]
     );
-    let memory = salus_server::memory_profile::step_memory(&response.metadata).unwrap();
+    let memory = salus_server::runtime::memory_profile::step_memory(&response.metadata).unwrap();
     // The Square output (256 x 784 floats) is the run's largest live tensor.
     let squared = 256 * 784 * 4;
     assert!(

@@ -11,8 +11,9 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use prost::Message;
 use salus_proto::tensorflow::{attr_value, AttrValue, FunctionDefLibraryView, GraphDef, NodeDef};
 
-use crate::checkpoint_guard::RESERVED_PREFIX;
-use crate::op_policy::checkpoint_path_inputs;
+use crate::error::Error;
+use crate::tenant::checkpoint_guard::RESERVED_PREFIX;
+use crate::tenant::op_policy::checkpoint_path_inputs;
 use crate::tf::{Graph, ImportMappings};
 
 /// Why a graph cannot be imported.
@@ -33,6 +34,12 @@ pub enum GraphError {
         target: String,
         outputs: i32,
     },
+}
+
+impl From<GraphError> for Error {
+    fn from(err: GraphError) -> Error {
+        Error::Graph(Box::new(err))
+    }
 }
 
 /// A parsed input reference of a NodeDef.

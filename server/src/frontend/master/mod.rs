@@ -10,13 +10,13 @@ use salus_proto::tensorflow::master_service_server::MasterService;
 use salus_proto::tensorflow::*;
 use tonic::{Request, Response, Status};
 
-use crate::admission::Admission;
 use crate::error::{Error, Result};
-use crate::exec;
-use crate::job::{Job, RunClass, RunKey};
+use crate::runtime::admission::Admission;
+use crate::runtime::exec;
+use crate::runtime::graph_job::{Job, RunClass, RunKey};
+use crate::runtime::session_config::session_config;
+use crate::runtime::state::ServerState;
 use crate::sched::{Hints, LaneId};
-use crate::session_config::session_config;
-use crate::state::ServerState;
 use crate::tf::Tensor;
 
 pub struct Master {

@@ -5,7 +5,7 @@
 //! default, in the graph and in its function library, at CreateSession and
 //! ExtendSession; `--allow-ops` and `--deny-ops` adjust the set. Checkpoint ops
 //! (Save/Restore) are allowed but confined to the job's checkpoint directory
-//! (see [`crate::checkpoint_guard`]).
+//! (see [`crate::tenant::checkpoint_guard`]).
 
 use std::collections::BTreeSet;
 

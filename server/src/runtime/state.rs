@@ -4,26 +4,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::admission::Admission;
-use crate::executor::Executor;
-use crate::session_config::SessionDefaults;
-use crate::sessions::SessionTable;
+use crate::runtime::admission::Admission;
+use crate::runtime::executor::Executor;
+use crate::runtime::graph_job::JobSettings;
+use crate::runtime::jobs::SessionTable;
+use crate::runtime::session_config::SessionDefaults;
 use crate::tenant::TenantRules;
 use crate::tf::DeviceInfo;
-
-/// Settings every job gets.
-#[derive(Clone, Copy, Debug)]
-pub struct JobSettings {
-    /// Largest tensor a feed may produce, in bytes.
-    pub max_tensor_bytes: u64,
-    /// Runs measured faster than this execute on the calling executor thread
-    /// instead of TensorFlow's inter-op pool (saves two thread switches).
-    pub inline_below: std::time::Duration,
-    /// Repeated runs measured faster than this bypass the scheduler.
-    pub cheap_below: std::time::Duration,
-    /// Trace sample runs to measure per-iteration memory (admission on).
-    pub measure_memory: bool,
-}
 
 pub struct ServerState {
     pub sessions: SessionTable,

@@ -7,11 +7,11 @@ use salus_proto::salus::v1::admin_server::Admin;
 use salus_proto::salus::v1::*;
 use tonic::{Request, Response, Status};
 
-use crate::admission::MemoryState;
 use crate::error::Error;
-use crate::job::Job;
+use crate::runtime::admission::MemoryState;
+use crate::runtime::graph_job::Job;
+use crate::runtime::state::ServerState;
 use crate::sched::{Hints, JobStatus};
-use crate::state::ServerState;
 
 pub struct AdminService {
     state: Arc<ServerState>,
@@ -170,7 +170,7 @@ impl Admin for AdminService {
         let this = AdminService {
             state: self.state.clone(),
         };
-        let jobs = crate::exec::blocking(move || {
+        let jobs = crate::runtime::exec::blocking(move || {
             Ok(this
                 .state
                 .sessions
@@ -260,7 +260,7 @@ impl Admin for AdminService {
         let this = AdminService {
             state: self.state.clone(),
         };
-        let info = crate::exec::blocking(move || Ok(this.job_info(&job))).await?;
+        let info = crate::runtime::exec::blocking(move || Ok(this.job_info(&job))).await?;
         Ok(Response::new(info))
     }
 }

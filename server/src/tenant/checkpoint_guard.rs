@@ -17,7 +17,7 @@ use salus_proto::tensorflow::{DataType, TensorProto};
 use tensorflow_sys as sys;
 
 use crate::error::{Error, Result};
-use crate::op_policy::checkpoint_path_inputs;
+use crate::tenant::op_policy::checkpoint_path_inputs;
 use crate::tf::{Attr, Graph, OpInput, Operation, Tensor};
 
 /// Names of the guard's nodes start with this; client nodes may not.

@@ -1,12 +1,15 @@
 //! What a tenant's job may do on the server: which ops its graphs may use,
 //! where its checkpoints go, and how large its graphs may be.
 
+pub mod checkpoint_guard;
+pub mod op_policy;
+
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
-use crate::graph_delta::CheckedDelta;
-use crate::op_policy::{checkpoint_path_inputs, OpPolicy};
+use crate::runtime::graph_delta::CheckedDelta;
 use crate::sched::JobId;
+use crate::tenant::op_policy::{checkpoint_path_inputs, OpPolicy};
 
 /// Where checkpoint ops may write.
 #[derive(Clone, Debug, PartialEq, Eq)]

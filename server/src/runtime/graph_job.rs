@@ -28,18 +28,31 @@ use bytes::Bytes;
 use salus_proto::tensorflow::{CallableOptions, DataType, TensorProto};
 use tensorflow_sys as sys;
 
-use crate::admission::LaneReservation;
-use crate::checkpoint_guard;
 use crate::error::{Error, Result};
-use crate::graph_delta::{check_delta, CheckedDelta, VariableBytes};
-use crate::memory_profile;
+use crate::runtime::admission::LaneReservation;
+use crate::runtime::graph_delta::{check_delta, CheckedDelta, VariableBytes};
+use crate::runtime::memory_profile;
+use crate::runtime::session_config::GpuLanes;
+use crate::runtime::wire;
 use crate::sched::lanes::MemoryNeed;
 use crate::sched::{Hints, JobId, LaneId};
-use crate::session_config::GpuLanes;
-use crate::state::JobSettings;
+use crate::tenant::checkpoint_guard;
 use crate::tenant::TenantRules;
 use crate::tf::{self, Graph, Operation, PartialRunHandle, Session, Tensor};
-use crate::wire;
+
+/// Settings every job gets.
+#[derive(Clone, Copy, Debug)]
+pub struct JobSettings {
+    /// Largest tensor a feed may produce, in bytes.
+    pub max_tensor_bytes: u64,
+    /// Runs measured faster than this execute on the calling executor thread
+    /// instead of TensorFlow's inter-op pool (saves two thread switches).
+    pub inline_below: std::time::Duration,
+    /// Repeated runs measured faster than this bypass the scheduler.
+    pub cheap_below: std::time::Duration,
+    /// Trace sample runs to measure per-iteration memory (admission on).
+    pub measure_memory: bool,
+}
 
 /// An output of an operation ("name:index"), resolved against the graph.
 #[derive(Clone, Copy, Debug)]

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
-use crate::job::Job;
+use crate::runtime::graph_job::Job;
 use crate::sched::JobId;
 
 /// Open jobs. The std mutex is never held across an `.await` or a TF call:

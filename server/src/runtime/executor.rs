@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use crate::error::{Error, Result};
-use crate::latency::{LatencyRecorder, LatencySnapshot};
+use crate::runtime::latency::{LatencyRecorder, LatencySnapshot};
 use crate::sched::policy::{self, Policy};
 use crate::sched::{
     Decision, Hints, JobId, JobStatus, LaneId, Nanos, SchedConfig, SchedError, Scheduler, SortKey,

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use crate::error::{Error, Result};
-use crate::executor::Executor;
+use crate::runtime::executor::Executor;
 use crate::sched::lanes::{LaneError, LaneManager, LaneStatus, MemoryNeed, Placement};
 use crate::sched::{Hints, JobId, LaneId};
 

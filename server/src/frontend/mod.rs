@@ -1,0 +1,5 @@
+//! The protocol front ends: gRPC services that translate requests into calls
+//! on the [`runtime`](crate::runtime) and its answers back into responses.
+
+pub mod admin;
+pub mod master;

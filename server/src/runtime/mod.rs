@@ -1,0 +1,15 @@
+//! The job runtime under the front ends: the table of jobs, one TF_Session
+//! job, and what they share (scheduling on executor lanes, memory admission,
+//! run classification, memory estimates).
+
+pub mod admission;
+pub mod exec;
+pub mod executor;
+pub mod graph_delta;
+pub mod graph_job;
+pub mod jobs;
+pub mod latency;
+pub mod memory_profile;
+pub mod session_config;
+pub mod state;
+pub mod wire;
