@@ -7,7 +7,10 @@ Explicitly:
     import salus
     sess = salus.session(name="resnet", priority=10, iterations=2000)   # a tf.compat.v1.Session on the server
 
-    salus.configure(server="127.0.0.1:5501", name="resnet")   # every graph session from now on goes there
+    salus.configure(server="127.0.0.1:5501", name="resnet")   # every graph session from now on goes there,
+                                                              # and eager work (if TF's eager context is not
+                                                              # connected yet)
+    salus.connect_eager(name="resnet", priority=10)           # TF2 eager work / Keras 3 on the server, now
 
 Importing this package is cheap: it imports neither TensorFlow nor gRPC.
 """
@@ -17,7 +20,7 @@ from __future__ import annotations
 from ._config import DEFAULT_SERVER, SalusConfigError, Settings
 
 __version__ = "0.1.0"
-__all__ = ["session", "configure", "settings", "AdminClient", "SalusConfigError", "DEFAULT_SERVER",
+__all__ = ["session", "configure", "connect_eager", "settings", "AdminClient", "SalusConfigError", "DEFAULT_SERVER",
            "__version__"]
 
 
@@ -59,6 +62,27 @@ def configure(server: str | None = None, name: str | None = None, priority: int 
         os.environ.update(_config.to_env(new))
     _hook.install()
     return new
+
+
+def connect_eager(server: str | None = None, name: str | None = None, priority: int | None = None,
+                  iterations: int | None = None, seconds: float | None = None) -> Settings:
+    """Connect TensorFlow's eager context to the server now: TF2 eager ops, tf.function, tf.data and Keras
+    (eager) run there from now on, as one job with these hints.
+
+    What the SALUS_SERVER hook does at the first eager op, done explicitly (imports TensorFlow; SALUS_EAGER is
+    not consulted). The calling thread's default device becomes /job:worker/replica:0/task:0 (unless it is
+    inside a tf.device scope); tensors created before stay where they are. Raises ConnectionError when the
+    server cannot be reached and TensorFlow's error when it refuses the eager context. Hint keywords left None
+    keep the environment / configure() values; the server defaults to SALUS_SERVER, else 127.0.0.1:5501.
+    """
+    import tensorflow  # noqa: F401  (the hook, if installed, arms itself; connect() takes over)
+
+    from . import _eager
+    s = _settings_with(server, name, priority, iterations, seconds)
+    if s.server is None:
+        s = s.replace(server=DEFAULT_SERVER)
+    _eager.connect(s)
+    return s
 
 
 def session(graph=None, config=None, *, server: str | None = None, name: str | None = None,

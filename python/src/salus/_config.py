@@ -21,6 +21,9 @@ ENV_PRIORITY = "SALUS_PRIORITY"
 ENV_ITERATIONS = "SALUS_EXPECTED_ITERATIONS"
 ENV_SECONDS = "SALUS_EXPECTED_SECONDS"
 HINT_ENV = (ENV_NAME, ENV_PRIORITY, ENV_ITERATIONS, ENV_SECONDS)
+# SALUS_EAGER=0 keeps TF2 eager work (eager ops, tf.function, Keras 3) in the script's process.
+ENV_EAGER = "SALUS_EAGER"
+_FALSE = ("0", "false", "no", "off")
 
 # priority is an int32 on the server.
 _INT32_MIN, _INT32_MAX = -(2 ** 31), 2 ** 31 - 1
@@ -194,6 +197,12 @@ def to_env(settings: Settings) -> dict:
     if settings.seconds is not None:
         env[ENV_SECONDS] = _fmt_seconds(settings.seconds)
     return env
+
+
+def eager_enabled(environ=None) -> bool:
+    """False when SALUS_EAGER is 0 / false / no / off: eager work then stays local."""
+    env = os.environ if environ is None else environ
+    return env.get(ENV_EAGER, "").strip().lower() not in _FALSE
 
 
 # salus.configure() overrides, applied on top of the environment.

@@ -1,8 +1,12 @@
-"""The startup hook: waits for TensorFlow's session module to be imported, then patches it.
+"""The startup hook: waits for TensorFlow to be imported, then routes its work to the server.
 
 salus_tf.pth (top of site-packages) calls install_from_env() only when SALUS_SERVER is set. This module
-never imports TensorFlow: a meta-path finder watches for `tensorflow.python.client.session` (every way of
-importing TensorFlow or tf-keras loads it) and patches BaseSession right after that module has run.
+never imports TensorFlow: a meta-path finder watches for two modules and acts right after each has run:
+
+- `tensorflow.python.client.session` (every way of importing TensorFlow or tf-keras loads it): BaseSession
+  is patched so graph sessions go to the master front end (_patch);
+- `tensorflow`, the top-level package, once its import has completed: the eager context is armed to connect
+  to the server with TensorFlow's remote-eager protocol (_eager; not with SALUS_EAGER=0).
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import sys
 from . import _config
 
 SESSION_MODULE = "tensorflow.python.client.session"
+TF_MODULE = "tensorflow"
+_WATCHED = (SESSION_MODULE, TF_MODULE)
 
 _installed = False
 _from_env_done = False
@@ -28,25 +34,29 @@ def _warn(msg: str) -> None:
 class _PatchingLoader:
     """Wraps the real loader of the session module; patches the module once it has executed."""
 
-    def __init__(self, real):
+    def __init__(self, real, fullname):
         self._real = real
+        self._fullname = fullname
 
     def create_module(self, spec):
         return self._real.create_module(spec)
 
     def exec_module(self, module):
         self._real.exec_module(module)
-        _on_session_module(module)
+        if self._fullname == SESSION_MODULE:
+            _on_session_module(module)
+        else:
+            _on_tensorflow_module(module)
 
     def __getattr__(self, name):  # get_source, get_code, get_filename, is_package, ...
         return getattr(self._real, name)
 
 
 class _SessionModuleFinder:
-    """sys.meta_path entry that only answers for tensorflow.python.client.session."""
+    """sys.meta_path entry that only answers for tensorflow and tensorflow.python.client.session."""
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != SESSION_MODULE:
+        if fullname not in _WATCHED:
             return None
         for finder in list(sys.meta_path):
             if finder is self or not hasattr(finder, "find_spec"):
@@ -54,7 +64,7 @@ class _SessionModuleFinder:
             spec = finder.find_spec(fullname, path, target)
             if spec is not None:
                 if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _PatchingLoader(spec.loader)
+                    spec.loader = _PatchingLoader(spec.loader, fullname)
                 return spec
         return None
 
@@ -71,17 +81,43 @@ def _on_session_module(module) -> None:
               f"sessions run locally")
 
 
+def _on_tensorflow_module(module) -> None:
+    try:
+        from . import _eager
+        _eager.on_tensorflow_imported()
+    except ConnectionError:  # TensorFlow was already in use and the server is unreachable: say so
+        raise
+    except Exception as e:  # never break the user's TensorFlow import
+        _warn(f"could not route TensorFlow eager work to the Salus server ({type(e).__name__}: {e}); "
+              f"it runs locally")
+
+
+def _imported(name: str):
+    """The module if its import has completed (not while it is still executing)."""
+    module = sys.modules.get(name)
+    if module is None:
+        return None
+    spec = getattr(module, "__spec__", None)
+    if spec is not None and getattr(spec, "_initializing", False):
+        return None
+    return module
+
+
 def install() -> None:
-    """Routes sessions to the server from now on (idempotent; TensorFlow may or may not be imported yet)."""
+    """Routes sessions and eager work to the server from now on (idempotent; TensorFlow may or may not be
+    imported yet)."""
     global _installed
     if _installed:
         return
     _installed = True
-    module = sys.modules.get(SESSION_MODULE)
-    if module is not None:
-        _on_session_module(module)
-    else:
+    session_module = _imported(SESSION_MODULE)
+    tf_module = _imported(TF_MODULE)
+    if session_module is None or tf_module is None:
         sys.meta_path.insert(0, _SessionModuleFinder())
+    if session_module is not None:
+        _on_session_module(session_module)
+    if tf_module is not None:
+        _on_tensorflow_module(tf_module)
 
 
 def install_from_env() -> None:

@@ -7,7 +7,6 @@ session creators build a tf.compat.v1.Session with the master '') and the tf-ker
 
 from __future__ import annotations
 
-import atexit
 import functools
 import os
 import socket
@@ -17,7 +16,7 @@ from . import _config
 
 CONNECT_TIMEOUT_S = 5.0
 
-_state = {"patched": False, "sessions": 0, "server_sessions": 0, "warned": False}
+_state = {"patched": False, "sessions": 0, "server_sessions": 0}
 
 
 def new_metadata_version() -> int:
@@ -96,36 +95,12 @@ def patch_session_module(module) -> None:
     __init__._salus_original = original
     base.__init__ = __init__
     _state["patched"] = True
-    atexit.register(_warn_if_eager_only)
-
-
-def _warn_if_eager_only() -> None:
-    if _state["sessions"] or _state["warned"]:
-        return
-    try:
-        # A graph-mode script (eager execution disabled) that created no session did no TensorFlow work,
-        # e.g. it failed before its first session; the warning is about eager work only.
-        context = sys.modules.get("tensorflow.python.eager.context")
-        if context is not None and not context.executing_eagerly():
-            return
-    except Exception:
-        pass
-    _state["warned"] = True
-    try:
-        server = _config.current().server or _config.DEFAULT_SERVER
-    except Exception:
-        server = os.environ.get(_config.ENV_SERVER, _config.DEFAULT_SERVER)
-    try:
-        sys.stderr.write(
-            f"salus: warning: this script created no TensorFlow graph session, so its TensorFlow work "
-            f"(TF2 eager code, tf.function, Keras 3) ran locally in this process, not on the Salus server at "
-            f"{server}. Only graph sessions run on the server: tf.compat.v1.Session / MonitoredTrainingSession, "
-            f"or tf-keras with tf.compat.v1.disable_eager_execution().\n")
-        sys.stderr.flush()
-    except Exception:
-        pass
 
 
 def stats() -> dict:
-    """How many sessions this process created (all / sent to the server by the hook)."""
-    return {"sessions": _state["sessions"], "server_sessions": _state["server_sessions"]}
+    """How many sessions this process created (all / sent to the server by the hook), and where eager work
+    goes (eager: None, "pending", "connected", "off", "failed" or "graph")."""
+    out = {"sessions": _state["sessions"], "server_sessions": _state["server_sessions"]}
+    eager = sys.modules.get("salus._eager")
+    out.update(eager.stats() if eager is not None else {"eager": None, "eager_server": None})
+    return out
