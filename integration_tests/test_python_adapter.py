@@ -278,16 +278,17 @@ def test_unmodified_keras_script_through_salus_run(channel, salus_address, salus
     assert remote == local
 
 
-def test_eager_script_warns_once_and_runs_locally(channel, salus_address, salus_only):
+def test_eager_script_with_salus_eager_0_warns_once_and_runs_locally(channel, salus_address, salus_only):
+    # TF2 eager work goes to the server's eager front end (test_tf2_*.py); SALUS_EAGER=0 keeps it local.
     local = run_script("eager_script.py", clean_env())
     assert "salus" not in local.stderr
     before = sessions_created(channel)
-    remote = run_script("eager_script.py", clean_env(SALUS_SERVER=salus_address))
+    remote = run_script("eager_script.py", clean_env(SALUS_SERVER=salus_address, SALUS_EAGER="0"))
     assert sessions_created(channel) == before
     assert last_json_line(remote.stdout) == last_json_line(local.stdout)
     warnings = [line for line in remote.stderr.splitlines() if line.startswith("salus:")]
     assert len(warnings) == 1, remote.stderr
-    assert "ran locally" in warnings[0] and salus_address in warnings[0]
+    assert "ran locally" in warnings[0] and salus_address in warnings[0] and "SALUS_EAGER=0" in warnings[0]
 
 
 def test_top_redraws_on_a_terminal(salus_address, salus_only):

@@ -1,5 +1,6 @@
-"""An unmodified TF2 eager script (GradientTape, tf.function): there is no graph session to send to a
-server, so it always runs locally. prints one JSON line: {"losses": [...]}
+"""An unmodified TF2 eager script (GradientTape, tf.function): no graph session; with SALUS_SERVER set its eager
+work goes to the server's eager front end (SALUS_EAGER=0: locally, with a warning). prints one JSON line:
+{"losses": [...]}
 """
 
 import json

@@ -1,0 +1,69 @@
+"""Helpers of the TF2 suites (test_tf2_*.py): run a workload in-process and through the adapter, compare
+every number the two runs print, and check where the variables lived."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import warnings
+from pathlib import Path
+
+import pytest
+
+from conftest import WORKLOADS, child_env, last_json_line, venv_python
+
+TF_TIMEOUT = 240
+SERVER_JOB = "/job:worker"
+
+
+def tf2_env(**extra: str) -> dict:
+    """child_env without the caller's SALUS_* variables and without TF_USE_LEGACY_KERAS (Keras 3)."""
+    env = {k: v for k, v in child_env().items() if not k.startswith("SALUS_") and k != "TF_USE_LEGACY_KERAS"}
+    env.update(extra)
+    return env
+
+
+def run_workload(script: str, env: dict, python: str | None = None, check: bool = True,
+                 timeout: float = TF_TIMEOUT) -> subprocess.CompletedProcess:
+    path = WORKLOADS / script if not Path(script).is_absolute() else Path(script)
+    proc = subprocess.run([python or venv_python(), str(path)], capture_output=True, text=True, env=env,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+    if check and proc.returncode != 0:
+        pytest.fail(f"{script} exited with {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\n"
+                    f"stderr:\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def salus_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("salus:")]
+
+
+def _compare(a, b, path: str, inexact: list[str]) -> None:
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), f"{path}: keys {sorted(a)} != {sorted(b)}"
+        for k in a:
+            _compare(a[k], b[k], f"{path}.{k}", inexact)
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), f"{path}: lengths {len(a)} != {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            _compare(x, y, f"{path}[{i}]", inexact)
+    elif isinstance(a, float) and isinstance(b, (int, float)) and not isinstance(b, bool):
+        if a != b and not (math.isnan(a) and math.isnan(b)):
+            assert math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9), f"{path}: in-process {a!r} != remote {b!r}"
+            inexact.append(f"{path}: {a!r} vs {b!r}")
+    else:
+        assert a == b, f"{path}: in-process {a!r} != remote {b!r}"
+
+
+def assert_same_numbers(local: dict, remote: dict, ignore=("devices",)) -> None:
+    """Every number equal to 1e-6 relative; a warning lists those that are not bitwise equal."""
+    inexact: list[str] = []
+    _compare({k: v for k, v in local.items() if k not in ignore},
+             {k: v for k, v in remote.items() if k not in ignore}, "result", inexact)
+    if inexact:
+        warnings.warn(f"{len(inexact)} numbers equal to 1e-6 but not bitwise: {inexact[:5]}")
+
+
+def assert_devices(result: dict, prefix: str) -> None:
+    devices = result["devices"]
+    assert devices and all(d.startswith(prefix) for d in devices), f"expected devices on {prefix}: {devices}"
