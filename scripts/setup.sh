@@ -41,6 +41,30 @@ if [[ ! -f "$pkg_stamp" ]] || ! "$venv/bin/python" -c 'import salus' >/dev/null 
     touch "$pkg_stamp"
 fi
 
+# Optional: a second venv with an older stock TF client (tensorflow-cpu 2.16.2 and the adapter), for
+# integration_tests/test_tf2_old_client.py (the server must serve TF 2.16+ clients). Made with
+# SALUS_OLD_TF=1, or under CI (.ci/run sets no variable of its own: CI=1 or SALUS_CI=1 count too).
+OLD_TF_VERSION=2.16.2
+old_venv="$root/.venv-tf2.16"
+if [[ "${SALUS_OLD_TF:-}" == 1 || -n "${CI:-}" || -n "${SALUS_CI:-}" ]]; then
+    old_stamp="$old_venv/.salus-setup-$OLD_TF_VERSION-v1"
+    if [[ ! -f "$old_stamp" ]]; then
+        echo "setup: creating $old_venv with tensorflow-cpu==$OLD_TF_VERSION"
+        [[ -x "$old_venv/bin/python" ]] || "$python" -m venv "$old_venv"
+        "$old_venv/bin/pip" install --quiet --disable-pip-version-check --upgrade pip
+        # TF 2.16 is built against numpy 1.x.
+        "$old_venv/bin/pip" install --quiet --disable-pip-version-check \
+            "tensorflow-cpu==$OLD_TF_VERSION" "numpy<2"
+        touch "$old_stamp"
+    fi
+    old_pkg_stamp="$old_venv/.salus-python-$pkg_hash"
+    if [[ ! -f "$old_pkg_stamp" ]]; then
+        "$old_venv/bin/pip" install --quiet --disable-pip-version-check --no-deps ./python
+        rm -f "$old_venv"/.salus-python-*
+        touch "$old_pkg_stamp"
+    fi
+fi
+
 # TensorFlow's C API ships inside the wheel, split over two libraries.
 tf_dir="$("$venv/bin/python" -c 'import importlib.util, os; print(os.path.dirname(importlib.util.find_spec("tensorflow").origin))')"
 for lib in libtensorflow_cc.so.2 libtensorflow_framework.so.2; do
