@@ -3,6 +3,8 @@
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
         "proto/tensorflow/master_service.proto",
+        "proto/tensorflow/eager_service.proto",
+        "proto/tensorflow/worker_service.proto",
         "proto/tensorflow/graph.proto",
         "proto/tensorflow/step_stats.proto",
         "proto/salus/v1/admin.proto",

@@ -4,7 +4,9 @@
 //!
 //! # Layout
 //! - [`tensorflow`]: a wire-compatible subset of TensorFlow's master protocol
-//!   (`/tensorflow.MasterService/*`) and the framework messages it carries.
+//!   (`/tensorflow.MasterService/*`), of `tensorflow.WorkerService` (GetStatus,
+//!   RecvTensor) and the framework messages they carry; [`tensorflow::eager`]:
+//!   the remote-eager protocol TF2 clients speak.
 //! - [`salus::v1`]: Salus's own services (administration).
 //! - [`codec`]: the gRPC codec of every service.
 
@@ -17,6 +19,11 @@ pub mod tensorflow {
 
     pub mod error {
         tonic::include_proto!("tensorflow.error");
+    }
+
+    /// The remote-eager protocol (`/tensorflow.eager.EagerService/*`).
+    pub mod eager {
+        tonic::include_proto!("tensorflow.eager");
     }
 }
 

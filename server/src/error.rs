@@ -11,6 +11,11 @@ use crate::tf::{TensorError, TfError};
 pub enum Error {
     #[error("session {0:?} not found: it was closed, reclaimed, or the server restarted")]
     SessionNotFound(String),
+    #[error("eager context {0} not found: it was closed, reclaimed after its client went away, or the server restarted; reconnect (tf.config.experimental_connect_to_cluster) or restart the script")]
+    ContextNotFound(u64),
+    /// An eager context ended while a request was using it.
+    #[error("{0}")]
+    ContextGone(String),
     #[error("{0}")]
     InvalidArgument(String),
     #[error("invalid tensor {name:?}: {source}")]
@@ -68,7 +73,7 @@ impl Error {
         match self {
             // TensorFlow's master answers ABORTED for unknown sessions; clients
             // treat it as "recreate the session".
-            Error::SessionNotFound(_) => TfCode::Aborted,
+            Error::SessionNotFound(_) | Error::ContextNotFound(_) | Error::ContextGone(_) => TfCode::Aborted,
             Error::InvalidArgument(_)
             | Error::Tensor { .. }
             | Error::Graph(_)

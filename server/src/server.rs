@@ -1,11 +1,14 @@
-//! Assembles the gRPC server: master service, admin service and health, on one
+//! Assembles the gRPC server: master service (TF1 graph sessions), eager and
+//! worker services (TF2 remote eager), admin service and health, on one
 //! listener, with graceful shutdown.
 
 use std::future::Future;
 use std::sync::Arc;
 
 use salus_proto::salus::v1::admin_server::AdminServer;
+use salus_proto::tensorflow::eager::eager_service_server::EagerServiceServer;
 use salus_proto::tensorflow::master_service_server::MasterServiceServer;
+use salus_proto::tensorflow::worker_service_server::WorkerServiceServer;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::StreamExt;
@@ -13,6 +16,7 @@ use tokio_stream::StreamExt;
 use crate::config::Config;
 use crate::error::Error;
 use crate::frontend::admin::AdminService;
+use crate::frontend::eager::{Eager, Worker};
 use crate::frontend::master::Master;
 use crate::runtime::admission::Admission;
 use crate::runtime::exec;
@@ -122,9 +126,16 @@ impl Server {
         let master = MasterServiceServer::new(Master::new(self.state.clone()))
             .max_decoding_message_size(limit)
             .max_encoding_message_size(limit);
+        let eager = EagerServiceServer::new(Eager::new(self.state.clone()))
+            .max_decoding_message_size(limit)
+            .max_encoding_message_size(limit);
+        let worker = WorkerServiceServer::new(Worker::new(self.state.clone()))
+            .max_decoding_message_size(limit)
+            .max_encoding_message_size(limit);
         let admin = AdminServer::new(AdminService::new(self.state.clone()));
         let (health, health_service) = tonic_health::server::health_reporter();
         health.set_serving::<MasterServiceServer<Master>>().await;
+        health.set_serving::<EagerServiceServer<Eager>>().await;
         health.set_serving::<AdminServer<AdminService>>().await;
 
         // Small RunSteps are latency-bound: disable Nagle on every connection.
@@ -139,6 +150,8 @@ impl Server {
         let router = tonic::transport::Server::builder()
             .add_service(health_service)
             .add_service(master)
+            .add_service(eager)
+            .add_service(worker)
             .add_service(admin)
             .serve_with_incoming_shutdown(incoming, async move {
                 shutdown.await;
@@ -149,6 +162,7 @@ impl Server {
             .config
             .idle_timeout
             .map(|timeout| tokio::spawn(reap_idle_sessions(self.state.clone(), timeout)));
+        let context_reaper = tokio::spawn(reap_idle_contexts(self.state.clone(), self.config.idle_timeout));
         tokio::pin!(router);
         // After the signal, requests get `grace` to finish before sessions close anyway.
         let deadline = async {
@@ -165,15 +179,33 @@ impl Server {
         health
             .set_not_serving::<MasterServiceServer<Master>>()
             .await;
+        health.set_not_serving::<EagerServiceServer<Eager>>().await;
         if let Some(reaper) = reaper {
             reaper.abort();
         }
+        context_reaper.abort();
         self.close_sessions().await;
         self.state.executor.stop();
         Ok(())
     }
 
     async fn close_sessions(&self) {
+        let contexts = self.state.contexts.drain();
+        for job in &contexts {
+            self.state.executor.remove_job(job.id);
+        }
+        let closed_contexts = contexts.len();
+        if let Err(err) = exec::blocking(move || {
+            for job in contexts {
+                job.close("the server is shutting down");
+            }
+            Ok(())
+        })
+        .await
+        {
+            tracing::error!(cause = %err, "closing eager contexts failed");
+        }
+        tracing::info!(contexts = closed_contexts, "all eager contexts closed");
         let jobs = self.state.sessions.drain();
         for job in &jobs {
             self.state.executor.remove_job(job.id);
@@ -217,6 +249,27 @@ async fn reap_idle_sessions(state: Arc<ServerState>, timeout: std::time::Duratio
                     Ok(())
                 })
                 .await;
+            }
+        }
+    }
+}
+
+/// Closes eager contexts whose client stopped talking: idle longer than the
+/// client's keep-alive (CreateContext.keep_alive_secs) or `--idle-timeout`,
+/// whichever is shorter, with nothing queued or running.
+async fn reap_idle_contexts(state: Arc<ServerState>, idle_timeout: Option<std::time::Duration>) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        for job in state.contexts.all() {
+            let limit = match (job.keep_alive, idle_timeout) {
+                (Some(a), Some(b)) => a.min(b),
+                (Some(a), None) | (None, Some(a)) => a,
+                (None, None) => continue,
+            };
+            if !job.is_busy() && job.idle_for() >= limit {
+                tracing::warn!(context = job.context_id, name = %job.name, idle_s = job.idle_for().as_secs(), "closing idle eager context");
+                state.close_context(job, "it was idle longer than its keep-alive").await;
             }
         }
     }

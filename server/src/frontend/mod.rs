@@ -2,4 +2,5 @@
 //! on the [`runtime`](crate::runtime) and its answers back into responses.
 
 pub mod admin;
+pub mod eager;
 pub mod master;

@@ -1,4 +1,5 @@
-//! The table of open sessions (jobs), keyed by handle.
+//! The tables of open jobs: graph sessions keyed by handle, eager contexts
+//! keyed by the client's context id. Both share one id space and one limit.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher, RandomState};
@@ -6,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
+use crate::runtime::eager_job::EagerJob;
 use crate::runtime::graph_job::Job;
 use crate::sched::JobId;
 
@@ -110,6 +112,100 @@ impl SessionTable {
 
     /// Refuses new sessions and hands back every open one, for shutdown.
     pub fn drain(&self) -> Vec<Arc<Job>> {
+        self.closing.store(true, Ordering::SeqCst);
+        self.jobs().drain().map(|(_, job)| job).collect()
+    }
+}
+
+/// Open eager contexts (remote-eager jobs), keyed by context id.
+#[derive(Default)]
+pub struct ContextTable {
+    jobs: Mutex<HashMap<u64, Arc<EagerJob>>>,
+    closing: AtomicBool,
+}
+
+impl ContextTable {
+    fn jobs(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<EagerJob>>> {
+        self.jobs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds a context unless its id is taken or `open_elsewhere` plus the
+    /// contexts already open reach `max` (checked under the table's lock).
+    pub fn insert(&self, job: Arc<EagerJob>, open_elsewhere: usize, max: usize) -> Result<()> {
+        if self.closing.load(Ordering::SeqCst) {
+            return Err(Error::ShuttingDown);
+        }
+        let mut jobs = self.jobs();
+        if jobs.contains_key(&job.context_id) {
+            return Err(Error::InvalidArgument(format!(
+                "EagerService:CreateContext failed: context id <{}> already exists",
+                job.context_id
+            )));
+        }
+        if jobs.len() + open_elsewhere >= max {
+            return Err(Error::ResourceExhausted(format!(
+                "the server already holds its maximum of {max} sessions and eager contexts (--max-sessions)"
+            )));
+        }
+        jobs.insert(job.context_id, job);
+        Ok(())
+    }
+
+    pub fn contains(&self, context_id: u64) -> bool {
+        self.jobs().contains_key(&context_id)
+    }
+
+    /// The context, marked as used now.
+    pub fn get(&self, context_id: u64) -> Result<Arc<EagerJob>> {
+        let job = self
+            .jobs()
+            .get(&context_id)
+            .cloned()
+            .ok_or(Error::ContextNotFound(context_id))?;
+        job.touch();
+        Ok(job)
+    }
+
+    /// Finds a context by job id (decimal), handle or name.
+    pub fn find(&self, key: &str) -> Option<Arc<EagerJob>> {
+        let id = key.parse::<u64>().ok();
+        self.jobs()
+            .values()
+            .find(|j| Some(j.id.0) == id || j.handle == key || j.name == key)
+            .cloned()
+    }
+
+    pub fn remove(&self, context_id: u64) -> Option<Arc<EagerJob>> {
+        self.jobs().remove(&context_id)
+    }
+
+    /// Removes `job` if it is still the table's entry for its id.
+    pub fn remove_job(&self, job: &Arc<EagerJob>) -> bool {
+        let mut jobs = self.jobs();
+        if jobs.get(&job.context_id).is_some_and(|j| Arc::ptr_eq(j, job)) {
+            jobs.remove(&job.context_id);
+            true
+        } else {
+            false
+        }
+    }
+
+    pub fn all(&self) -> Vec<Arc<EagerJob>> {
+        let mut jobs: Vec<_> = self.jobs().values().cloned().collect();
+        jobs.sort_by_key(|j| j.created);
+        jobs
+    }
+
+    pub fn len(&self) -> usize {
+        self.jobs().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Refuses new contexts and hands back every open one, for shutdown.
+    pub fn drain(&self) -> Vec<Arc<EagerJob>> {
         self.closing.store(true, Ordering::SeqCst);
         self.jobs().drain().map(|(_, job)| job).collect()
     }

@@ -1,8 +1,10 @@
-//! The job runtime under the front ends: the table of jobs, one TF_Session
-//! job, and what they share (scheduling on executor lanes, memory admission,
+//! The job runtime under the front ends: the tables of jobs, one TF_Session
+//! job (graph), one TFE context job (eager), and what they share (scheduling on executor lanes, memory admission,
 //! run classification, memory estimates).
 
 pub mod admission;
+pub mod eager_devices;
+pub mod eager_job;
 pub mod exec;
 pub mod executor;
 pub mod graph_delta;
@@ -10,6 +12,7 @@ pub mod graph_job;
 pub mod jobs;
 pub mod latency;
 pub mod memory_profile;
+pub mod rendezvous;
 pub mod session_config;
 pub mod state;
 pub mod wire;

@@ -110,6 +110,54 @@ pub fn strip_nested_fields(bytes: &[u8], outer: u64, inner: &[u64]) -> Result<Ve
     Ok(out)
 }
 
+/// `bytes` with `rewrite` applied to the payload of every length-delimited
+/// sub-field `inner` of every top-level length-delimited field `outer` (e.g. the
+/// `device` of each `node_def` of a FunctionDef). `rewrite` returns `None` to
+/// keep a payload; every other byte stays as it was.
+pub fn rewrite_nested_fields(
+    bytes: &[u8],
+    outer: u64,
+    inner: u64,
+    rewrite: &mut dyn FnMut(&[u8]) -> Option<Vec<u8>>,
+) -> Result<Vec<u8>, WireError> {
+    let mut out = Vec::with_capacity(bytes.len());
+    for field in fields(bytes)? {
+        let raw = &bytes[field.start..field.end];
+        let Some(payload) = length_delimited(raw, outer)? else {
+            out.extend_from_slice(raw);
+            continue;
+        };
+        let mut nested = Vec::with_capacity(payload.len());
+        for sub in fields(payload)? {
+            let sub_raw = &payload[sub.start..sub.end];
+            match length_delimited(sub_raw, inner)?.and_then(|value| rewrite(value)) {
+                Some(value) => {
+                    write_varint(&mut nested, (inner << 3) | 2);
+                    write_varint(&mut nested, value.len() as u64);
+                    nested.extend_from_slice(&value);
+                }
+                None => nested.extend_from_slice(sub_raw),
+            }
+        }
+        write_varint(&mut out, (outer << 3) | 2);
+        write_varint(&mut out, nested.len() as u64);
+        out.extend_from_slice(&nested);
+    }
+    Ok(out)
+}
+
+/// The payload of an encoded field (`raw`: key, length, payload) when it is
+/// field `number` and length-delimited.
+fn length_delimited(raw: &[u8], number: u64) -> Result<Option<&[u8]>, WireError> {
+    let mut pos = 0;
+    let key = read_varint(raw, &mut pos)?;
+    if key >> 3 != number || key & 7 != 2 {
+        return Ok(None);
+    }
+    read_varint(raw, &mut pos)?;
+    Ok(Some(&raw[pos..]))
+}
+
 /// Whether a top-level field numbered `number` is present.
 pub fn has_field(bytes: &[u8], number: u64) -> Result<bool, WireError> {
     Ok(fields(bytes)?.iter().any(|f| f.number == number))
@@ -150,6 +198,31 @@ mod tests {
         );
         assert_eq!(
             strip_nested_fields(&[0x82, 0x01, 0x03, 0x5a], 16, &[11]),
+            Err(WireError::Truncated)
+        );
+    }
+
+    #[test]
+    fn rewrites_nested_fields_and_keeps_the_rest() {
+        // field 3 = { field 1 = "n", field 4 = "dev" }, field 3 = { field 4 = "keep" }, field 1 = "x"
+        let first = [0x0a, 0x01, b'n', 0x22, 0x03, b'd', b'e', b'v'];
+        let second = [0x22, 0x04, b'k', b'e', b'e', b'p'];
+        let mut msg = vec![0x1a, first.len() as u8];
+        msg.extend_from_slice(&first);
+        msg.extend_from_slice(&[0x1a, second.len() as u8]);
+        msg.extend_from_slice(&second);
+        msg.extend_from_slice(&[0x0a, 0x01, b'x']);
+        let out = rewrite_nested_fields(&msg, 3, 4, &mut |v| (v == b"dev").then(|| b"local".to_vec())).unwrap();
+        let first_out = [0x0a, 0x01, b'n', 0x22, 0x05, b'l', b'o', b'c', b'a', b'l'];
+        let mut expected = vec![0x1a, first_out.len() as u8];
+        expected.extend_from_slice(&first_out);
+        expected.extend_from_slice(&[0x1a, second.len() as u8]);
+        expected.extend_from_slice(&second);
+        expected.extend_from_slice(&[0x0a, 0x01, b'x']);
+        assert_eq!(out, expected);
+        assert_eq!(rewrite_nested_fields(&msg, 3, 4, &mut |_| None).unwrap(), msg);
+        assert_eq!(
+            rewrite_nested_fields(&[0x1a, 0x03, 0x22, 0x05, b'a'], 3, 4, &mut |_| None),
             Err(WireError::Truncated)
         );
     }

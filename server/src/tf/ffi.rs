@@ -31,3 +31,121 @@ extern "C" {
     #[link_name = "TF_OperationOutputType"]
     pub fn TF_OperationOutputTypeRaw(output: tensorflow_sys::TF_Output) -> i32;
 }
+
+/// The eager C API (`tensorflow/c/eager/c_api.h` and `c_api_experimental.h`),
+/// exported by `libtensorflow_cc.so.2`. Declared here rather than through
+/// tensorflow-sys's `eager` feature: only these functions are used, and
+/// `TFE_OpSetAttrValueProto` (experimental) is not bound there at all.
+pub mod eager {
+    use std::ffi::{c_char, c_int, c_uchar, c_void};
+
+    use tensorflow_sys::{TF_Buffer, TF_Status, TF_Tensor};
+
+    #[repr(C)]
+    pub struct TFE_ContextOptions {
+        _private: [u8; 0],
+    }
+    #[repr(C)]
+    pub struct TFE_Context {
+        _private: [u8; 0],
+    }
+    #[repr(C)]
+    pub struct TFE_Op {
+        _private: [u8; 0],
+    }
+    #[repr(C)]
+    pub struct TFE_TensorHandle {
+        _private: [u8; 0],
+    }
+
+    /// `TFE_DEVICE_PLACEMENT_SILENT`: inputs are copied to the op's device
+    /// without a warning, as TensorFlow's own eager worker does.
+    pub const DEVICE_PLACEMENT_SILENT: c_int = 2;
+
+    extern "C" {
+        pub fn TFE_NewContextOptions() -> *mut TFE_ContextOptions;
+        pub fn TFE_ContextOptionsSetConfig(
+            options: *mut TFE_ContextOptions,
+            proto: *const c_void,
+            proto_len: usize,
+            status: *mut TF_Status,
+        );
+        pub fn TFE_ContextOptionsSetAsync(options: *mut TFE_ContextOptions, enable: c_uchar);
+        pub fn TFE_ContextOptionsSetDevicePlacementPolicy(
+            options: *mut TFE_ContextOptions,
+            policy: c_int,
+        );
+        pub fn TFE_DeleteContextOptions(options: *mut TFE_ContextOptions);
+
+        pub fn TFE_NewContext(
+            opts: *const TFE_ContextOptions,
+            status: *mut TF_Status,
+        ) -> *mut TFE_Context;
+        pub fn TFE_DeleteContext(ctx: *mut TFE_Context);
+        pub fn TFE_ContextAddFunctionDef(
+            ctx: *mut TFE_Context,
+            serialized_function_def: *const c_char,
+            size: usize,
+            status: *mut TF_Status,
+        );
+        pub fn TFE_ContextRemoveFunction(
+            ctx: *mut TFE_Context,
+            name: *const c_char,
+            status: *mut TF_Status,
+        );
+        pub fn TFE_ContextHasFunction(ctx: *mut TFE_Context, name: *const c_char) -> c_uchar;
+        pub fn TFE_ContextEnableRunMetadata(ctx: *mut TFE_Context);
+        pub fn TFE_ContextDisableRunMetadata(ctx: *mut TFE_Context);
+        pub fn TFE_ContextExportRunMetadata(
+            ctx: *mut TFE_Context,
+            buf: *mut TF_Buffer,
+            status: *mut TF_Status,
+        );
+
+        pub fn TFE_NewTensorHandle(t: *const TF_Tensor, status: *mut TF_Status)
+            -> *mut TFE_TensorHandle;
+        pub fn TFE_DeleteTensorHandle(h: *mut TFE_TensorHandle);
+        #[link_name = "TFE_TensorHandleDataType"]
+        pub fn TFE_TensorHandleDataTypeRaw(h: *mut TFE_TensorHandle) -> c_int;
+        pub fn TFE_TensorHandleNumDims(h: *mut TFE_TensorHandle, status: *mut TF_Status) -> c_int;
+        pub fn TFE_TensorHandleDim(
+            h: *mut TFE_TensorHandle,
+            dim_index: c_int,
+            status: *mut TF_Status,
+        ) -> i64;
+        pub fn TFE_TensorHandleDeviceName(
+            h: *mut TFE_TensorHandle,
+            status: *mut TF_Status,
+        ) -> *const c_char;
+        pub fn TFE_TensorHandleResolve(h: *mut TFE_TensorHandle, status: *mut TF_Status)
+            -> *mut TF_Tensor;
+        pub fn TFE_TensorHandleCopyToDevice(
+            h: *mut TFE_TensorHandle,
+            ctx: *mut TFE_Context,
+            device_name: *const c_char,
+            status: *mut TF_Status,
+        ) -> *mut TFE_TensorHandle;
+
+        pub fn TFE_NewOp(
+            ctx: *mut TFE_Context,
+            op_or_function_name: *const c_char,
+            status: *mut TF_Status,
+        ) -> *mut TFE_Op;
+        pub fn TFE_DeleteOp(op: *mut TFE_Op);
+        pub fn TFE_OpSetDevice(op: *mut TFE_Op, device_name: *const c_char, status: *mut TF_Status);
+        pub fn TFE_OpAddInput(op: *mut TFE_Op, input: *mut TFE_TensorHandle, status: *mut TF_Status);
+        pub fn TFE_OpSetAttrValueProto(
+            op: *const TFE_Op,
+            attr_name: *const c_char,
+            proto: *const c_void,
+            proto_len: usize,
+            status: *mut TF_Status,
+        );
+        pub fn TFE_Execute(
+            op: *mut TFE_Op,
+            retvals: *mut *mut TFE_TensorHandle,
+            num_retvals: *mut c_int,
+            status: *mut TF_Status,
+        );
+    }
+}

@@ -7,9 +7,11 @@
 //! - [`tensor`]: TensorProto <-> TF_Tensor conversion with validation.
 //! - [`graph`]: TF_Graph, GraphDef import with mappings to existing nodes.
 //! - [`session`]: TF_Session runs, partial runs, devices.
+//! - [`eager`]: TFE contexts, tensor handles, op and function execution.
 //! - `buffer`, `ffi`: TF_Buffer helpers and the declarations tensorflow-sys lacks.
 
 mod buffer;
+pub mod eager;
 mod ffi;
 pub mod graph;
 pub mod session;

@@ -172,7 +172,7 @@ impl MasterService for Master {
         let req = request.into_inner();
         let (config, metadata_name) = session_config(&req.config, self.state.session_defaults)?;
         let hints = Hints::parse(&metadata_name).map_err(Error::from)?;
-        if self.state.sessions.len() >= self.state.max_sessions {
+        if self.state.open_jobs() >= self.state.max_sessions {
             return Err(Error::ResourceExhausted(format!(
                 "the server already holds its maximum of {} sessions (--max-sessions); close sessions you no longer use",
                 self.state.max_sessions
@@ -211,7 +211,10 @@ impl MasterService for Master {
         if let Err(err) = self
             .state
             .sessions
-            .insert(Arc::new(job), self.state.max_sessions)
+            .insert(
+                Arc::new(job),
+                self.state.max_sessions.saturating_sub(self.state.contexts.len()),
+            )
         {
             self.state.executor.remove_job(id);
             return Err(err.into());

@@ -1,0 +1,394 @@
+//! The remote-eager front end: `tensorflow.eager.EagerService` and the two
+//! `tensorflow.WorkerService` methods a TF2 client calls (GetStatus,
+//! RecvTensor). One eager context is one job; its requests become runtime
+//! [`Item`]s executed in order by the job's thread.
+
+mod translate;
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use salus_proto::tensorflow::eager::eager_service_server::EagerService;
+use salus_proto::tensorflow::eager::*;
+use salus_proto::tensorflow::worker_service_server::WorkerService;
+use salus_proto::tensorflow::{
+    DeviceAttributes, GetStatusRequest, GetStatusResponse, RecvTensorRequest, RecvTensorResponse,
+};
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::error::{Error, Result};
+use crate::runtime::eager_devices::DeviceNames;
+use crate::runtime::eager_job::{EagerJob, EagerJobSpec, ItemOutput};
+use crate::runtime::exec;
+use crate::runtime::rendezvous::UNANNOUNCED_GRACE;
+use crate::runtime::session_config::session_config;
+use crate::runtime::state::ServerState;
+use crate::sched::{Hints, LaneId};
+use crate::tf::DeviceInfo;
+
+pub use translate::{enqueue_response, queue_items};
+
+/// How long a context whose last stream ended waits for the client to open a
+/// new one (or send anything) before it is reclaimed: the stock client never
+/// closes its context, it just exits.
+pub const STREAM_END_GRACE: Duration = Duration::from_secs(3);
+
+pub struct Eager {
+    state: Arc<ServerState>,
+}
+
+impl Eager {
+    pub fn new(state: Arc<ServerState>) -> Eager {
+        Eager { state }
+    }
+}
+
+/// The server's devices as `names` shows them to the client.
+fn device_attributes(devices: &[DeviceInfo], rename: impl Fn(&str) -> String) -> Vec<DeviceAttributes> {
+    devices
+        .iter()
+        .map(|d| DeviceAttributes {
+            name: rename(&d.name),
+            device_type: d.device_type.clone(),
+            memory_limit: d.memory_bytes,
+            incarnation: d.incarnation,
+            xla_global_id: -1,
+            ..Default::default()
+        })
+        .collect()
+}
+
+type PendingReply = std::result::Result<oneshot::Receiver<Result<Vec<ItemOutput>>>, Error>;
+
+#[tonic::async_trait]
+impl EagerService for Eager {
+    async fn create_context(
+        &self,
+        request: Request<CreateContextRequest>,
+    ) -> Result<Response<CreateContextResponse>, Status> {
+        let req = request.into_inner();
+        let server_def = req.server_def.unwrap_or_default();
+        if server_def.job_name.is_empty() {
+            return Err(Error::InvalidArgument(
+                "CreateContext: server_def.job_name is empty; it must name this server's job in the client's cluster"
+                    .into(),
+            )
+            .into());
+        }
+        if self.state.contexts.contains(req.context_id) {
+            return Err(Error::InvalidArgument(format!(
+                "EagerService:CreateContext failed: context id <{}> already exists",
+                req.context_id
+            ))
+            .into());
+        }
+        if req.clear_existing_contexts {
+            // Other tenants' contexts are not the client's to clear.
+            tracing::info!(context = req.context_id, "ignoring clear_existing_contexts on a shared server");
+        }
+        let (config, metadata_name) =
+            session_config(&server_def.default_session_config, self.state.session_defaults)?;
+        let hints = Hints::parse(&metadata_name).map_err(Error::from)?;
+        if self.state.open_jobs() >= self.state.max_sessions {
+            return Err(Error::ResourceExhausted(format!(
+                "the server already holds its maximum of {} sessions and eager contexts (--max-sessions)",
+                self.state.max_sessions
+            ))
+            .into());
+        }
+        let other_jobs = server_def
+            .cluster
+            .as_ref()
+            .map(|c| c.job.iter().map(|j| j.name.clone()).collect())
+            .unwrap_or_default();
+        let devices = DeviceNames::new(&server_def.job_name, server_def.replica, server_def.task_index, other_jobs);
+        let (id, _) = self.state.sessions.next_job();
+        let spec = EagerJobSpec {
+            id,
+            context_id: req.context_id,
+            hints: hints.clone(),
+            config,
+            devices: devices.clone(),
+            keep_alive: (req.keep_alive_secs > 0).then(|| Duration::from_secs(req.keep_alive_secs as u64)),
+            context_view_id: req.context_view_id,
+            max_tensor_bytes: self.state.settings.max_tensor_bytes,
+        };
+        let job = Arc::new(exec::blocking(move || EagerJob::create(spec)).await?);
+        if let Err(err) = self
+            .state
+            .contexts
+            .insert(job.clone(), self.state.sessions.len(), self.state.max_sessions)
+        {
+            let _ = exec::blocking(move || {
+                drop(job);
+                Ok(())
+            })
+            .await;
+            return Err(err.into());
+        }
+        // With memory lanes, jobs join the scheduler when admitted (graph jobs only, for now).
+        if self.state.admission.is_none() {
+            if let Err(err) = self.state.executor.add_job(id, LaneId(0), hints.clone()) {
+                self.state.close_context(job, "it could not join the scheduler").await;
+                return Err(err.into());
+            }
+        }
+        tracing::info!(
+            context = req.context_id,
+            job = id.0,
+            name = %hints.name,
+            server = %devices.client_prefix(),
+            ?hints,
+            "eager context created"
+        );
+        Ok(Response::new(CreateContextResponse {
+            device_attributes: device_attributes(&self.state.devices, |n| devices.to_client(n)),
+        }))
+    }
+
+    async fn update_context(
+        &self,
+        request: Request<UpdateContextRequest>,
+    ) -> Result<Response<UpdateContextResponse>, Status> {
+        let req = request.into_inner();
+        self.state.contexts.get(req.context_id)?;
+        Err(Error::Unimplemented(
+            "UpdateContext: a Salus server is one task and keeps a context's cluster fixed; \
+             reconnect with a new context instead of updating the cluster"
+                .into(),
+        )
+        .into())
+    }
+
+    async fn enqueue(&self, request: Request<EnqueueRequest>) -> Result<Response<EnqueueResponse>, Status> {
+        let req = request.into_inner();
+        let job = self.state.contexts.get(req.context_id)?;
+        let items = queue_items(req.queue)?;
+        let outputs = job.run(items).await?;
+        Ok(Response::new(enqueue_response(outputs)))
+    }
+
+    type StreamingEnqueueStream = Pin<Box<dyn Stream<Item = Result<EnqueueResponse, Status>> + Send>>;
+
+    async fn streaming_enqueue(
+        &self,
+        request: Request<Streaming<EnqueueRequest>>,
+    ) -> Result<Response<Self::StreamingEnqueueStream>, Status> {
+        let inbound = request.into_inner();
+        let (out_tx, out_rx) = mpsc::channel(256);
+        let (pending_tx, pending_rx) = mpsc::unbounded_channel::<PendingReply>();
+        let failed = Arc::new(AtomicBool::new(false));
+        let reader = tokio::spawn(read_stream(self.state.clone(), inbound, pending_tx, failed.clone()));
+        let state = self.state.clone();
+        tokio::spawn(async move {
+            let errored = write_stream(pending_rx, out_tx).await;
+            failed.store(true, Ordering::SeqCst);
+            if let Ok((Some(job), client_ended)) = reader.await {
+                let remaining = job.stream_closed();
+                if client_ended && !errored && remaining == 0 {
+                    tokio::spawn(reclaim_when_abandoned(state, job));
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(out_rx))))
+    }
+
+    async fn wait_queue_done(
+        &self,
+        request: Request<WaitQueueDoneRequest>,
+    ) -> Result<Response<WaitQueueDoneResponse>, Status> {
+        let req = request.into_inner();
+        let job = self.state.contexts.get(req.context_id)?;
+        // Requests run in order: a sync item answers once everything before it ran.
+        job.run(vec![crate::runtime::eager_job::Item::Sync]).await?;
+        Ok(Response::new(WaitQueueDoneResponse {}))
+    }
+
+    async fn run_component_function(
+        &self,
+        request: Request<RunComponentFunctionRequest>,
+    ) -> Result<Response<RunComponentFunctionResponse>, Status> {
+        let req = request.into_inner();
+        self.state.contexts.get(req.context_id)?;
+        let name = req.operation.map(|o| o.name).unwrap_or_default();
+        Err(Error::Unimplemented(format!(
+            "RunComponentFunction ({name}): this function was split between the client's devices and the Salus \
+             server, which cannot reach the client; Salus runs whole functions on the server. Build the \
+             tf.function and its inputs under the server's device scope (the default once connected), not \
+             inside `with tf.device(\"/job:localhost\")`"
+        ))
+        .into())
+    }
+
+    async fn keep_alive(&self, request: Request<KeepAliveRequest>) -> Result<Response<KeepAliveResponse>, Status> {
+        let job = self.state.contexts.get(request.into_inner().context_id)?;
+        Ok(Response::new(KeepAliveResponse {
+            context_view_id: job.context_view_id,
+        }))
+    }
+
+    async fn close_context(
+        &self,
+        request: Request<CloseContextRequest>,
+    ) -> Result<Response<CloseContextResponse>, Status> {
+        // Closing an unknown context succeeds, as in TensorFlow's worker.
+        if let Some(job) = self.state.contexts.remove(request.into_inner().context_id) {
+            self.state.close_context(job, "the client closed it").await;
+        }
+        Ok(Response::new(CloseContextResponse {}))
+    }
+}
+
+/// Reads a stream's requests in order and queues each on its context at once
+/// (pipelined: the client does not wait for responses). Returns the context
+/// and whether the client ended the stream.
+async fn read_stream(
+    state: Arc<ServerState>,
+    mut inbound: Streaming<EnqueueRequest>,
+    pending: mpsc::UnboundedSender<PendingReply>,
+    failed: Arc<AtomicBool>,
+) -> (Option<Arc<EagerJob>>, bool) {
+    let mut job: Option<Arc<EagerJob>> = None;
+    loop {
+        let req = match inbound.message().await {
+            Ok(Some(req)) => req,
+            Ok(None) | Err(_) => return (job, true),
+        };
+        if failed.load(Ordering::SeqCst) {
+            return (job, false);
+        }
+        let submitted = (|| {
+            let current = match &job {
+                Some(j) if j.context_id == req.context_id => {
+                    j.touch();
+                    j.clone()
+                }
+                Some(_) => {
+                    return Err(Error::InvalidArgument(
+                        "StreamingEnqueue: every request of one stream must name the same context".into(),
+                    ))
+                }
+                None => {
+                    let j = state.contexts.get(req.context_id)?;
+                    j.stream_opened();
+                    job = Some(j.clone());
+                    j
+                }
+            };
+            current.submit(queue_items(req.queue)?, Some(failed.clone()))
+        })();
+        let stop = submitted.is_err();
+        if pending.send(submitted).is_err() || stop {
+            return (job, false);
+        }
+    }
+}
+
+/// Answers a stream's requests in order; the first error ends the stream with
+/// its status, as TensorFlow's worker does. Returns whether it ended in error.
+async fn write_stream(
+    mut pending: mpsc::UnboundedReceiver<PendingReply>,
+    out: mpsc::Sender<Result<EnqueueResponse, Status>>,
+) -> bool {
+    while let Some(reply) = pending.recv().await {
+        let outcome = match reply {
+            Ok(rx) => rx.await.unwrap_or_else(|_| {
+                Err(Error::ContextGone("the eager context was closed while the request ran".into()))
+            }),
+            Err(err) => Err(err),
+        };
+        match outcome {
+            Ok(outputs) => {
+                if out.send(Ok(enqueue_response(outputs))).await.is_err() {
+                    return false;
+                }
+            }
+            Err(err) => {
+                let _ = out.send(Err(err.into())).await;
+                return true;
+            }
+        }
+    }
+    false
+}
+
+/// Reclaims a context once its client is gone: no stream open and no request
+/// for [`STREAM_END_GRACE`], and nothing running.
+async fn reclaim_when_abandoned(state: Arc<ServerState>, job: Arc<EagerJob>) {
+    loop {
+        tokio::time::sleep(STREAM_END_GRACE).await;
+        if job.open_streams() > 0 || !state.contexts.contains(job.context_id) {
+            return;
+        }
+        if job.idle_for() >= STREAM_END_GRACE && !job.is_busy() {
+            state.close_context(job, "its client's stream ended").await;
+            return;
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Worker {
+    state: Arc<ServerState>,
+}
+
+impl Worker {
+    pub fn new(state: Arc<ServerState>) -> Worker {
+        Worker { state }
+    }
+}
+
+#[tonic::async_trait]
+impl WorkerService for Worker {
+    async fn get_status(&self, _: Request<GetStatusRequest>) -> Result<Response<GetStatusResponse>, Status> {
+        // Local names; the client renames them after the task it asked.
+        Ok(Response::new(GetStatusResponse {
+            device_attributes: device_attributes(&self.state.devices, str::to_string),
+        }))
+    }
+
+    async fn recv_tensor(&self, request: Request<RecvTensorRequest>) -> Result<Response<RecvTensorResponse>, Status> {
+        let req = request.into_inner();
+        // Remote-eager pulls carry the context id as their step id.
+        let job = self.state.contexts.get(req.step_id as u64)?;
+        let name = tensor_name(&req.rendezvous_key)?;
+        let sent = job.recv(name, UNANNOUNCED_GRACE).await?;
+        Ok(Response::new(RecvTensorResponse {
+            tensor: Some(sent.tensor),
+            is_dead: false,
+            send_start_micros: sent.sent_micros,
+            ..Default::default()
+        }))
+    }
+}
+
+/// The tensor name of a rendezvous key
+/// `src_device;src_incarnation;dst_device;tensor_name;frame:iter`.
+fn tensor_name(key: &str) -> Result<&str> {
+    let parts: Vec<&str> = key.split(';').collect();
+    match parts.as_slice() {
+        [_, _, _, name, _] if !name.is_empty() => Ok(name),
+        _ => Err(Error::InvalidArgument(format!(
+            "RecvTensor: malformed rendezvous key {key:?}; expected \
+             src_device;src_incarnation;dst_device;tensor_name;frame_id:iter_id"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_tensor_names_from_rendezvous_keys() {
+        let key = "/job:worker/replica:0/task:0/device:CPU:0;82c5df4e6707a1e6;/job:localhost/replica:0/task:0/device:CPU:0;7530058048480271776_3;0:0";
+        assert_eq!(tensor_name(key).unwrap(), "7530058048480271776_3");
+        assert!(tensor_name("a;b;c").is_err());
+        assert!(tensor_name("a;b;c;;d").is_err());
+    }
+}

@@ -1,0 +1,579 @@
+//! One remote-eager job: a TFE context owned by a thread of its own, the
+//! client's tensor handles and functions in it, and the rendezvous its `_Send`
+//! ops feed. Requests are executed strictly in the order they were submitted
+//! (the protocol's ops refer to earlier ops' outputs by id), one at a time.
+//!
+//! The front end translates the protocol into [`Item`]s; nothing here knows
+//! about gRPC.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use prost::Message;
+use salus_proto::tensorflow::{attr_value, AttrValue, FunctionDefView, TensorProto};
+use tokio::sync::oneshot;
+
+use crate::error::{Error, Result};
+use crate::runtime::eager_devices::DeviceNames;
+use crate::runtime::rendezvous::{Rendezvous, Sent};
+use crate::runtime::wire;
+use crate::sched::{Hints, JobId};
+use crate::tf::eager::{EagerContext, TensorHandle};
+use crate::tf::Tensor;
+
+/// FunctionDef.node_def and NodeDef.device field numbers.
+const FUNCTION_NODE_DEF_FIELD: u64 = 3;
+const NODE_DEVICE_FIELD: u64 = 4;
+
+/// An input of an op: an earlier output of this context, or a tensor sent inline.
+#[derive(Debug, Clone)]
+pub enum OpInput {
+    Handle { op_id: i64, output: i32 },
+    Tensor(TensorProto),
+}
+
+/// One op or function call, as the client enqueued it.
+#[derive(Debug, Clone)]
+pub struct OpRequest {
+    pub id: i64,
+    pub name: String,
+    pub inputs: Vec<OpInput>,
+    /// Serialized AttrValue protos by attribute name.
+    pub attrs: Vec<(String, Bytes)>,
+    /// The device in the client's names (mapped here).
+    pub device: String,
+    pub is_function: bool,
+}
+
+impl OpRequest {
+    /// `_Send` ops hand a tensor to a `RecvTensor` pull instead of running.
+    fn send_tensor_name(&self) -> Option<String> {
+        if !matches!(self.name.as_str(), "_Send" | "_HostSend") {
+            return None;
+        }
+        let attr = self.attrs.iter().find(|(k, _)| k == "tensor_name")?;
+        match AttrValue::decode(attr.1.as_ref()).ok()?.value? {
+            attr_value::Value::S(s) => Some(String::from_utf8_lossy(&s).into_owned()),
+            _ => None,
+        }
+    }
+}
+
+/// One queue item of a request.
+#[derive(Debug, Clone)]
+pub enum Item {
+    Execute(OpRequest),
+    /// A FunctionDef and the functions it calls (serialized).
+    RegisterFunction { function_def: Bytes, library: Vec<Bytes> },
+    /// Tensors the client pushes; they become outputs `0..n` of `op_id`.
+    SendTensors { op_id: i64, tensors: Vec<TensorProto>, device: String },
+    Decref { op_id: i64, output: i32 },
+    RemoveFunction(String),
+    /// Per-step state of a component function; a sync context keeps none.
+    CleanupFunction,
+    /// Answers once everything queued before it has run.
+    Sync,
+}
+
+impl Item {
+    fn send_tensor_name(&self) -> Option<String> {
+        match self {
+            Item::Execute(op) => op.send_tensor_name(),
+            _ => None,
+        }
+    }
+}
+
+/// What one item produced: the shapes of its outputs and, for function calls,
+/// their devices in the client's names.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct ItemOutput {
+    pub shapes: Vec<Vec<i64>>,
+    pub devices: Vec<String>,
+}
+
+/// Counters for the admin API.
+#[derive(Default)]
+pub struct EagerStats {
+    pub ops: AtomicU64,
+    pub function_calls: AtomicU64,
+    pub failed: AtomicU64,
+    pub handles: AtomicU64,
+    pub functions: AtomicU64,
+}
+
+/// What the job's thread shares with request handlers.
+struct Shared {
+    context_id: u64,
+    devices: DeviceNames,
+    rendezvous: Rendezvous,
+    stats: EagerStats,
+    closing: AtomicBool,
+    in_flight: AtomicUsize,
+    max_tensor_bytes: u64,
+}
+
+struct Batch {
+    items: Vec<Item>,
+    /// Set when an earlier request of the same stream failed: later ones are
+    /// refused, as TensorFlow's worker ends the stream at the first error.
+    stream_failed: Option<Arc<AtomicBool>>,
+    reply: oneshot::Sender<Result<Vec<ItemOutput>>>,
+}
+
+/// How the client set up the context.
+pub struct EagerJobSpec {
+    pub id: JobId,
+    pub context_id: u64,
+    pub hints: Hints,
+    /// Serialized ConfigProto for the TFE context.
+    pub config: Vec<u8>,
+    pub devices: DeviceNames,
+    pub keep_alive: Option<Duration>,
+    pub context_view_id: u64,
+    pub max_tensor_bytes: u64,
+}
+
+pub struct EagerJob {
+    pub id: JobId,
+    pub context_id: u64,
+    /// Shown by the admin API beside graph jobs' session handles.
+    pub handle: String,
+    pub name: String,
+    pub hints: Hints,
+    pub created: Instant,
+    /// The client's keep-alive (CreateContext.keep_alive_secs), if any.
+    pub keep_alive: Option<Duration>,
+    pub context_view_id: u64,
+    shared: Arc<Shared>,
+    last_access: Mutex<Instant>,
+    open_streams: AtomicUsize,
+    queue: Mutex<Option<mpsc::Sender<Batch>>>,
+    worker: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl EagerJob {
+    /// Creates the TFE context on the job's own thread. Blocks.
+    pub fn create(spec: EagerJobSpec) -> Result<EagerJob> {
+        let shared = Arc::new(Shared {
+            context_id: spec.context_id,
+            devices: spec.devices,
+            rendezvous: Rendezvous::default(),
+            stats: EagerStats::default(),
+            closing: AtomicBool::new(false),
+            in_flight: AtomicUsize::new(0),
+            max_tensor_bytes: spec.max_tensor_bytes,
+        });
+        let (tx, rx) = mpsc::channel::<Batch>();
+        let (ready_tx, ready_rx) = mpsc::sync_channel::<Result<()>>(1);
+        let config = spec.config;
+        let thread_shared = shared.clone();
+        let worker = std::thread::Builder::new()
+            .name(format!("salus-eager-{}", spec.id.0))
+            .spawn(move || match EagerContext::new(&config) {
+                Ok(ctx) => {
+                    let _ = ready_tx.send(Ok(()));
+                    Worker {
+                        handles: HashMap::new(),
+                        functions: HashSet::new(),
+                        ctx,
+                        shared: thread_shared,
+                    }
+                    .run(rx);
+                }
+                Err(err) => {
+                    let _ = ready_tx.send(Err(err.into()));
+                }
+            })
+            .map_err(|e| Error::Internal(format!("cannot start an eager context thread: {e}")))?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => {
+                let _ = worker.join();
+                return Err(err);
+            }
+            Err(_) => return Err(Error::Internal("the eager context thread ended at start".into())),
+        }
+        Ok(EagerJob {
+            id: spec.id,
+            context_id: spec.context_id,
+            handle: format!("eager-{:016x}", spec.context_id),
+            name: spec.hints.name.clone(),
+            hints: spec.hints,
+            created: Instant::now(),
+            keep_alive: spec.keep_alive,
+            context_view_id: spec.context_view_id,
+            shared,
+            last_access: Mutex::new(Instant::now()),
+            open_streams: AtomicUsize::new(0),
+            queue: Mutex::new(Some(tx)),
+            worker: Mutex::new(Some(worker)),
+        })
+    }
+
+    pub fn devices(&self) -> &DeviceNames {
+        &self.shared.devices
+    }
+
+    pub fn stats(&self) -> &EagerStats {
+        &self.shared.stats
+    }
+
+    pub fn touch(&self) {
+        *self.last_access.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+    }
+
+    pub fn idle_for(&self) -> Duration {
+        self.last_access.lock().unwrap_or_else(|e| e.into_inner()).elapsed()
+    }
+
+    /// Requests queued or running.
+    pub fn is_busy(&self) -> bool {
+        self.shared.in_flight.load(Ordering::SeqCst) > 0
+    }
+
+    pub fn stream_opened(&self) {
+        self.open_streams.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Returns the streams still open.
+    pub fn stream_closed(&self) -> usize {
+        self.open_streams.fetch_sub(1, Ordering::SeqCst).saturating_sub(1)
+    }
+
+    pub fn open_streams(&self) -> usize {
+        self.open_streams.load(Ordering::SeqCst)
+    }
+
+    /// Queues a request; the receiver yields its outputs once it has run.
+    /// `_Send` ops are announced at once so that early pulls wait for them.
+    pub fn submit(
+        &self,
+        items: Vec<Item>,
+        stream_failed: Option<Arc<AtomicBool>>,
+    ) -> Result<oneshot::Receiver<Result<Vec<ItemOutput>>>> {
+        self.touch();
+        let (reply, rx) = oneshot::channel();
+        let names: Vec<String> = items.iter().filter_map(Item::send_tensor_name).collect();
+        let queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(queue) = queue.as_ref() else {
+            return Err(self.gone());
+        };
+        for name in &names {
+            self.shared.rendezvous.announce(name);
+        }
+        self.shared.in_flight.fetch_add(1, Ordering::SeqCst);
+        if queue
+            .send(Batch {
+                items,
+                stream_failed,
+                reply,
+            })
+            .is_err()
+        {
+            self.shared.in_flight.fetch_sub(1, Ordering::SeqCst);
+            for name in &names {
+                self.shared.rendezvous.deliver(name, Err("the eager context was closed".into()));
+            }
+            return Err(self.gone());
+        }
+        Ok(rx)
+    }
+
+    /// Queues a request and waits for its outputs.
+    pub async fn run(&self, items: Vec<Item>) -> Result<Vec<ItemOutput>> {
+        let rx = self.submit(items, None)?;
+        rx.await.unwrap_or_else(|_| Err(self.gone()))
+    }
+
+    /// Waits for the tensor a `_Send` op of this context sends as `name`.
+    pub async fn recv(&self, name: &str, grace: Duration) -> Result<Sent> {
+        self.touch();
+        self.shared.rendezvous.recv(name, grace).await
+    }
+
+    fn gone(&self) -> Error {
+        Error::ContextGone(format!(
+            "eager context {} was closed while the request was queued",
+            self.context_id
+        ))
+    }
+
+    /// Ends the job: refuses new requests, fails queued ones and pending pulls,
+    /// and frees every handle, function and variable with the TFE context.
+    /// Blocks until the context's thread has finished (its running request, if
+    /// any, completes first).
+    pub fn close(&self, reason: &str) {
+        self.shared.closing.store(true, Ordering::SeqCst);
+        self.queue.lock().unwrap_or_else(|e| e.into_inner()).take();
+        self.shared.rendezvous.close(reason);
+        if let Some(worker) = self.worker.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            if worker.join().is_err() {
+                tracing::error!(context = self.context_id, "eager context thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for EagerJob {
+    fn drop(&mut self) {
+        self.close("the eager context was closed");
+    }
+}
+
+/// The job's thread: owns the TFE context and every handle in it.
+struct Worker {
+    /// Outputs by op id (send_tensor ids included); `None` once decref'd.
+    /// Declared before `ctx`: handles are released before their context.
+    handles: HashMap<i64, Vec<Option<TensorHandle>>>,
+    functions: HashSet<String>,
+    ctx: EagerContext,
+    shared: Arc<Shared>,
+}
+
+impl Worker {
+    fn run(mut self, rx: mpsc::Receiver<Batch>) {
+        while let Ok(batch) = rx.recv() {
+            let result = if self.shared.closing.load(Ordering::SeqCst) {
+                Err(Error::ContextGone(format!(
+                    "eager context {} was closed before this request ran",
+                    self.shared.context_id
+                )))
+            } else if batch.stream_failed.as_ref().is_some_and(|f| f.load(Ordering::SeqCst)) {
+                Err(Error::ContextGone(
+                    "an earlier request on this stream failed, so this one was not run".into(),
+                ))
+            } else {
+                self.run_batch(&batch.items)
+            };
+            if let Err(err) = &result {
+                if let Some(flag) = &batch.stream_failed {
+                    flag.store(true, Ordering::SeqCst);
+                }
+                tracing::debug!(context = self.shared.context_id, cause = %err, "eager request failed");
+            }
+            self.shared.stats.handles.store(
+                self.handles.values().map(|v| v.iter().filter(|h| h.is_some()).count() as u64).sum(),
+                Ordering::Relaxed,
+            );
+            self.shared.stats.functions.store(self.functions.len() as u64, Ordering::Relaxed);
+            self.shared.in_flight.fetch_sub(1, Ordering::SeqCst);
+            let _ = batch.reply.send(result);
+        }
+        // Handles before the context (field order does the same on drop).
+        self.handles.clear();
+    }
+
+    fn run_batch(&mut self, items: &[Item]) -> Result<Vec<ItemOutput>> {
+        let mut outputs = Vec::with_capacity(items.len());
+        for (index, item) in items.iter().enumerate() {
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_item(item)))
+                .unwrap_or_else(|_| Err(Error::Internal("an eager queue item panicked".into())));
+            match result {
+                Ok(output) => outputs.push(output),
+                Err(err) => {
+                    self.shared.stats.failed.fetch_add(1, Ordering::Relaxed);
+                    // Pulls waiting for sends that will not run now get the error.
+                    for later in &items[index + 1..] {
+                        if let Some(name) = later.send_tensor_name() {
+                            self.shared
+                                .rendezvous
+                                .deliver(&name, Err(format!("an earlier item of its request failed: {err}")));
+                        }
+                    }
+                    return Err(err);
+                }
+            }
+        }
+        Ok(outputs)
+    }
+
+    fn run_item(&mut self, item: &Item) -> Result<ItemOutput> {
+        match item {
+            Item::Execute(op) => match op.send_tensor_name() {
+                Some(name) => self.send(op, &name).map(|()| ItemOutput::default()),
+                None => self.execute(op),
+            },
+            Item::RegisterFunction { function_def, library } => {
+                for def in library.iter().chain(std::iter::once(function_def)) {
+                    self.register_function(def)?;
+                }
+                Ok(ItemOutput::default())
+            }
+            Item::SendTensors { op_id, tensors, device } => {
+                self.check_new_id(*op_id)?;
+                let device = self.local_device(device)?;
+                let mut handles = Vec::with_capacity(tensors.len());
+                for (i, proto) in tensors.iter().enumerate() {
+                    let tensor = Tensor::from_proto(proto, self.shared.max_tensor_bytes)
+                        .map_err(|e| Error::tensor(format!("send_tensor {op_id}:{i}"), e))?;
+                    handles.push(Some(self.place(TensorHandle::from_tensor(&tensor)?, &device)?));
+                }
+                if !handles.is_empty() {
+                    self.handles.insert(*op_id, handles);
+                }
+                Ok(ItemOutput::default())
+            }
+            Item::Decref { op_id, output } => {
+                // Lenient like a destructor: the outputs of a failed op never existed.
+                if let Some(outputs) = self.handles.get_mut(op_id) {
+                    if let Some(slot) = usize::try_from(*output).ok().and_then(|i| outputs.get_mut(i)) {
+                        *slot = None;
+                    }
+                    if outputs.iter().all(Option::is_none) {
+                        self.handles.remove(op_id);
+                    }
+                }
+                Ok(ItemOutput::default())
+            }
+            Item::RemoveFunction(name) => {
+                if self.functions.remove(name) && self.ctx.has_function(name) {
+                    self.ctx.remove_function(name)?;
+                }
+                Ok(ItemOutput::default())
+            }
+            Item::CleanupFunction | Item::Sync => Ok(ItemOutput::default()),
+        }
+    }
+
+    fn local_device(&self, device: &str) -> Result<String> {
+        self.shared
+            .devices
+            .to_local(device)
+            .map_err(|e| Error::InvalidArgument(e.to_string()))
+    }
+
+    /// Host tensors placed on a GPU device when the client asked for one.
+    fn place(&self, handle: TensorHandle, device: &str) -> Result<TensorHandle> {
+        if device.is_empty() || device.to_ascii_uppercase().contains("CPU") {
+            return Ok(handle);
+        }
+        Ok(handle.copy_to_device(&self.ctx, device)?)
+    }
+
+    fn check_new_id(&self, op_id: i64) -> Result<()> {
+        if self.handles.contains_key(&op_id) {
+            return Err(Error::InvalidArgument(format!(
+                "operation id {op_id} is already in use in eager context {}: every op and send_tensor needs a new id",
+                self.shared.context_id
+            )));
+        }
+        Ok(())
+    }
+
+    fn handle(&self, op_id: i64, output: i32) -> Result<&TensorHandle> {
+        usize::try_from(output)
+            .ok()
+            .and_then(|i| self.handles.get(&op_id)?.get(i)?.as_ref())
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "unknown tensor handle {op_id}:{output} in eager context {}: no op with that id produced \
+                     that output, or the client released it",
+                    self.shared.context_id
+                ))
+            })
+    }
+
+    fn execute(&mut self, op: &OpRequest) -> Result<ItemOutput> {
+        if matches!(op.name.as_str(), "_Recv" | "_HostRecv") {
+            return Err(Error::Unimplemented(format!(
+                "{} ops pull tensors from the client's devices, which the Salus server cannot reach; \
+                 the client sends tensors with send_tensor instead",
+                op.name
+            )));
+        }
+        self.check_new_id(op.id)?;
+        let device = self.local_device(&op.device)?;
+        let mut inline = Vec::new();
+        for input in &op.inputs {
+            if let OpInput::Tensor(proto) = input {
+                let tensor = Tensor::from_proto(proto, self.shared.max_tensor_bytes)
+                    .map_err(|e| Error::tensor(format!("input of op {} ({})", op.id, op.name), e))?;
+                inline.push(self.place(TensorHandle::from_tensor(&tensor)?, &device)?);
+            }
+        }
+        let mut inline_iter = inline.iter();
+        let mut inputs = Vec::with_capacity(op.inputs.len());
+        for input in &op.inputs {
+            match input {
+                OpInput::Handle { op_id, output } => inputs.push(self.handle(*op_id, *output)?),
+                OpInput::Tensor(_) => inputs.extend(inline_iter.next()),
+            }
+        }
+        let attrs: Vec<(&str, &[u8])> = op.attrs.iter().map(|(k, v)| (k.as_str(), v.as_ref())).collect();
+        let outputs = self.ctx.execute(&op.name, &device, &inputs, &attrs)?;
+        drop(inputs);
+        let mut result = ItemOutput::default();
+        for output in &outputs {
+            result.shapes.push(output.dims()?);
+            if op.is_function {
+                result.devices.push(self.shared.devices.to_client(&output.device_name()?));
+            }
+        }
+        if !outputs.is_empty() {
+            self.handles.insert(op.id, outputs.into_iter().map(Some).collect());
+        }
+        self.shared.stats.ops.fetch_add(1, Ordering::Relaxed);
+        if op.is_function {
+            self.shared.stats.function_calls.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(result)
+    }
+
+    /// A `_Send` op: its input's value goes to the pull waiting for `name`.
+    fn send(&self, op: &OpRequest, name: &str) -> Result<()> {
+        let value = self.sent_value(op);
+        let delivered = match &value {
+            Ok(sent) => Ok(sent.clone()),
+            Err(err) => Err(err.to_string()),
+        };
+        self.shared.rendezvous.deliver(name, delivered);
+        value.map(|_| ())
+    }
+
+    fn sent_value(&self, op: &OpRequest) -> Result<Sent> {
+        let handle = match op.inputs.as_slice() {
+            [OpInput::Handle { op_id, output }] => self.handle(*op_id, *output)?,
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "_Send op {} needs exactly one input, a tensor handle of this context",
+                    op.id
+                )))
+            }
+        };
+        let tensor = handle
+            .resolve()?
+            .into_proto()
+            .map_err(|e| Error::tensor(format!("_Send {}", op.id), e))?;
+        let sent_micros = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as i64);
+        Ok(Sent { tensor, sent_micros })
+    }
+
+    /// Registers a FunctionDef with its nodes' devices mapped to this context.
+    fn register_function(&mut self, def: &[u8]) -> Result<()> {
+        let view = FunctionDefView::decode(def)
+            .map_err(|e| Error::InvalidArgument(format!("malformed FunctionDef: {e}")))?;
+        let name = view.signature.map(|s| s.name).unwrap_or_default();
+        if name.is_empty() {
+            return Err(Error::InvalidArgument("a FunctionDef without a signature name".into()));
+        }
+        let devices = &self.shared.devices;
+        let mapped = wire::rewrite_nested_fields(def, FUNCTION_NODE_DEF_FIELD, NODE_DEVICE_FIELD, &mut |device| {
+            devices
+                .node_to_local(std::str::from_utf8(device).ok()?)
+                .map(String::into_bytes)
+        })
+        .map_err(|e| Error::InvalidArgument(format!("malformed FunctionDef {name:?}: {e}")))?;
+        self.ctx
+            .add_function(&mapped)
+            .map_err(|e| Error::InvalidArgument(format!("function {name:?} was refused: {}", e.message)))?;
+        self.functions.insert(name);
+        Ok(())
+    }
+}
