@@ -125,6 +125,7 @@ def job_json(job: dict) -> dict:
         "ephemeral_estimate_bytes": job["ephemeral_estimate_bytes"],
         "persistent_source": job["persistent_source"],
         "ephemeral_source": job["ephemeral_source"],
+        "kind": job["kind"] or "graph",
     }
 
 
