@@ -150,6 +150,7 @@ pub fn job_json(j: &JobInfo) -> Value {
         "id": j.id,
         "handle": j.handle,
         "name": j.name,
+        "kind": j.kind,
         "state": j.state,
         // A job waiting for (or not yet asking for) memory has no lane.
         "lane": if matches!(j.memory_state.as_str(), "waiting for memory" | "not admitted yet") {
@@ -240,6 +241,7 @@ pub fn jobs_table(jobs: &[JobInfo]) -> String {
             };
             vec![
                 j.id.to_string(),
+                j.kind.clone(),
                 if j.name.is_empty() {
                     "-".into()
                 } else {
@@ -261,6 +263,7 @@ pub fn jobs_table(jobs: &[JobInfo]) -> String {
     table(
         &[
             "ID",
+            "KIND",
             "NAME",
             "STATE",
             "LANE",

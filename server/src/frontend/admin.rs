@@ -9,6 +9,7 @@ use tonic::{Request, Response, Status};
 
 use crate::error::Error;
 use crate::runtime::admission::MemoryState;
+use crate::runtime::eager_job::EagerJob;
 use crate::runtime::graph_job::Job;
 use crate::runtime::state::ServerState;
 use crate::sched::{Hints, JobStatus};
@@ -95,6 +96,44 @@ impl AdminService {
             ephemeral_estimate_bytes: estimate.need.ephemeral,
             persistent_source: estimate.persistent_source.into(),
             ephemeral_source: estimate.ephemeral_source.into(),
+            kind: "graph".into(),
+        }
+    }
+
+    /// An eager job's row: scheduler fields as for graph jobs; no graph, so
+    /// `graph_nodes` counts its registered functions.
+    fn eager_job_info(&self, job: &EagerJob) -> JobInfo {
+        let policy = self.state.executor.policy_name();
+        let status = self.state.executor.job_status(job.id);
+        let s = status.as_ref();
+        let stats = job.stats();
+        let state = match s {
+            Some(s) if s.running > 0 => "running",
+            Some(s) if s.queued > 0 => "queued",
+            _ if job.is_busy() => "running",
+            _ => "idle",
+        };
+        JobInfo {
+            id: job.id.0,
+            handle: job.handle.clone(),
+            name: job.name.clone(),
+            state: state.into(),
+            lane: s.map_or(0, |s| s.lane.0),
+            policy: policy.into(),
+            iterations: s.map_or(0, |s| s.iterations),
+            attained_seconds: s.map_or(0.0, |s| s.attained as f64 / 1e9),
+            mean_iteration_ms: s.and_then(|s| s.mean_iteration).map_or(0.0, |m| m as f64 / 1e6),
+            queue_wait_seconds: s.map_or(0.0, |s| s.total_wait as f64 / 1e9),
+            queued: s.map_or(0, |s| s.queued as u64),
+            hints: Some(hints_to_proto(&s.map_or_else(|| job.hints.clone(), |s| s.hints.clone()))),
+            note: s.map(|s| note(policy, s)).unwrap_or_default(),
+            graph_nodes: stats.functions.load(Ordering::Relaxed),
+            runs_completed: stats.ops.load(Ordering::Relaxed),
+            runs_failed: stats.failed.load(Ordering::Relaxed),
+            age_seconds: job.created.elapsed().as_secs_f64(),
+            idle_seconds: job.idle_for().as_secs_f64(),
+            kind: "eager".into(),
+            ..Default::default()
         }
     }
 }
@@ -141,6 +180,7 @@ impl Admin for AdminService {
                 })
                 .collect(),
             open_sessions: s.sessions.len() as u64,
+            open_eager_contexts: s.contexts.len() as u64,
             sessions_created: s.sessions.sessions_created(),
             runs_completed: s.runs_completed(),
             uptime_seconds: s.started.elapsed().as_secs_f64(),
@@ -171,13 +211,10 @@ impl Admin for AdminService {
             state: self.state.clone(),
         };
         let jobs = crate::runtime::exec::blocking(move || {
-            Ok(this
-                .state
-                .sessions
-                .all()
-                .iter()
-                .map(|j| this.job_info(j))
-                .collect())
+            let mut jobs: Vec<JobInfo> = this.state.sessions.all().iter().map(|j| this.job_info(j)).collect();
+            jobs.extend(this.state.contexts.all().iter().map(|j| this.eager_job_info(j)));
+            jobs.sort_by_key(|j| j.id);
+            Ok(jobs)
         })
         .await?;
         Ok(Response::new(ListJobsResponse { jobs }))
@@ -233,7 +270,13 @@ impl Admin for AdminService {
         request: Request<SetJobHintsRequest>,
     ) -> Result<Response<JobInfo>, Status> {
         let req = request.into_inner();
-        let job = self.state.sessions.find(&req.job)?;
+        let (id, name, eager) = match self.state.sessions.find(&req.job) {
+            Ok(job) => (job.id, job.name.clone(), None),
+            Err(err) => match self.state.contexts.find(&req.job) {
+                Some(job) => (job.id, job.name.clone(), Some(job)),
+                None => return Err(err.into()),
+            },
+        };
         let given = req.hints.unwrap_or_default();
         if given.expected_seconds < 0.0 || !given.expected_seconds.is_finite() {
             return Err(Error::InvalidArgument(
@@ -242,7 +285,7 @@ impl Admin for AdminService {
             .into());
         }
         let hints = Hints {
-            name: job.name.clone(),
+            name,
             priority: given.priority,
             expected_iterations: (given.expected_iterations > 0)
                 .then_some(given.expected_iterations),
@@ -251,16 +294,22 @@ impl Admin for AdminService {
             ..self
                 .state
                 .executor
-                .job_status(job.id)
+                .job_status(id)
                 .map(|s| s.hints)
                 .unwrap_or_default()
         };
-        self.state.executor.set_hints(job.id, hints.clone())?;
-        tracing::info!(job = job.id.0, ?hints, "job hints changed");
+        self.state.executor.set_hints(id, hints.clone())?;
+        tracing::info!(job = id.0, ?hints, "job hints changed");
         let this = AdminService {
             state: self.state.clone(),
         };
-        let info = crate::runtime::exec::blocking(move || Ok(this.job_info(&job))).await?;
+        let info = match eager {
+            Some(job) => this.eager_job_info(&job),
+            None => {
+                let job = self.state.sessions.find(&req.job)?;
+                crate::runtime::exec::blocking(move || Ok(this.job_info(&job))).await?
+            }
+        };
         Ok(Response::new(info))
     }
 }

@@ -22,6 +22,7 @@ use crate::runtime::eager_devices::DeviceNames;
 use crate::runtime::rendezvous::{Rendezvous, Sent};
 use crate::runtime::wire;
 use crate::sched::{Hints, JobId};
+use crate::tenant::TenantRules;
 use crate::tf::eager::{EagerContext, TensorHandle};
 use crate::tf::Tensor;
 
@@ -115,6 +116,7 @@ struct Shared {
     closing: AtomicBool,
     in_flight: AtomicUsize,
     max_tensor_bytes: u64,
+    tenant: Arc<TenantRules>,
 }
 
 struct Batch {
@@ -136,6 +138,7 @@ pub struct EagerJobSpec {
     pub keep_alive: Option<Duration>,
     pub context_view_id: u64,
     pub max_tensor_bytes: u64,
+    pub tenant: Arc<TenantRules>,
 }
 
 pub struct EagerJob {
@@ -167,6 +170,7 @@ impl EagerJob {
             closing: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             max_tensor_bytes: spec.max_tensor_bytes,
+            tenant: spec.tenant,
         });
         let (tx, rx) = mpsc::channel::<Batch>();
         let (ready_tx, ready_rx) = mpsc::sync_channel::<Result<()>>(1);
@@ -486,6 +490,9 @@ impl Worker {
                 op.name
             )));
         }
+        // Also for function calls: TensorFlow resolves a name to a primitive op
+        // before a function, so a function named like a refused op is that op.
+        self.shared.tenant.check_eager_op(&op.name)?;
         self.check_new_id(op.id)?;
         let device = self.local_device(&op.device)?;
         let mut inline = Vec::new();
@@ -563,6 +570,9 @@ impl Worker {
         if name.is_empty() {
             return Err(Error::InvalidArgument("a FunctionDef without a signature name".into()));
         }
+        self.shared
+            .tenant
+            .check_function(&name, view.node_def.iter().map(|n| n.op.as_str()))?;
         let devices = &self.shared.devices;
         let mapped = wire::rewrite_nested_fields(def, FUNCTION_NODE_DEF_FIELD, NODE_DEVICE_FIELD, &mut |device| {
             devices

@@ -105,6 +105,37 @@ impl TenantRules {
     }
 }
 
+/// What an eager job's checkpoint ops are refused with until their paths can
+/// be confined as for graph jobs.
+const EAGER_CHECKPOINT_REFUSAL: &str = "checkpoint ops of eager (TF2) jobs are refused: the server confines \
+     checkpoint paths only for graph sessions so far";
+
+impl TenantRules {
+    /// Checks one op an eager client runs outside any function.
+    pub fn check_eager_op(&self, op: &str) -> Result<()> {
+        self.ops.check([op])?;
+        if checkpoint_path_inputs(op).is_some() {
+            return Err(Error::PermissionDenied(format!("op {op}: {EAGER_CHECKPOINT_REFUSAL}")));
+        }
+        Ok(())
+    }
+
+    /// Checks the ops of a function an eager client registers.
+    pub fn check_function<'a>(&self, function: &str, ops: impl IntoIterator<Item = &'a str>) -> Result<()> {
+        for op in ops {
+            self.ops
+                .check([op])
+                .map_err(|e| Error::PermissionDenied(format!("in function {function:?}: {e}")))?;
+            if checkpoint_path_inputs(op).is_some() {
+                return Err(Error::PermissionDenied(format!(
+                    "op {op} in function {function:?}: {EAGER_CHECKPOINT_REFUSAL}"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

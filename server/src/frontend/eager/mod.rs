@@ -117,6 +117,7 @@ impl EagerService for Eager {
             keep_alive: (req.keep_alive_secs > 0).then(|| Duration::from_secs(req.keep_alive_secs as u64)),
             context_view_id: req.context_view_id,
             max_tensor_bytes: self.state.settings.max_tensor_bytes,
+            tenant: self.state.tenant.clone(),
         };
         let job = Arc::new(exec::blocking(move || EagerJob::create(spec)).await?);
         if let Err(err) = self
