@@ -23,7 +23,7 @@ use crate::runtime::rendezvous::{Rendezvous, Sent};
 use crate::runtime::wire;
 use crate::sched::{Hints, JobId};
 use crate::tenant::TenantRules;
-use crate::tf::eager::{EagerContext, TensorHandle};
+use crate::tf::eager::{EagerContext, OutputSlots, TensorHandle};
 use crate::tf::Tensor;
 
 /// FunctionDef.node_def and NodeDef.device field numbers.
@@ -184,6 +184,7 @@ impl EagerJob {
                     Worker {
                         handles: HashMap::new(),
                         functions: HashSet::new(),
+                        slots: Default::default(),
                         ctx,
                         shared: thread_shared,
                     }
@@ -335,6 +336,8 @@ struct Worker {
     /// Declared before `ctx`: handles are released before their context.
     handles: HashMap<i64, Vec<Option<TensorHandle>>>,
     functions: HashSet<String>,
+    /// Borrowed while the op's inputs borrow `handles`.
+    slots: std::cell::RefCell<OutputSlots>,
     ctx: EagerContext,
     shared: Arc<Shared>,
 }
@@ -512,7 +515,7 @@ impl Worker {
             }
         }
         let attrs: Vec<(&str, &[u8])> = op.attrs.iter().map(|(k, v)| (k.as_str(), v.as_ref())).collect();
-        let outputs = self.ctx.execute(&op.name, &device, &inputs, &attrs)?;
+        let outputs = self.ctx.execute(&op.name, &device, &inputs, &attrs, &mut self.slots.borrow_mut())?;
         drop(inputs);
         let mut result = ItemOutput::default();
         for output in &outputs {

@@ -25,6 +25,19 @@ fn c_string(what: &str, value: &str) -> Result<CString, TfError> {
         .map_err(|_| TfError::new(INVALID_ARGUMENT, format!("{what} {value:?} contains a NUL byte")))
 }
 
+/// Output slots for [`EagerContext::execute`], allocated once per thread that
+/// executes ops (TFE_Execute needs room for every output up front).
+pub struct OutputSlots(Vec<*mut ffi::TFE_TensorHandle>);
+
+// SAFETY: the slots only hold null or handles moved out at once.
+unsafe impl Send for OutputSlots {}
+
+impl Default for OutputSlots {
+    fn default() -> Self {
+        OutputSlots(vec![std::ptr::null_mut(); MAX_OUTPUTS])
+    }
+}
+
 /// An owned `TFE_Context`.
 pub struct EagerContext(NonNull<ffi::TFE_Context>);
 
@@ -100,6 +113,7 @@ impl EagerContext {
         device: &str,
         inputs: &[&TensorHandle],
         attrs: &[(&str, &[u8])],
+        slots: &mut OutputSlots,
     ) -> Result<Vec<TensorHandle>, TfError> {
         let name_c = c_string("op name", name)?;
         // SAFETY: the context is live; the op is deleted by the guard below.
@@ -121,15 +135,16 @@ impl EagerContext {
                 ffi::TFE_OpSetAttrValueProto(op.0, attr.as_ptr(), value.as_ptr().cast(), value.len(), s)
             })?;
         }
-        let mut retvals: Vec<*mut ffi::TFE_TensorHandle> = vec![std::ptr::null_mut(); MAX_OUTPUTS];
-        let mut count = MAX_OUTPUTS as c_int;
+        let retvals = &mut slots.0;
+        let mut count = retvals.len() as c_int;
         // SAFETY: retvals holds `count` slots; TF fills the first `count` on success.
         with_status(|s| unsafe { ffi::TFE_Execute(op.0, retvals.as_mut_ptr(), &mut count, s) })?;
-        let count = (count.max(0) as usize).min(MAX_OUTPUTS);
+        let count = (count.max(0) as usize).min(retvals.len());
         Ok(retvals[..count]
-            .iter()
-            // SAFETY: each returned handle is new and owned by the caller.
-            .filter_map(|&h| unsafe { TensorHandle::from_raw(h) })
+            .iter_mut()
+            // SAFETY: each returned handle is new and owned by the caller; the
+            // slot is cleared so it is taken once.
+            .filter_map(|h| unsafe { TensorHandle::from_raw(std::mem::replace(h, std::ptr::null_mut())) })
             .collect())
     }
 

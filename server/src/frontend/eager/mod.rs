@@ -23,7 +23,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::error::{Error, Result};
 use crate::runtime::eager_devices::DeviceNames;
-use crate::runtime::eager_job::{EagerJob, EagerJobSpec, ItemOutput};
+use crate::runtime::eager_job::{EagerJob, EagerJobSpec, Item, ItemOutput};
 use crate::runtime::exec;
 use crate::runtime::rendezvous::UNANNOUNCED_GRACE;
 use crate::runtime::session_config::session_config;
@@ -170,6 +170,13 @@ impl EagerService for Eager {
         let req = request.into_inner();
         let job = self.state.contexts.get(req.context_id)?;
         let items = queue_items(req.queue)?;
+        if items.iter().all(|i| matches!(i, Item::Decref { .. })) {
+            // The client sends each released handle in a request of its own and
+            // ignores the answer: queue it in order, answer at once.
+            let count = items.len();
+            drop(job.submit(items, None)?);
+            return Ok(Response::new(enqueue_response(vec![ItemOutput::default(); count])));
+        }
         let outputs = job.run(items).await?;
         Ok(Response::new(enqueue_response(outputs)))
     }
@@ -206,7 +213,7 @@ impl EagerService for Eager {
         let req = request.into_inner();
         let job = self.state.contexts.get(req.context_id)?;
         // Requests run in order: a sync item answers once everything before it ran.
-        job.run(vec![crate::runtime::eager_job::Item::Sync]).await?;
+        job.run(vec![Item::Sync]).await?;
         Ok(Response::new(WaitQueueDoneResponse {}))
     }
 
