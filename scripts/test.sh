@@ -11,6 +11,8 @@ for var in $(compgen -e | grep '^SALUS_' || true); do
     case "$var" in SALUS_TEST_TARGET|SALUS_SERVER_BIN) ;; *) unset "$var" ;; esac
 done
 
+# The TF2 suites also run a TensorFlow 2.16 client (setup makes .venv-tf2.16 for it).
+export SALUS_OLD_TF=1
 scripts/setup.sh
 # Release profile: shares the dependency build with the server binary.
 cargo test --release --locked --workspace 2>&1

@@ -269,7 +269,7 @@ async fn reap_idle_contexts(state: Arc<ServerState>, idle_timeout: Option<std::t
             };
             if !job.is_busy() && job.idle_for() >= limit {
                 tracing::warn!(context = job.context_id, name = %job.name, idle_s = job.idle_for().as_secs(), "closing idle eager context");
-                state.close_context(job, "it was idle longer than its keep-alive").await;
+                state.close_context(job, "it was idle longer than its keep-alive or --idle-timeout").await;
             }
         }
     }

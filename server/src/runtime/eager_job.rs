@@ -157,6 +157,8 @@ pub struct EagerJob {
     open_streams: AtomicUsize,
     queue: Mutex<Option<mpsc::Sender<Batch>>>,
     worker: Mutex<Option<JoinHandle<()>>>,
+    /// Why the job was closed, for requests that still name it.
+    closed_because: Mutex<Option<String>>,
 }
 
 impl EagerJob {
@@ -217,6 +219,7 @@ impl EagerJob {
             open_streams: AtomicUsize::new(0),
             queue: Mutex::new(Some(tx)),
             worker: Mutex::new(Some(worker)),
+            closed_because: Mutex::new(None),
         })
     }
 
@@ -302,10 +305,13 @@ impl EagerJob {
     }
 
     fn gone(&self) -> Error {
-        Error::ContextGone(format!(
-            "eager context {} was closed while the request was queued",
-            self.context_id
-        ))
+        let reason = self
+            .closed_because
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .unwrap_or_else(|| "it ended".into());
+        Error::ContextGone(closed_message(self.context_id, &reason))
     }
 
     /// Ends the job: refuses new requests, fails queued ones and pending pulls,
@@ -313,9 +319,13 @@ impl EagerJob {
     /// Blocks until the context's thread has finished (its running request, if
     /// any, completes first).
     pub fn close(&self, reason: &str) {
+        self.closed_because
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(|| reason.to_string());
         self.shared.closing.store(true, Ordering::SeqCst);
         self.queue.lock().unwrap_or_else(|e| e.into_inner()).take();
-        self.shared.rendezvous.close(reason);
+        self.shared.rendezvous.close(&closed_message(self.context_id, reason));
         if let Some(worker) = self.worker.lock().unwrap_or_else(|e| e.into_inner()).take() {
             if worker.join().is_err() {
                 tracing::error!(context = self.context_id, "eager context thread panicked");
@@ -328,6 +338,14 @@ impl Drop for EagerJob {
     fn drop(&mut self) {
         self.close("the eager context was closed");
     }
+}
+
+/// What a request naming a closed context is told.
+fn closed_message(context_id: u64, reason: &str) -> String {
+    format!(
+        "eager context {context_id} not found: it was closed because {reason}; its tensors and variables are gone. \
+         Restart the script (or reconnect) to get a new context"
+    )
 }
 
 /// The job's thread: owns the TFE context and every handle in it.
@@ -346,10 +364,7 @@ impl Worker {
     fn run(mut self, rx: mpsc::Receiver<Batch>) {
         while let Ok(batch) = rx.recv() {
             let result = if self.shared.closing.load(Ordering::SeqCst) {
-                Err(Error::ContextGone(format!(
-                    "eager context {} was closed before this request ran",
-                    self.shared.context_id
-                )))
+                Err(Error::ContextGone(closed_message(self.shared.context_id, "it was closed before this request ran")))
             } else if batch.stream_failed.as_ref().is_some_and(|f| f.load(Ordering::SeqCst)) {
                 Err(Error::ContextGone(
                     "an earlier request on this stream failed, so this one was not run".into(),

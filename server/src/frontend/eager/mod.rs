@@ -306,7 +306,7 @@ async fn write_stream(
     while let Some(reply) = pending.recv().await {
         let outcome = match reply {
             Ok(rx) => rx.await.unwrap_or_else(|_| {
-                Err(Error::ContextGone("the eager context was closed while the request ran".into()))
+                Err(Error::ContextGone("eager context not found: it was closed while the request ran".into()))
             }),
             Err(err) => Err(err),
         };
