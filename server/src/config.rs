@@ -19,8 +19,9 @@ const PROTOBUF_MAX_BYTES: u64 = 2 << 30;
 #[command(
     name = "salus-server",
     version,
-    about = "Salus: runs unmodified TensorFlow graph scripts (tf.compat.v1.Session(\"grpc://HOST:PORT\")) \
-             in one shared server, over TensorFlow's own master protocol."
+    about = "Salus: runs unmodified TensorFlow scripts in one shared server: TF2 eager code, tf.function \
+             and Keras 3 over TensorFlow's remote-eager protocol (with the salus-tf adapter: SALUS_SERVER=HOST:PORT), \
+             and TF1 graph sessions (tf.compat.v1.Session(\"grpc://HOST:PORT\")) over its master protocol, on one port."
 )]
 pub struct Args {
     #[command(subcommand)]
@@ -63,8 +64,10 @@ pub struct Args {
     #[arg(long, env = "SALUS_CHEAP_BELOW_US", default_value_t = 1000)]
     pub cheap_below_us: u64,
 
-    /// Seconds without any request after which a session is closed and its
-    /// resources freed (a client that vanished without CloseSession). 0 disables.
+    /// Seconds without any request after which a session or eager context is
+    /// closed and its resources freed (a client that vanished without closing
+    /// it). An eager context is also closed after the keep-alive its client
+    /// asked for, and 3 s after its client's last stream ended. 0 disables.
     #[arg(long, env = "SALUS_IDLE_TIMEOUT", default_value_t = 3600)]
     pub idle_timeout: u64,
 
@@ -115,8 +118,8 @@ pub struct Args {
     #[arg(long, env = "SALUS_MAX_GRAPH_BYTES", default_value = "1GiB", value_parser = parse_size)]
     pub max_graph_bytes: u64,
 
-    /// Most sessions open at once; CreateSession beyond it fails with
-    /// RESOURCE_EXHAUSTED.
+    /// Most sessions and eager contexts open at once (counted together);
+    /// CreateSession or CreateContext beyond it fails with RESOURCE_EXHAUSTED.
     #[arg(long, env = "SALUS_MAX_SESSIONS", default_value_t = 1024)]
     pub max_sessions: usize,
 

@@ -302,6 +302,7 @@ mod tests {
     fn job() -> JobInfo {
         JobInfo {
             id: 3,
+            kind: "eager".into(),
             name: "resnet".into(),
             state: "queued".into(),
             iterations: 12,
@@ -319,13 +320,14 @@ mod tests {
     fn jobs_render_as_table_and_json() {
         let text = jobs_table(&[job()]);
         let mut lines = text.lines();
-        assert!(lines.next().unwrap().starts_with("ID  NAME    STATE"));
+        assert!(lines.next().unwrap().starts_with("ID  KIND   NAME    STATE"));
         let row = lines.next().unwrap();
-        assert!(row.starts_with("3   resnet  queued"), "{row}");
+        assert!(row.starts_with("3   eager  resnet  queued"), "{row}");
         assert!(row.contains("100 it"), "{row}");
         assert_eq!(jobs_table(&[]), "no jobs\n");
         let v = job_json(&job());
         assert_eq!(v["iterations"], 12);
+        assert_eq!(v["kind"], "eager");
         assert_eq!(v["expected_iterations"], 100);
         assert_eq!(v["expected_seconds"], Value::Null);
         assert_eq!(v["priority"], 2);

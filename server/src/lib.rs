@@ -1,8 +1,10 @@
 //! # salus-server
 //!
-//! One process that runs many TensorFlow jobs. Stock TensorFlow clients connect
-//! with `tf.compat.v1.Session("grpc://HOST:PORT")` and speak TensorFlow's master
-//! protocol; the server executes their graphs through TensorFlow's C API.
+//! One process that runs many TensorFlow jobs. Stock TensorFlow clients speak
+//! TensorFlow's own protocols: TF2 eager clients the remote-eager protocol (one
+//! eager context per job, executed in a TFE context), TF1 graph sessions the
+//! master protocol (one TF_Session per job); the server executes both through
+//! TensorFlow's C API.
 //!
 //! # Layout
 //! The folders follow the architecture: protocol front ends on top, one job
@@ -11,10 +13,15 @@
 //! - [`server`]: assembles the gRPC services and runs them until shutdown.
 //! - [`frontend`]: the gRPC services; they translate requests and call the runtime.
 //!   - [`frontend::master`]: `tensorflow.MasterService`, one handler per RPC.
+//!   - [`frontend::eager`]: `tensorflow.eager.EagerService` and the
+//!     `tensorflow.WorkerService` methods eager clients call.
 //!   - [`frontend::admin`]: `salus.v1.Admin`, the server's own status API.
 //! - [`runtime`]: jobs and how they run.
 //!   - [`runtime::state`], [`runtime::jobs`], [`runtime::graph_job`]: shared
-//!     state, the table of jobs, one TF_Session job.
+//!     state, the tables of jobs, one TF_Session job.
+//!   - [`runtime::eager_job`], [`runtime::rendezvous`], [`runtime::eager_devices`]:
+//!     one TFE context job, the tensors its `_Send`s hand to RecvTensor, and
+//!     its device names.
 //!   - [`runtime::graph_delta`]: checks (delta) GraphDefs before import.
 //!   - [`runtime::session_config`]: client ConfigProto -> server-side session config.
 //!   - [`runtime::wire`]: wire-level protobuf field editing.

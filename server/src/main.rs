@@ -110,7 +110,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
     // Tests and scripts wait for this exact line.
     println!("salus-server listening on {addr}");
     std::io::stdout().flush()?;
-    tracing::info!(%addr, "serving tensorflow.MasterService and salus.v1.Admin");
+    tracing::info!(%addr, "serving tensorflow.MasterService, tensorflow.eager.EagerService, tensorflow.WorkerService (GetStatus, RecvTensor) and salus.v1.Admin");
     server.serve(listener, shutdown_signal()).await?;
     tracing::info!("stopped");
     Ok(())
