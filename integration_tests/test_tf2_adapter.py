@@ -129,3 +129,37 @@ def test_server_def_is_connect_to_cluster_s_with_hints():
     assert cfg.experimental.collective_group_leader == "/job:worker/replica:0/task:0"
     assert cfg.intra_op_parallelism_threads == 2
     assert not base.HasField("experimental")  # the context's config object is not modified
+
+
+def test_default_device_is_the_servers_first_gpu_when_it_has_one(monkeypatch):
+    """The adapter asks the server's GetStatus; a GPU server gets new ops on its GPU:0 (no GPU here, so a
+    stand-in answers GetStatus), a CPU-only or unreachable one on CPU:0, SALUS_EAGER_DEVICE overrides."""
+    from concurrent import futures
+
+    import grpc
+    from salus import _eager, _proto  # noqa: F401
+
+    def attrs(name, kind):
+        body = b"\x0a" + bytes([len(name)]) + name.encode() + b"\x12" + bytes([len(kind)]) + kind.encode()
+        return b"\x0a" + bytes([len(body)]) + body
+
+    answer = attrs("/job:localhost/replica:0/task:0/device:CPU:0", "CPU") + \
+        attrs("/job:localhost/replica:0/task:0/device:GPU:0", "GPU")
+
+    class Handler(grpc.GenericRpcHandler):
+        def service(self, details):
+            if details.method == "/tensorflow.WorkerService/GetStatus":
+                return grpc.unary_unary_rpc_method_handler(lambda req, ctx: answer)
+            return None
+
+    server = grpc.server(futures.ThreadPoolExecutor(2), handlers=[Handler()])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        monkeypatch.delenv("SALUS_EAGER_DEVICE", raising=False)
+        assert _eager.server_device(f"127.0.0.1:{port}") == "/job:worker/replica:0/task:0/device:GPU:0"
+        assert _eager.server_device(f"127.0.0.1:{closed_port()}") == "/job:worker/replica:0/task:0/device:CPU:0"
+        monkeypatch.setenv("SALUS_EAGER_DEVICE", "cpu:0")
+        assert _eager.server_device(f"127.0.0.1:{port}") == "/job:worker/replica:0/task:0/device:CPU:0"
+    finally:
+        server.stop(0)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import copy
+import os
 import sys
 import threading
 
@@ -31,7 +32,10 @@ LOCAL_JOB = "localhost"
 SERVER_TASK = f"/job:{SERVER_JOB}/replica:0/task:0"
 # connect_to_cluster enters ops.device(SERVER_TASK), which merges it into the context's first device, the local
 # CPU:0 (and needs an initialized context). The full name is needed: EagerTensor() copies to an exact device.
+# Salus shares GPUs, so the default is the server's first GPU when it has one (SALUS_EAGER_DEVICE overrides);
+# the server places ops without a GPU kernel on its CPU (soft placement).
 SERVER_DEVICE = SERVER_TASK + "/device:CPU:0"
+ENV_DEVICE = "SALUS_EAGER_DEVICE"
 
 # mode: None (nothing done), "pending" (armed, connects at context initialization), "connected",
 # "off" (SALUS_EAGER=0), "failed" (connection refused: eager work runs locally), "graph" (eager disabled).
@@ -92,6 +96,26 @@ def build_server_def(settings: "_config.Settings", base_config=None):
     return server_def
 
 
+def server_device(server: str | None) -> str:
+    """The server device new ops default to: SALUS_EAGER_DEVICE (e.g. GPU:1), else the server's first GPU
+    if its GetStatus lists one, else its CPU:0."""
+    override = os.environ.get(ENV_DEVICE, "").strip()
+    if override:
+        return f"{SERVER_TASK}/device:{override.lstrip('/').removeprefix('device:').upper()}"
+    if server:
+        try:
+            import grpc
+            from . import _proto
+            with grpc.insecure_channel(server) as channel:
+                raw = channel.unary_unary("/tensorflow.WorkerService/GetStatus")(b"", timeout=5)
+            devices = _proto.decode("GetStatusResponse", raw)["device_attributes"]
+            if any(d["device_type"] == "GPU" for d in devices):
+                return f"{SERVER_TASK}/device:GPU:0"
+        except Exception:  # unreachable or not a worker: the connection reports it; default to CPU
+            pass
+    return SERVER_DEVICE
+
+
 def _set_default_device(ctx) -> bool:
     """Makes the server the calling thread's default device unless the thread is inside a device scope."""
     if ctx.device_name:
@@ -99,7 +123,9 @@ def _set_default_device(ctx) -> bool:
     from tensorflow.python.framework import device_spec
     if hasattr(ctx, "_set_device"):
         # What ops.device(SERVER_TASK) would set, without initializing the context now.
-        ctx._set_device(SERVER_DEVICE, device_spec.DeviceSpecV2.from_string(SERVER_DEVICE))
+        device = _state.get("device") or server_device(_state.get("server"))
+        _state["device"] = device
+        ctx._set_device(device, device_spec.DeviceSpecV2.from_string(device))
     else:
         from tensorflow.python.framework import ops
         ops.device(SERVER_TASK).__enter__()
@@ -109,7 +135,7 @@ def _set_default_device(ctx) -> bool:
 def _reset_default_device(ctx) -> None:
     """Undoes _set_default_device on the calling thread (when the thread still has that default)."""
     try:
-        if ctx.device_name == SERVER_DEVICE and hasattr(ctx, "_set_device"):
+        if ctx.device_name == _state.get("device") and hasattr(ctx, "_set_device"):
             from tensorflow.python.framework import device_spec
             ctx._set_device("", device_spec.DeviceSpecV2.from_string(""))
     except Exception:

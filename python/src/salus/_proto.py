@@ -17,6 +17,9 @@ SCHEMAS: dict[str, dict[int, tuple[str, str]]] = {
                    6: ("runs_completed", "uint"), 7: ("uptime_seconds", "double"), 8: ("policy", "string")},
     "Device": {1: ("name", "string"), 2: ("device_type", "string"), 3: ("memory_limit_bytes", "int64")},
     "ListJobsResponse": {1: ("jobs", "JobInfo*")},
+    # tensorflow.WorkerService/GetStatus (name and device_type of DeviceAttributes).
+    "GetStatusResponse": {1: ("device_attributes", "DeviceAttributes*")},
+    "DeviceAttributes": {1: ("name", "string"), 2: ("device_type", "string")},
     "JobHints": {1: ("priority", "int32"), 2: ("expected_iterations", "uint"), 3: ("expected_seconds", "double")},
     "JobInfo": {1: ("id", "uint"), 2: ("handle", "string"), 3: ("name", "string"), 4: ("state", "string"),
                 5: ("lane", "uint"), 6: ("policy", "string"), 7: ("iterations", "uint"),
