@@ -3,6 +3,8 @@
 //! ops, a registered function, `_Send` + RecvTensor, streams; then hostile
 //! requests, each of which must get a clear error and leave the server healthy.
 
+mod common;
+
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -18,7 +20,6 @@ use salus_proto::tensorflow::{
     TensorProto, TensorShapeProto,
 };
 use salus_server::config::Config;
-use salus_server::server::Server;
 use tonic::transport::Channel;
 use tonic::Code;
 
@@ -192,31 +193,17 @@ struct TestServer {
     eager: EagerServiceClient<Channel>,
     worker: WorkerServiceClient<Channel>,
     admin: AdminClient<Channel>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
+    server: common::Running,
 }
 
 impl TestServer {
     async fn start() -> TestServer {
-        let server = Server::start(Config::default()).await.expect("server starts");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            server
-                .serve(listener, async {
-                    let _ = stopped.await;
-                })
-                .await
-                .expect("server runs");
-        });
-        let channel = Channel::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap();
+        let server = common::Running::start(Config::default()).await;
         TestServer {
-            eager: EagerServiceClient::new(channel.clone()),
-            worker: WorkerServiceClient::new(channel.clone()),
-            admin: AdminClient::new(channel),
-            stop: Some(stop),
-            task,
+            eager: EagerServiceClient::new(server.channel.clone()),
+            worker: WorkerServiceClient::new(server.channel.clone()),
+            admin: AdminClient::new(server.channel.clone()),
+            server,
         }
     }
 
@@ -296,12 +283,11 @@ impl TestServer {
         assert_eq!(floats(&tensor), vec![1.0, 4.0]);
     }
 
-    async fn shutdown(mut self) {
+    async fn shutdown(self) {
         drop(self.eager);
         drop(self.worker);
         drop(self.admin);
-        self.stop.take().unwrap().send(()).unwrap();
-        self.task.await.unwrap();
+        self.server.stop().await;
     }
 }
 

@@ -1,6 +1,8 @@
 //! Starts the real server on port 0 and drives it with a gRPC client, the way
 //! TensorFlow's own client does.
 
+mod common;
+
 use std::collections::HashMap;
 
 use prost::Message;
@@ -12,7 +14,6 @@ use salus_proto::salus::v1::{
 use salus_proto::tensorflow::master_service_client::MasterServiceClient;
 use salus_proto::tensorflow::*;
 use salus_server::config::Config;
-use salus_server::server::Server;
 use tonic::transport::Channel;
 use tonic::Code;
 
@@ -115,8 +116,7 @@ fn floats(tensor: &TensorProto) -> Vec<f32> {
 struct TestServer {
     master: MasterServiceClient<Channel>,
     admin: AdminClient<Channel>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
+    server: common::Running,
 }
 
 async fn start() -> TestServer {
@@ -124,28 +124,11 @@ async fn start() -> TestServer {
 }
 
 async fn start_with(config: Config) -> TestServer {
-    let server = Server::start(config).await.expect("server starts");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        server
-            .serve(listener, async {
-                let _ = stopped.await;
-            })
-            .await
-            .expect("server runs");
-    });
-    let channel = Channel::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let server = common::Running::start(config).await;
     TestServer {
-        master: MasterServiceClient::new(channel.clone()),
-        admin: AdminClient::new(channel),
-        stop: Some(stop),
-        task,
+        master: MasterServiceClient::new(server.channel.clone()),
+        admin: AdminClient::new(server.channel.clone()),
+        server,
     }
 }
 
@@ -176,11 +159,10 @@ impl TestServer {
             .jobs
     }
 
-    async fn shutdown(mut self) {
+    async fn shutdown(self) {
         drop(self.master);
         drop(self.admin);
-        self.stop.take().unwrap().send(()).unwrap();
-        self.task.await.unwrap();
+        self.server.stop().await;
     }
 }
 

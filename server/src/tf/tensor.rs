@@ -87,6 +87,20 @@ pub const MAX_RANK: usize = 254;
 /// Size of TensorFlow's `TF_TString` (each string element of a tensor).
 const TSTRING_SIZE: u64 = std::mem::size_of::<sys::TF_TString>() as u64;
 
+/// A fully defined TensorShapeProto.
+pub fn shape_proto(dims: Vec<i64>) -> TensorShapeProto {
+    TensorShapeProto {
+        dim: dims
+            .into_iter()
+            .map(|size| tensor_shape_proto::Dim {
+                size,
+                name: String::new(),
+            })
+            .collect(),
+        unknown_rank: false,
+    }
+}
+
 /// Looks up a wire dtype number; resource, variant and reference types are refused.
 pub fn dtype_info(raw: i32) -> Result<DtypeInfo, TensorError> {
     use DataType::*;
@@ -379,17 +393,7 @@ impl Tensor {
                     .unwrap_or("unknown"),
             )
         })?;
-        let tensor_shape = Some(TensorShapeProto {
-            dim: self
-                .dims()
-                .into_iter()
-                .map(|size| tensor_shape_proto::Dim {
-                    size,
-                    name: String::new(),
-                })
-                .collect(),
-            unknown_rank: false,
-        });
+        let tensor_shape = Some(shape_proto(self.dims()));
         let mut proto = TensorProto {
             dtype: raw,
             tensor_shape,

@@ -3,10 +3,10 @@
 use salus_proto::tensorflow::eager::{
     operation, queue_item, EnqueueResponse, Operation, QueueItem, QueueResponse,
 };
-use salus_proto::tensorflow::{tensor_shape_proto, TensorShapeProto};
 
 use crate::error::{Error, Result};
 use crate::runtime::eager_job::{Item, ItemOutput, OpInput, OpRequest};
+use crate::tf::tensor::shape_proto;
 
 /// The runtime items of one request, in order.
 pub fn queue_items(queue: Vec<QueueItem>) -> Result<Vec<Item>> {
@@ -88,18 +88,5 @@ pub fn enqueue_response(outputs: Vec<ItemOutput>) -> EnqueueResponse {
                 tensor: Vec::new(),
             })
             .collect(),
-    }
-}
-
-fn shape_proto(dims: Vec<i64>) -> TensorShapeProto {
-    TensorShapeProto {
-        dim: dims
-            .into_iter()
-            .map(|size| tensor_shape_proto::Dim {
-                size,
-                name: String::new(),
-            })
-            .collect(),
-        unknown_rank: false,
     }
 }

@@ -1,0 +1,46 @@
+//! The real server on a free port, for the gRPC integration tests.
+
+use salus_server::config::Config;
+use salus_server::server::Server;
+use tonic::transport::Channel;
+
+/// A server running on 127.0.0.1 in this test's runtime.
+pub struct Running {
+    pub channel: Channel,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    pub async fn start(config: Config) -> Running {
+        let server = Server::start(config).await.expect("server starts");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            server
+                .serve(listener, async {
+                    let _ = stopped.await;
+                })
+                .await
+                .expect("server runs");
+        });
+        let channel = Channel::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        Running {
+            channel,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    /// Stops the server (gracefully) and waits for it; clients should be dropped first.
+    pub async fn stop(mut self) {
+        drop(self.channel);
+        self.stop.take().unwrap().send(()).unwrap();
+        self.task.await.unwrap();
+    }
+}
