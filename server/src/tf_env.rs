@@ -6,11 +6,38 @@
 /// allocator fails at once. An explicit setting in the environment wins.
 const SYSTEM_ALLOCATOR: &str = "TF_ONEDNN_USE_SYSTEM_ALLOCATOR";
 
+/// With the system allocator, glibc serves every block over 128 KiB (a conv's
+/// activations and scratch) with a fresh mmap and returns it with munmap: each
+/// step pays page faults that TensorFlow's own allocator would not (measured:
+/// a Keras CNN step about 7-15% slower). Blocks up to this size come from the
+/// heap and are reused instead; a request the heap cannot hold still fails at
+/// once, which is what the system allocator is for.
+const MMAP_THRESHOLD_BYTES: i32 = 1 << 30;
+/// The heap is not trimmed while less than this much of its top is free, so
+/// memory freed by one step is there for the next.
+const TRIM_THRESHOLD_BYTES: i32 = i32::MAX;
+
 /// Call first thing in `main`, before any thread starts and before TensorFlow
 /// creates its allocators (it reads the variable when it first allocates).
 pub fn prepare() {
     if std::env::var_os(SYSTEM_ALLOCATOR).is_none() {
         // SAFETY (edition 2024 would require `unsafe`): single-threaded here.
         std::env::set_var(SYSTEM_ALLOCATOR, "true");
+    }
+    tune_malloc();
+}
+
+/// glibc's mmap and trim thresholds (see above), unless the environment sets
+/// them (`MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_`).
+fn tune_malloc() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    for (param, env, value) in [
+        (libc::M_MMAP_THRESHOLD, "MALLOC_MMAP_THRESHOLD_", MMAP_THRESHOLD_BYTES),
+        (libc::M_TRIM_THRESHOLD, "MALLOC_TRIM_THRESHOLD_", TRIM_THRESHOLD_BYTES),
+    ] {
+        if std::env::var_os(env).is_none() {
+            // SAFETY: mallopt only sets allocator parameters; called before other threads start.
+            unsafe { libc::mallopt(param, value) };
+        }
     }
 }
