@@ -67,3 +67,12 @@ def assert_same_numbers(local: dict, remote: dict, ignore=("devices",)) -> None:
 def assert_devices(result: dict, prefix: str) -> None:
     devices = result["devices"]
     assert devices and all(d.startswith(prefix) for d in devices), f"expected devices on {prefix}: {devices}"
+
+
+def start_workload(script: str, env: dict, *args: str, stdin: bool = False,
+                   python: str | None = None) -> subprocess.Popen:
+    """A workload as a child process (text pipes for stdout and stderr; stdin a pipe when asked)."""
+    path = WORKLOADS / script if not Path(script).is_absolute() else Path(script)
+    return subprocess.Popen([python or venv_python(), str(path), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                            text=True, env=env)
