@@ -1,22 +1,28 @@
 #!/usr/bin/env python3
-"""Load benchmark for salus-server: many concurrent client sessions for minutes, then session churn.
+"""Load benchmark for salus-server: TF1 and TF2 jobs together for minutes, then session and context churn.
 
-Phase 1, load: --sessions stock TF1 client sessions (default 64) train small models against one server for
---minutes (default 5). 64 clients cannot each be a Python process with TensorFlow on a 2-core, 24 GiB machine
-(~0.5 GiB and ~3 s of CPU per TensorFlow import), so they are threads: --processes worker processes (default
-4) with sessions / processes threads each; every thread has its own tf.Graph and tf.compat.v1.Session, as
-separate scripts would. Sessions cycle through three small MLPs (about 0.1-0.5 ms a step in-process); every
-other session fetches a node named salus_main_iter, so half the jobs' steps are main iterations the scheduler
-orders in the lane; the other half's steps are cheap runs (run at once, beside the lane) as long as they
-measure under the server's --cheap-below-us (1 ms), main iterations when the loaded machine makes them
-slower. Clients step back to back, no think time (--think-ms), so the machine is saturated and latency
-includes queueing behind the other jobs. Under the default policy, pack, a lane runs the earliest-arrived job
-that has an iteration ready, so later jobs' main iterations wait while earlier ones keep it busy: the steps
-per session spread widely (--policy fair evens them out).
-Printed: steps and steps/s, per-session spread, errors (zero expected), RunStep latency at the clients after
-the warm-up (p50, p99, max; also per main/cheap class), the server's resident memory (VmRSS from
-/proc/PID/status) after the warm-up and at the end with the growth in % (target <= 10%), its threads and
-open file descriptors, and the scheduler's own stats (`salus-server ctl stats --json`).
+Phase 1, load: --sessions jobs (default 64) train small models against one server for --minutes (default 5):
+--tf2 of them (default 8; --quick 4) are TF2 eager jobs, the rest stock TF1 graph sessions. The mix is not half
+and half, honestly stated: a TF2 job is one eager context, and one process has exactly one (its threads share
+it), so every TF2 job is a Python process with TensorFlow of its own (~0.5 GiB, ~3 s of CPU to import); 32 of
+them do not fit a 2-core, 24 GiB machine next to the TF1 clients. TF1 sessions are threads: --processes worker
+processes (default 4) with (sessions - tf2) / processes threads each; every thread has its own tf.Graph and
+tf.compat.v1.Session, as separate scripts would. TF1 sessions cycle through three small MLPs (about 0.1-0.5 ms a
+step in-process); every other one fetches a node named salus_main_iter, so half the TF1 jobs' steps are main
+iterations the scheduler orders in the lane; the other half's steps are cheap runs (run at once, beside the lane)
+as long as they measure under the server's --cheap-below-us (1 ms), main iterations when the loaded machine
+makes them slower. A TF2 job is this script run with SALUS_SERVER set (the adapter sends its eager work to the
+server): an MLP (the same three models) trained by a tf.function (GradientTape, momentum by hand), one loss
+fetched per step (Enqueue of the call + a _Send and RecvTensor), on its process's one thread. Clients step back
+to back, no think time (--think-ms), so the machine is saturated and latency includes queueing behind the other
+jobs. Under the default policy, pack, a lane runs the earliest-arrived job that has an iteration ready, so
+later jobs' main iterations wait while earlier ones keep it busy: the steps per session spread widely (--policy
+fair evens them out).
+Printed: steps and steps/s, per-session spread (per class: TF1 main, TF1 other, TF2), errors (zero expected),
+step latency at the clients after the warm-up (p50, p99, max; also per class), the server's resident memory
+(VmRSS from /proc/PID/status) after the warm-up and at the end with the growth in % (target <= 10%), its threads
+and open file descriptors, graph sessions and eager contexts open, and the scheduler's own stats
+(`salus-server ctl stats --json`).
 
 Phase 2, churn: --cycles (default 1000) CreateSession / one RunStep / CloseSession cycles, each session a new
 small graph (a few ops, one variable) run once, one after another from one client. Printed: sessions open
@@ -24,15 +30,26 @@ small graph (a few ops, one variable) run once, one after another from one clien
 and after. Targets: no growth in sessions or file descriptors; memory growth explained by the RSS slope per
 cycle early and late (a one-time warm-up levels off; a per-session leak keeps the late slope up).
 
+Phase 3, TF2 churn: --tf2-cycles (default 1000) eager contexts, one after another, each created, used and left:
+EagerService/CreateContext (a new random context id, a ServerDef as the adapter builds it), one Enqueue (push a
+tensor [1, 2], Mul it by itself, _Send the result), WorkerService/RecvTensor of it ([1, 4] expected), then the
+context is left as a client leaves it: every even cycle by CloseContext, every odd one as the stock TF2 client
+does (it never closes: its StreamingEnqueue stream ends, and the server reclaims the context 3 s later). The
+requests are hand-encoded over grpcio (as integration_tests/salus_wire.py does), so a cycle costs milliseconds
+instead of the seconds of a new TensorFlow process; the server sees exactly the stock client's messages for
+these items. Printed: eager contexts open (admin ServerInfo.open_eager_contexts: at checkpoints it includes the
+few awaiting their 3 s reclaim; after the last cycle it must return to 0), file descriptors, threads and RSS, with
+the same leak judgement as phase 2.
+
 Each phase starts its own salus-server ($SALUS_SERVER_BIN, default target/release/salus-server) with
 --listen 127.0.0.1:0 (the address is read from its "salus-server listening on ADDR" line) and stops it by its
 PID (SIGTERM, then its exit code is printed).
 
 Usage:
-  .venv/bin/python scripts/bench_load.py                 # 64 sessions x 5 minutes, then 1000 cycles
-  .venv/bin/python scripts/bench_load.py --quick         # 16 sessions x 1 minute, then 1000 cycles
-  .venv/bin/python scripts/bench_load.py --minutes 2 --sessions 32 --processes 2 --skip-churn
-  .venv/bin/python scripts/bench_load.py --skip-load --cycles 2000
+  .venv/bin/python scripts/bench_load.py                 # 64 jobs (8 TF2) x 5 minutes, then 1000 + 1000 cycles
+  .venv/bin/python scripts/bench_load.py --quick         # 16 jobs (4 TF2) x 1 minute, then 1000 + 1000 cycles
+  .venv/bin/python scripts/bench_load.py --minutes 2 --sessions 32 --tf2 4 --processes 2 --skip-churn
+  .venv/bin/python scripts/bench_load.py --skip-load --cycles 2000 --tf2-cycles 2000
 
 The driver itself does not import TensorFlow; its workers are this script run with --worker (internal).
 """
@@ -53,6 +70,8 @@ from pathlib import Path
 from trace_jobs import Server, server_bin
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "integration_tests"))
+import salus_wire as wire  # noqa: E402  (the hand-encoded protobuf codec of the integration tests)
 RSS_GROWTH_TARGET_PCT = 10.0
 LEAK_KIB_PER_CYCLE = 4.0  # RSS slope over the second half of the churn above which sessions look leaked
 MODELS = {  # name: (input dim, hidden widths, batch)
@@ -83,6 +102,14 @@ def ctl_json(address: str, *args: str):
     if proc.returncode != 0:
         raise RuntimeError(f"ctl {' '.join(args)} failed: {proc.stderr.strip()}")
     return json.loads(proc.stdout)
+
+
+def server_info(address: str) -> dict:
+    """Admin GetServerInfo, raw: open_sessions (4) and open_eager_contexts (12)."""
+    import grpc
+    with grpc.insecure_channel(address) as ch:
+        raw = wire.call(ch, "/salus.v1.Admin/GetServerInfo", b"", timeout=30)
+    return {"open_sessions": wire.first(raw, 4, 0), "open_eager_contexts": wire.first(raw, 12, 0)}
 
 
 def percentile(sorted_values, q: float) -> float:
@@ -176,6 +203,72 @@ def worker_load(args) -> None:
     os._exit(0)  # skip TensorFlow's teardown
 
 
+def worker_load_tf2(args) -> None:
+    """One TF2 job (this process's one eager context, through the adapter: SALUS_SERVER is set): a tf.function
+    training step on its main thread until the deadline the go file names; results to --out."""
+    import numpy as np
+    import tensorflow as tf
+
+    i = args.first_session
+    model = list(MODELS)[i % len(MODELS)]
+    in_dim, widths, batch = MODELS[model]
+    rng = np.random.RandomState(1000 + i)
+    x = tf.constant(rng.normal(size=(batch, in_dim)).astype(np.float32))
+    y = tf.constant(rng.randint(0, 10, size=batch).astype(np.int64))
+    dims = [in_dim, *widths, 10]
+    weights = [tf.Variable((rng.normal(size=(a, b)) * np.sqrt(2.0 / a)).astype(np.float32))
+               for a, b in zip(dims, dims[1:])]
+    slots = [tf.Variable(tf.zeros_like(v)) for v in weights]
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            h = x
+            for w in weights[:-1]:
+                h = tf.nn.relu(tf.matmul(h, w))
+            logits = tf.matmul(h, weights[-1])
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+        for slot, g, v in zip(slots, tape.gradient(loss, weights), weights):
+            slot.assign(0.9 * slot + g)
+            v.assign_sub(0.01 * slot)
+        return loss
+
+    float(step().numpy())  # traces the function and opens the context before the go
+    device = weights[0].device
+    Path(args.ready_file).touch()
+    while not os.path.exists(args.go_file):
+        time.sleep(0.01)
+    go = json.loads(Path(args.go_file).read_text())
+    lat, steps_warm, errors = [], 0, {}
+    while True:
+        t0 = time.perf_counter()
+        now = time.time()
+        if now >= go["until"]:
+            break
+        try:
+            float(step().numpy())
+        except Exception as e:  # tf.errors.OpError and the adapter's errors alike
+            key = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}"
+            errors[key] = errors.get(key, 0) + 1
+            if sum(errors.values()) > 1000:
+                break
+            continue
+        dt = time.perf_counter() - t0
+        if now >= go["warmup_until"]:
+            lat.append(dt)
+        else:
+            steps_warm += 1
+        if args.think_ms:
+            time.sleep(args.think_ms / 1000)
+    if not device.startswith("/job:worker"):
+        errors[f"the TF2 job's variables are not on the server: {device}"] = 1
+    np.savez(args.out, **{f"lat_{i}": np.asarray(lat, np.float32)})
+    Path(args.out + ".json").write_text(json.dumps({i: dict(model=model, main=None, cls="tf2",
+                                                           steps_warm=steps_warm, errors=errors)}))
+    sys.stdout.flush()
+    os._exit(0)  # skip TensorFlow's teardown
+
+
 def worker_churn(args) -> None:
     """--cycles create / run / close cycles, one after another; measures the server at checkpoints."""
     import numpy as np
@@ -231,6 +324,12 @@ def worker_env() -> dict:
     return env
 
 
+def tf2_env() -> dict:
+    """A TF2 worker's environment: Keras 3 (no TF_USE_LEGACY_KERAS), none of the caller's SALUS_* settings."""
+    env = {k: v for k, v in worker_env().items() if not k.startswith("SALUS_") and k != "TF_USE_LEGACY_KERAS"}
+    return env
+
+
 def fmt_ms(seconds: float) -> str:
     return f"{seconds * 1000:.2f} ms"
 
@@ -239,11 +338,14 @@ def phase_load(args, tmp: Path) -> bool:
     """Returns True when the targets hold (no errors, RSS growth within the target)."""
     import numpy as np
 
-    procs = min(args.processes, args.sessions)
-    per = [args.sessions // procs + (1 if p < args.sessions % procs else 0) for p in range(procs)]
-    print(f"== load: {args.sessions} sessions ({procs} processes x {max(per)} threads), {args.minutes:g} min "
-          f"(warm-up {args.warmup_s:g} s), models {', '.join(MODELS)}, main iterations in every other session, "
-          f"think time {args.think_ms:g} ms, policy {args.policy or 'default (pack)'}", flush=True)
+    tf1 = args.sessions - args.tf2
+    procs = min(args.processes, tf1) if tf1 else 0
+    per = [tf1 // procs + (1 if p < tf1 % procs else 0) for p in range(procs)]
+    print(f"== load: {args.sessions} jobs: {tf1} TF1 graph sessions ({procs} processes x {max(per, default=0)} "
+          f"threads) and {args.tf2} TF2 eager jobs ({args.tf2} processes, one eager context each), "
+          f"{args.minutes:g} min (warm-up {args.warmup_s:g} s), models {', '.join(MODELS)}, main iterations in "
+          f"every other TF1 session, think time {args.think_ms:g} ms, policy {args.policy or 'default (pack)'}",
+          flush=True)
     server = Server(*(("--policy", args.policy) if args.policy else ()))
     print(f"salus-server pid {server.pid} on {server.address}; at start: {proc_status(server.pid)}", flush=True)
     workers = []
@@ -257,6 +359,15 @@ def phase_load(args, tmp: Path) -> bool:
             workers.append((subprocess.Popen(argv, env=worker_env(), stdin=subprocess.DEVNULL,
                                              stdout=subprocess.DEVNULL, stderr=open(out + ".stderr", "w")), out))
             first += n
+        for k in range(args.tf2):
+            out = str(tmp / f"tf2worker{k}")
+            argv = [venv_python(), __file__, "--worker", "load-tf2", "--first-session", str(first),
+                    "--ready-file", out + ".ready", "--go-file", str(tmp / "go"), "--out", out,
+                    "--think-ms", str(args.think_ms)]
+            env = {**tf2_env(), "SALUS_SERVER": server.address, "SALUS_JOB_NAME": f"load-tf2-{first}"}
+            workers.append((subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                             stderr=open(out + ".stderr", "w")), out))
+            first += 1
         deadline = time.monotonic() + 300
         while not all(Path(o + ".ready").exists() for _, o in workers):
             if any(w.poll() is not None for w, _ in workers) or time.monotonic() > deadline:
@@ -290,6 +401,7 @@ def phase_load(args, tmp: Path) -> bool:
                 next_print += 30.0
         end_status = proc_status(server.pid)
         jobs_open = len(ctl_json(server.address, "jobs"))
+        info_end = server_info(server.address)
         stats = ctl_json(server.address, "stats")
         for w, out in workers:
             try:
@@ -298,8 +410,13 @@ def phase_load(args, tmp: Path) -> bool:
                 w.kill()  # our own child, by its Popen handle
                 w.wait()
         time.sleep(1.0)
+        # TF2 clients never close their contexts: the server reclaims each 3 s after its process exits.
+        eager_deadline = time.monotonic() + 15
+        while server_info(server.address)["open_eager_contexts"] and time.monotonic() < eager_deadline:
+            time.sleep(0.25)
         closed_status = proc_status(server.pid)
         jobs_after = len(ctl_json(server.address, "jobs"))
+        info_after = server_info(server.address)
     finally:
         for w, _ in workers:
             if w.poll() is None:
@@ -307,28 +424,40 @@ def phase_load(args, tmp: Path) -> bool:
                 w.wait()
         code = server.stop()
 
-    lat_all, lat_by_class, steps, warm_steps, errors = [], {True: [], False: []}, {}, 0, {}
-    steps_by_class: dict[bool, list[int]] = {True: [], False: []}
+    classes = {"main": "TF1 sessions fetching salus_main_iter", "other": "other TF1 sessions",
+               "tf2": "TF2 eager jobs"}
+    lat_all, steps, warm_steps, errors = [], {}, 0, {}
+    lat_by_class: dict[str, list] = {c: [] for c in classes}
+    steps_by_class: dict[str, list[int]] = {c: [] for c in classes}
+
+    def cls_of(s: dict) -> str:
+        return s.get("cls") or ("main" if s["main"] else "other")
+
     for _, out in workers:
+        if not Path(out + ".json").exists():
+            errors["a worker wrote no results (see its .stderr)"] = errors.get("a worker wrote no results", 0) + 1
+            continue
         summary = json.loads(Path(out + ".json").read_text())
         data = np.load(out + ".npz")
         for i, s in summary.items():
             lat = data[f"lat_{i}"]
             lat_all.append(lat)
-            lat_by_class[s["main"]].append(lat)
+            lat_by_class[cls_of(s)].append(lat)
             steps[int(i)] = len(lat) + s["steps_warm"]
-            steps_by_class[s["main"]].append(steps[int(i)])
+            steps_by_class[cls_of(s)].append(steps[int(i)])
             warm_steps += s["steps_warm"]
             for k, v in s["errors"].items():
                 errors[k] = errors.get(k, 0) + v
     if args.details:
-        print("    session (process, model, main = fetches salus_main_iter): steps, p50, p99 after the warm-up")
+        print("    session (process, model, class): steps, p50, p99 after the warm-up")
         for p, (_, out) in enumerate(workers):
+            if not Path(out + ".json").exists():
+                continue
             summary = json.loads(Path(out + ".json").read_text())
             data = np.load(out + ".npz")
             for i, s in sorted(summary.items(), key=lambda kv: int(kv[0])):
                 lat = np.sort(data[f"lat_{i}"])
-                kind = "main" if s["main"] else "other"
+                kind = cls_of(s)
                 print(f"    {int(i):3d} ({p}, {s['model']}, {kind}): {steps[int(i)]:7d} steps, "
                       f"{fmt_ms(percentile(lat, 0.5))}, {fmt_ms(percentile(lat, 0.99))}")
     lat_sorted = np.sort(np.concatenate(lat_all)) if lat_all else np.array([])
@@ -337,17 +466,18 @@ def phase_load(args, tmp: Path) -> bool:
     print(f"  steps: {sum(per_session)} in all ({warm_steps} in the warm-up), {len(lat_sorted) / measured_s:.0f} "
           f"steps/s after it; per session min {per_session[0]}, median {int(statistics.median(per_session))}, "
           f"max {per_session[-1]} ({len(per_session)} sessions)")
-    for main, label in ((True, "sessions fetching salus_main_iter"), (False, "other sessions")):
-        cls = sorted(steps_by_class[main])
+    for c, label in classes.items():
+        cls = sorted(steps_by_class[c])
         if cls:
-            print(f"    {label}: steps min {cls[0]}, median {int(statistics.median(cls))}, max {cls[-1]}")
+            print(f"    {label} ({len(cls)}): steps min {cls[0]}, median {int(statistics.median(cls))}, max {cls[-1]}")
     print(f"  errors: {sum(errors.values())}" + "".join(f"\n    {n} x {k}" for k, n in errors.items()))
-    line = (f"  RunStep latency at the clients after the warm-up: p50 {fmt_ms(percentile(lat_sorted, 0.5))}, "
-            f"p99 {fmt_ms(percentile(lat_sorted, 0.99))}, "
+    line = (f"  step latency at the clients after the warm-up (TF1 RunStep; TF2 function call + fetch): "
+            f"p50 {fmt_ms(percentile(lat_sorted, 0.5))}, p99 {fmt_ms(percentile(lat_sorted, 0.99))}, "
             f"max {fmt_ms(float(lat_sorted[-1]) if len(lat_sorted) else 0)}")
-    for main, label in ((True, "salus_main_iter sessions"), (False, "other sessions")):
-        cls = np.sort(np.concatenate(lat_by_class[main])) if lat_by_class[main] else np.array([])
-        line += f"; {label} p50 {fmt_ms(percentile(cls, 0.5))} p99 {fmt_ms(percentile(cls, 0.99))}"
+    for c, label in (("main", "salus_main_iter sessions"), ("other", "other TF1 sessions"), ("tf2", "TF2 jobs")):
+        if lat_by_class[c]:
+            cls = np.sort(np.concatenate(lat_by_class[c]))
+            line += f"; {label} p50 {fmt_ms(percentile(cls, 0.5))} p99 {fmt_ms(percentile(cls, 0.99))}"
     print(line)
     warm = next((s for t, s, _ in samples if t >= args.warmup_s), samples[0][1] if samples else end_status)
     growth = (end_status["rss_mib"] - warm["rss_mib"]) / warm["rss_mib"] * 100
@@ -357,14 +487,17 @@ def phase_load(args, tmp: Path) -> bool:
           f"{max(s['rss_mib'] for _, s, _ in samples):.1f} MiB; after all sessions closed "
           f"{closed_status['rss_mib']:.1f} MiB")
     print(f"  server threads {warm['threads']} -> {end_status['threads']} (after close {closed_status['threads']}), "
-          f"fds {warm['fds']} -> {end_status['fds']} (after close {closed_status['fds']}); sessions open at the end "
-          f"{jobs_open}, after the clients closed {jobs_after}")
+          f"fds {warm['fds']} -> {end_status['fds']} (after close {closed_status['fds']}); jobs open at the end "
+          f"{jobs_open} ({info_end['open_sessions']} graph sessions, {info_end['open_eager_contexts']} eager "
+          f"contexts), after the clients closed or exited {jobs_after} ({info_after['open_sessions']} sessions, "
+          f"{info_after['open_eager_contexts']} contexts)")
     lat = stats.get("switch_latency_us", {})
     print(f"  server stats: {stats['iterations_total']} main iterations, {stats['cheap_runs_total']} cheap runs, "
           f"{stats.get('dropped_iterations', 0)} dropped, switch latency p50 {lat.get('p50')} us "
           f"p99 {lat.get('p99')} us; "
           f"server exit code {code}")
-    return not errors and ok_rss and jobs_after == 0 and code == 0
+    return (not errors and ok_rss and jobs_after == 0 and info_after["open_eager_contexts"] == 0 and code == 0
+            and len(steps) == args.sessions)
 
 
 def phase_churn(args, tmp: Path) -> bool:
@@ -425,12 +558,175 @@ def phase_churn(args, tmp: Path) -> bool:
             and not leak and code == 0)
 
 
+# --- TF2 churn: hand-encoded remote-eager requests (TensorFlow's field numbers, eager_service.proto) ---------
+
+EAGER = "/tensorflow.eager.EagerService/"
+SERVER_DEVICE = "/job:worker/replica:0/task:0/device:CPU:0"
+CLIENT_DEVICE = "/job:localhost/replica:0/task:0/device:CPU:0"
+
+
+def _fixed64(field: int, value: int) -> bytes:
+    return wire.tag(field, wire.I64) + value.to_bytes(8, "little")
+
+
+def _attr(field: int, value) -> bytes:
+    """AttrValue{s=2 | i=3 | b=5 | type=6}."""
+    return wire.f_bytes(field, value) if field == 2 else wire.f_varint(field, value)
+
+
+def _op(op_id: int, name: str, inputs: list[int], attrs: dict[str, bytes]) -> bytes:
+    """QueueItem{operation=2: Operation{id=1, name=2, op_inputs=10 {remote_handle=1}, attrs=5, device=6}}."""
+    msg = wire.f_varint(1, op_id) + wire.f_bytes(2, name)
+    for i in inputs:
+        handle = (wire.f_varint(1, i) + wire.f_bytes(3, SERVER_DEVICE) + wire.f_bytes(4, SERVER_DEVICE)
+                  + wire.f_varint(5, wire.DT_FLOAT))
+        msg += wire.f_bytes(10, wire.f_bytes(1, handle))
+    for k, v in attrs.items():
+        msg += wire.f_bytes(5, wire.f_bytes(1, k) + wire.f_bytes(2, v))
+    msg += wire.f_bytes(6, SERVER_DEVICE)
+    return wire.f_bytes(2, msg)
+
+
+def create_context_request(context_id: int, name: str) -> bytes:
+    """CreateContextRequest as the stock client sends the adapter's ServerDef: cluster {worker: server,
+    localhost: client}, job_name rewritten to the server's job ("worker") task 0, grpc,
+    default_session_config.experimental.session_metadata.name; keep-alive 600 s."""
+    def job(job_name: str, address: str) -> bytes:
+        return wire.f_bytes(1, job_name) + wire.f_bytes(2, wire.f_varint(1, 0) + wire.f_bytes(2, address))
+
+    config = wire.f_bytes(16, wire.f_bytes(11, wire.f_bytes(1, name)))
+    server_def = (wire.f_bytes(1, wire.f_bytes(1, job("worker", "127.0.0.1:1")) + wire.f_bytes(1, job("localhost",
+                  "localhost:2"))) + wire.f_bytes(2, "worker") + wire.f_bytes(4, config) + wire.f_bytes(5, "grpc"))
+    return (wire.f_bytes(1, server_def) + wire.f_varint(3, 600) + _fixed64(7, context_id) + wire.f_varint(9, 1))
+
+
+def cycle_enqueue(context_id: int, tensor_name: str) -> bytes:
+    """EnqueueRequest: send_tensor 1 = [1, 2]; 2 = Mul(1, 1); 3 = _Send(2) to the client as tensor_name."""
+    t = wire.f_varint(6, wire.DT_FLOAT)  # AttrValue{type}
+    send = wire.f_bytes(3, wire.f_varint(1, 1) + wire.f_bytes(2, wire.tensor_proto(wire.DT_FLOAT, [2],
+                                                                                     float_val=[1.0, 2.0]))
+                        + wire.f_bytes(3, SERVER_DEVICE))
+    mul = _op(2, "Mul", [1, 1], {"T": t})
+    send_op = _op(3, "_Send", [2], {"T": t, "tensor_name": _attr(2, tensor_name), "send_device":
+                                    _attr(2, SERVER_DEVICE), "recv_device": _attr(2, CLIENT_DEVICE),
+                                    "send_device_incarnation": _attr(3, 1), "client_terminated": _attr(5, 0)})
+    return _fixed64(1, context_id) + wire.f_bytes(3, send) + wire.f_bytes(3, mul) + wire.f_bytes(3, send_op)
+
+
+def recv_request(context_id: int, tensor_name: str) -> bytes:
+    key = f"{SERVER_DEVICE};0000000000000001;{CLIENT_DEVICE};{tensor_name};0:0"
+    return wire.f_varint(1, context_id) + wire.f_bytes(2, key)
+
+
+def tensor_floats(tensor: bytes) -> list[float]:
+    import struct
+    content = wire.first(tensor, 4, b"")
+    if content:
+        return list(struct.unpack(f"<{len(content) // 4}f", content))
+    packed = wire.first(tensor, 5, b"")
+    return list(struct.unpack(f"<{len(packed) // 4}f", packed)) if isinstance(packed, bytes) else []
+
+
+def phase_churn_tf2(args) -> bool:
+    import random
+
+    import grpc
+    print(f"== TF2 churn: {args.tf2_cycles} eager contexts one after another (CreateContext, Enqueue push / Mul "
+          f"/ _Send, RecvTensor; then CloseContext every even cycle, end of the StreamingEnqueue stream every odd "
+          f"one, as the stock client leaves), hand-encoded gRPC", flush=True)
+    server = Server()
+    rng = random.Random(7)
+    checkpoints = sorted({int(c) for c in args.checkpoints.split(",")} | {args.tf2_cycles})
+    errors: dict[str, int] = {}
+    times = []
+
+    def status(k: int) -> dict:
+        return {"cycle": k, **proc_status(server.pid), **server_info(server.address)}
+
+    def show(st: dict, t0: float) -> None:
+        print(f"  after {st['cycle']:5d} cycles ({time.monotonic() - t0:5.1f}s): eager contexts open "
+              f"{st.get('pending', 0)} right after the cycle (awaiting reclaim), {st['open_eager_contexts']} once "
+              f"reclaimed; fds {st['fds']}, threads {st['threads']}, RSS {st['rss_mib']:.1f} MiB", flush=True)
+
+    t0 = time.monotonic()
+    try:
+        ch = grpc.insecure_channel(server.address)
+        create = ch.unary_unary(EAGER + "CreateContext")
+        enqueue = ch.unary_unary(EAGER + "Enqueue")
+        streaming = ch.stream_stream(EAGER + "StreamingEnqueue")
+        close = ch.unary_unary(EAGER + "CloseContext")
+        recv = ch.unary_unary("/tensorflow.WorkerService/RecvTensor")
+        st = [status(0)]
+        show(st[0], t0)
+        for k in range(1, args.tf2_cycles + 1):
+            context_id = rng.getrandbits(62) | 1
+            name = f"churn-{k}"
+            c0 = time.perf_counter()
+            try:
+                create(create_context_request(context_id, "tf2-churn"), timeout=30)
+                request = cycle_enqueue(context_id, name)
+                if k % 2:
+                    responses = list(streaming(iter([request]), timeout=30))  # the stream ends with the request
+                    ok = len(responses) == 1
+                else:
+                    ok = bool(enqueue(request, timeout=30) is not None)
+                value = tensor_floats(wire.first(recv(recv_request(context_id, name), timeout=30), 1, b""))
+                if not ok or value != [1.0, 4.0]:
+                    errors[f"wrong result {value}"] = errors.get(f"wrong result {value}", 0) + 1
+                if k % 2 == 0:
+                    close(_fixed64(1, context_id), timeout=30)
+            except grpc.RpcError as e:
+                key = f"{e.code().name}: {(e.details() or '')[:200]}"
+                errors[key] = errors.get(key, 0) + 1
+            times.append(time.perf_counter() - c0)
+            if k in checkpoints:
+                # Measured once the stream-ended contexts (reclaimed 3 s after their streams ended) are gone, so
+                # that RSS and threads compare like with like: what is left then is what cycles left behind.
+                pending = server_info(server.address)["open_eager_contexts"]
+                deadline = time.monotonic() + 15
+                while server_info(server.address)["open_eager_contexts"] and time.monotonic() < deadline:
+                    time.sleep(0.25)
+                time.sleep(0.25)
+                st.append({**status(k), "pending": pending})
+                show(st[-1], t0)
+        ch.close()
+    finally:
+        code = server.stop()
+    first, last = st[0], st[-1]
+    times.sort()
+    print(f"  errors: {sum(errors.values())}" + "".join(f"\n    {n} x {k}" for k, n in errors.items()))
+    print(f"  cycle time p50 {percentile(times, 0.5) * 1000:.1f} ms, p99 {percentile(times, 0.99) * 1000:.1f} ms")
+    print(f"  eager contexts open {first['open_eager_contexts']} -> {last['pending']} right after the last cycle "
+          f"(stream-ended ones awaiting their 3 s reclaim) -> {last['open_eager_contexts']} once reclaimed "
+          f"(target 0), fds {first['fds']} -> {last['fds']} ({last['fds'] - first['fds']:+d}; target: no growth), "
+          f"threads {first['threads']} -> {last['threads']}")
+    warm = min((x for x in st if x["cycle"] >= 10), key=lambda x: x["cycle"], default=last)
+    half = min(st, key=lambda x: abs(x["cycle"] - last["cycle"] / 2))
+    steady = (last["rss_mib"] - warm["rss_mib"]) * 1024 / max(1, last["cycle"] - warm["cycle"])
+    late = (last["rss_mib"] - half["rss_mib"]) * 1024 / max(1, last["cycle"] - half["cycle"])
+    judged = last["cycle"] - half["cycle"] >= 200
+    leak = judged and late > LEAK_KIB_PER_CYCLE
+    print(f"  RSS {first['rss_mib']:.1f} -> {last['rss_mib']:.1f} MiB "
+          f"({last['rss_mib'] - first['rss_mib']:+.1f} MiB, each measured with no context open): "
+          f"{warm['rss_mib'] - first['rss_mib']:+.1f} MiB with the first {warm['cycle']} contexts (one-time), then "
+          f"{steady:.2f} KiB/cycle over cycles {warm['cycle']}-{last['cycle']} and {late:.2f} KiB/cycle over "
+          f"{half['cycle']}-{last['cycle']}: "
+          + ("too few cycles to judge" if not judged else
+             f"keeps growing, a possible leak of about {late:.1f} KiB per context" if leak else
+             f"levels off (below {LEAK_KIB_PER_CYCLE:g} KiB/cycle), no per-context leak")
+          + f"; server exit code {code}")
+    return (not errors and last["open_eager_contexts"] == 0 == first["open_eager_contexts"]
+            and last["fds"] <= first["fds"] + 1 and not leak and code == 0)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="1 minute and 16 sessions (unless given explicitly)")
     ap.add_argument("--minutes", type=float, help="length of the load phase (default 5, --quick 1)")
     ap.add_argument("--sessions", type=int, help="concurrent client sessions (default 64, --quick 16)")
-    ap.add_argument("--processes", type=int, default=4, help="worker processes the sessions are spread over")
+    ap.add_argument("--tf2", type=int, help="how many of the jobs are TF2 eager jobs, one process each "
+                                           "(default 8, --quick 4)")
+    ap.add_argument("--processes", type=int, default=4, help="worker processes the TF1 sessions are spread over")
     ap.add_argument("--warmup-s", type=float, help="warm-up excluded from latency and the RSS baseline "
                                                     "(default 30, --quick 15)")
     ap.add_argument("--think-ms", type=float, default=0.0, help="pause of each client between its steps")
@@ -438,13 +734,16 @@ def main() -> int:
                                      "so later jobs' main iterations wait while earlier ones have work)")
     ap.add_argument("--sample-s", type=float, default=5.0, help="how often the server is sampled")
     ap.add_argument("--details", action="store_true", help="also print every session's steps and latency")
-    ap.add_argument("--cycles", type=int, default=1000, help="create/run/close cycles of the churn phase")
+    ap.add_argument("--cycles", type=int, default=1000, help="create/run/close cycles of the churn phase "
+                                                              "(0 skips it)")
+    ap.add_argument("--tf2-cycles", type=int, default=1000, help="eager context create/run/leave cycles of the "
+                                                                   "TF2 churn phase (0 skips it)")
     ap.add_argument("--checkpoints", default="1,10,100,250,500,750",
                     help="cycles after which the server is measured (and after the last)")
     ap.add_argument("--skip-load", action="store_true")
     ap.add_argument("--skip-churn", action="store_true")
     # Internal: the worker processes.
-    ap.add_argument("--worker", choices=["load", "churn"], help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=["load", "load-tf2", "churn"], help=argparse.SUPPRESS)
     ap.add_argument("--first-session", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--ready-file", help=argparse.SUPPRESS)
     ap.add_argument("--go-file", help=argparse.SUPPRESS)
@@ -456,10 +755,15 @@ def main() -> int:
 
     if args.worker == "load":
         worker_load(args)
+    if args.worker == "load-tf2":
+        worker_load_tf2(args)
     if args.worker == "churn":
         worker_churn(args)
     args.minutes = args.minutes if args.minutes is not None else (1.0 if args.quick else 5.0)
     args.sessions = args.sessions or (16 if args.quick else 64)
+    args.tf2 = args.tf2 if args.tf2 is not None else min(args.sessions, 4 if args.quick else 8)
+    if not 0 <= args.tf2 <= args.sessions:
+        ap.error("--tf2 must be between 0 and --sessions")
     args.warmup_s = args.warmup_s if args.warmup_s is not None else (15.0 if args.quick else 30.0)
     if args.warmup_s >= args.minutes * 60:
         ap.error("--warmup-s must be shorter than --minutes")
@@ -471,7 +775,10 @@ def main() -> int:
         if not args.skip_load:
             ok &= phase_load(args, Path(tmp))
         if not args.skip_churn:
-            ok &= phase_churn(args, Path(tmp))
+            if args.cycles:
+                ok &= phase_churn(args, Path(tmp))
+            if args.tf2_cycles:
+                ok &= phase_churn_tf2(args)
     print(f"bench_load: {'all targets met' if ok else 'SOME TARGETS MISSED'} ({time.monotonic() - t0:.0f} s)")
     return 0 if ok else 1
 
