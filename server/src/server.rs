@@ -192,7 +192,11 @@ impl Server {
     async fn close_sessions(&self) {
         let contexts = self.state.contexts.drain();
         for job in &contexts {
+            // Frees a context thread waiting for its turn or for memory.
             self.state.executor.remove_job(job.id);
+            if let Some(admission) = &self.state.admission {
+                admission.withdraw(job.id);
+            }
         }
         let closed_contexts = contexts.len();
         if let Err(err) = exec::blocking(move || {

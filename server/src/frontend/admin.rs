@@ -12,7 +12,7 @@ use crate::runtime::admission::MemoryState;
 use crate::runtime::eager_job::EagerJob;
 use crate::runtime::graph_job::Job;
 use crate::runtime::state::ServerState;
-use crate::sched::{Hints, JobStatus};
+use crate::sched::{Hints, JobId, JobStatus};
 
 pub struct AdminService {
     state: Arc<ServerState>,
@@ -34,29 +34,10 @@ impl AdminService {
             &s.map(|s| s.hints.clone())
                 .unwrap_or_else(|| job.hints.clone()),
         );
-        let memory_state = match &self.state.admission {
-            None => String::new(),
-            Some(admission) => match admission.state_of(job.id) {
-                MemoryState::Waiting { .. } => "waiting for memory".into(),
-                MemoryState::Admitted(_) => "admitted".into(),
-                MemoryState::NotRequested => "not admitted yet".into(),
-            },
-        };
-        let waiting_note = match self.state.admission.as_ref().map(|a| (a.state_of(job.id), a.free(), a.capacity())) {
-            Some((MemoryState::Waiting { need, waited }, free, capacity)) => Some(format!(
-                "waiting for memory {:.1} s: needs {} bytes ({} persistent + {} ephemeral), {free} of {capacity} free",
-                waited.as_secs_f64(),
-                need.limit(),
-                need.persistent,
-                need.ephemeral
-            )),
-            _ => None,
-        };
-        let memory_waiting = self
-            .state
-            .admission
-            .as_ref()
-            .is_some_and(|a| matches!(a.state_of(job.id), MemoryState::Waiting { .. }));
+        let memory = self.memory_state(job.id);
+        let memory_state = memory.label.clone();
+        let waiting_note = memory.note;
+        let memory_waiting = memory.waiting;
         let state = match s {
             Some(s) if s.running > 0 => "running",
             Some(s) if s.queued > 0 => "queued",
@@ -100,6 +81,36 @@ impl AdminService {
         }
     }
 
+    /// Where a job stands with memory admission, for its row.
+    fn memory_state(&self, job: JobId) -> MemoryRow {
+        let Some(admission) = &self.state.admission else {
+            return MemoryRow::default();
+        };
+        match admission.state_of(job) {
+            MemoryState::Waiting { need, waited } => MemoryRow {
+                label: "waiting for memory".into(),
+                waiting: true,
+                note: Some(format!(
+                    "waiting for memory {:.1} s: needs {} bytes ({} persistent + {} ephemeral), {} of {} free",
+                    waited.as_secs_f64(),
+                    need.limit(),
+                    need.persistent,
+                    need.ephemeral,
+                    admission.free(),
+                    admission.capacity()
+                )),
+            },
+            MemoryState::Admitted(_) => MemoryRow {
+                label: "admitted".into(),
+                ..Default::default()
+            },
+            MemoryState::NotRequested => MemoryRow {
+                label: "not admitted yet".into(),
+                ..Default::default()
+            },
+        }
+    }
+
     /// An eager job's row: scheduler fields as for graph jobs; no graph, so
     /// `graph_nodes` counts its registered functions.
     fn eager_job_info(&self, job: &EagerJob) -> JobInfo {
@@ -107,7 +118,12 @@ impl AdminService {
         let status = self.state.executor.job_status(job.id);
         let s = status.as_ref();
         let stats = job.stats();
+        let variables = job.variable_bytes();
+        let estimate = job.memory_estimate(&s.map_or_else(|| job.hints.clone(), |s| s.hints.clone()));
+        let memory = self.memory_state(job.id);
+        let memory_state = memory.label.clone();
         let state = match s {
+            _ if memory.waiting => "waiting for memory",
             Some(s) if s.running > 0 => "running",
             Some(s) if s.queued > 0 => "queued",
             _ if job.is_busy() => "running",
@@ -126,16 +142,33 @@ impl AdminService {
             queue_wait_seconds: s.map_or(0.0, |s| s.total_wait as f64 / 1e9),
             queued: s.map_or(0, |s| s.queued as u64),
             hints: Some(hints_to_proto(&s.map_or_else(|| job.hints.clone(), |s| s.hints.clone()))),
-            note: s.map(|s| note(policy, s)).unwrap_or_default(),
+            note: memory.note.unwrap_or_else(|| s.map(|s| note(policy, s)).unwrap_or_default()),
             graph_nodes: stats.functions.load(Ordering::Relaxed),
             runs_completed: stats.ops.load(Ordering::Relaxed),
             runs_failed: stats.failed.load(Ordering::Relaxed),
             age_seconds: job.created.elapsed().as_secs_f64(),
             idle_seconds: job.idle_for().as_secs_f64(),
+            variable_bytes: variables.bytes,
+            variables: variables.variables,
+            variables_of_unknown_size: variables.unknown,
+            memory_state,
+            persistent_estimate_bytes: estimate.need.persistent,
+            ephemeral_estimate_bytes: estimate.need.ephemeral,
+            persistent_source: estimate.persistent_source.into(),
+            ephemeral_source: estimate.ephemeral_source.into(),
             kind: "eager".into(),
             ..Default::default()
         }
     }
+}
+
+/// A job's memory admission as the admin API shows it.
+#[derive(Default)]
+struct MemoryRow {
+    /// "", "waiting for memory", "admitted" or "not admitted yet".
+    label: String,
+    waiting: bool,
+    note: Option<String>,
 }
 
 /// How the current policy treats a job, where that is not obvious.

@@ -35,6 +35,8 @@ pub struct DeviceNames {
     task: i32,
     /// The cluster's other jobs (the client's own, `localhost` by default).
     other_jobs: Vec<String>,
+    /// GPU lanes: every GPU the client names is this virtual GPU of the server.
+    gpu_lane: Option<u32>,
 }
 
 /// A parsed `/job:J/replica:R/task:T/rest` name; `rest` keeps the device part
@@ -74,7 +76,39 @@ impl DeviceNames {
             replica,
             task,
             other_jobs: other_jobs.into_iter().filter(|j| j != job).collect(),
+            gpu_lane: None,
         }
+    }
+
+    /// With GPU lanes, the job's GPU ops run on its lane's virtual GPU.
+    pub fn with_gpu_lane(mut self, lane: Option<u32>) -> DeviceNames {
+        self.gpu_lane = lane;
+        self
+    }
+
+    /// A device part (`device:GPU:1`, `gpu:1`) on the job's lane GPU, if it is a GPU.
+    fn lane_part(&self, part: &str) -> Option<String> {
+        let lane = self.gpu_lane?;
+        let lower = part.to_ascii_lowercase();
+        let kind = lower.strip_prefix("device:").unwrap_or(&lower);
+        kind.starts_with("gpu").then(|| format!("device:GPU:{lane}"))
+    }
+
+    /// `name` with its GPU part moved to the job's lane GPU (`None`: unchanged).
+    fn on_lane(&self, name: &str) -> Option<String> {
+        self.gpu_lane?;
+        let mut changed = false;
+        let parts: Vec<String> = name
+            .split('/')
+            .map(|part| match self.lane_part(part) {
+                Some(p) => {
+                    changed = true;
+                    p
+                }
+                None => part.to_string(),
+            })
+            .collect();
+        changed.then(|| parts.join("/"))
     }
 
     /// The client's prefix for this server, e.g. `/job:worker/replica:0/task:0`.
@@ -88,11 +122,11 @@ impl DeviceNames {
             && parsed.task.is_none_or(|t| t == self.task.to_string())
     }
 
-    fn local(parsed: &Parsed<'_>) -> String {
+    fn local(&self, parsed: &Parsed<'_>) -> String {
         let mut out = format!("/job:{LOCAL_JOB}/replica:0/task:0");
         for part in &parsed.rest {
             out.push('/');
-            out.push_str(part);
+            out.push_str(&self.lane_part(part).unwrap_or_else(|| part.to_string()));
         }
         out
     }
@@ -102,8 +136,8 @@ impl DeviceNames {
     pub fn to_local(&self, name: &str) -> Result<String, DeviceError> {
         let parsed = parse(name);
         match parsed.job {
-            None => Ok(name.to_string()),
-            Some(_) if self.is_this_server(&parsed) => Ok(Self::local(&parsed)),
+            None => Ok(self.on_lane(name).unwrap_or_else(|| name.to_string())),
+            Some(_) if self.is_this_server(&parsed) => Ok(self.local(&parsed)),
             Some(job) if self.other_jobs.iter().any(|j| j == job) => Err(DeviceError::ClientJob {
                 device: name.to_string(),
                 job: job.to_string(),
@@ -123,12 +157,15 @@ impl DeviceNames {
     /// too (`None`: keep the name as it is).
     pub fn node_to_local(&self, name: &str) -> Option<String> {
         let parsed = parse(name);
-        let job = parsed.job?;
+        let Some(job) = parsed.job else {
+            return self.on_lane(name);
+        };
         if job == LOCAL_JOB && parsed.replica.is_none_or(|r| r == "0") && parsed.task.is_none_or(|t| t == "0") {
             // Already local (or the client's localhost job, which also maps here).
-            return (parsed.replica.is_none() || parsed.task.is_none()).then(|| Self::local(&parsed));
+            let partial = parsed.replica.is_none() || parsed.task.is_none();
+            return if partial { Some(self.local(&parsed)) } else { self.on_lane(name) };
         }
-        (self.is_this_server(&parsed) || self.other_jobs.iter().any(|j| j == job)).then(|| Self::local(&parsed))
+        (self.is_this_server(&parsed) || self.other_jobs.iter().any(|j| j == job)).then(|| self.local(&parsed))
     }
 
     /// The client's name for a device of the local context.
@@ -140,7 +177,11 @@ impl DeviceNames {
         let mut out = self.client_prefix();
         for part in &parsed.rest {
             out.push('/');
-            out.push_str(part);
+            // The client asked for its GPU:0; the lane's GPU is that one to it.
+            match self.lane_part(part) {
+                Some(_) => out.push_str("device:GPU:0"),
+                None => out.push_str(part),
+            }
         }
         out
     }
@@ -174,6 +215,23 @@ mod tests {
         ));
         assert!(matches!(n.to_local("/job:ps/task:0/device:CPU:0"), Err(DeviceError::UnknownJob { .. })));
         assert!(matches!(n.to_local("/job:worker/replica:0/task:1/device:CPU:0"), Err(DeviceError::UnknownJob { .. })));
+    }
+
+    #[test]
+    fn gpu_lanes_move_gpu_devices_to_the_lane() {
+        let n = names().with_gpu_lane(Some(2));
+        assert_eq!(
+            n.to_local("/job:worker/replica:0/task:0/device:GPU:0").unwrap(),
+            "/job:localhost/replica:0/task:0/device:GPU:2"
+        );
+        assert_eq!(n.to_local("/device:GPU:1").unwrap(), "/device:GPU:2");
+        assert_eq!(n.to_local("/job:worker/replica:0/task:0/device:CPU:0").unwrap(), "/job:localhost/replica:0/task:0/device:CPU:0");
+        assert_eq!(n.node_to_local("/device:GPU:0").as_deref(), Some("/device:GPU:2"));
+        assert_eq!(n.node_to_local("/device:CPU:0"), None);
+        assert_eq!(
+            n.to_client("/job:localhost/replica:0/task:0/device:GPU:2"),
+            "/job:worker/replica:0/task:0/device:GPU:0"
+        );
     }
 
     #[test]

@@ -14,14 +14,21 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use prost::Message;
-use salus_proto::tensorflow::{attr_value, AttrValue, FunctionDefView, TensorProto};
+use salus_proto::tensorflow::{attr_value, AttrValue, FunctionDefView, NodeDef, TensorProto};
 use tokio::sync::oneshot;
 
 use crate::error::{Error, Result};
+use crate::runtime::admission::{Admission, LaneReservation};
 use crate::runtime::eager_devices::DeviceNames;
+use crate::runtime::executor::Executor;
+use crate::runtime::graph_delta::{variable_bytes, VariableBytes};
+use crate::runtime::memory_profile;
 use crate::runtime::rendezvous::{Rendezvous, Sent};
+use crate::runtime::run_class::{
+    ephemeral_after_oom, MemoryEstimate, RunClass, RunProfile, MAIN_MARKER, MEMORY_SAMPLE_RUNS,
+};
 use crate::runtime::wire;
-use crate::sched::{Hints, JobId};
+use crate::sched::{Hints, JobId, LaneId};
 use crate::tenant::TenantRules;
 use crate::tf::eager::{EagerContext, OutputSlots, TensorHandle};
 use crate::tf::Tensor;
@@ -107,8 +114,34 @@ pub struct EagerStats {
     pub functions: AtomicU64,
 }
 
+/// What an eager job's thread needs of the scheduler and memory admission.
+#[derive(Clone)]
+pub struct Scheduling {
+    pub executor: Executor,
+    /// Memory admission, when a capacity is configured.
+    pub admission: Option<Admission>,
+    /// The server's async runtime: scheduling and admission are awaited there
+    /// while the job's thread blocks.
+    pub runtime: tokio::runtime::Handle,
+    /// Function calls measured faster than this are cheap (`--cheap-below-us`).
+    pub cheap_below: Duration,
+    /// Trace sampled function calls to measure their memory (admission on).
+    pub measure_memory: bool,
+    /// GPU lanes: the lane whose virtual GPU the job's GPU ops run on.
+    pub gpu_lane: Option<LaneId>,
+}
+
 /// What the job's thread shares with request handlers.
 struct Shared {
+    id: JobId,
+    hints: Hints,
+    sched: Scheduling,
+    /// The job's memory lane, once admitted (dropping it frees the share).
+    reservation: Mutex<Option<LaneReservation>>,
+    /// Persistent memory the job's variables declare.
+    variables: Mutex<VariableBytes>,
+    /// Largest per-iteration memory measured so far, bytes.
+    ephemeral_measured: AtomicU64,
     context_id: u64,
     devices: DeviceNames,
     rendezvous: Rendezvous,
@@ -139,6 +172,7 @@ pub struct EagerJobSpec {
     pub context_view_id: u64,
     pub max_tensor_bytes: u64,
     pub tenant: Arc<TenantRules>,
+    pub scheduling: Scheduling,
 }
 
 pub struct EagerJob {
@@ -165,6 +199,12 @@ impl EagerJob {
     /// Creates the TFE context on the job's own thread. Blocks.
     pub fn create(spec: EagerJobSpec) -> Result<EagerJob> {
         let shared = Arc::new(Shared {
+            id: spec.id,
+            hints: spec.hints.clone(),
+            sched: spec.scheduling,
+            reservation: Mutex::new(None),
+            variables: Mutex::new(VariableBytes::default()),
+            ephemeral_measured: AtomicU64::new(0),
             context_id: spec.context_id,
             devices: spec.devices,
             rendezvous: Rendezvous::default(),
@@ -186,6 +226,7 @@ impl EagerJob {
                     Worker {
                         handles: HashMap::new(),
                         functions: HashSet::new(),
+                        profiles: HashMap::new(),
                         slots: Default::default(),
                         ctx,
                         shared: thread_shared,
@@ -229,6 +270,22 @@ impl EagerJob {
 
     pub fn stats(&self) -> &EagerStats {
         &self.shared.stats
+    }
+
+    /// The job's memory need (persistent from its variables, ephemeral from
+    /// sampled function calls; hints override).
+    pub fn memory_estimate(&self, hints: &Hints) -> MemoryEstimate {
+        self.shared.memory_estimate(hints)
+    }
+
+    /// Persistent memory the job's variables declare (optimizer slots included).
+    pub fn variable_bytes(&self) -> VariableBytes {
+        *lock(&self.shared.variables)
+    }
+
+    /// The job's memory lane, once admitted.
+    pub fn lane(&self) -> Option<LaneId> {
+        lock(&self.shared.reservation).as_ref().map(LaneReservation::lane)
     }
 
     pub fn touch(&self) {
@@ -331,6 +388,8 @@ impl EagerJob {
                 tracing::error!(context = self.context_id, "eager context thread panicked");
             }
         }
+        // The TFE context is gone: its memory share goes back to the pool.
+        drop(lock(&self.shared.reservation).take());
     }
 }
 
@@ -338,6 +397,37 @@ impl Drop for EagerJob {
     fn drop(&mut self) {
         self.close("the eager context was closed");
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    /// The scheduler's current hints for the job (set at run time by the admin
+    /// API), else those it was created with.
+    fn current_hints(&self) -> Hints {
+        self.sched
+            .executor
+            .job_status(self.id)
+            .map(|s| s.hints)
+            .unwrap_or_else(|| self.hints.clone())
+    }
+
+    fn memory_estimate(&self, hints: &Hints) -> MemoryEstimate {
+        MemoryEstimate::new(
+            lock(&self.variables).bytes,
+            "variables",
+            self.ephemeral_measured.load(Ordering::Relaxed),
+            hints,
+        )
+    }
+}
+
+/// The job's turn on its lane, from the scheduler; dropping it ends the
+/// iteration (the lane's thread, which waits for that, accounts it).
+struct Turn {
+    _done: mpsc::SyncSender<()>,
 }
 
 /// What a request naming a closed context is told.
@@ -354,6 +444,8 @@ struct Worker {
     /// Declared before `ctx`: handles are released before their context.
     handles: HashMap<i64, Vec<Option<TensorHandle>>>,
     functions: HashSet<String>,
+    /// How long calls of each function take (classification and sampling).
+    profiles: HashMap<String, RunProfile>,
     /// Borrowed while the op's inputs borrow `handles`.
     slots: std::cell::RefCell<OutputSlots>,
     ctx: EagerContext,
@@ -530,8 +622,70 @@ impl Worker {
             }
         }
         let attrs: Vec<(&str, &[u8])> = op.attrs.iter().map(|(k, v)| (k.as_str(), v.as_ref())).collect();
-        let outputs = self.ctx.execute(&op.name, &device, &inputs, &attrs, &mut self.slots.borrow_mut())?;
+        let is_call = op.is_function || self.functions.contains(&op.name);
+        let profile = if is_call {
+            self.profiles.get(&op.name).copied().unwrap_or_default()
+        } else {
+            RunProfile::default()
+        };
+        let class = if is_call {
+            profile.classify(self.shared.sched.cheap_below.as_nanos() as f64, op.name.contains(MAIN_MARKER))
+        } else {
+            RunClass::Cheap
+        };
+        // A main iteration waits for memory (first time) and for its turn on
+        // the lane; the turn ends when this call has run.
+        let _turn = match class {
+            RunClass::Cheap => {
+                self.shared.sched.executor.count_cheap_run();
+                None
+            }
+            RunClass::Main => {
+                self.admit()?;
+                Some(self.wait_for_turn()?)
+            }
+        };
+        let sample = is_call
+            && self.shared.sched.measure_memory
+            && MEMORY_SAMPLE_RUNS.contains(&(profile.runs + 1));
+        let trace_turn = if sample {
+            memory_profile::TRACE_TURN.try_lock().ok()
+        } else {
+            None
+        };
+        if trace_turn.is_some() {
+            self.ctx.enable_run_metadata();
+        }
+        let started = Instant::now();
+        let executed = self.ctx.execute(&op.name, &device, &inputs, &attrs, &mut self.slots.borrow_mut());
+        let elapsed = started.elapsed();
         drop(inputs);
+        drop(_turn);
+        if trace_turn.is_some() {
+            self.ctx.disable_run_metadata();
+            self.record_memory_sample(&op.name);
+        }
+        drop(trace_turn);
+        if is_call {
+            self.profiles.entry(op.name.clone()).or_default().record(elapsed.as_nanos() as f64);
+        }
+        let outputs = match executed {
+            Ok(outputs) => outputs,
+            Err(err) => {
+                if is_call && err.code == salus_proto::tensorflow::error::Code::ResourceExhausted as i32 {
+                    let raised = ephemeral_after_oom(
+                        self.shared.ephemeral_measured.load(Ordering::Relaxed),
+                        lock(&self.shared.variables).bytes,
+                    );
+                    self.shared.ephemeral_measured.fetch_max(raised, Ordering::Relaxed);
+                    tracing::warn!(job = self.shared.id.0, ephemeral = raised, "function call ran out of memory; estimate raised");
+                }
+                return Err(err.into());
+            }
+        };
+        if op.name == "VarHandleOp" {
+            self.record_variable(op);
+        }
         let mut result = ItemOutput::default();
         for output in &outputs {
             result.shapes.push(output.dims()?);
@@ -547,6 +701,89 @@ impl Worker {
             self.shared.stats.function_calls.fetch_add(1, Ordering::Relaxed);
         }
         Ok(result)
+    }
+
+    /// Gives the job a memory lane before its first main iteration (memory
+    /// admission on); waits while memory is short, up to the admission timeout.
+    fn admit(&self) -> Result<()> {
+        let Some(admission) = &self.shared.sched.admission else {
+            return Ok(());
+        };
+        if lock(&self.shared.reservation).is_some() {
+            return Ok(());
+        }
+        let hints = self.shared.current_hints();
+        let need = self.shared.memory_estimate(&hints).need;
+        let reservation = self
+            .shared
+            .sched
+            .runtime
+            .block_on(admission.admit(self.shared.id, need, self.shared.sched.gpu_lane, hints))?;
+        *lock(&self.shared.reservation) = Some(reservation);
+        Ok(())
+    }
+
+    /// Queues a main iteration with the scheduler and waits until it is this
+    /// job's turn. The lane's thread holds the turn until the returned guard
+    /// drops, so the scheduler accounts the call's time to the job; TensorFlow
+    /// itself runs here, on the job's thread.
+    fn wait_for_turn(&self) -> Result<Turn> {
+        let (go_tx, go_rx) = mpsc::sync_channel::<()>(1);
+        let (done_tx, done_rx) = mpsc::sync_channel::<()>(1);
+        let executor = self.shared.sched.executor.clone();
+        let id = self.shared.id;
+        let iteration = self.shared.sched.runtime.spawn(async move {
+            executor
+                .run_main(id, None, move || {
+                    let _ = go_tx.send(());
+                    // Until the call ran (or the job's thread dropped the turn).
+                    let _ = done_rx.recv();
+                    Ok(())
+                })
+                .await
+        });
+        match go_rx.recv() {
+            Ok(()) => Ok(Turn { _done: done_tx }),
+            Err(_) => Err(match self.shared.sched.runtime.block_on(iteration) {
+                Ok(Err(err)) => err,
+                _ => Error::IterationDropped("the iteration was dropped before it ran".into()),
+            }),
+        }
+    }
+
+    /// The memory peak of the traced call just run, as the job's ephemeral need.
+    fn record_memory_sample(&self, function: &str) {
+        match self.ctx.export_run_metadata() {
+            Ok(metadata) => match memory_profile::step_memory(&metadata) {
+                Ok(memory) if memory.peak() > 0 => {
+                    self.shared.ephemeral_measured.fetch_max(memory.peak(), Ordering::Relaxed);
+                }
+                Ok(_) => tracing::debug!(job = self.shared.id.0, function, "no memory records in the traced call"),
+                Err(err) => tracing::warn!(job = self.shared.id.0, cause = %err, "unreadable run metadata"),
+            },
+            Err(err) => tracing::warn!(job = self.shared.id.0, cause = %err, "run metadata unavailable"),
+        }
+    }
+
+    /// A variable the client created: its declared size is persistent memory.
+    fn record_variable(&self, op: &OpRequest) {
+        let node = NodeDef {
+            op: op.name.clone(),
+            attr: op
+                .attrs
+                .iter()
+                .filter(|(k, _)| k == "dtype" || k == "shape")
+                .filter_map(|(k, v)| Some((k.clone(), AttrValue::decode(v.as_ref()).ok()?)))
+                .collect(),
+            ..Default::default()
+        };
+        let size = variable_bytes(&node);
+        let mut variables = lock(&self.shared.variables);
+        variables.variables += 1;
+        match size.flatten() {
+            Some(bytes) => variables.bytes = variables.bytes.saturating_add(bytes),
+            None => variables.unknown += 1,
+        }
     }
 
     /// A `_Send` op: its input's value goes to the pull waiting for `name`.

@@ -34,7 +34,6 @@ use crate::runtime::graph_delta::{check_delta, CheckedDelta, VariableBytes};
 use crate::runtime::memory_profile;
 use crate::runtime::session_config::GpuLanes;
 use crate::runtime::wire;
-use crate::sched::lanes::MemoryNeed;
 use crate::sched::{Hints, JobId, LaneId};
 use crate::tenant::checkpoint_guard;
 use crate::tenant::TenantRules;
@@ -110,41 +109,8 @@ impl RunKey {
     }
 }
 
-/// How long runs of one [`RunKey`] take.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct RunProfile {
-    pub runs: u64,
-    /// Exponentially weighted mean duration, nanoseconds.
-    pub mean_ns: f64,
-}
-
-impl RunProfile {
-    /// Weight of the newest run in the mean.
-    const WEIGHT: f64 = 0.2;
-
-    fn record(&mut self, ns: f64) {
-        self.mean_ns = if self.runs == 0 {
-            ns
-        } else {
-            self.mean_ns + Self::WEIGHT * (ns - self.mean_ns)
-        };
-        self.runs += 1;
-    }
-}
-
-/// Runs of a signature before it can count as a main iteration: initializers
-/// and one-off setup runs happen once.
-pub const WARMUP_RUNS: u64 = 2;
-
-/// Name of the node whose presence in fetches/targets forces a main iteration.
-pub const MAIN_MARKER: &str = "salus_main_iter";
-
-/// How a run is scheduled.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RunClass {
-    Main,
-    Cheap,
-}
+pub use crate::runtime::run_class::{MemoryEstimate, RunClass, RunProfile, MAIN_MARKER, WARMUP_RUNS};
+use crate::runtime::run_class::{ephemeral_after_oom, MEMORY_SAMPLE_RUNS};
 
 fn is_marker(name: &str) -> bool {
     let op = name.trim_start_matches('^');
@@ -152,26 +118,9 @@ fn is_marker(name: &str) -> bool {
     op == MAIN_MARKER || op.ends_with(&format!("/{MAIN_MARKER}"))
 }
 
-/// TensorFlow allows one profiling session per process: a traced run while
-/// another is active fails with AlreadyExists. Traced runs of all jobs take
-/// turns here; the server's own memory samples skip a busy turn and retry on
-/// the job's next run.
-static TRACE_TURN: Mutex<()> = Mutex::new(());
-
-/// Which run of a signature (1-based) is traced to measure memory.
-const MEMORY_SAMPLE_RUNS: &[u64] = &[WARMUP_RUNS, 10, 100, 1000];
 /// RunOptions field `trace_level`, and FULL_TRACE (needed for memory records).
 const TRACE_LEVEL_FIELD: u64 = 1;
 const FULL_TRACE: u64 = 3;
-
-/// A job's memory need and where each part comes from ("graph", "measured",
-/// "hint", "default").
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MemoryEstimate {
-    pub need: MemoryNeed,
-    pub persistent_source: &'static str,
-    pub ephemeral_source: &'static str,
-}
 
 /// RunOptions field `inter_op_thread_pool`; -1 runs on the caller's thread.
 const INTER_OP_THREAD_POOL_FIELD: u64 = 3;
@@ -358,24 +307,12 @@ impl Job {
     /// ephemeral), and where each figure comes from. Hints override; without a
     /// measurement yet, the ephemeral need defaults to the persistent one.
     pub fn memory_estimate(&self, hints: &Hints) -> MemoryEstimate {
-        let (persistent, persistent_source) = match hints.persistent_bytes {
-            Some(bytes) => (bytes, "hint"),
-            None => (self.variable_bytes().bytes.saturating_mul(11) / 10, "graph"),
-        };
-        let measured = self.ephemeral_measured.load(Ordering::Relaxed);
-        let (ephemeral, ephemeral_source) = match hints.ephemeral_bytes {
-            Some(bytes) => (bytes, "hint"),
-            None if measured > 0 => (measured.saturating_mul(21) / 20, "measured"),
-            None => (persistent, "default"),
-        };
-        MemoryEstimate {
-            need: MemoryNeed {
-                persistent,
-                ephemeral,
-            },
-            persistent_source,
-            ephemeral_source,
-        }
+        MemoryEstimate::new(
+            self.variable_bytes().bytes,
+            "graph",
+            self.ephemeral_measured.load(Ordering::Relaxed),
+            hints,
+        )
     }
 
     /// The job's lane, once admitted.
@@ -551,15 +488,8 @@ impl Job {
     /// Main iteration or cheap run (see the module doc); `names` are the run's
     /// fetches and targets.
     pub fn classify<'a>(&self, key: RunKey, mut names: impl Iterator<Item = &'a str>) -> RunClass {
-        if names.any(is_marker) {
-            return RunClass::Main;
-        }
-        let profile = self.profile(key);
-        if profile.runs < WARMUP_RUNS || profile.mean_ns < self.cheap_below_ns {
-            RunClass::Cheap
-        } else {
-            RunClass::Main
-        }
+        let marked = names.any(is_marker);
+        self.profile(key).classify(self.cheap_below_ns, marked)
     }
 
     /// Classifies a RunCallable.
@@ -603,9 +533,9 @@ impl Job {
             && (MEMORY_SAMPLE_RUNS.contains(&(profile.runs + 1))
                 || self.sample_pending.load(Ordering::Relaxed));
         let _trace_turn = if client_traces {
-            Some(TRACE_TURN.lock().unwrap_or_else(|e| e.into_inner()))
+            Some(memory_profile::TRACE_TURN.lock().unwrap_or_else(|e| e.into_inner()))
         } else if wants_sample {
-            TRACE_TURN.try_lock().ok()
+            memory_profile::TRACE_TURN.try_lock().ok()
         } else {
             None
         };
@@ -672,12 +602,10 @@ impl Job {
 
     /// After an out-of-memory error: half again the current measurement.
     fn estimate_ephemeral_after_oom(&self) -> u64 {
-        let current = self
-            .ephemeral_measured
-            .load(Ordering::Relaxed)
-            .max(self.variable_bytes().bytes)
-            .max(1 << 20);
-        let raised = current.saturating_mul(3) / 2;
+        let raised = ephemeral_after_oom(
+            self.ephemeral_measured.load(Ordering::Relaxed),
+            self.variable_bytes().bytes,
+        );
         self.record_ephemeral(raised);
         raised
     }

@@ -9,9 +9,16 @@
 //! nothing else runs at the same time, which is how the estimate is checked.
 
 use std::collections::BTreeMap;
+use std::sync::Mutex;
 
 use prost::Message;
 use salus_proto::tensorflow::RunMetadataView;
+
+/// TensorFlow allows one profiling session per process: a traced run while
+/// another is active fails with AlreadyExists. Traced runs of all jobs (graph
+/// and eager) take turns here; the server's own memory samples skip a busy
+/// turn and retry on the job's next run.
+pub static TRACE_TURN: Mutex<()> = Mutex::new(());
 
 /// Memory a traced run used, per device and in all.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

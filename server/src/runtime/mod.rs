@@ -13,6 +13,7 @@ pub mod jobs;
 pub mod latency;
 pub mod memory_profile;
 pub mod rendezvous;
+pub mod run_class;
 pub mod session_config;
 pub mod state;
 pub mod wire;

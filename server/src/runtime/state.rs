@@ -69,6 +69,9 @@ impl ServerState {
     pub async fn close_context(&self, job: Arc<EagerJob>, reason: &str) {
         self.contexts.remove_job(&job);
         self.executor.remove_job(job.id);
+        if let Some(admission) = &self.admission {
+            admission.withdraw(job.id);
+        }
         tracing::info!(context = job.context_id, job = job.id.0, name = %job.name, reason, "closing eager context");
         let reason = reason.to_string();
         let _ = exec::blocking(move || {

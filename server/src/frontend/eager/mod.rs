@@ -23,7 +23,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::error::{Error, Result};
 use crate::runtime::eager_devices::DeviceNames;
-use crate::runtime::eager_job::{EagerJob, EagerJobSpec, Item, ItemOutput};
+use crate::runtime::eager_job::{EagerJob, EagerJobSpec, Item, ItemOutput, Scheduling};
 use crate::runtime::exec;
 use crate::runtime::rendezvous::UNANNOUNCED_GRACE;
 use crate::runtime::session_config::session_config;
@@ -106,7 +106,10 @@ impl EagerService for Eager {
             .as_ref()
             .map(|c| c.job.iter().map(|j| j.name.clone()).collect())
             .unwrap_or_default();
-        let devices = DeviceNames::new(&server_def.job_name, server_def.replica, server_def.task_index, other_jobs);
+        // GPU lanes: the job's GPU ops run on the virtual GPU of the roomiest lane.
+        let gpu_lane = self.state.admission.as_ref().and_then(|a| a.lane_for_new_graph());
+        let devices = DeviceNames::new(&server_def.job_name, server_def.replica, server_def.task_index, other_jobs)
+            .with_gpu_lane(gpu_lane.map(|l| l.0));
         let (id, _) = self.state.sessions.next_job();
         let spec = EagerJobSpec {
             id,
@@ -118,6 +121,14 @@ impl EagerService for Eager {
             context_view_id: req.context_view_id,
             max_tensor_bytes: self.state.settings.max_tensor_bytes,
             tenant: self.state.tenant.clone(),
+            scheduling: Scheduling {
+                executor: self.state.executor.clone(),
+                admission: self.state.admission.clone(),
+                runtime: tokio::runtime::Handle::current(),
+                cheap_below: self.state.settings.cheap_below,
+                measure_memory: self.state.settings.measure_memory,
+                gpu_lane,
+            },
         };
         let job = Arc::new(exec::blocking(move || EagerJob::create(spec)).await?);
         if let Err(err) = self
@@ -132,7 +143,7 @@ impl EagerService for Eager {
             .await;
             return Err(err.into());
         }
-        // With memory lanes, jobs join the scheduler when admitted (graph jobs only, for now).
+        // With memory lanes, jobs join the scheduler when they are admitted.
         if self.state.admission.is_none() {
             if let Err(err) = self.state.executor.add_job(id, LaneId(0), hints.clone()) {
                 self.state.close_context(job, "it could not join the scheduler").await;
@@ -377,7 +388,7 @@ impl WorkerService for Worker {
 
 /// The tensor name of a rendezvous key
 /// `src_device;src_incarnation;dst_device;tensor_name;frame:iter`.
-fn tensor_name(key: &str) -> Result<&str> {
+pub fn tensor_name(key: &str) -> Result<&str> {
     let parts: Vec<&str> = key.split(';').collect();
     match parts.as_slice() {
         [_, _, _, name, _] if !name.is_empty() => Ok(name),

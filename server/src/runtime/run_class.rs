@@ -1,0 +1,137 @@
+//! What graph and eager jobs share about their runs: how a repeated run is
+//! classified (main iteration or cheap run), and a job's memory estimate.
+//!
+//! A run (a RunStep/RunCallable signature, or a call of one eager function) is
+//! *cheap* until it has run [`WARMUP_RUNS`] times, or while it takes less than
+//! `--cheap-below-us`: initializers, setup and small fetches run at once and
+//! never wait behind another job's iteration. Other runs are *main* iterations,
+//! scheduled by the policy. A run naming [`MAIN_MARKER`] is always main.
+
+use crate::sched::lanes::MemoryNeed;
+use crate::sched::Hints;
+
+/// How long runs of one signature take.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RunProfile {
+    pub runs: u64,
+    /// Exponentially weighted mean duration, nanoseconds.
+    pub mean_ns: f64,
+}
+
+impl RunProfile {
+    /// Weight of the newest run in the mean.
+    const WEIGHT: f64 = 0.2;
+
+    pub fn record(&mut self, ns: f64) {
+        self.mean_ns = if self.runs == 0 {
+            ns
+        } else {
+            self.mean_ns + Self::WEIGHT * (ns - self.mean_ns)
+        };
+        self.runs += 1;
+    }
+
+    /// The class of the next run like these; `marked`: it names the marker.
+    pub fn classify(&self, cheap_below_ns: f64, marked: bool) -> RunClass {
+        if marked {
+            RunClass::Main
+        } else if self.runs < WARMUP_RUNS || self.mean_ns < cheap_below_ns {
+            RunClass::Cheap
+        } else {
+            RunClass::Main
+        }
+    }
+}
+
+/// Runs of a signature before it can count as a main iteration: initializers
+/// and one-off setup runs happen once.
+pub const WARMUP_RUNS: u64 = 2;
+
+/// A node (graph jobs) or function (eager jobs: `tf.function def salus_main_iter`)
+/// with this name forces a main iteration.
+pub const MAIN_MARKER: &str = "salus_main_iter";
+
+/// Which run of a signature (1-based) is traced to measure memory: the last
+/// warm-up run (the first one allocates one-time state) and a few later.
+pub const MEMORY_SAMPLE_RUNS: &[u64] = &[WARMUP_RUNS, 10, 100, 1000];
+
+/// How a run is scheduled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunClass {
+    Main,
+    Cheap,
+}
+
+/// A job's memory need and where each part comes from ("graph", "variables",
+/// "measured", "hint", "default").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryEstimate {
+    pub need: MemoryNeed,
+    pub persistent_source: &'static str,
+    pub ephemeral_source: &'static str,
+}
+
+impl MemoryEstimate {
+    /// Salus's margins (+10% persistent, +5% ephemeral) on what the job
+    /// declares and what was measured; hints override. Without a measurement
+    /// yet, the ephemeral need defaults to the persistent one.
+    pub fn new(declared_persistent: u64, persistent_source: &'static str, measured_ephemeral: u64, hints: &Hints) -> Self {
+        let (persistent, persistent_source) = match hints.persistent_bytes {
+            Some(bytes) => (bytes, "hint"),
+            None => (declared_persistent.saturating_mul(11) / 10, persistent_source),
+        };
+        let (ephemeral, ephemeral_source) = match hints.ephemeral_bytes {
+            Some(bytes) => (bytes, "hint"),
+            None if measured_ephemeral > 0 => (measured_ephemeral.saturating_mul(21) / 20, "measured"),
+            None => (persistent, "default"),
+        };
+        MemoryEstimate {
+            need: MemoryNeed {
+                persistent,
+                ephemeral,
+            },
+            persistent_source,
+            ephemeral_source,
+        }
+    }
+}
+
+/// After an out-of-memory error: half again the larger of the measurement and
+/// the persistent size (at least 1 MiB), the new ephemeral measurement.
+pub fn ephemeral_after_oom(measured: u64, persistent: u64) -> u64 {
+    measured.max(persistent).max(1 << 20).saturating_mul(3) / 2
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn warm_up_and_fast_runs_are_cheap() {
+        let mut p = RunProfile::default();
+        assert_eq!(p.classify(1e6, false), RunClass::Cheap);
+        assert_eq!(p.classify(1e6, true), RunClass::Main);
+        p.record(5e6);
+        p.record(5e6);
+        assert_eq!(p.classify(1e6, false), RunClass::Main);
+        assert_eq!(p.classify(1e7, false), RunClass::Cheap);
+    }
+
+    #[test]
+    fn estimates_take_margins_and_hints() {
+        let e = MemoryEstimate::new(1000, "variables", 0, &Hints::default());
+        assert_eq!((e.need.persistent, e.need.ephemeral), (1100, 1100));
+        assert_eq!((e.persistent_source, e.ephemeral_source), ("variables", "default"));
+        let e = MemoryEstimate::new(1000, "variables", 2000, &Hints::default());
+        assert_eq!((e.need.ephemeral, e.ephemeral_source), (2100, "measured"));
+        let hints = Hints {
+            ephemeral_bytes: Some(7),
+            persistent_bytes: Some(3),
+            ..Default::default()
+        };
+        let e = MemoryEstimate::new(1000, "variables", 2000, &hints);
+        assert_eq!((e.need.persistent, e.need.ephemeral), (3, 7));
+        assert_eq!(ephemeral_after_oom(0, 0), 3 << 19);
+        assert_eq!(ephemeral_after_oom(4 << 20, 0), 6 << 20);
+    }
+}
