@@ -23,7 +23,7 @@ cargo check --release --locked --features cuda -p salus-server 2>&1
 # dependencies built above are reused; fuzz/README.md says how to run them.
 cargo build --release --locked --manifest-path fuzz/Cargo.toml --target-dir target 2>&1
 # Each target runs its committed seeds once (they include inputs that crashed the server).
-for target in request_decode tensor_proto; do
+for target in request_decode tensor_proto eager_decode; do
     target/release/"$target" -runs=0 "fuzz/seeds/$target" 2>&1 | tail -n 1
 done
 export SALUS_SERVER_BIN="$root/target/release/salus-server"
