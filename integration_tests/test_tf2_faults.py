@@ -26,11 +26,8 @@ every loss they reported so far equals the in-process run and that both made pro
     names its eager context as not found (ABORTED, "... not found ... restarted"); a new TF2 job on the
     restarted server trains exactly.
 
-Known server bug, marked by an imperative xfail in (d) (only when the call fails that exact way): on SIGTERM the
-server lets the in-flight Enqueue of the function call finish, then stops listening; a TF2 client fetches every
-value with a follow-up _Send enqueue + WorkerService/RecvTensor, which is then refused (UnavailableError
-"failed to connect to all addresses ... Connection refused" from RecvTensor), so the value of the call in flight
-never reaches the client. TF1's RunStep returns its fetches in the one RPC and is not affected.
+On SIGTERM the server keeps serving eager contexts (but starts no new function calls) until they are quiet, so
+the value of the call in flight, which a TF2 client fetches with a follow-up _Send + RecvTensor, reaches it.
 
 Timing-dependent parts: (a) kills 0.3 s into a Keras step of about 1-2 s (the kill lands mid-step on any machine
 where a step takes more than 0.3 s); (d) sends SIGTERM 0.5 s into a call of about 2 s (it asserts the call
@@ -42,6 +39,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import threading
@@ -364,18 +362,16 @@ def test_sigterm_with_tf2_and_tf1_work_in_flight(reference, refs, tmp_path):
           f"{err and err['class']}, close {s['close'] and s['close']['outcome']}")
     assert code == 0, f"exit code {code} after SIGTERM; log:\n{log[-3000:]}"
     assert exit_s < 10, f"exit took {exit_s:.1f}s: something waited for the grace period"
-    assert "all eager contexts closed contexts=1" in log and "all sessions closed sessions=1" in log, log[-3000:]
+    # The TF1 client may close its session itself once its next step is refused (UNAVAILABLE while draining).
+    assert "all eager contexts closed contexts=1" in log and re.search(r"all sessions closed sessions=[01]\b", log), \
+        log[-3000:]
     # TF1: every step it got back is exact, every step sent before the signal completed.
     assert s["losses"] == refs.first(SLOW_SEED, len(s["losses"]), "slow"), "TF1 losses differ from in-process"
     if err:
         assert err["sent"] > sigterm_wall - 0.005, f"a TF1 step sent before SIGTERM failed: {err}"
-        assert err["class"] == "DeadlineExceededError", err
+        # Refused while eager clients fetch their results (UNAVAILABLE), or timed out once the server stopped.
+        assert err["class"] in ("UnavailableError", "DeadlineExceededError"), err
     # TF2: the call in flight at SIGTERM completes and its value reaches the client.
-    if not long_call["ok"] and long_call["error"] == "UnavailableError" and "RecvTensor" in long_call["message"]:
-        # Known server bug (reported): shutdown lets the in-flight Enqueue of the function call finish, then stops
-        # listening, so the client's follow-up RecvTensor (how a TF2 client fetches every value) is refused.
-        pytest.xfail(f"server bug: the TF2 call in flight at SIGTERM ran, but its value never reached the client "
-                     f"({outcome})")
     assert long_call["ok"], f"the TF2 call in flight at SIGTERM failed: {long_call}"
     assert long_call["t"] > sigterm_wall, "the long call ended before SIGTERM: the test proved nothing (raise LONG_ITERS)"
     assert_same_numbers({"long": reference.get()["long"]}, {"long": long_call["value"]})

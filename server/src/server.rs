@@ -147,6 +147,7 @@ impl Server {
         });
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let grace = self.config.shutdown_grace;
+        let draining = self.state.clone();
         let router = tonic::transport::Server::builder()
             .add_service(health_service)
             .add_service(master)
@@ -157,6 +158,10 @@ impl Server {
                 shutdown.await;
                 tracing::info!("shutting down: finishing in-flight requests");
                 let _ = stop_tx.send(());
+                // A TF2 client fetches a call's result with later requests
+                // (_Send, RecvTensor): keep serving those until eager jobs are
+                // quiet, then stop taking requests.
+                draining.drain_contexts(grace).await;
             });
         let reaper = self
             .config

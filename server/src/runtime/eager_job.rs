@@ -129,6 +129,9 @@ pub struct Scheduling {
     pub measure_memory: bool,
     /// GPU lanes: the lane whose virtual GPU the job's GPU ops run on.
     pub gpu_lane: Option<LaneId>,
+    /// Set at shutdown: no new function calls (results of earlier ones can
+    /// still be fetched).
+    pub draining: Arc<AtomicBool>,
 }
 
 /// What the job's thread shares with request handlers.
@@ -299,6 +302,11 @@ impl EagerJob {
     /// Requests queued or running.
     pub fn is_busy(&self) -> bool {
         self.shared.in_flight.load(Ordering::SeqCst) > 0
+    }
+
+    /// Results of `_Send` ops that no pull has taken yet.
+    pub fn pending_sends(&self) -> usize {
+        self.shared.rendezvous.pending()
     }
 
     pub fn stream_opened(&self) {
@@ -490,6 +498,7 @@ impl Worker {
             match result {
                 Ok(output) => outputs.push(output),
                 Err(err) => {
+                    let err = self.in_client_names(err);
                     self.shared.stats.failed.fetch_add(1, Ordering::Relaxed);
                     // Pulls waiting for sends that will not run now get the error.
                     for later in &items[index + 1..] {
@@ -551,6 +560,20 @@ impl Worker {
                 Ok(ItemOutput::default())
             }
             Item::CleanupFunction | Item::Sync => Ok(ItemOutput::default()),
+        }
+    }
+
+    /// TensorFlow's messages name the context's devices (`/job:localhost/...`);
+    /// the client knows them by its own names for the server.
+    fn in_client_names(&self, err: Error) -> Error {
+        match err {
+            Error::Tensorflow(mut e) => {
+                e.message = e
+                    .message
+                    .replace("/job:localhost/replica:0/task:0", &self.shared.devices.client_prefix());
+                Error::Tensorflow(e)
+            }
+            other => other,
         }
     }
 
@@ -628,6 +651,9 @@ impl Worker {
         } else {
             RunProfile::default()
         };
+        if is_call && self.shared.sched.draining.load(Ordering::SeqCst) {
+            return Err(Error::ShuttingDown);
+        }
         let class = if is_call {
             profile.classify(self.shared.sched.cheap_below.as_nanos() as f64, op.name.contains(MAIN_MARKER))
         } else {

@@ -110,6 +110,11 @@ impl SessionTable {
         self.created.load(Ordering::Relaxed)
     }
 
+    /// Refuses new sessions from now on (shutdown has begun).
+    pub fn refuse_new(&self) {
+        self.closing.store(true, Ordering::SeqCst);
+    }
+
     /// Refuses new sessions and hands back every open one, for shutdown.
     pub fn drain(&self) -> Vec<Arc<Job>> {
         self.closing.store(true, Ordering::SeqCst);
@@ -202,6 +207,11 @@ impl ContextTable {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Refuses new contexts from now on (shutdown has begun).
+    pub fn refuse_new(&self) {
+        self.closing.store(true, Ordering::SeqCst);
     }
 
     /// Refuses new contexts and hands back every open one, for shutdown.

@@ -1,6 +1,6 @@
 //! State shared by the gRPC services of one server.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -29,6 +29,9 @@ pub struct ServerState {
     pub devices: Vec<DeviceInfo>,
     pub tensorflow_version: String,
     pub started: Instant,
+    /// Set at shutdown: eager jobs start no new function calls, so their
+    /// clients can still fetch the results of calls in flight.
+    pub draining: Arc<AtomicBool>,
     runs_completed: AtomicU64,
 }
 
@@ -55,8 +58,32 @@ impl ServerState {
             devices,
             tensorflow_version,
             started: Instant::now(),
+            draining: Arc::new(AtomicBool::new(false)),
             runs_completed: AtomicU64::new(0),
         }
+    }
+
+    /// Shutdown has begun: no new jobs, no new eager function calls. Waits
+    /// (up to `limit`) until every eager context is quiet: nothing queued or
+    /// running, no result waiting for its pull, no request for a moment.
+    pub async fn drain_contexts(&self, limit: std::time::Duration) {
+        const QUIET: std::time::Duration = std::time::Duration::from_millis(200);
+        self.draining.store(true, Ordering::SeqCst);
+        self.sessions.refuse_new();
+        self.contexts.refuse_new();
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            let quiet = self
+                .contexts
+                .all()
+                .iter()
+                .all(|j| !j.is_busy() && j.pending_sends() == 0 && j.idle_for() >= QUIET);
+            if quiet {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        tracing::warn!("eager contexts still active at the end of the grace period");
     }
 
     /// Graph sessions and eager contexts open now (`--max-sessions` counts both).

@@ -128,6 +128,7 @@ impl EagerService for Eager {
                 cheap_below: self.state.settings.cheap_below,
                 measure_memory: self.state.settings.measure_memory,
                 gpu_lane,
+                draining: self.state.draining.clone(),
             },
         };
         let job = Arc::new(exec::blocking(move || EagerJob::create(spec)).await?);

@@ -41,6 +41,10 @@ impl Master {
         T: Send + 'static,
         F: FnOnce() -> Result<T> + Send + 'static,
     {
+        if self.state.draining.load(std::sync::atomic::Ordering::SeqCst) {
+            // Shutdown: eager clients still fetch results; graph runs start no more.
+            return Err(Error::ShuttingDown);
+        }
         match class {
             RunClass::Cheap => {
                 self.state.executor.count_cheap_run();
