@@ -118,6 +118,15 @@ pub struct Args {
     #[arg(long, env = "SALUS_MAX_GRAPH_BYTES", default_value = "1GiB", value_parser = parse_size)]
     pub max_graph_bytes: u64,
 
+    /// Most tensor handles one eager context (TF2 job) may hold at once;
+    /// requests beyond it fail with RESOURCE_EXHAUSTED.
+    #[arg(long, env = "SALUS_MAX_CONTEXT_HANDLES", default_value_t = 1_000_000)]
+    pub max_context_handles: usize,
+
+    /// Most functions one eager context may have registered at once.
+    #[arg(long, env = "SALUS_MAX_CONTEXT_FUNCTIONS", default_value_t = 10_000)]
+    pub max_context_functions: usize,
+
     /// Most sessions and eager contexts open at once (counted together);
     /// CreateSession or CreateContext beyond it fails with RESOURCE_EXHAUSTED.
     #[arg(long, env = "SALUS_MAX_SESSIONS", default_value_t = 1024)]
@@ -246,6 +255,8 @@ impl TryFrom<Args> for Config {
                     None => CheckpointRoot::PerJob(default_checkpoint_base()),
                 },
                 max_graph_bytes: args.max_graph_bytes,
+                max_context_handles: args.max_context_handles,
+                max_context_functions: args.max_context_functions,
             },
             max_sessions: args.max_sessions,
         })

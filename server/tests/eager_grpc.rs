@@ -198,7 +198,11 @@ struct TestServer {
 
 impl TestServer {
     async fn start() -> TestServer {
-        let server = common::Running::start(Config::default()).await;
+        TestServer::start_with(Config::default()).await
+    }
+
+    async fn start_with(config: Config) -> TestServer {
+        let server = common::Running::start(config).await;
         TestServer {
             eager: EagerServiceClient::new(server.channel.clone()),
             worker: WorkerServiceClient::new(server.channel.clone()),
@@ -524,5 +528,45 @@ async fn hostile_eager_requests_get_clear_errors_and_leave_the_server_healthy() 
     s.assert_healthy(21, 1000).await;
     s.create_context(22, "after").await;
     s.assert_healthy(22, 1).await;
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contexts_hold_a_bounded_number_of_handles_and_functions() {
+    let config = Config {
+        tenant: salus_server::tenant::TenantRules {
+            max_context_handles: 3,
+            max_context_functions: 1,
+            ..Default::default()
+        },
+        ..Config::default()
+    };
+    let mut s = TestServer::start_with(config).await;
+    s.create_context(31, "bounded").await;
+    s.enqueue(31, vec![send_tensor(1, float_tensor(&[1.0])), send_tensor(2, float_tensor(&[2.0]))])
+        .await
+        .unwrap();
+    s.enqueue(31, vec![float_op(3, "Neg", vec![handle(1)])]).await.unwrap();
+    let err = s.enqueue(31, vec![float_op(4, "Neg", vec![handle(2)])]).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert!(err.message().contains("--max-context-handles"), "{err:?}");
+    // Released handles make room again.
+    let decref = |op_id| QueueItem {
+        item: Some(queue_item::Item::HandleToDecref(RemoteTensorHandle {
+            op_id,
+            ..Default::default()
+        })),
+    };
+    s.enqueue(31, vec![decref(1), decref(3)]).await.unwrap();
+    s.enqueue(31, vec![float_op(5, "Neg", vec![handle(2)])]).await.unwrap();
+    s.enqueue(31, vec![register(square_function("__inference_one_1", "Mul"))]).await.unwrap();
+    let err = s
+        .enqueue(31, vec![register(square_function("__inference_two_2", "Mul"))])
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert!(err.message().contains("--max-context-functions"), "{err:?}");
+    // The same function again is not a new one.
+    s.enqueue(31, vec![register(square_function("__inference_one_1", "Mul"))]).await.unwrap();
     s.shutdown().await;
 }

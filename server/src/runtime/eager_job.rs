@@ -228,6 +228,7 @@ impl EagerJob {
                     let _ = ready_tx.send(Ok(()));
                     Worker {
                         handles: HashMap::new(),
+                        live_handles: 0,
                         functions: HashSet::new(),
                         profiles: HashMap::new(),
                         slots: Default::default(),
@@ -451,6 +452,8 @@ struct Worker {
     /// Outputs by op id (send_tensor ids included); `None` once decref'd.
     /// Declared before `ctx`: handles are released before their context.
     handles: HashMap<i64, Vec<Option<TensorHandle>>>,
+    /// Handles in `handles` that are not released.
+    live_handles: usize,
     functions: HashSet<String>,
     /// How long calls of each function take (classification and sampling).
     profiles: HashMap<String, RunProfile>,
@@ -478,16 +481,14 @@ impl Worker {
                 }
                 tracing::debug!(context = self.shared.context_id, cause = %err, "eager request failed");
             }
-            self.shared.stats.handles.store(
-                self.handles.values().map(|v| v.iter().filter(|h| h.is_some()).count() as u64).sum(),
-                Ordering::Relaxed,
-            );
+            self.shared.stats.handles.store(self.live_handles as u64, Ordering::Relaxed);
             self.shared.stats.functions.store(self.functions.len() as u64, Ordering::Relaxed);
             self.shared.in_flight.fetch_sub(1, Ordering::SeqCst);
             let _ = batch.reply.send(result);
         }
         // Handles before the context (field order does the same on drop).
         self.handles.clear();
+        self.live_handles = 0;
     }
 
     fn run_batch(&mut self, items: &[Item]) -> Result<Vec<ItemOutput>> {
@@ -534,18 +535,18 @@ impl Worker {
                 for (i, proto) in tensors.iter().enumerate() {
                     let tensor = Tensor::from_proto(proto, self.shared.max_tensor_bytes)
                         .map_err(|e| Error::tensor(format!("send_tensor {op_id}:{i}"), e))?;
-                    handles.push(Some(self.place(TensorHandle::from_tensor(&tensor)?, &device)?));
+                    handles.push(self.place(TensorHandle::from_tensor(&tensor)?, &device)?);
                 }
-                if !handles.is_empty() {
-                    self.handles.insert(*op_id, handles);
-                }
+                self.store(*op_id, handles)?;
                 Ok(ItemOutput::default())
             }
             Item::Decref { op_id, output } => {
                 // Lenient like a destructor: the outputs of a failed op never existed.
                 if let Some(outputs) = self.handles.get_mut(op_id) {
                     if let Some(slot) = usize::try_from(*output).ok().and_then(|i| outputs.get_mut(i)) {
-                        *slot = None;
+                        if slot.take().is_some() {
+                            self.live_handles -= 1;
+                        }
                     }
                     if outputs.iter().all(Option::is_none) {
                         self.handles.remove(op_id);
@@ -590,6 +591,25 @@ impl Worker {
             return Ok(handle);
         }
         Ok(handle.copy_to_device(&self.ctx, device)?)
+    }
+
+    /// Keeps an op's outputs as the client's handles `op_id:0..n`, within the
+    /// per-context limit (`--max-context-handles`).
+    fn store(&mut self, op_id: i64, outputs: Vec<TensorHandle>) -> Result<()> {
+        if outputs.is_empty() {
+            return Ok(());
+        }
+        let max = self.shared.tenant.max_context_handles;
+        if self.live_handles + outputs.len() > max {
+            return Err(Error::ResourceExhausted(format!(
+                "eager context {} already holds {} tensor handles; this server allows {max} per context \
+                 (--max-context-handles)",
+                self.shared.context_id, self.live_handles
+            )));
+        }
+        self.live_handles += outputs.len();
+        self.handles.insert(op_id, outputs.into_iter().map(Some).collect());
+        Ok(())
     }
 
     fn check_new_id(&self, op_id: i64) -> Result<()> {
@@ -719,9 +739,7 @@ impl Worker {
                 result.devices.push(self.shared.devices.to_client(&output.device_name()?));
             }
         }
-        if !outputs.is_empty() {
-            self.handles.insert(op.id, outputs.into_iter().map(Some).collect());
-        }
+        self.store(op.id, outputs)?;
         self.shared.stats.ops.fetch_add(1, Ordering::Relaxed);
         if op.is_function {
             self.shared.stats.function_calls.fetch_add(1, Ordering::Relaxed);
@@ -854,6 +872,14 @@ impl Worker {
         self.shared
             .tenant
             .check_function(&name, view.node_def.iter().map(|n| n.op.as_str()))?;
+        let max = self.shared.tenant.max_context_functions;
+        if !self.functions.contains(&name) && self.functions.len() >= max {
+            return Err(Error::ResourceExhausted(format!(
+                "eager context {} already has {max} functions registered, the most this server allows per \
+                 context (--max-context-functions)",
+                self.shared.context_id
+            )));
+        }
         let devices = &self.shared.devices;
         let mapped = wire::rewrite_nested_fields(def, FUNCTION_NODE_DEF_FIELD, NODE_DEVICE_FIELD, &mut |device| {
             devices

@@ -54,6 +54,10 @@ pub struct TenantRules {
     pub checkpoints: CheckpointRoot,
     /// Largest serialized GraphDef one request may carry, bytes.
     pub max_graph_bytes: u64,
+    /// Most tensor handles an eager context may hold at once.
+    pub max_context_handles: usize,
+    /// Most functions an eager context may have registered at once.
+    pub max_context_functions: usize,
 }
 
 impl Default for TenantRules {
@@ -62,6 +66,8 @@ impl Default for TenantRules {
             ops: OpPolicy::default(),
             checkpoints: CheckpointRoot::PerJob(default_checkpoint_base()),
             max_graph_bytes: 1 << 30,
+            max_context_handles: 1_000_000,
+            max_context_functions: 10_000,
         }
     }
 }

@@ -73,11 +73,12 @@ impl EagerService for Eager {
     ) -> Result<Response<CreateContextResponse>, Status> {
         let req = request.into_inner();
         let server_def = req.server_def.unwrap_or_default();
-        if server_def.job_name.is_empty() {
-            return Err(Error::InvalidArgument(
-                "CreateContext: server_def.job_name is empty; it must name this server's job in the client's cluster"
-                    .into(),
-            )
+        if !is_job_name(&server_def.job_name) {
+            return Err(Error::InvalidArgument(format!(
+                "CreateContext: server_def.job_name {:?} is not a job name (letters, digits and '_', starting \
+                 with a letter); it must name this server's job in the client's cluster",
+                server_def.job_name
+            ))
             .into());
         }
         if self.state.contexts.contains(req.context_id) {
@@ -387,6 +388,12 @@ impl WorkerService for Worker {
     }
 }
 
+/// TensorFlow's job names: a letter, then letters, digits and '_'.
+fn is_job_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic()) && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
 /// The tensor name of a rendezvous key
 /// `src_device;src_incarnation;dst_device;tensor_name;frame:iter`.
 pub fn tensor_name(key: &str) -> Result<&str> {
@@ -403,6 +410,12 @@ pub fn tensor_name(key: &str) -> Result<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn job_names_follow_tensorflow() {
+        assert!(is_job_name("worker") && is_job_name("job_2"));
+        assert!(!is_job_name("") && !is_job_name("a/b") && !is_job_name("2x") && !is_job_name("a:b"));
+    }
 
     #[test]
     fn reads_tensor_names_from_rendezvous_keys() {
