@@ -1,0 +1,41 @@
+"""An unmodified TF2 script: a tf.function training step on a 512x512 variable (1 MiB), called STEPS times.
+
+argv: STEPS [HOLD_AFTER]. After HOLD_AFTER steps (default: never) it prints HOLD and waits for a line on stdin.
+Prints one JSON line at the end: {"steps", "start", "end", "values": [...first 3...], "device"}; if a step fails,
+{"error": class name, "message": ...} instead.
+"""
+
+import json
+import sys
+import time
+
+import tensorflow as tf
+
+steps = int(sys.argv[1])
+hold_after = int(sys.argv[2]) if len(sys.argv) > 2 else -1
+w = tf.Variable(tf.ones([512, 512]) * 1e-3)
+
+
+@tf.function
+def step(x):
+    y = tf.matmul(x, w)
+    for _ in range(3):
+        y = tf.matmul(y, w)
+    w.assign_add(y * 1e-6)
+    return tf.reduce_sum(y)
+
+
+x = tf.ones([512, 512])
+values = []
+start = time.time()
+try:
+    for i in range(steps):
+        if i == hold_after:
+            print("HOLD", flush=True)
+            sys.stdin.readline()
+        values.append(float(step(x).numpy()))
+except tf.errors.OpError as e:
+    print(json.dumps({"error": type(e).__name__, "message": e.message[:2000], "after": len(values)}), flush=True)
+    sys.exit(0)
+print(json.dumps({"steps": steps, "start": start, "end": time.time(), "values": values[:3],
+                  "device": w.handle.device}), flush=True)
