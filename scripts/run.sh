@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets everything up, starts salus-server on its defaults (127.0.0.1:5501) and
-# trains a short demo model through it. The server stops when the demo ends;
+# trains short demos through it: a TF1 graph script and an unmodified Keras 3 (TF2) script. The server stops when the demo ends;
 # set SALUS_KEEP_SERVING=1 to keep it running until Ctrl-C.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -19,6 +19,7 @@ for _ in $(seq 1 300); do
 done
 echo "run: $(cat "$log.out") (log: $log)"
 TF_CPP_MIN_LOG_LEVEL=2 .venv/bin/python scripts/demo.py --target "grpc://$listen"
+.venv/bin/python scripts/demo_tf2.py --server "$listen"
 if [[ -n "${SALUS_KEEP_SERVING:-}" ]]; then
     echo "run: salus-server keeps serving on $listen; Ctrl-C stops it"
     wait $server
