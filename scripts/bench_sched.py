@@ -14,12 +14,24 @@
     measured figures the script prints what a zero-overhead lane running the same trace at the measured
     iteration rate would give ("ideal"). `srtf` jobs carry `iterations=N` hints (session_metadata.name);
     `srtf-seconds` carries `seconds=` hints from a calibration run instead; other policies get no hints.
+(c) The same trace with TF2 jobs (--traces, default tf1,tf2,mixed): "tf2" runs every job as TF2 code
+    (integration_tests/workloads/tf2_sched_job.py: the same model and step as a tf.function called per step, sent
+    to the server by the adapter, SALUS_SERVER set; hints as SALUS_EXPECTED_ITERATIONS / _SECONDS), "mixed"
+    alternates TF1 and TF2 jobs in arrival order (job 0 TF1, job 1 TF2, ...); same iterations and arrivals. Each
+    trace prints the same table and its FIFO/SRTF mean-JCT ratio next to the zero-overhead ideal, with whether the
+    ratio is within 10% of that ideal. Where the trace mixes kinds, the ideal lane gives each job its kind's
+    step time (relative step times from the FIFO run, where each job runs alone; scaled to the measured rate).
+(d) Switch latency by job kind: 2 tiny jobs busy at once, TF1+TF1, TF2+TF2 (a tf.function named
+    salus_main_iter, so every call is a main iteration) and TF1+TF2, each against a fresh server; median and p99
+    of the server's switch latency for each, side by side (with 2 jobs every switch is between the two, so the
+    mixed pair measures TF1->TF2 and TF2->TF1 switches).
 
 Job processes import TensorFlow and build their graphs before the clock starts (they wait for a go file), so
 TensorFlow's slow import is not part of any JCT. Every job's losses digest is compared across policies:
 the schedule must never change a job's numbers.
 
-  .venv/bin/python scripts/bench_sched.py [--quick] [--policies fifo,srtf,...] [--skip-latency|--skip-trace]
+  .venv/bin/python scripts/bench_sched.py [--quick] [--policies fifo,srtf,...] [--traces tf1,tf2,mixed]
+                                         [--kind-pairs tf1+tf1,tf2+tf2,tf1+tf2] [--skip-latency|--skip-trace]
 
 On a 2-core machine the clients compete with the server for CPU; read ratios, not absolute numbers.
 """
@@ -39,6 +51,9 @@ from trace_jobs import Server, pct, run_jobs, server_bin
 TRACE = [500, 25, 250, 15, 125, 30]  # iterations, in arrival order: heavy-tailed, like training traces
 LATENCY_TARGET_US = {"p50": 50.0, "p99": 500.0}
 RATIO_TARGET = 2.0
+IDEAL_TOLERANCE = 0.10  # the FIFO/SRTF ratio within 10% of the zero-overhead ideal
+TRACE_KINDS = {"tf1": lambda i: "tf1", "tf2": lambda i: "tf2", "mixed": lambda i: ("tf1", "tf2")[i % 2]}
+PAIR_LABEL = {("tf1", "tf1"): "TF1-TF1", ("tf2", "tf2"): "TF2-TF2", ("tf1", "tf2"): "TF1-TF2"}
 SERVER_ARGS: list[str] = []  # --server-args
 
 
@@ -48,11 +63,12 @@ def switch_latency(stats: dict) -> dict:
 
 # --- (a) switch latency ------------------------------------------------------------------------------------
 
-def bench_latency(n_jobs: int, policy: str, seconds: float) -> dict:
+def bench_latency(n_jobs: int, policy: str, seconds: float, kinds: list[str] | None = None) -> dict:
+    kinds = kinds or ["tf1"] * n_jobs
     server = Server("--policy", policy, *SERVER_ARGS)
     try:
         specs = [(f"tiny{i}", ["--tiny", "--force-main", "--seed", str(i + 1), "--seconds", str(seconds),
-                               "--name", f"tiny{i}"], 0.0) for i in range(n_jobs)]
+                               "--name", f"tiny{i}"], 0.0, kinds[i]) for i in range(n_jobs)]
         _, results = run_jobs(server.target, specs)
         stats = server.ctl("stats", "--json")
     finally:
@@ -62,28 +78,35 @@ def bench_latency(n_jobs: int, policy: str, seconds: float) -> dict:
     return {"jobs": n_jobs, "policy": policy, "count": lat["count"], "p50": lat["p50"], "p99": lat["p99"],
             "max": lat["max"], "iterations_total": stats["iterations_total"], "client_steps": steps,
             "step_ms_median": statistics.median(r["step_ms_median"] for r in results.values()),
-            "exit_code": code}
+            "step_ms_by_kind": {k: statistics.median(r["step_ms_median"] for r in results.values() if r["kind"] == k)
+                                for k in sorted(set(kinds))},
+            "kinds": kinds, "exit_code": code}
 
 
 # --- (b) trace ---------------------------------------------------------------------------------------------
 
-def trace_specs(policy: str, iterations: list[int], gap: float, step_s: float | None) -> list:
+def trace_specs(policy: str, iterations: list[int], gap: float, step_s: dict | None,
+                kinds: list[str] | None = None) -> list:
+    """step_s: seconds per step by kind (srtf-seconds hints)."""
+    kinds = kinds or ["tf1"] * len(iterations)
     specs = []
     for i, n in enumerate(iterations):
         name = f"job{i}-{n}"
         if policy == "srtf":
             name += f"?iterations={n}"
         elif policy == "srtf-seconds":
-            name += f"?seconds={n * step_s:.3f}"
-        specs.append((f"job{i}", ["--seed", str(100 + i), "--steps", str(n), "--name", name], i * gap))
+            name += f"?seconds={n * step_s[kinds[i]]:.3f}"
+        specs.append((f"job{i}", ["--seed", str(100 + i), "--steps", str(n), "--name", name], i * gap, kinds[i]))
     return specs
 
 
-def bench_trace(policy: str, iterations: list[int], gap: float, step_s: float | None) -> dict:
+def bench_trace(policy: str, iterations: list[int], gap: float, step_s: dict | None,
+                kinds: list[str] | None = None) -> dict:
+    kinds = kinds or ["tf1"] * len(iterations)
     server_policy = "srtf" if policy.startswith("srtf") else policy
     server = Server("--policy", server_policy, *SERVER_ARGS)
     try:
-        _, results = run_jobs(server.target, trace_specs(policy, iterations, gap, step_s))
+        _, results = run_jobs(server.target, trace_specs(policy, iterations, gap, step_s, kinds))
         stats = server.ctl("stats", "--json")
     finally:
         code = server.stop()
@@ -95,16 +118,21 @@ def bench_trace(policy: str, iterations: list[int], gap: float, step_s: float | 
             "jct": jct, "order": order,
             "setup": statistics.mean(r["start"] - r["go"] for r in results.values()), "digests": {k: r["digest"] for k, r in results.items()},
             "step_ms": statistics.median(r["step_ms_median"] for r in results.values()),
+            "step_ms_by_kind": {k: statistics.median(r["step_ms_median"] for r in results.values() if r["kind"] == k)
+                                for k in sorted(set(kinds))},
+            "kinds": kinds, "devices": sorted({r["device"] for r in results.values() if "device" in r}),
             "iters_per_s": stats["iterations_total"] / (max(r["end"] for r in results.values()) -
                                                         min(r["start"] for r in results.values())),
             "switch": switch_latency(stats), "iterations_total": stats["iterations_total"], "exit_code": code}
 
 
-def ideal_mean_jct(policy: str, iterations: list[int], gap: float, step_s: float) -> float | None:
+def ideal_mean_jct(policy: str, iterations: list[int], gap: float, step_s) -> float | None:
     """Mean JCT of the trace on a zero-overhead lane running one iteration at a time (job i arrives at
-    i * gap), for the policies with a simple model; None for the others."""
+    i * gap), for the policies with a simple model; None for the others. step_s: seconds per iteration, one for
+    all jobs or a list (job i's); SRTF ranks by remaining time (remaining iterations x the job's step time)."""
     if policy not in ("fifo", "srtf", "srtf-seconds", "las"):
         return None
+    step = list(step_s) if isinstance(step_s, (list, tuple)) else [step_s] * len(iterations)
     arrival = [i * gap for i in range(len(iterations))]
     left, attained, done, t = list(iterations), [0] * len(iterations), [0.0] * len(iterations), 0.0
     while any(left):
@@ -117,8 +145,8 @@ def ideal_mean_jct(policy: str, iterations: list[int], gap: float, step_s: float
         elif policy == "las":
             j = min(ready, key=lambda i: (attained[i], i))
         else:
-            j = min(ready, key=lambda i: (left[i], i))
-        t += step_s
+            j = min(ready, key=lambda i: (left[i] * step[i], i))
+        t += step[j]
         left[j] -= 1
         attained[j] += 1
         if not left[j]:
@@ -126,14 +154,85 @@ def ideal_mean_jct(policy: str, iterations: list[int], gap: float, step_s: float
     return statistics.mean(d - a for d, a in zip(done, arrival))
 
 
-def calibrate_step_s() -> float:
+def ideal_steps(iterations: list[int], kinds: list[str], weights: dict[str, float], iters_per_s: float) -> list:
+    """Per-job seconds per iteration for the ideal lane: each kind's relative step time (weights, e.g. its median
+    ms/step when running alone), scaled so that the trace's iterations take as long as at the measured rate. With
+    one kind: 1 / iters_per_s for every job."""
+    total = sum(iterations) / iters_per_s
+    work = sum(n * weights[k] for n, k in zip(iterations, kinds))
+    return [weights[k] * total / work for k in kinds]
+
+
+def calibrate_step_s(kind: str = "tf1") -> float:
     """Seconds per step of the trace's job alone on a server (for srtf-seconds hints)."""
     server = Server(*SERVER_ARGS)
     try:
-        _, res = run_jobs(server.target, [("calib", ["--seed", "99", "--steps", "40", "--name", "calib"], 0.0)])
+        _, res = run_jobs(server.target, [("calib", ["--seed", "99", "--steps", "40", "--name", "calib"], 0.0,
+                                           kind)])
     finally:
         server.stop()
     return res["calib"]["step_ms_median"] / 1000
+
+
+# --- (b)/(c) one trace under every policy --------------------------------------------------------------------
+
+def run_trace(trace: str, policies: list[str], iterations: list[int], gap: float, out: dict) -> None:
+    kinds = [TRACE_KINDS[trace](i) for i in range(len(iterations))]
+    step_s = {k: calibrate_step_s(k) for k in sorted(set(kinds))} if "srtf-seconds" in policies else None
+    what = {"tf1": "TF1 graph jobs", "tf2": "TF2 jobs (tf.function steps)",
+            "mixed": "TF1 and TF2 jobs alternating (" + " ".join(k.upper() for k in kinds) + ")"}[trace]
+    print(f"\n== trace {trace}: {len(iterations)} {what}, iterations {iterations} in arrival order, "
+          f"{gap:g} s apart, fresh server per policy")
+    print("(ideal: mean JCT on a zero-overhead lane at the measured iteration rate; setup: mean time from "
+          "arrival to the end of a job's init run (TF1: session creation and init run; TF2: eager context and "
+          "variables created, step function traced); ms/step: median step time seen by a client, queue wait included; iters/s: main iterations per "
+          "second while jobs ran)")
+    by_kind = len(set(kinds)) > 1
+    print(f"{'policy':13} {'makespan s':>10} {'mean JCT s':>10} {'(ideal)':>7} {'p95 JCT s':>9} {'setup s':>7} "
+          f"{'ms/step':>{15 if by_kind else 8}} {'iters/s':>7}  {'switch p50/p99 us':>18}  finish order (iterations)")
+    runs: list[dict] = []
+    weights: dict[str, float] | None = None  # relative step time per kind, from the FIFO run (each job alone)
+    for policy in policies:
+        r = bench_trace(policy, iterations, gap, step_s, kinds)
+        r["trace"] = trace
+        if weights is None or policy == "fifo":
+            weights = r["step_ms_by_kind"]
+        r["ideal_mean_jct"] = ideal_mean_jct(policy, iterations, gap,
+                                             ideal_steps(iterations, kinds, weights, r["iters_per_s"]))
+        runs.append(r)
+        ideal = "-" if r["ideal_mean_jct"] is None else f"{r['ideal_mean_jct']:.2f}"
+        order = " ".join(str(iterations[int(k[3:])]) for k in r["order"])
+        sw = r["switch"]
+        step = ("/".join(f"{r['step_ms_by_kind'][k]:.2f}" for k in sorted(r["step_ms_by_kind"])) if by_kind
+                else f"{r['step_ms']:.2f}")
+        print(f"{policy:13} {r['makespan']:>10.2f} {r['mean_jct']:>10.2f} {ideal:>7} {r['p95_jct']:>9.2f} "
+              f"{r['setup']:>7.3f} {step:>{15 if by_kind else 8}} {r['iters_per_s']:>7.0f}  "
+              f"{sw['p50']:>8.0f}/{sw['p99']:<9.0f}  {order}"
+              + ("" if r["exit_code"] == 0 else f"  (server exit code {r['exit_code']})"), flush=True)
+    if by_kind:
+        print("(ms/step: TF1/TF2)")
+    bad_devices = sorted({d for r in runs for d in r["devices"] if not d.startswith("/job:worker")})
+    if bad_devices:
+        print(f"WARNING: TF2 jobs' variables not on the server: {bad_devices}")
+    summary = {"trace": trace, "kinds": kinds, "runs": runs, "step_weights": weights}
+    by = {r["policy"]: r for r in runs}
+    if "fifo" in by and "srtf" in by:
+        ratio = by["fifo"]["mean_jct"] / by["srtf"]["mean_jct"]
+        rate = 2 / (1 / by["fifo"]["iters_per_s"] + 1 / by["srtf"]["iters_per_s"])  # harmonic mean
+        steps = ideal_steps(iterations, kinds, weights, rate)
+        ideal = ideal_mean_jct("fifo", iterations, gap, steps) / ideal_mean_jct("srtf", iterations, gap, steps)
+        off = ratio / ideal - 1
+        within = abs(off) <= IDEAL_TOLERANCE
+        summary.update(fifo_srtf_ratio=ratio, fifo_srtf_ratio_ideal=ideal, off_ideal=off, within_tolerance=within)
+        print(f"\n[{trace}] FIFO/SRTF mean-JCT ratio: {ratio:.2f}; zero-overhead ideal on this trace {ideal:.2f}: "
+              f"{off:+.1%} ({'within' if within else 'NOT within'} {IDEAL_TOLERANCE:.0%} of the ideal); "
+              f"target >= {RATIO_TARGET:g}: {'ok' if ratio >= RATIO_TARGET else 'MISSED'}")
+    out["traces"][trace] = summary
+    if trace == "tf1":  # the keys of earlier versions of this script
+        out["trace"] = runs
+        for k in ("fifo_srtf_ratio", "fifo_srtf_ratio_ideal"):
+            if k in summary:
+                out[k] = summary[k]
 
 
 # --- main --------------------------------------------------------------------------------------------------
@@ -141,14 +240,21 @@ def calibrate_step_s() -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true",
-                    help="quarter-length trace, no srtf-seconds, 2 s latency runs under pack only (~1.5 min)")
+                    help="quarter-length traces, no srtf-seconds, tf2 and mixed traces under fifo,srtf only, 2 s "
+                         "latency runs under pack only (~2.5 min)")
     ap.add_argument("--policies", default=None,
-                    help="trace policies, comma-separated (default fifo,srtf,fair,las,pack,srtf-seconds; quick: "
-                         "without srtf-seconds); srtf-seconds is SRTF with seconds= hints from a calibration run")
+                    help="trace policies, comma-separated, for every trace (default fifo,srtf,fair,las,pack,"
+                         "srtf-seconds; quick: without srtf-seconds, and fifo,srtf for the tf2 and mixed traces); "
+                         "srtf-seconds is SRTF with seconds= hints from a calibration run")
+    ap.add_argument("--traces", default="tf1,tf2,mixed",
+                    help="which traces, comma-separated: tf1 (TF1 graph jobs), tf2 (TF2 tf.function jobs), mixed "
+                         "(alternating TF1, TF2); default all three")
     ap.add_argument("--server-args", default="", help="extra salus-server flags for every server, e.g. "
                                                       "--server-args='--anticipation-us 0'")
     ap.add_argument("--latency-policies", default=None, help="default: pack,fair (quick: pack)")
     ap.add_argument("--latency-jobs", default="2,8")
+    ap.add_argument("--kind-pairs", default="tf1+tf1,tf2+tf2,tf1+tf2",
+                    help="switch latency by job kind: pairs of tiny jobs busy at once, comma-separated ('' skips)")
     ap.add_argument("--latency-seconds", type=float, default=None, help="default 4 (quick: 2)")
     ap.add_argument("--gap", type=float, default=None,
                     help="seconds between trace arrivals (default 0.2 x scale: 0.4, quick 0.1)")
@@ -163,12 +269,21 @@ def main() -> None:
     help_text = subprocess.run([str(server_bin()), "--help"], capture_output=True, text=True).stdout
     if "--policy" not in help_text:
         sys.exit(f"bench: {server_bin()} has no --policy flag (built before the scheduler)")
+    traces = [t for t in args.traces.split(",") if t]
+    if set(traces) - set(TRACE_KINDS):
+        ap.error(f"--traces: unknown {sorted(set(traces) - set(TRACE_KINDS))}; known: {', '.join(TRACE_KINDS)}")
+    pairs = []
+    for p in filter(None, args.kind_pairs.split(",")):
+        pair = tuple(sorted(p.split("+")))
+        if pair not in PAIR_LABEL:
+            ap.error(f"--kind-pairs: {p!r} is not one of tf1+tf1, tf2+tf2, tf1+tf2")
+        pairs.append(pair)
     SERVER_ARGS.extend(args.server_args.split())
     scale = args.scale if args.scale is not None else (0.5 if args.quick else 2.0)
     args.gap = args.gap if args.gap is not None else 0.2 * scale
     lat_seconds = args.latency_seconds or (2.0 if args.quick else 4.0)
     lat_policies = (args.latency_policies or ("pack" if args.quick else "pack,fair")).split(",")
-    out: dict = {"latency": [], "trace": []}
+    out: dict = {"latency": [], "latency_by_kind": [], "trace": [], "traces": {}}
     t_start = time.monotonic()
 
     if not args.skip_latency:
@@ -185,48 +300,59 @@ def main() -> None:
                 print(f"{policy:8} {n:>4} {r['count']:>8} {r['p50']:>10.1f} {r['p99']:>9.1f} {r['max']:>9.1f} "
                       f"{r['iterations_total']:>7} {r['step_ms_median']:>8.2f}  {'ok' if ok else 'MISSED'}"
                       + ("" if r["exit_code"] == 0 else f"  (server exit code {r['exit_code']})"), flush=True)
+        if pairs:
+            print(f"\n== switch latency by job kind: 2 tiny jobs busy at once (TF2: a tf.function named "
+                  f"salus_main_iter, every call a main iteration), {lat_seconds:g} s per run, fresh server each; "
+                  f"with 2 jobs every switch is from one to the other")
+            print(f"{'policy':8} {'jobs':8} {'samples':>8} {'median us':>10} {'p99 us':>9} {'max us':>9} "
+                  f"{'iters':>7} {'ms/step':>11}  verdict")
+            for policy in lat_policies:
+                row = []
+                for pair in pairs:
+                    r = bench_latency(2, policy, lat_seconds, list(pair))
+                    r["pair"] = PAIR_LABEL[pair]
+                    out["latency_by_kind"].append(r)
+                    ok = (r["count"] > 0 and r["p50"] <= LATENCY_TARGET_US["p50"]
+                          and r["p99"] <= LATENCY_TARGET_US["p99"])
+                    step = "/".join(f"{r['step_ms_by_kind'][k]:.2f}" for k in sorted(r["step_ms_by_kind"]))
+                    print(f"{policy:8} {r['pair']:8} {r['count']:>8} {r['p50']:>10.1f} {r['p99']:>9.1f} "
+                          f"{r['max']:>9.1f} {r['iterations_total']:>7} {step:>11}  {'ok' if ok else 'MISSED'}"
+                          + ("" if r["exit_code"] == 0 else f"  (server exit code {r['exit_code']})"), flush=True)
+                    row.append(f"{r['pair']} {r['p50']:.1f}/{r['p99']:.1f}")
+                print(f"{policy}: switch latency median/p99 us: " + ", ".join(row))
 
     if not args.skip_trace:
         iterations = [max(4, round(n * scale)) for n in TRACE]
-        policies = (args.policies or ("fifo,srtf,fair,las,pack" if args.quick
-                                      else "fifo,srtf,fair,las,pack,srtf-seconds")).split(",")
-        step_s = calibrate_step_s() if "srtf-seconds" in policies else None
-        print(f"\n== trace: {len(iterations)} jobs, iterations {iterations} in arrival order, "
-              f"{args.gap:g} s apart, fresh server per policy")
-        print("(ideal: mean JCT on a zero-overhead lane at the measured iteration rate; setup: mean time from "
-              "arrival to the end of a job's init run (session creation); ms/step: median RunStep time seen by "
-              "a client, queue wait included; iters/s: main iterations per second while jobs ran)")
-        print(f"{'policy':13} {'makespan s':>10} {'mean JCT s':>10} {'(ideal)':>7} {'p95 JCT s':>9} {'setup s':>7} "
-              f"{'ms/step':>8} {'iters/s':>7}  {'switch p50/p99 us':>18}  finish order (iterations)")
-        for policy in policies:
-            r = bench_trace(policy, iterations, args.gap, step_s)
-            r["ideal_mean_jct"] = ideal_mean_jct(policy, iterations, args.gap, 1 / r["iters_per_s"])
-            out["trace"].append(r)
-            ideal = "-" if r["ideal_mean_jct"] is None else f"{r['ideal_mean_jct']:.2f}"
-            order = " ".join(str(iterations[int(k[3:])]) for k in r["order"])
-            sw = r["switch"]
-            print(f"{policy:13} {r['makespan']:>10.2f} {r['mean_jct']:>10.2f} {ideal:>7} {r['p95_jct']:>9.2f} {r['setup']:>7.3f} "
-                  f"{r['step_ms']:>8.2f} {r['iters_per_s']:>7.0f}  {sw['p50']:>8.0f}/{sw['p99']:<9.0f}  {order}"
-                  + ("" if r["exit_code"] == 0 else f"  (server exit code {r['exit_code']})"), flush=True)
-        by = {r["policy"]: r for r in out["trace"]}
-        if "fifo" in by and "srtf" in by:
-            ratio = by["fifo"]["mean_jct"] / by["srtf"]["mean_jct"]
-            out["fifo_srtf_ratio"] = ratio
-            step = 2 / (by["fifo"]["iters_per_s"] + by["srtf"]["iters_per_s"])
-            ideal = ideal_mean_jct("fifo", iterations, args.gap, step) / ideal_mean_jct(
-                "srtf", iterations, args.gap, step)
-            out["fifo_srtf_ratio_ideal"] = ideal
-            print(f"\nFIFO/SRTF mean-JCT ratio: {ratio:.2f} (target >= {RATIO_TARGET:g}: "
-                  f"{'ok' if ratio >= RATIO_TARGET else 'MISSED'}; a zero-overhead lane would give {ideal:.2f} "
-                  f"on this trace)")
-        digests = {k: {r["digests"][k] for r in out["trace"]} for k in out["trace"][0]["digests"]} \
-            if out["trace"] else {}
-        same = all(len(v) == 1 for v in digests.values())
-        print(f"per-job loss digests identical across policies: {'yes' if same else 'NO: ' + str(digests)}")
+        for trace in traces:
+            if args.policies:
+                policies = args.policies.split(",")
+            elif args.quick:
+                policies = ["fifo", "srtf", "fair", "las", "pack"] if trace == "tf1" else ["fifo", "srtf"]
+            else:
+                policies = ["fifo", "srtf", "fair", "las", "pack", "srtf-seconds"]
+            run_trace(trace, policies, iterations, args.gap, out)
+        if out["traces"]:
+            print("\n== FIFO/SRTF mean-JCT ratio per trace (zero-overhead ideal; within "
+                  f"{IDEAL_TOLERANCE:.0%}?)")
+            for trace, t in out["traces"].items():
+                if "fifo_srtf_ratio" in t:
+                    print(f"  {trace:6} {t['fifo_srtf_ratio']:.2f} vs ideal {t['fifo_srtf_ratio_ideal']:.2f} "
+                          f"({t['off_ideal']:+.1%}): {'within' if t['within_tolerance'] else 'NOT within'}")
+            # The schedule must never change a job's numbers: the same job (kind, seed, steps) gives the same
+            # losses under every policy and in every trace.
+            digests: dict = {}
+            for t in out["traces"].values():
+                for r in t["runs"]:
+                    for k, d in r["digests"].items():
+                        i = int(k[3:])
+                        digests.setdefault((t["kinds"][i], k, iterations[i]), set()).add(d)
+            same = all(len(v) == 1 for v in digests.values())
+            print(f"per-job loss digests identical across policies and traces: "
+                  f"{'yes' if same else 'NO: ' + str({str(k): sorted(v) for k, v in digests.items() if len(v) > 1})}")
 
     print(f"\n(total {time.monotonic() - t_start:.0f} s)")
     if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2))
+        Path(args.json).write_text(json.dumps(out, indent=2, default=str))
 
 
 if __name__ == "__main__":

@@ -2,10 +2,13 @@
 
 - `Server`: a salus-server started on a free port (stopped by its own PID); `require_server()` exits with a
   clear message when the binary is missing.
-- `Job` / `run_jobs`: integration_tests/workloads/sched_job.py children that import TensorFlow and build their
-  graphs first, then wait for a go file; `run_jobs` releases them at given offsets (or one after another) so
-  TensorFlow's slow import is never inside a measured time. The go file holds the target: a server's
-  `grpc://...`, or "" to run the job in-process.
+- `Job` / `run_jobs`: integration_tests/workloads/sched_job.py children (TF1 graph sessions) that import
+  TensorFlow and build their graphs first, then wait for a go file; `run_jobs` releases them at given offsets (or
+  one after another) so TensorFlow's slow import is never inside a measured time. The go file holds the target: a
+  server's `grpc://...`, or "" to run the job in-process. A spec of kind "tf2" runs
+  integration_tests/workloads/tf2_sched_job.py instead (the same model and step as TF2 code: a tf.function called
+  per step), with SALUS_SERVER set from the target when the job is started (its eager context opens at its first
+  op, after the go; "" runs it in-process) and its --name's hints ("NAME?iterations=N&seconds=S&priority=P") as SALUS_* variables.
 - Trace CSV (`job_id,model,iterations,submit_time_s,duration_s`) reading and writing, and the summary figures
   of a run (makespan, mean and p95 JCT).
 """
@@ -31,6 +34,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 JOB_SCRIPT = REPO / "integration_tests" / "workloads" / "sched_job.py"
+TF2_JOB_SCRIPT = REPO / "integration_tests" / "workloads" / "tf2_sched_job.py"
+KINDS = ("tf1", "tf2")
+HINT_ENV = {"iterations": "SALUS_EXPECTED_ITERATIONS", "seconds": "SALUS_EXPECTED_SECONDS",
+            "priority": "SALUS_PRIORITY"}
 LISTEN_RE = re.compile(r"^salus-server listening on (127\.0\.0\.1:\d+)\s*$")
 TRACE_FIELDS = ["job_id", "model", "iterations", "submit_time_s", "duration_s"]
 
@@ -57,6 +64,25 @@ def python() -> str:
 def child_env() -> dict:
     env = dict(os.environ)
     env.update(TF_CPP_MIN_LOG_LEVEL="2", TF_USE_LEGACY_KERAS="1", PYTHONHASHSEED="0")
+    return env
+
+
+def tf2_child_env(target: str, args: list[str]) -> dict:
+    """A TF2 job's environment: none of the caller's SALUS_* settings, no TF_USE_LEGACY_KERAS; SALUS_SERVER from
+    the target ("" = in-process) and the job's name and hints from its --name (a session_metadata-style
+    "NAME?iterations=N&seconds=S&priority=P", which the adapter takes as SALUS_JOB_NAME + SALUS_* hints)."""
+    env = {k: v for k, v in child_env().items() if not k.startswith("SALUS_") and k != "TF_USE_LEGACY_KERAS"}
+    if target:
+        env["SALUS_SERVER"] = target.removeprefix("grpc://")
+    name = args[args.index("--name") + 1] if "--name" in args else ""
+    base, _, query = name.partition("?")
+    if base:
+        env["SALUS_JOB_NAME"] = base
+    for pair in filter(None, query.split("&")):
+        key, _, value = pair.partition("=")
+        if key not in HINT_ENV:
+            raise ValueError(f"job name {name!r}: unknown hint {key!r}")
+        env[HINT_ENV[key]] = value
     return env
 
 
@@ -108,18 +134,23 @@ class Server:
 
 
 class Job:
-    """A sched_job.py child; imports TF and builds its graph, then waits for its go file. Its stdout is read on a
-    thread, so its result line counts as soon as it is printed (the process exits a little later)."""
+    """A sched_job.py child (kind "tf1"; "tf2": tf2_sched_job.py with SALUS_SERVER = `target`); imports TF and builds
+    its graph (TF2: prepares its data), then waits for its go file. Its stdout is read on a thread, so its result
+    line counts as soon as it is printed (the process exits a little later)."""
 
-    def __init__(self, tmp: Path, key: str, args: list[str]):
+    def __init__(self, tmp: Path, key: str, args: list[str], kind: str = "tf1", target: str = ""):
+        if kind not in KINDS:
+            raise ValueError(f"job {key}: kind {kind!r} is not one of {KINDS}")
         self.key = key
+        self.kind = kind
         self.ready = tmp / f"{key}.ready"
         self.go_file = tmp / f"{key}.go"
         self.released: float | None = None
-        self.proc = subprocess.Popen([python(), str(JOB_SCRIPT), "--ready-file", str(self.ready),
+        script, env = (JOB_SCRIPT, child_env()) if kind == "tf1" else (TF2_JOB_SCRIPT, tf2_child_env(target, args))
+        self.proc = subprocess.Popen([python(), str(script), "--ready-file", str(self.ready),
                                       "--go-file", str(self.go_file), "--digest-only", *args],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env=child_env(), stdin=subprocess.DEVNULL)
+                                     env=env, stdin=subprocess.DEVNULL)
         self.lines: queue.Queue = queue.Queue()
         self.stderr: list[str] = []
         threading.Thread(target=self._pump, daemon=True).start()
@@ -147,7 +178,7 @@ class Job:
             time.sleep(0.2)  # let the stderr thread drain
             sys.exit(f"bench: job {self.key} gave no result (exit code {self.proc.returncode}):\n"
                      f"{''.join(self.stderr)[-3000:]}")
-        return {**msg, "released": self.released}
+        return {"kind": self.kind, **msg, "released": self.released}
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -166,20 +197,21 @@ def wait_ready(jobs: list[Job], timeout: float = 300) -> None:
         time.sleep(0.02)
 
 
-def run_jobs(target: str, specs: list[tuple[str, list[str], float]], *, one_at_a_time: bool = False,
+def run_jobs(target: str, specs: list[tuple], *, one_at_a_time: bool = False,
              timeout: float = 600) -> tuple[float, dict[str, dict]]:
-    """specs: (key, sched_job args, arrival offset in s). Every job is started and made ready first; then the
-    clock starts (t0, wall time) and each job is released with `target` ("" = in-process) at t0 + offset, or,
-    with one_at_a_time, at max(t0 + offset, end of the previous job) so each runs alone. Returns t0 and each
-    job's result line (plus "released": the wall time its go file appeared)."""
+    """specs: (key, sched_job args, arrival offset in s[, kind: "tf1" (default) or "tf2"]). Every job is started
+    and made ready first; then the clock starts (t0, wall time) and each job is released with `target` ("" =
+    in-process) at t0 + offset, or, with one_at_a_time, at max(t0 + offset, end of the previous job) so each runs
+    alone. Returns t0 and each job's result line (plus "released": the wall time its go file appeared, and
+    "kind")."""
     with tempfile.TemporaryDirectory(prefix="salus-bench-") as d:
-        jobs = [Job(Path(d), key, args) for key, args, _ in specs]
+        jobs = [Job(Path(d), spec[0], spec[1], spec[3] if len(spec) > 3 else "tf1", target) for spec in specs]
         try:
             wait_ready(jobs)
             t0 = time.time()
             results = {}
-            for job, (_, _, offset) in sorted(zip(jobs, specs), key=lambda p: p[1][2]):
-                delay = t0 + offset - time.time()
+            for job, spec in sorted(zip(jobs, specs), key=lambda p: p[1][2]):
+                delay = t0 + spec[2] - time.time()
                 if delay > 0:
                     time.sleep(delay)
                 job.release(target)
