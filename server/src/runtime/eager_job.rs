@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use prost::Message;
-use salus_proto::tensorflow::{attr_value, AttrValue, FunctionDefView, NodeDef, TensorProto};
+use salus_proto::tensorflow::{attr_value, AttrValue, DataType, FunctionDefView, NodeDef, TensorProto};
 use tokio::sync::oneshot;
 
 use crate::error::{Error, Result};
@@ -29,8 +29,10 @@ use crate::runtime::run_class::{
 };
 use crate::runtime::wire;
 use crate::sched::{Hints, JobId, LaneId};
-use crate::tenant::TenantRules;
+use crate::tenant::op_policy::checkpoint_path_inputs;
+use crate::tenant::{checkpoint_guard, TenantRules};
 use crate::tf::eager::{EagerContext, OutputSlots, TensorHandle};
+use crate::tf::tensor::shape_proto;
 use crate::tf::Tensor;
 
 /// FunctionDef.node_def and NodeDef.device field numbers.
@@ -153,6 +155,7 @@ struct Shared {
     in_flight: AtomicUsize,
     max_tensor_bytes: u64,
     tenant: Arc<TenantRules>,
+    checkpoint_dir: std::path::PathBuf,
 }
 
 struct Batch {
@@ -175,6 +178,8 @@ pub struct EagerJobSpec {
     pub context_view_id: u64,
     pub max_tensor_bytes: u64,
     pub tenant: Arc<TenantRules>,
+    /// Where the job's checkpoint ops may read and write.
+    pub checkpoint_dir: std::path::PathBuf,
     pub scheduling: Scheduling,
 }
 
@@ -216,6 +221,7 @@ impl EagerJob {
             in_flight: AtomicUsize::new(0),
             max_tensor_bytes: spec.max_tensor_bytes,
             tenant: spec.tenant,
+            checkpoint_dir: spec.checkpoint_dir,
         });
         let (tx, rx) = mpsc::channel::<Batch>();
         let (ready_tx, ready_rx) = mpsc::sync_channel::<Result<()>>(1);
@@ -231,6 +237,7 @@ impl EagerJob {
                         live_handles: 0,
                         functions: HashSet::new(),
                         profiles: HashMap::new(),
+                        refused: HashMap::new(),
                         slots: Default::default(),
                         ctx,
                         shared: thread_shared,
@@ -457,6 +464,9 @@ struct Worker {
     functions: HashSet<String>,
     /// How long calls of each function take (classification and sampling).
     profiles: HashMap<String, RunProfile>,
+    /// Functions whose registration was refused, and why: a later call names
+    /// the refusal rather than an unknown function.
+    refused: HashMap<String, String>,
     /// Borrowed while the op's inputs borrow `handles`.
     slots: std::cell::RefCell<OutputSlots>,
     ctx: EagerContext,
@@ -593,6 +603,69 @@ impl Worker {
         Ok(handle.copy_to_device(&self.ctx, device)?)
     }
 
+    /// A checkpoint op's path inputs, confined to the job's checkpoint
+    /// directory: relative paths are placed in it, a path outside fails the op
+    /// with INVALID_ARGUMENT (the rule graph jobs' guards enforce).
+    fn confine_checkpoint_paths(&self, op: &OpRequest) -> Result<HashMap<usize, TensorHandle>> {
+        let Some(indices) = checkpoint_path_inputs(&op.name) else {
+            return Ok(HashMap::new());
+        };
+        let dir = self.shared.checkpoint_dir.to_str().ok_or_else(|| {
+            Error::Internal(format!("checkpoint directory {:?} is not UTF-8", self.shared.checkpoint_dir))
+        })?;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::Internal(format!("cannot create checkpoint directory {dir}: {e}")))?;
+        let writes = matches!(op.name.as_str(), "SaveV2" | "Save" | "SaveSlices" | "MergeV2Checkpoints");
+        let mut confined = HashMap::new();
+        for &index in indices {
+            let index = index as usize;
+            let tensor = match op.inputs.get(index) {
+                Some(OpInput::Handle { op_id, output }) => self.handle(*op_id, *output)?.resolve()?,
+                Some(OpInput::Tensor(proto)) => Tensor::from_proto(proto, self.shared.max_tensor_bytes)
+                    .map_err(|e| Error::tensor(format!("path input {index} of {}", op.name), e))?,
+                None => {
+                    return Err(Error::InvalidArgument(format!("{} needs a path as input {index}", op.name)));
+                }
+            };
+            if tensor.dtype_raw() != DataType::DtString as i32 {
+                return Err(Error::InvalidArgument(format!("input {index} of {} must be a string path", op.name)));
+            }
+            let paths = tensor
+                .strings()
+                .iter()
+                .map(|raw| {
+                    let path = String::from_utf8_lossy(raw);
+                    let confined = checkpoint_guard::confined_path(dir, &path).ok_or_else(|| {
+                        Error::InvalidArgument(format!(
+                            "checkpoint path {path:?} is outside this job's checkpoint directory {dir} \
+                             (relative paths are placed in it)"
+                        ))
+                    })?;
+                    if writes {
+                        // The client would have made the prefix's directory on its
+                        // own machine; here it is made inside the job's directory.
+                        if let Some(parent) = std::path::Path::new(&confined).parent() {
+                            std::fs::create_dir_all(parent).map_err(|e| {
+                                Error::Internal(format!("cannot create checkpoint directory {parent:?}: {e}"))
+                            })?;
+                        }
+                    }
+                    Ok(Bytes::from(confined))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let proto = TensorProto {
+                dtype: DataType::DtString as i32,
+                tensor_shape: Some(shape_proto(tensor.dims())),
+                string_val: paths,
+                ..Default::default()
+            };
+            let tensor = Tensor::from_proto(&proto, self.shared.max_tensor_bytes.max(1 << 20))
+                .map_err(|e| Error::tensor(format!("path input {index} of {}", op.name), e))?;
+            confined.insert(index, TensorHandle::from_tensor(&tensor)?);
+        }
+        Ok(confined)
+    }
+
     /// Keeps an op's outputs as the client's handles `op_id:0..n`, within the
     /// per-context limit (`--max-context-handles`).
     fn store(&mut self, op_id: i64, outputs: Vec<TensorHandle>) -> Result<()> {
@@ -646,6 +719,9 @@ impl Worker {
         // Also for function calls: TensorFlow resolves a name to a primitive op
         // before a function, so a function named like a refused op is that op.
         self.shared.tenant.check_eager_op(&op.name)?;
+        if let Some(why) = self.refused.get(&op.name) {
+            return Err(Error::PermissionDenied(format!("function {:?} was refused when registered: {why}", op.name)));
+        }
         self.check_new_id(op.id)?;
         let device = self.local_device(&op.device)?;
         let mut inline = Vec::new();
@@ -656,9 +732,17 @@ impl Worker {
                 inline.push(self.place(TensorHandle::from_tensor(&tensor)?, &device)?);
             }
         }
+        let confined = self.confine_checkpoint_paths(op)?;
         let mut inline_iter = inline.iter();
         let mut inputs = Vec::with_capacity(op.inputs.len());
-        for input in &op.inputs {
+        for (index, input) in op.inputs.iter().enumerate() {
+            if let Some(path) = confined.get(&index) {
+                if matches!(input, OpInput::Tensor(_)) {
+                    inline_iter.next(); // the client's path, replaced
+                }
+                inputs.push(path);
+                continue;
+            }
             match input {
                 OpInput::Handle { op_id, output } => inputs.push(self.handle(*op_id, *output)?),
                 OpInput::Tensor(_) => inputs.extend(inline_iter.next()),
@@ -869,9 +953,18 @@ impl Worker {
         if name.is_empty() {
             return Err(Error::InvalidArgument("a FunctionDef without a signature name".into()));
         }
-        self.shared
+        if let Err(err) = self
+            .shared
             .tenant
-            .check_function(&name, view.node_def.iter().map(|n| n.op.as_str()))?;
+            .check_function(&name, view.node_def.iter().map(|n| n.op.as_str()))
+        {
+            // Bounded: a client that keeps registering refused functions only
+            // loses the better message.
+            if self.refused.len() < 1024 {
+                self.refused.insert(name, err.to_string());
+            }
+            return Err(err);
+        }
         let max = self.shared.tenant.max_context_functions;
         if !self.functions.contains(&name) && self.functions.len() >= max {
             return Err(Error::ResourceExhausted(format!(

@@ -44,6 +44,21 @@ fn inside_pattern(dir: &str) -> String {
     )
 }
 
+/// The path an eager checkpoint op may use for `path`: relative paths are
+/// placed in `dir`; the result must lie inside it (the same rule the graph
+/// guard enforces), else `None`.
+pub fn confined_path(dir: &str, path: &str) -> Option<String> {
+    let resolved = if path.starts_with('/') {
+        path.to_string()
+    } else {
+        format!("{dir}/{path}")
+    };
+    let rest = resolved.strip_prefix(dir)?.strip_prefix('/')?;
+    rest.split('/')
+        .all(|c| !c.is_empty() && c != "." && c != "..")
+        .then_some(resolved)
+}
+
 fn scalar(dtype: DataType, fill: impl FnOnce(&mut TensorProto)) -> Result<Tensor> {
     let mut proto = TensorProto {
         dtype: dtype as i32,
@@ -288,6 +303,18 @@ mod tests {
         }
         assert!(!Path::new("/tmp/salus-escape.index").exists());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn eager_paths_are_confined_like_graph_paths() {
+        let dir = "/srv/ckpt/job";
+        assert_eq!(confined_path(dir, "model").as_deref(), Some("/srv/ckpt/job/model"));
+        assert_eq!(confined_path(dir, "a/b_temp/part-0").as_deref(), Some("/srv/ckpt/job/a/b_temp/part-0"));
+        assert_eq!(confined_path(dir, "/srv/ckpt/job/x").as_deref(), Some("/srv/ckpt/job/x"));
+        for escape in ["/etc/passwd", "../x", "a/../../x", "", "/srv/ckpt/job", "/srv/ckpt/jobX/y", "a//b", "./a"] {
+            assert_eq!(confined_path(dir, escape), None, "{escape:?}");
+        }
+        assert_eq!(confined_path(dir, "file:///etc/x").as_deref(), None);
     }
 
     #[test]

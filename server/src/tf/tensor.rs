@@ -358,7 +358,8 @@ impl Tensor {
     }
 
     /// The string elements of a DT_STRING tensor.
-    fn strings(&self) -> Vec<Bytes> {
+    /// The elements of a string tensor (empty for other dtypes' callers to avoid).
+    pub fn strings(&self) -> Vec<Bytes> {
         let count = self.element_count() as usize;
         if count == 0 {
             return Vec::new(); // maybe no buffer: see byte_size

@@ -122,6 +122,7 @@ impl EagerService for Eager {
             context_view_id: req.context_view_id,
             max_tensor_bytes: self.state.settings.max_tensor_bytes,
             tenant: self.state.tenant.clone(),
+            checkpoint_dir: self.state.tenant.checkpoints.dir_for(&hints.name, id),
             scheduling: Scheduling {
                 executor: self.state.executor.clone(),
                 admission: self.state.admission.clone(),

@@ -1,0 +1,40 @@
+"""The tenant boundary for TF2 jobs: an unmodified TF2 script's reads, writes and listings of the server's files
+are refused (eagerly and inside a tf.function) with PERMISSION_DENIED while the job goes on; tf.train.Checkpoint
+writes land in the job's checkpoint directory on the server, a path outside it fails, and restoring from that
+directory (same machine) gives the saved values back.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+from conftest import WORKLOADS, SalusProcess, last_json_line, venv_python
+from tf2_common import SERVER_JOB, tf2_env
+
+
+def test_tf2_script_cannot_touch_server_files_and_checkpoints_are_confined(tmp_path):
+    workdir = tmp_path / "server-cwd"
+    workdir.mkdir()
+    server = SalusProcess(tmp_path / "server.log", cwd=workdir)
+    try:
+        job_dir = workdir / "salus-checkpoints" / "tf2-tenant"
+        proc = subprocess.run([venv_python(), str(WORKLOADS / "tf2_tenant.py"), str(job_dir)],
+                              env=tf2_env(SALUS_SERVER=server.address, SALUS_JOB_NAME="tf2-tenant"),
+                              capture_output=True, text=True, timeout=240, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        result = last_json_line(proc.stdout)
+        o = result["outcomes"]
+        for attempt in ("read_eager", "write_eager", "list_eager", "read_function", "list_function"):  # eagerly, in tf.function
+            assert o[attempt] == "PermissionDeniedError", (attempt, o)
+        assert "ReadFile" in o["read_eager_message"] and "MatchingFiles" in o["list_function_message"], o
+        assert o["still_works"] == "ok", o
+        assert not (tmp_path / "salus-tenant-test").exists()
+        assert o["save_relative"] == "ok", o
+        assert any(job_dir.joinpath("ckpt").glob("model.index")), list(job_dir.rglob("*"))
+        assert o["save_outside"] == "InvalidArgumentError" and "outside" in o["save_outside_message"], o
+        assert not (tmp_path.parent / "salus-escape").exists()
+        assert o["restore"] == "ok", o
+        assert result["restored"] == [1.0, 2.0, 3.0] and result["device"].startswith(SERVER_JOB), result
+        assert server.proc.poll() is None, "the server died"
+    finally:
+        server.stop()
