@@ -10,6 +10,8 @@ use tonic::{Request, Response, Status};
 use crate::error::Error;
 use crate::runtime::admission::MemoryState;
 use crate::runtime::eager_job::EagerJob;
+use crate::runtime::graph_delta::VariableBytes;
+use crate::runtime::run_class::MemoryEstimate;
 use crate::runtime::graph_job::Job;
 use crate::runtime::state::ServerState;
 use crate::sched::{Hints, JobId, JobStatus};
@@ -69,15 +71,8 @@ impl AdminService {
             runs_failed: job.stats.runs_failed.load(Ordering::Relaxed),
             age_seconds: job.created.elapsed().as_secs_f64(),
             idle_seconds: job.idle_seconds(),
-            variable_bytes: variables.bytes,
-            variables: variables.variables,
-            variables_of_unknown_size: variables.unknown,
-            memory_state,
-            persistent_estimate_bytes: estimate.need.persistent,
-            ephemeral_estimate_bytes: estimate.need.ephemeral,
-            persistent_source: estimate.persistent_source.into(),
-            ephemeral_source: estimate.ephemeral_source.into(),
             kind: "graph".into(),
+            ..memory_fields(variables, &estimate, memory_state)
         }
     }
 
@@ -148,17 +143,24 @@ impl AdminService {
             runs_failed: stats.failed.load(Ordering::Relaxed),
             age_seconds: job.created.elapsed().as_secs_f64(),
             idle_seconds: job.idle_for().as_secs_f64(),
-            variable_bytes: variables.bytes,
-            variables: variables.variables,
-            variables_of_unknown_size: variables.unknown,
-            memory_state,
-            persistent_estimate_bytes: estimate.need.persistent,
-            ephemeral_estimate_bytes: estimate.need.ephemeral,
-            persistent_source: estimate.persistent_source.into(),
-            ephemeral_source: estimate.ephemeral_source.into(),
             kind: "eager".into(),
-            ..Default::default()
+            ..memory_fields(variables, &estimate, memory_state)
         }
+    }
+}
+
+/// The memory columns of a job's row (the rest default).
+fn memory_fields(variables: VariableBytes, estimate: &MemoryEstimate, memory_state: String) -> JobInfo {
+    JobInfo {
+        variable_bytes: variables.bytes,
+        variables: variables.variables,
+        variables_of_unknown_size: variables.unknown,
+        memory_state,
+        persistent_estimate_bytes: estimate.need.persistent,
+        ephemeral_estimate_bytes: estimate.need.ephemeral,
+        persistent_source: estimate.persistent_source.into(),
+        ephemeral_source: estimate.ephemeral_source.into(),
+        ..Default::default()
     }
 }
 
