@@ -766,8 +766,12 @@ impl Worker {
         // A main iteration waits for memory (first time) and for its turn on
         // the lane; the turn ends when this call has run.
         let _turn = match class {
+            // Counted like a graph job's cheap run: single ops are not runs, and
+            // would take the executor's lock on every op.
             RunClass::Cheap => {
-                self.shared.sched.executor.count_cheap_run();
+                if is_call {
+                    self.shared.sched.executor.count_cheap_run();
+                }
                 None
             }
             RunClass::Main => {
