@@ -32,6 +32,7 @@ use crate::sched::{Hints, JobId, LaneId};
 use crate::tenant::op_policy::checkpoint_path_inputs;
 use crate::tenant::{checkpoint_guard, TenantRules};
 use crate::tf::eager::{EagerContext, OutputSlots, TensorHandle};
+use crate::tf::TfError;
 use crate::tf::tensor::shape_proto;
 use crate::tf::Tensor;
 
@@ -238,6 +239,8 @@ impl EagerJob {
                         functions: HashSet::new(),
                         profiles: HashMap::new(),
                         refused: HashMap::new(),
+                        failed_ops: HashMap::new(),
+                        last_failure: None,
                         slots: Default::default(),
                         ctx,
                         shared: thread_shared,
@@ -467,6 +470,12 @@ struct Worker {
     /// Functions whose registration was refused, and why: a later call names
     /// the refusal rather than an unknown function.
     refused: HashMap<String, String>,
+    /// Ops (and pushed tensors) that failed or were skipped after a failure, with
+    /// that failure: a later use of their outputs reports it, not just an
+    /// unknown handle (the client may see that error first).
+    failed_ops: HashMap<i64, TfError>,
+    /// The context's latest failure, for requests skipped because of it.
+    last_failure: Option<TfError>,
     /// Borrowed while the op's inputs borrow `handles`.
     slots: std::cell::RefCell<OutputSlots>,
     ctx: EagerContext,
@@ -489,6 +498,7 @@ impl Worker {
                 if let Some(flag) = &batch.stream_failed {
                     flag.store(true, Ordering::SeqCst);
                 }
+                self.remember_failure(&batch.items, err);
                 tracing::debug!(context = self.shared.context_id, cause = %err, "eager request failed");
             }
             self.shared.stats.handles.store(self.live_handles as u64, Ordering::Relaxed);
@@ -499,6 +509,32 @@ impl Worker {
         // Handles before the context (field order does the same on drop).
         self.handles.clear();
         self.live_handles = 0;
+    }
+
+    /// Records the ops of a failed request (those not run) with the failure
+    /// that stopped them.
+    fn remember_failure(&mut self, items: &[Item], err: &Error) {
+        const KEEP: usize = 4096;
+        let cause = match err {
+            // Skipped behind an earlier failure: that one is the cause.
+            Error::ContextGone(_) => self.last_failure.clone(),
+            other => Some(TfError::new(other.code() as i32, other.to_string())),
+        };
+        let Some(cause) = cause else { return };
+        if self.failed_ops.len() >= KEEP {
+            self.failed_ops.clear();
+        }
+        for item in items {
+            let id = match item {
+                Item::Execute(op) => op.id,
+                Item::SendTensors { op_id, .. } => *op_id,
+                _ => continue,
+            };
+            if !self.handles.contains_key(&id) {
+                self.failed_ops.entry(id).or_insert_with(|| cause.clone());
+            }
+        }
+        self.last_failure = Some(cause);
     }
 
     fn run_batch(&mut self, items: &[Item]) -> Result<Vec<ItemOutput>> {
@@ -681,6 +717,7 @@ impl Worker {
             )));
         }
         self.live_handles += outputs.len();
+        self.failed_ops.remove(&op_id);
         self.handles.insert(op_id, outputs.into_iter().map(Some).collect());
         Ok(())
     }
@@ -696,6 +733,12 @@ impl Worker {
     }
 
     fn handle(&self, op_id: i64, output: i32) -> Result<&TensorHandle> {
+        if let Some(cause) = self.failed_ops.get(&op_id) {
+            return Err(Error::Tensorflow(TfError::new(
+                cause.code,
+                format!("{} (tensor handle {op_id}:{output} was not produced because of it)", cause.message),
+            )));
+        }
         usize::try_from(output)
             .ok()
             .and_then(|i| self.handles.get(&op_id)?.get(i)?.as_ref())
