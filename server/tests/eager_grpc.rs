@@ -5,6 +5,8 @@
 
 mod common;
 
+use common::{float_vector, floats};
+
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -59,28 +61,7 @@ fn attr(value: attr_value::Value) -> Bytes {
     AttrValue { value: Some(value) }.encode_to_vec().into()
 }
 
-fn float_tensor(values: &[f32]) -> TensorProto {
-    TensorProto {
-        dtype: DataType::DtFloat as i32,
-        tensor_shape: Some(TensorShapeProto {
-            dim: vec![tensor_shape_proto::Dim {
-                size: values.len() as i64,
-                name: String::new(),
-            }],
-            unknown_rank: false,
-        }),
-        tensor_content: values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>().into(),
-        ..Default::default()
-    }
-}
 
-fn floats(tensor: &TensorProto) -> Vec<f32> {
-    tensor
-        .tensor_content
-        .chunks(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
-}
 
 fn handle(op_id: i64) -> operation::Input {
     operation::Input {
@@ -275,7 +256,7 @@ impl TestServer {
             .enqueue(
                 context_id,
                 vec![
-                    send_tensor(first_id, float_tensor(&[1.0, 2.0])),
+                    send_tensor(first_id, float_vector(&[1.0, 2.0])),
                     float_op(first_id + 1, "Mul", vec![handle(first_id), handle(first_id)]),
                     send_op(first_id + 2, first_id + 1, &format!("healthy_{first_id}")),
                 ],
@@ -319,8 +300,8 @@ async fn eager_ops_functions_sends_and_streams_run_on_the_server() {
         .enqueue(
             11,
             vec![
-                send_tensor(1, float_tensor(&[1.0, 2.0, 3.0])),
-                send_tensor(2, float_tensor(&[2.0])),
+                send_tensor(1, float_vector(&[1.0, 2.0, 3.0])),
+                send_tensor(2, float_vector(&[2.0])),
                 float_op(3, "Mul", vec![handle(1), handle(2)]),
                 send_op(4, 3, "ctx11_4"),
             ],
@@ -390,7 +371,7 @@ async fn eager_ops_functions_sends_and_streams_run_on_the_server() {
 
     // Closed: later requests name an unknown context.
     s.eager.close_context(CloseContextRequest { context_id: 11, context_view_id: 0 }).await.unwrap();
-    let err = s.enqueue(11, vec![send_tensor(300, float_tensor(&[1.0]))]).await.unwrap_err();
+    let err = s.enqueue(11, vec![send_tensor(300, float_vector(&[1.0]))]).await.unwrap_err();
     assert_eq!(err.code(), Code::Aborted);
     assert!(err.message().contains("not found"), "{err:?}");
     s.shutdown().await;
@@ -414,7 +395,7 @@ async fn hostile_eager_requests_get_clear_errors_and_leave_the_server_healthy() 
     });
 
     // Unknown context.
-    let err = s.enqueue(999, vec![send_tensor(1, float_tensor(&[1.0]))]).await.unwrap_err();
+    let err = s.enqueue(999, vec![send_tensor(1, float_vector(&[1.0]))]).await.unwrap_err();
     assert_eq!(err.code(), Code::Aborted);
     assert!(err.message().contains("999"), "{err:?}");
     // A context id that is taken.
@@ -440,11 +421,11 @@ async fn hostile_eager_requests_get_clear_errors_and_leave_the_server_healthy() 
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
     // TensorFlow checks a function's ops when it is first called.
     s.enqueue(21, vec![register(square_function("__inference_bad_2", "NoSuchOp"))]).await.unwrap();
-    s.enqueue(21, vec![send_tensor(50, float_tensor(&[1.0]))]).await.unwrap();
+    s.enqueue(21, vec![send_tensor(50, float_vector(&[1.0]))]).await.unwrap();
     let err = s.enqueue(21, vec![float_op(51, "__inference_bad_2", vec![handle(50)])]).await.unwrap_err();
     assert!(err.message().contains("NoSuchOp"), "{err:?}");
     // Lying TensorProto: 3 floats claimed, 2 sent.
-    let mut lying = float_tensor(&[1.0, 2.0]);
+    let mut lying = float_vector(&[1.0, 2.0]);
     lying.tensor_shape.as_mut().unwrap().dim[0].size = 3;
     let err = s.enqueue(21, vec![send_tensor(3, lying)]).await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
@@ -462,7 +443,7 @@ async fn hostile_eager_requests_get_clear_errors_and_leave_the_server_healthy() 
         .enqueue(
             21,
             vec![
-                send_tensor(4, float_tensor(&[1.0])),
+                send_tensor(4, float_vector(&[1.0])),
                 send_tensor(40, int_tensor),
                 float_op(5, "AddV2", vec![handle(4), handle(40)]),
             ],
@@ -472,8 +453,8 @@ async fn hostile_eager_requests_get_clear_errors_and_leave_the_server_healthy() 
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
     assert!(err.message().contains("int32"), "{err:?}");
     // Duplicate op ids.
-    s.enqueue(21, vec![send_tensor(6, float_tensor(&[1.0]))]).await.unwrap();
-    let err = s.enqueue(21, vec![send_tensor(6, float_tensor(&[2.0]))]).await.unwrap_err();
+    s.enqueue(21, vec![send_tensor(6, float_vector(&[1.0]))]).await.unwrap();
+    let err = s.enqueue(21, vec![send_tensor(6, float_vector(&[2.0]))]).await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
     assert!(err.message().contains("already in use"), "{err:?}");
     // Ops that reach the server's files: eagerly and inside a function.
@@ -543,7 +524,7 @@ async fn contexts_hold_a_bounded_number_of_handles_and_functions() {
     };
     let mut s = TestServer::start_with(config).await;
     s.create_context(31, "bounded").await;
-    s.enqueue(31, vec![send_tensor(1, float_tensor(&[1.0])), send_tensor(2, float_tensor(&[2.0]))])
+    s.enqueue(31, vec![send_tensor(1, float_vector(&[1.0])), send_tensor(2, float_vector(&[2.0]))])
         .await
         .unwrap();
     s.enqueue(31, vec![float_op(3, "Neg", vec![handle(1)])]).await.unwrap();

@@ -3,6 +3,8 @@
 
 mod common;
 
+use common::{float_vector, floats};
+
 use std::collections::HashMap;
 
 use prost::Message;
@@ -32,24 +34,6 @@ fn float_scalar(value: f32) -> TensorProto {
     }
 }
 
-fn float_vector(values: &[f32]) -> TensorProto {
-    TensorProto {
-        dtype: DataType::DtFloat as i32,
-        tensor_shape: Some(TensorShapeProto {
-            dim: vec![tensor_shape_proto::Dim {
-                size: values.len() as i64,
-                name: String::new(),
-            }],
-            unknown_rank: false,
-        }),
-        tensor_content: values
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect::<Vec<u8>>()
-            .into(),
-        ..Default::default()
-    }
-}
 
 fn node(name: &str, op: &str, inputs: &[&str], attrs: Vec<(&str, AttrValue)>) -> NodeDef {
     NodeDef {
@@ -105,13 +89,6 @@ fn base_graph() -> bytes::Bytes {
     ])
 }
 
-fn floats(tensor: &TensorProto) -> Vec<f32> {
-    tensor
-        .tensor_content
-        .chunks(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
-}
 
 struct TestServer {
     master: MasterServiceClient<Channel>,

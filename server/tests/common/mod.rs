@@ -1,5 +1,6 @@
 //! The real server on a free port, for the gRPC integration tests.
 
+use salus_proto::tensorflow::{tensor_shape_proto, DataType, TensorProto, TensorShapeProto};
 use salus_server::config::Config;
 use salus_server::server::Server;
 use tonic::transport::Channel;
@@ -43,4 +44,33 @@ impl Running {
         self.stop.take().unwrap().send(()).unwrap();
         self.task.await.unwrap();
     }
+}
+
+/// A float32 vector as the stock client sends it (`tensor_content`).
+pub fn float_vector(values: &[f32]) -> TensorProto {
+    TensorProto {
+        dtype: DataType::DtFloat as i32,
+        tensor_shape: Some(TensorShapeProto {
+            dim: vec![tensor_shape_proto::Dim {
+                size: values.len() as i64,
+                name: String::new(),
+            }],
+            unknown_rank: false,
+        }),
+        tensor_content: values
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect::<Vec<u8>>()
+            .into(),
+        ..Default::default()
+    }
+}
+
+/// The float32 values of a `tensor_content` tensor.
+pub fn floats(tensor: &TensorProto) -> Vec<f32> {
+    tensor
+        .tensor_content
+        .chunks(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
 }
