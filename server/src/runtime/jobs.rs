@@ -117,7 +117,7 @@ impl SessionTable {
 
     /// Refuses new sessions and hands back every open one, for shutdown.
     pub fn drain(&self) -> Vec<Arc<Job>> {
-        self.closing.store(true, Ordering::SeqCst);
+        self.refuse_new();
         self.jobs().drain().map(|(_, job)| job).collect()
     }
 }
@@ -216,7 +216,7 @@ impl ContextTable {
 
     /// Refuses new contexts and hands back every open one, for shutdown.
     pub fn drain(&self) -> Vec<Arc<EagerJob>> {
-        self.closing.store(true, Ordering::SeqCst);
+        self.refuse_new();
         self.jobs().drain().map(|(_, job)| job).collect()
     }
 }
