@@ -24,7 +24,7 @@ SCRIPT = WORKLOADS / "tf2_steps.py"
 class Job:
     """tf2_steps.py against a server; HOLD lines and the JSON outcome are read on a thread."""
 
-    def __init__(self, address: str, name: str, steps: int, hold_after: int = -1):
+    def __init__(self, address: str, name: str, steps: int, hold_after: int | str = -1):
         env = tf2_env(SALUS_SERVER=address, SALUS_JOB_NAME=name)
         self.proc = subprocess.Popen([venv_python(), str(SCRIPT), str(steps), str(hold_after)], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -63,16 +63,20 @@ def row(address: str, name: str) -> dict | None:
 
 @pytest.mark.parametrize("policy, short_first", [("fifo", False), ("fair", True)])
 def test_policy_orders_tf2_jobs(tmp_path, policy, short_first):
-    """A long and a short TF2 job a few seconds apart: FIFO finishes the short one last, fair first."""
+    """A long and a short TF2 job, the short one joining once the long one runs: FIFO finishes the short one last,
+    fair first. The short job's process has imported TensorFlow before the long one starts and waits only to create
+    its eager context, so it joins within a fraction of the long job's run however slow the machine is."""
     server = SalusProcess(tmp_path / "server.log", ("--policy", policy))
     jobs = []
     try:
-        long = Job(server.address, "tf2-long", 300)
+        short = Job(server.address, "tf2-short", 30, hold_after="start")
+        jobs.append(short)
+        assert short.held.wait(180), "".join(short.lines)
+        long = Job(server.address, "tf2-long", 600)
         jobs.append(long)
         assert wait_until(lambda: (row(server.address, "tf2-long") or {}).get("iterations", 0) >= 5, timeout=120), \
             "the long job never started its main iterations"
-        short = Job(server.address, "tf2-short", 30)
-        jobs.append(short)
+        short.release()
         long_result, short_result = long.result(), short.result()
         assert long_result["device"].startswith(SERVER_JOB) and short_result["device"].startswith(SERVER_JOB)
         print(f"{policy}: long ended {long_result['end']:.2f}, short ended {short_result['end']:.2f}")

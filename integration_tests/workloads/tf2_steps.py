@@ -1,6 +1,8 @@
 """An unmodified TF2 script: a tf.function training step on a 512x512 variable (1 MiB), called STEPS times.
 
-argv: STEPS [HOLD_AFTER]. After HOLD_AFTER steps (default: never) it prints HOLD and waits for a line on stdin.
+argv: STEPS [HOLD_AFTER]. After HOLD_AFTER steps (default: never) it prints HOLD and waits for a line on stdin;
+HOLD_AFTER "start" holds after `import tensorflow` but before the first eager op, so before the client's eager
+context exists on the server (the adapter connects at the first eager op).
 Prints one JSON line at the end: {"steps", "start", "end", "values": [...first 3...], "device"}; if a step fails,
 {"error": class name, "message": ...} instead.
 """
@@ -12,7 +14,11 @@ import time
 import tensorflow as tf
 
 steps = int(sys.argv[1])
-hold_after = int(sys.argv[2]) if len(sys.argv) > 2 else -1
+hold_at_start = len(sys.argv) > 2 and sys.argv[2] == "start"
+hold_after = int(sys.argv[2]) if len(sys.argv) > 2 and not hold_at_start else -1
+if hold_at_start:
+    print("HOLD", flush=True)
+    sys.stdin.readline()
 w = tf.Variable(tf.ones([512, 512]) * 1e-3)
 
 
