@@ -87,11 +87,35 @@ def test_policy_orders_tf2_jobs(tmp_path, policy, short_first):
         server.stop()
 
 
+def test_tf2_ephemeral_memory_is_measured_like_tensorflows_own(tmp_path):
+    """With --memory-capacity, the server measures an eager job's per-call memory (its heap's rise during sampled
+    function calls; TF 2.21 keeps no memory records for eager calls) and it agrees with TensorFlow's own accounting
+    of the same step in-process (its CPU allocator's peak, `get_memory_info`)."""
+    reference = subprocess.run([venv_python(), str(SCRIPT), "12"], env=tf2_env(TF2_STEPS_MEMORY="1"),
+                               capture_output=True, text=True, timeout=180)
+    tf_peak = last_json_line(reference.stdout)["step_peak_bytes"]
+    assert tf_peak >= 2 * 512 * 512 * 4, reference.stdout  # two 1 MiB intermediates live at once
+    server = SalusProcess(tmp_path / "server.log", ("--memory-capacity", "8GiB"))
+    job = Job(server.address, "tf2-measured", 20, hold_after=15)
+    try:
+        assert job.held.wait(180), "".join(job.lines)
+        r = row(server.address, "tf2-measured")
+        job.release()
+        assert "error" not in job.result(), job.lines
+    finally:
+        job.kill()
+        server.stop()
+    measured = r["ephemeral_estimate_bytes"] * 20 / 21  # the estimate adds Salus's 5% margin
+    print(f"ephemeral: salus measured {measured:.0f} vs TensorFlow in-process {tf_peak} ({measured / tf_peak:.3f}x)")
+    assert r["ephemeral_source"] == "measured", r
+    assert abs(measured - tf_peak) <= 0.25 * tf_peak, (r, tf_peak)
+
+
 def test_tf2_memory_admission_waits_and_refuses(tmp_path):
-    """Capacity for one job (each needs about 2.3 MB: a 1 MiB variable +10%, ephemeral defaulting to that): the
-    second waits, shown as "waiting for memory", and runs once the first is gone; a 64 KiB server refuses the job
-    with RESOURCE_EXHAUSTED naming its need, and still runs single eager ops."""
-    server = SalusProcess(tmp_path / "server.log", ("--memory-capacity", "3MiB"))
+    """Capacity for one job (each needs about 3.5 MB: a 1 MiB variable +10%, and its calls' measured 2.2 MB +5%;
+    a second job could share the first one's lane if the pool had room for its variable, 1.2 MB): the second waits, shown as "waiting for memory", and runs once the first is gone; a 64 KiB server refuses the
+    job with RESOURCE_EXHAUSTED naming its need, and still runs single eager ops."""
+    server = SalusProcess(tmp_path / "server.log", ("--memory-capacity", "4MiB"))
     jobs = []
     try:
         first = Job(server.address, "tf2-mem-first", 20, hold_after=5)

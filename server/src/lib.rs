@@ -39,6 +39,8 @@
 //! - [`ctl`]: `salus-server ctl`, the admin API's command-line client.
 //! - [`tf_log`]: filters TensorFlow's own log lines out of stderr.
 //! - [`tf_env`]: TensorFlow settings chosen through the environment.
+//! - [`heap_meter`]: the heap a stretch of work takes (eager jobs' memory),
+//!   counted by the binary's `malloc` hooks (`malloc_hooks.rs`).
 //! - [`error`]: the error type and its mapping to gRPC/TensorFlow codes.
 
 pub mod config;
@@ -47,6 +49,7 @@ pub mod error;
 pub mod frontend;
 #[cfg(feature = "cuda")]
 pub mod gpu;
+pub mod heap_meter;
 pub mod runtime;
 pub mod server;
 pub mod tenant;

@@ -8,6 +8,8 @@ use salus_server::config::{Args, Command, Config};
 use salus_server::server::Server;
 use tracing_subscriber::EnvFilter;
 
+mod malloc_hooks;
+
 /// Redirects stderr before TensorFlow's libraries load and log (see `tf_log`).
 #[used]
 #[link_section = ".preinit_array"]
@@ -76,6 +78,9 @@ fn main() -> anyhow::Result<()> {
         std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "2");
     }
     init_logging(config.verbose, stderr.try_clone()?);
+    if !salus_server::heap_meter::install() {
+        tracing::warn!("the malloc hooks are not in effect: eager jobs' per-iteration memory will not be measured");
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

@@ -18,6 +18,7 @@ use salus_proto::tensorflow::{attr_value, AttrValue, DataType, FunctionDefView, 
 use tokio::sync::oneshot;
 
 use crate::error::{Error, Result};
+use crate::heap_meter;
 use crate::runtime::admission::{Admission, LaneReservation};
 use crate::runtime::eager_devices::DeviceNames;
 use crate::runtime::executor::Executor;
@@ -830,19 +831,20 @@ impl Worker {
         } else {
             None
         };
-        if trace_turn.is_some() {
-            self.ctx.enable_run_metadata();
-        }
         let started = Instant::now();
-        let executed = self.ctx.execute(&op.name, &device, &inputs, &attrs, &mut self.slots.borrow_mut());
+        let run = || self.ctx.execute(&op.name, &device, &inputs, &attrs, &mut self.slots.borrow_mut());
+        let (executed, heap_rise) = if trace_turn.is_some() {
+            heap_meter::measure(run)
+        } else {
+            (run(), None)
+        };
         let elapsed = started.elapsed();
         drop(inputs);
         drop(_turn);
-        if trace_turn.is_some() {
-            self.ctx.disable_run_metadata();
-            self.record_memory_sample(&op.name);
-        }
         drop(trace_turn);
+        if let (Some(rise), true) = (heap_rise, executed.is_ok()) {
+            self.record_memory_sample(&op.name, rise);
+        }
         if is_call {
             self.profiles.entry(op.name.clone()).or_default().record(elapsed.as_nanos() as f64);
         }
@@ -926,17 +928,13 @@ impl Worker {
         }
     }
 
-    /// The memory peak of the traced call just run, as the job's ephemeral need.
-    fn record_memory_sample(&self, function: &str) {
-        match self.ctx.export_run_metadata() {
-            Ok(metadata) => match memory_profile::step_memory(&metadata) {
-                Ok(memory) if memory.peak() > 0 => {
-                    self.shared.ephemeral_measured.fetch_max(memory.peak(), Ordering::Relaxed);
-                }
-                Ok(_) => tracing::debug!(job = self.shared.id.0, function, "no memory records in the traced call"),
-                Err(err) => tracing::warn!(job = self.shared.id.0, cause = %err, "unreadable run metadata"),
-            },
-            Err(err) => tracing::warn!(job = self.shared.id.0, cause = %err, "run metadata unavailable"),
+    /// The heap the sampled call just run took at its peak (its outputs
+    /// included), as the job's ephemeral need: TensorFlow 2.21 keeps no memory
+    /// records for eager calls (see `heap_meter`).
+    fn record_memory_sample(&self, function: &str, rise: u64) {
+        tracing::debug!(job = self.shared.id.0, function, rise, "sampled a function call's heap rise");
+        if rise > 0 {
+            self.shared.ephemeral_measured.fetch_max(rise, Ordering::Relaxed);
         }
     }
 

@@ -8,7 +8,6 @@
 use std::ffi::{c_int, CStr, CString};
 use std::ptr::NonNull;
 
-use super::buffer::OutputBuffer;
 use super::ffi::eager as ffi;
 use super::status::{with_status, TfError};
 use super::tensor::Tensor;
@@ -146,25 +145,6 @@ impl EagerContext {
             // slot is cleared so it is taken once.
             .filter_map(|h| unsafe { TensorHandle::from_raw(std::mem::replace(h, std::ptr::null_mut())) })
             .collect())
-    }
-
-    /// Starts collecting step stats of everything this context runs.
-    pub fn enable_run_metadata(&self) {
-        // SAFETY: the context is live.
-        unsafe { ffi::TFE_ContextEnableRunMetadata(self.as_ptr()) }
-    }
-
-    pub fn disable_run_metadata(&self) {
-        // SAFETY: the context is live.
-        unsafe { ffi::TFE_ContextDisableRunMetadata(self.as_ptr()) }
-    }
-
-    /// The serialized RunMetadata collected since the last export (then cleared).
-    pub fn export_run_metadata(&self) -> Result<Vec<u8>, TfError> {
-        let buffer = OutputBuffer::new();
-        // SAFETY: the context and buffer are live.
-        with_status(|s| unsafe { ffi::TFE_ContextExportRunMetadata(self.as_ptr(), buffer.as_ptr(), s) })?;
-        Ok(buffer.to_vec())
     }
 }
 

@@ -39,7 +39,7 @@ extern "C" {
 pub mod eager {
     use std::ffi::{c_char, c_int, c_uchar, c_void};
 
-    use tensorflow_sys::{TF_Buffer, TF_Status, TF_Tensor};
+    use tensorflow_sys::{TF_Status, TF_Tensor};
 
     #[repr(C)]
     pub struct TFE_ContextOptions {
@@ -94,13 +94,6 @@ pub mod eager {
             status: *mut TF_Status,
         );
         pub fn TFE_ContextHasFunction(ctx: *mut TFE_Context, name: *const c_char) -> c_uchar;
-        pub fn TFE_ContextEnableRunMetadata(ctx: *mut TFE_Context);
-        pub fn TFE_ContextDisableRunMetadata(ctx: *mut TFE_Context);
-        pub fn TFE_ContextExportRunMetadata(
-            ctx: *mut TFE_Context,
-            buf: *mut TF_Buffer,
-            status: *mut TF_Status,
-        );
 
         pub fn TFE_NewTensorHandle(t: *const TF_Tensor, status: *mut TF_Status)
             -> *mut TFE_TensorHandle;
