@@ -6,6 +6,7 @@ directory (same machine) gives the saved values back.
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 from conftest import WORKLOADS, SalusProcess, last_json_line, venv_python
@@ -24,6 +25,7 @@ def test_tf2_script_cannot_touch_server_files_and_checkpoints_are_confined(tmp_p
         assert proc.returncode == 0, proc.stderr[-4000:]
         result = last_json_line(proc.stdout)
         o = result["outcomes"]
+        print(json.dumps(o, indent=1))  # shown in full when an assertion below fails
         for attempt in ("read_eager", "write_eager", "list_eager", "read_function", "list_function"):  # eagerly, in tf.function
             assert o[attempt] == "PermissionDeniedError", (attempt, o)
         assert "ReadFile" in o["read_eager_message"] and "MatchingFiles" in o["list_function_message"], o

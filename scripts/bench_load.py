@@ -38,8 +38,10 @@ does (it never closes: its StreamingEnqueue stream ends, and the server reclaims
 requests are hand-encoded over grpcio (as integration_tests/salus_wire.py does), so a cycle costs milliseconds
 instead of the seconds of a new TensorFlow process; the server sees exactly the stock client's messages for
 these items. Printed: eager contexts open (admin ServerInfo.open_eager_contexts: at checkpoints it includes the
-few awaiting their 3 s reclaim; after the last cycle it must return to 0), file descriptors, threads and RSS, with
-the same leak judgement as phase 2.
+few awaiting their 3 s reclaim; after the last cycle it must return to 0), file descriptors, threads, RSS and the
+server heap's live bytes (ServerInfo.heap_in_use_bytes), with the same leak judgement as phase 2 plus one on the
+live heap (below 1 KiB/cycle late): RSS also holds the freed memory glibc keeps for reuse, which grows with the
+peak number of contexts awaiting reclaim at once and then levels off.
 
 Each phase starts its own salus-server ($SALUS_SERVER_BIN, default target/release/salus-server) with
 --listen 127.0.0.1:0 (the address is read from its "salus-server listening on ADDR" line) and stops it by its
@@ -74,6 +76,7 @@ sys.path.insert(0, str(REPO / "integration_tests"))
 import salus_wire as wire  # noqa: E402  (the hand-encoded protobuf codec of the integration tests)
 RSS_GROWTH_TARGET_PCT = 10.0
 LEAK_KIB_PER_CYCLE = 4.0  # RSS slope over the second half of the churn above which sessions look leaked
+HEAP_LEAK_KIB_PER_CYCLE = 1.0  # the same for the server's live heap bytes (admin ServerInfo.heap_in_use_bytes)
 MODELS = {  # name: (input dim, hidden widths, batch)
     "mlp_a": (32, (64,), 32),
     "mlp_b": (64, (128, 128), 64),
@@ -105,11 +108,12 @@ def ctl_json(address: str, *args: str):
 
 
 def server_info(address: str) -> dict:
-    """Admin GetServerInfo, raw: open_sessions (4) and open_eager_contexts (12)."""
+    """Admin GetServerInfo, raw: open_sessions (4), open_eager_contexts (12), heap_in_use_bytes (13, in MiB)."""
     import grpc
     with grpc.insecure_channel(address) as ch:
         raw = wire.call(ch, "/salus.v1.Admin/GetServerInfo", b"", timeout=30)
-    return {"open_sessions": wire.first(raw, 4, 0), "open_eager_contexts": wire.first(raw, 12, 0)}
+    return {"open_sessions": wire.first(raw, 4, 0), "open_eager_contexts": wire.first(raw, 12, 0),
+            "heap_mib": wire.first(raw, 13, 0) / (1 << 20)}
 
 
 def percentile(sorted_values, q: float) -> float:
@@ -646,7 +650,8 @@ def phase_churn_tf2(args) -> bool:
     def show(st: dict, t0: float) -> None:
         print(f"  after {st['cycle']:5d} cycles ({time.monotonic() - t0:5.1f}s): eager contexts open "
               f"{st.get('pending', 0)} right after the cycle (awaiting reclaim), {st['open_eager_contexts']} once "
-              f"reclaimed; fds {st['fds']}, threads {st['threads']}, RSS {st['rss_mib']:.1f} MiB", flush=True)
+              f"reclaimed; fds {st['fds']}, threads {st['threads']}, RSS {st['rss_mib']:.1f} MiB, heap in use "
+              f"{st['heap_mib']:.2f} MiB", flush=True)
 
     t0 = time.monotonic()
     try:
@@ -705,7 +710,12 @@ def phase_churn_tf2(args) -> bool:
     steady = (last["rss_mib"] - warm["rss_mib"]) * 1024 / max(1, last["cycle"] - warm["cycle"])
     late = (last["rss_mib"] - half["rss_mib"]) * 1024 / max(1, last["cycle"] - half["cycle"])
     judged = last["cycle"] - half["cycle"] >= 200
-    leak = judged and late > LEAK_KIB_PER_CYCLE
+    heap_late = (last["heap_mib"] - half["heap_mib"]) * 1024 / max(1, last["cycle"] - half["cycle"])
+    leak = judged and (late > LEAK_KIB_PER_CYCLE or heap_late > HEAP_LEAK_KIB_PER_CYCLE)
+    print(f"  heap in live blocks {first['heap_mib']:.2f} -> {last['heap_mib']:.2f} MiB: {heap_late * 1024:.0f} "
+          f"bytes/cycle over {half['cycle']}-{last['cycle']} (target below {HEAP_LEAK_KIB_PER_CYCLE:g} KiB/cycle; "
+          f"RSS also holds freed memory the server's heap keeps for reuse, up to the peak of contexts awaiting "
+          f"reclaim)")
     print(f"  RSS {first['rss_mib']:.1f} -> {last['rss_mib']:.1f} MiB "
           f"({last['rss_mib'] - first['rss_mib']:+.1f} MiB, each measured with no context open): "
           f"{warm['rss_mib'] - first['rss_mib']:+.1f} MiB with the first {warm['cycle']} contexts (one-time), then "

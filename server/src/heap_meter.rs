@@ -56,6 +56,19 @@ pub fn on_free(ptr: *mut c_void) {
     }
 }
 
+/// Bytes in live heap blocks now (glibc's count, all arenas): unlike RSS, not
+/// the freed memory the heap keeps for reuse (`tf_env` never trims it).
+pub fn heap_in_use() -> u64 {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallinfo2 only reads the allocator's statistics.
+        let info = unsafe { libc::mallinfo2() };
+        (info.uordblks + info.hblkhd) as u64
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    0
+}
+
 /// Checks that the process's `malloc` is the metered one (the server binary's
 /// hooks) and enables [`measure`]. Returns whether it is.
 pub fn install() -> bool {

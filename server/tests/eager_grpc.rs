@@ -551,3 +551,44 @@ async fn contexts_hold_a_bounded_number_of_handles_and_functions() {
     s.enqueue(31, vec![register(square_function("__inference_one_1", "Mul"))]).await.unwrap();
     s.shutdown().await;
 }
+
+/// The stock client keeps nothing that would raise the failure of an op without
+/// outputs (a SaveV2, an AssignVariableOp) from its response, and learns of it
+/// from its next sync: on a stream, such a request is answered as done and the
+/// stream's next sync item fails with its error, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_op_without_outputs_is_reported_by_the_streams_next_sync() {
+    let mut s = TestServer::start().await;
+    s.create_context(41, "silent").await;
+    let request = |queue: Vec<QueueItem>| EnqueueRequest { context_id: 41, queue };
+    // A float tensor where a resource handle belongs: TensorFlow refuses the op.
+    let assign = |id| {
+        op(
+            id,
+            "AssignVariableOp",
+            vec![handle(1), handle(1)],
+            vec![("dtype", attr(attr_value::Value::Type(DataType::DtFloat as i32)))],
+        )
+    };
+    let sync = QueueItem { item: Some(queue_item::Item::SyncRemoteExecutorForStream(Default::default())) };
+    let unary = s.enqueue(41, vec![send_tensor(1, float_vector(&[1.0])), assign(2)]).await.unwrap_err();
+    assert_eq!(unary.code(), Code::InvalidArgument, "a unary request gets its error at once: {unary:?}");
+
+    let requests = vec![request(vec![assign(3)]), request(vec![assign(4)]), request(vec![sync.clone()])];
+    let mut responses = s.eager.streaming_enqueue(tokio_stream::iter(requests)).await.unwrap().into_inner();
+    for _ in 0..2 {
+        let done = responses.message().await.expect("answered as done").expect("a response");
+        assert_eq!(done.queue_response.len(), 1);
+    }
+    let reported = responses.message().await.unwrap_err();
+    assert_eq!((reported.code(), reported.message()), (unary.code(), unary.message()), "the first failure");
+
+    // Reported once; an op with outputs fails its own request, ending the stream there.
+    let requests = vec![request(vec![sync.clone()]), request(vec![float_op(5, "Neg", vec![handle(12345)])])];
+    let mut responses = s.eager.streaming_enqueue(tokio_stream::iter(requests)).await.unwrap().into_inner();
+    responses.message().await.expect("nothing held").expect("a response");
+    let err = responses.message().await.unwrap_err();
+    assert!(err.message().contains("12345"), "{err:?}");
+    s.assert_healthy(41, 10).await;
+    s.shutdown().await;
+}

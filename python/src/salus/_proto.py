@@ -14,7 +14,9 @@ VARINT, I64, LEN, I32 = 0, 1, 2, 5
 SCHEMAS: dict[str, dict[int, tuple[str, str]]] = {
     "ServerInfo": {1: ("version", "string"), 2: ("tensorflow_version", "string"), 3: ("devices", "Device*"),
                    4: ("open_sessions", "uint"), 5: ("sessions_created", "uint"),
-                   6: ("runs_completed", "uint"), 7: ("uptime_seconds", "double"), 8: ("policy", "string")},
+                   6: ("runs_completed", "uint"), 7: ("uptime_seconds", "double"), 8: ("policy", "string"),
+                   9: ("memory_capacity_bytes", "uint"), 10: ("memory_free_bytes", "uint"),
+                   12: ("open_eager_contexts", "uint"), 13: ("heap_in_use_bytes", "uint")},
     "Device": {1: ("name", "string"), 2: ("device_type", "string"), 3: ("memory_limit_bytes", "int64")},
     "ListJobsResponse": {1: ("jobs", "JobInfo*")},
     # tensorflow.WorkerService/GetStatus (name and device_type of DeviceAttributes).

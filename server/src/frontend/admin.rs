@@ -216,6 +216,7 @@ impl Admin for AdminService {
                 .collect(),
             open_sessions: s.sessions.len() as u64,
             open_eager_contexts: s.contexts.len() as u64,
+            heap_in_use_bytes: crate::heap_meter::heap_in_use(),
             sessions_created: s.sessions.sessions_created(),
             runs_completed: s.runs_completed(),
             uptime_seconds: s.started.elapsed().as_secs_f64(),

@@ -31,6 +31,7 @@ use crate::runtime::run_class::{
 use crate::runtime::wire;
 use crate::sched::{Hints, JobId, LaneId};
 use crate::tenant::op_policy::checkpoint_path_inputs;
+use crate::tf::op_registry;
 use crate::tenant::{checkpoint_guard, TenantRules};
 use crate::tf::eager::{EagerContext, OutputSlots, TensorHandle};
 use crate::tf::TfError;
@@ -162,10 +163,24 @@ struct Shared {
 
 struct Batch {
     items: Vec<Item>,
-    /// Set when an earlier request of the same stream failed: later ones are
-    /// refused, as TensorFlow's worker ends the stream at the first error.
-    stream_failed: Option<Arc<AtomicBool>>,
+    /// The stream the request came on (none for a unary Enqueue).
+    stream: Option<Arc<StreamState>>,
     reply: oneshot::Sender<Result<Vec<ItemOutput>>>,
+}
+
+/// What the requests of one StreamingEnqueue stream share.
+#[derive(Default)]
+pub struct StreamState {
+    /// Set once a request failed: later ones are refused, as TensorFlow's
+    /// worker ends the stream at the first error.
+    pub failed: AtomicBool,
+    /// The failure of a request whose last op has no outputs. The stock client
+    /// keeps nothing of such an op that could raise an error in its response
+    /// (it only poisons outputs), and learns of failures from its next sync,
+    /// as with TensorFlow's own worker, which runs stream requests
+    /// asynchronously: so the request is answered as done and the stream's
+    /// next sync item fails with this.
+    held: Mutex<Option<TfError>>,
 }
 
 /// How the client set up the context.
@@ -242,6 +257,7 @@ impl EagerJob {
                         refused: HashMap::new(),
                         failed_ops: HashMap::new(),
                         last_failure: None,
+                        functions_without_outputs: HashSet::new(),
                         slots: Default::default(),
                         ctx,
                         shared: thread_shared,
@@ -339,7 +355,7 @@ impl EagerJob {
     pub fn submit(
         &self,
         items: Vec<Item>,
-        stream_failed: Option<Arc<AtomicBool>>,
+        stream: Option<Arc<StreamState>>,
     ) -> Result<oneshot::Receiver<Result<Vec<ItemOutput>>>> {
         self.touch();
         let (reply, rx) = oneshot::channel();
@@ -353,11 +369,7 @@ impl EagerJob {
         }
         self.shared.in_flight.fetch_add(1, Ordering::SeqCst);
         if queue
-            .send(Batch {
-                items,
-                stream_failed,
-                reply,
-            })
+            .send(Batch { items, stream, reply })
             .is_err()
         {
             self.shared.in_flight.fetch_sub(1, Ordering::SeqCst);
@@ -477,6 +489,8 @@ struct Worker {
     failed_ops: HashMap<i64, TfError>,
     /// The context's latest failure, for requests skipped because of it.
     last_failure: Option<TfError>,
+    /// Registered functions whose signature has no outputs.
+    functions_without_outputs: HashSet<String>,
     /// Borrowed while the op's inputs borrow `handles`.
     slots: std::cell::RefCell<OutputSlots>,
     ctx: EagerContext,
@@ -488,16 +502,16 @@ impl Worker {
         while let Ok(batch) = rx.recv() {
             let result = if self.shared.closing.load(Ordering::SeqCst) {
                 Err(Error::ContextGone(closed_message(self.shared.context_id, "it was closed before this request ran")))
-            } else if batch.stream_failed.as_ref().is_some_and(|f| f.load(Ordering::SeqCst)) {
+            } else if batch.stream.as_ref().is_some_and(|s| s.failed.load(Ordering::SeqCst)) {
                 Err(Error::ContextGone(
                     "an earlier request on this stream failed, so this one was not run".into(),
                 ))
             } else {
-                self.run_batch(&batch.items)
+                self.run_batch(&batch.items, batch.stream.as_deref())
             };
             if let Err(err) = &result {
-                if let Some(flag) = &batch.stream_failed {
-                    flag.store(true, Ordering::SeqCst);
+                if let Some(stream) = &batch.stream {
+                    stream.failed.store(true, Ordering::SeqCst);
                 }
                 self.remember_failure(&batch.items, err);
                 tracing::debug!(context = self.shared.context_id, cause = %err, "eager request failed");
@@ -538,16 +552,29 @@ impl Worker {
         self.last_failure = Some(cause);
     }
 
-    fn run_batch(&mut self, items: &[Item]) -> Result<Vec<ItemOutput>> {
+    fn run_batch(&mut self, items: &[Item], stream: Option<&StreamState>) -> Result<Vec<ItemOutput>> {
         let mut outputs = Vec::with_capacity(items.len());
         for (index, item) in items.iter().enumerate() {
-            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_item(item)))
-                .unwrap_or_else(|_| Err(Error::Internal("an eager queue item panicked".into())));
+            let result = match (item, stream) {
+                (Item::Sync, Some(stream)) => match lock(&stream.held).take() {
+                    Some(held) => Err(Error::Tensorflow(held)),
+                    None => Ok(ItemOutput::default()),
+                },
+                _ => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_item(item)))
+                    .unwrap_or_else(|_| Err(Error::Internal("an eager queue item panicked".into()))),
+            };
             match result {
                 Ok(output) => outputs.push(output),
                 Err(err) => {
                     let err = self.in_client_names(err);
                     self.shared.stats.failed.fetch_add(1, Ordering::Relaxed);
+                    if let Some(stream) = stream.filter(|_| self.failure_is_silent(items, index)) {
+                        tracing::debug!(context = self.shared.context_id, cause = %err,
+                                        "an op without outputs failed; its stream's next sync reports it");
+                        lock(&stream.held).get_or_insert_with(|| TfError::new(err.code() as i32, err.to_string()));
+                        outputs.push(ItemOutput::default());
+                        continue;
+                    }
                     // Pulls waiting for sends that will not run now get the error.
                     for later in &items[index + 1..] {
                         if let Some(name) = later.send_tensor_name() {
@@ -561,6 +588,25 @@ impl Worker {
             }
         }
         Ok(outputs)
+    }
+
+    /// Whether item `index`, failed, is the request's last and an op (or
+    /// function call) without outputs: nothing after it went unrun, and the
+    /// client has no output that could carry its error.
+    fn failure_is_silent(&self, items: &[Item], index: usize) -> bool {
+        if index + 1 != items.len() {
+            return false;
+        }
+        match &items[index] {
+            Item::Execute(op) if op.send_tensor_name().is_none() => {
+                if op.is_function {
+                    self.functions_without_outputs.contains(&op.name)
+                } else {
+                    op_registry::has_no_outputs(&op.name)
+                }
+            }
+            _ => false,
+        }
     }
 
     fn run_item(&mut self, item: &Item) -> Result<ItemOutput> {
@@ -602,6 +648,7 @@ impl Worker {
                 Ok(ItemOutput::default())
             }
             Item::RemoveFunction(name) => {
+                self.functions_without_outputs.remove(name);
                 if self.functions.remove(name) && self.ctx.has_function(name) {
                     self.ctx.remove_function(name)?;
                 }
@@ -994,7 +1041,7 @@ impl Worker {
     fn register_function(&mut self, def: &[u8]) -> Result<()> {
         let view = FunctionDefView::decode(def)
             .map_err(|e| Error::InvalidArgument(format!("malformed FunctionDef: {e}")))?;
-        let name = view.signature.map(|s| s.name).unwrap_or_default();
+        let name = view.signature.as_ref().map(|s| s.name.clone()).unwrap_or_default();
         if name.is_empty() {
             return Err(Error::InvalidArgument("a FunctionDef without a signature name".into()));
         }
@@ -1028,6 +1075,11 @@ impl Worker {
         self.ctx
             .add_function(&mapped)
             .map_err(|e| Error::InvalidArgument(format!("function {name:?} was refused: {}", e.message)))?;
+        if view.signature.as_ref().is_some_and(|s| s.output_arg.is_empty()) {
+            self.functions_without_outputs.insert(name.clone());
+        } else {
+            self.functions_without_outputs.remove(&name);
+        }
         self.functions.insert(name);
         Ok(())
     }

@@ -8,12 +8,14 @@
 //! - [`graph`]: TF_Graph, GraphDef import with mappings to existing nodes.
 //! - [`session`]: TF_Session runs, partial runs, devices.
 //! - [`eager`]: TFE contexts, tensor handles, op and function execution.
+//! - [`op_registry`]: facts about registered ops (which declare no outputs).
 //! - `buffer`, `ffi`: TF_Buffer helpers and the declarations tensorflow-sys lacks.
 
 mod buffer;
 pub mod eager;
 mod ffi;
 pub mod graph;
+pub mod op_registry;
 pub mod session;
 pub mod status;
 pub mod tensor;

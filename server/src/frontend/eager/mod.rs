@@ -6,7 +6,7 @@
 mod translate;
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,7 +23,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::error::{Error, Result};
 use crate::runtime::eager_devices::DeviceNames;
-use crate::runtime::eager_job::{EagerJob, EagerJobSpec, Item, ItemOutput, Scheduling};
+use crate::runtime::eager_job::{EagerJob, EagerJobSpec, Item, ItemOutput, Scheduling, StreamState};
 use crate::runtime::exec;
 use crate::runtime::rendezvous::UNANNOUNCED_GRACE;
 use crate::runtime::session_config::session_config;
@@ -204,12 +204,12 @@ impl EagerService for Eager {
         let inbound = request.into_inner();
         let (out_tx, out_rx) = mpsc::channel(256);
         let (pending_tx, pending_rx) = mpsc::unbounded_channel::<PendingReply>();
-        let failed = Arc::new(AtomicBool::new(false));
-        let reader = tokio::spawn(read_stream(self.state.clone(), inbound, pending_tx, failed.clone()));
+        let stream = Arc::new(StreamState::default());
+        let reader = tokio::spawn(read_stream(self.state.clone(), inbound, pending_tx, stream.clone()));
         let state = self.state.clone();
         tokio::spawn(async move {
             let errored = write_stream(pending_rx, out_tx).await;
-            failed.store(true, Ordering::SeqCst);
+            stream.failed.store(true, Ordering::SeqCst);
             if let Ok((Some(job), client_ended)) = reader.await {
                 let remaining = job.stream_closed();
                 if client_ended && !errored && remaining == 0 {
@@ -273,7 +273,7 @@ async fn read_stream(
     state: Arc<ServerState>,
     mut inbound: Streaming<EnqueueRequest>,
     pending: mpsc::UnboundedSender<PendingReply>,
-    failed: Arc<AtomicBool>,
+    stream: Arc<StreamState>,
 ) -> (Option<Arc<EagerJob>>, bool) {
     let mut job: Option<Arc<EagerJob>> = None;
     loop {
@@ -281,7 +281,7 @@ async fn read_stream(
             Ok(Some(req)) => req,
             Ok(None) | Err(_) => return (job, true),
         };
-        if failed.load(Ordering::SeqCst) {
+        if stream.failed.load(Ordering::SeqCst) {
             return (job, false);
         }
         let submitted = (|| {
@@ -302,7 +302,7 @@ async fn read_stream(
                     j
                 }
             };
-            current.submit(queue_items(req.queue)?, Some(failed.clone()))
+            current.submit(queue_items(req.queue)?, Some(stream.clone()))
         })();
         let stop = submitted.is_err();
         if pending.send(submitted).is_err() || stop {
