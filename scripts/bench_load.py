@@ -40,8 +40,9 @@ instead of the seconds of a new TensorFlow process; the server sees exactly the 
 these items. Printed: eager contexts open (admin ServerInfo.open_eager_contexts: at checkpoints it includes the
 few awaiting their 3 s reclaim; after the last cycle it must return to 0), file descriptors, threads, RSS and the
 server heap's live bytes (ServerInfo.heap_in_use_bytes), with the same leak judgement as phase 2 plus one on the
-live heap (below 1 KiB/cycle late): RSS also holds the freed memory glibc keeps for reuse, which grows with the
-peak number of contexts awaiting reclaim at once and then levels off.
+live heap (below 1 KiB/cycle late). The server keeps freed heap memory for reuse while jobs run and hands it back
+to the system when contexts end (at once when the last one ends), so RSS measured with no context open is
+comparable across checkpoints.
 
 Each phase starts its own salus-server ($SALUS_SERVER_BIN, default target/release/salus-server) with
 --listen 127.0.0.1:0 (the address is read from its "salus-server listening on ADDR" line) and stops it by its
@@ -75,6 +76,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "integration_tests"))
 import salus_wire as wire  # noqa: E402  (the hand-encoded protobuf codec of the integration tests)
 RSS_GROWTH_TARGET_PCT = 10.0
+SPREAD_TARGET = 3.0  # most / fewest steps of any two sessions in the load phase
+LONGEST_WAIT_TARGET_S = 2.0  # the longest any client waits for one step (RunStep, or TF2 call + fetch)
 LEAK_KIB_PER_CYCLE = 4.0  # RSS slope over the second half of the churn above which sessions look leaked
 HEAP_LEAK_KIB_PER_CYCLE = 1.0  # the same for the server's live heap bytes (admin ServerInfo.heap_in_use_bytes)
 MODELS = {  # name: (input dim, hidden widths, batch)
@@ -483,6 +486,13 @@ def phase_load(args, tmp: Path) -> bool:
             cls = np.sort(np.concatenate(lat_by_class[c]))
             line += f"; {label} p50 {fmt_ms(percentile(cls, 0.5))} p99 {fmt_ms(percentile(cls, 0.99))}"
     print(line)
+    # Starvation: the spread of per-session step counts, and the longest any client waited for one step.
+    spread = per_session[-1] / max(1, per_session[0])
+    longest_s = float(lat_sorted[-1]) if len(lat_sorted) else 0.0
+    ok_spread, ok_wait = spread <= SPREAD_TARGET, longest_s <= LONGEST_WAIT_TARGET_S
+    print(f"  starvation: per-session steps max/min {spread:.2f}x (target <= {SPREAD_TARGET:g}x: "
+          f"{'met' if ok_spread else 'MISSED'}); longest client step {longest_s:.3f} s (target <= "
+          f"{LONGEST_WAIT_TARGET_S:g} s: {'met' if ok_wait else 'MISSED'})")
     warm = next((s for t, s, _ in samples if t >= args.warmup_s), samples[0][1] if samples else end_status)
     growth = (end_status["rss_mib"] - warm["rss_mib"]) / warm["rss_mib"] * 100
     ok_rss = growth <= RSS_GROWTH_TARGET_PCT
@@ -500,8 +510,8 @@ def phase_load(args, tmp: Path) -> bool:
           f"{stats.get('dropped_iterations', 0)} dropped, switch latency p50 {lat.get('p50')} us "
           f"p99 {lat.get('p99')} us; "
           f"server exit code {code}")
-    return (not errors and ok_rss and jobs_after == 0 and info_after["open_eager_contexts"] == 0 and code == 0
-            and len(steps) == args.sessions)
+    return (not errors and ok_rss and ok_spread and ok_wait and jobs_after == 0
+            and info_after["open_eager_contexts"] == 0 and code == 0 and len(steps) == args.sessions)
 
 
 def phase_churn(args, tmp: Path) -> bool:
@@ -713,9 +723,7 @@ def phase_churn_tf2(args) -> bool:
     heap_late = (last["heap_mib"] - half["heap_mib"]) * 1024 / max(1, last["cycle"] - half["cycle"])
     leak = judged and (late > LEAK_KIB_PER_CYCLE or heap_late > HEAP_LEAK_KIB_PER_CYCLE)
     print(f"  heap in live blocks {first['heap_mib']:.2f} -> {last['heap_mib']:.2f} MiB: {heap_late * 1024:.0f} "
-          f"bytes/cycle over {half['cycle']}-{last['cycle']} (target below {HEAP_LEAK_KIB_PER_CYCLE:g} KiB/cycle; "
-          f"RSS also holds freed memory the server's heap keeps for reuse, up to the peak of contexts awaiting "
-          f"reclaim)")
+          f"bytes/cycle over {half['cycle']}-{last['cycle']} (target below {HEAP_LEAK_KIB_PER_CYCLE:g} KiB/cycle)")
     print(f"  RSS {first['rss_mib']:.1f} -> {last['rss_mib']:.1f} MiB "
           f"({last['rss_mib'] - first['rss_mib']:+.1f} MiB, each measured with no context open): "
           f"{warm['rss_mib'] - first['rss_mib']:+.1f} MiB with the first {warm['cycle']} contexts (one-time), then "

@@ -69,6 +69,26 @@ pub fn heap_in_use() -> u64 {
     0
 }
 
+/// Returns the heap's free memory to the system (glibc's `malloc_trim`):
+/// `tf_env` turns automatic trimming off so that one step's freed memory is
+/// there for the next, so after a job ends (its context's tensors and caches
+/// freed) this is what brings RSS back down. Unless `now` (the last job ended),
+/// at most once a second: a trim walks the whole heap.
+pub fn return_free_memory(now: bool) {
+    static LAST_SECOND: AtomicI64 = AtomicI64::new(0);
+    let second = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    if LAST_SECOND.swap(second, Ordering::Relaxed) == second && !now {
+        return;
+    }
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free pages of the heap.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// Checks that the process's `malloc` is the metered one (the server binary's
 /// hooks) and enables [`measure`]. Returns whether it is.
 pub fn install() -> bool {

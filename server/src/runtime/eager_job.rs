@@ -248,6 +248,7 @@ impl EagerJob {
             .name(format!("salus-eager-{}", spec.id.0))
             .spawn(move || match EagerContext::new(&config) {
                 Ok(ctx) => {
+                    CONTEXT_THREADS.fetch_add(1, Ordering::SeqCst);
                     let _ = ready_tx.send(Ok(()));
                     Worker {
                         handles: HashMap::new(),
@@ -263,6 +264,11 @@ impl EagerJob {
                         shared: thread_shared,
                     }
                     .run(rx);
+                    // The context's memory is free now; the heap keeps freed
+                    // memory for reuse (tf_env), so hand it back to the system:
+                    // always when the last context ended, else at most once a second.
+                    let last = CONTEXT_THREADS.fetch_sub(1, Ordering::SeqCst) == 1;
+                    heap_meter::return_free_memory(last);
                 }
                 Err(err) => {
                     let _ = ready_tx.send(Err(err.into()));
@@ -463,6 +469,9 @@ struct Turn {
 }
 
 /// What a request naming a closed context is told.
+/// Context threads whose TFE context is live.
+static CONTEXT_THREADS: AtomicUsize = AtomicUsize::new(0);
+
 fn closed_message(context_id: u64, reason: &str) -> String {
     format!(
         "eager context {context_id} not found: it was closed because {reason}; its tensors and variables are gone. \
