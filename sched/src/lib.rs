@@ -141,6 +141,7 @@ impl<W> JobState<W> {
             iterations: self.iterations,
             priority: self.hints.priority,
             remaining: self.remaining(),
+            waited: self.total_wait,
         }
     }
 }
@@ -154,6 +155,8 @@ struct LaneState {
     /// Jobs with at least one queued iteration.
     ready: BTreeSet<(SortKey, JobId)>,
     running: usize,
+    /// When keys were last recomputed for [`Policy::refresh_interval`].
+    refreshed: Nanos,
 }
 
 /// An iteration handed out to run.
@@ -278,9 +281,43 @@ impl<W> Scheduler<W> {
         }
     }
 
+    /// Recomputes the keys of `lane`'s jobs, at most once per `every`, for a
+    /// policy whose keys depend on waiting: a queued iteration's wait so far
+    /// counts in the job's `waited`.
+    fn refresh_keys(&mut self, lane: LaneId, now: Nanos, every: Nanos) {
+        let Some(lane_state) = self.lanes.get_mut(&lane) else {
+            return;
+        };
+        if now < lane_state.refreshed.saturating_add(every) {
+            return;
+        }
+        lane_state.refreshed = now;
+        let ids: Vec<JobId> = lane_state.all.iter().map(|&(_, id)| id).collect();
+        for id in ids {
+            let Some(job) = self.jobs.get_mut(&id) else {
+                continue;
+            };
+            let mut view = job.view(id);
+            if let (0, Some(oldest)) = (job.running, job.queue.front()) {
+                view.waited += now.saturating_sub(oldest.submitted);
+            }
+            let new = self.policy.key(&view);
+            if new == job.key {
+                continue;
+            }
+            let old = std::mem::replace(&mut job.key, new);
+            lane_state.all.remove(&(old, id));
+            lane_state.all.insert((new, id));
+            if lane_state.ready.remove(&(old, id)) {
+                lane_state.ready.insert((new, id));
+            }
+        }
+    }
+
     /// Forgets a job; its queued iterations are returned, not run.
     pub fn remove_job(&mut self, id: JobId) -> Result<Vec<W>, SchedError> {
         let job = self.jobs.remove(&id).ok_or(SchedError::UnknownJob(id))?;
+        self.policy.forget(id.0);
         // A running iteration keeps its lane slot until `finish`.
         if let Some(lane) = self.lanes.get_mut(&job.lane) {
             lane.all.remove(&(job.key, id));
@@ -345,6 +382,9 @@ impl<W> Scheduler<W> {
 
     /// The next thing `lane` should do.
     pub fn next(&mut self, lane: LaneId, now: Nanos) -> Decision<W> {
+        if let Some(every) = self.policy.refresh_interval() {
+            self.refresh_keys(lane, now, every);
+        }
         let Some(lane_state) = self.lanes.get(&lane) else {
             return Decision::Idle;
         };
@@ -418,6 +458,65 @@ impl<W> Scheduler<W> {
                 self.lanes.remove(&lane);
             }
         }
+    }
+
+    /// Records `count` iterations of `job` that ran back to back, `device_time`
+    /// in all, the last ending at `now`, each followed at once by the job's next
+    /// iteration, which is running now. This leaves the state that `count`
+    /// rounds of [`Self::finish`], [`Self::submit`] and a [`Self::next`]
+    /// dispatching `job` again leave, provided [`Self::can_defer_boundary`]
+    /// held before the first of them and nothing else was called meanwhile.
+    /// The simulator uses it to step over stretches where no decision can
+    /// differ.
+    pub fn finish_repeated(&mut self, job: JobId, device_time: Nanos, count: u64, now: Nanos) {
+        let Some(state) = self.jobs.get_mut(&job) else {
+            return;
+        };
+        if count == 0 {
+            return;
+        }
+        state.attained += device_time;
+        state.iterations += count;
+        state.last_end = Some(now);
+        self.rekey(job);
+    }
+
+    /// Whether the iteration of `id` that is running now may end without a
+    /// decision, left to [`Self::finish_repeated`]: whatever `finish`,
+    /// `submit` and `next` would do then is known to be "run `id` again".
+    /// That holds when its iteration is the only one in flight on its lane,
+    /// the policy re-keys a job only when the job changes (no
+    /// [`Policy::refresh_interval`]), and either `id` is alone on its lane or
+    /// its key cannot change ([`Policy::key_is_fixed`]) and ranks ahead of
+    /// every job `next` would consider. A driver that keeps calling nothing
+    /// else meanwhile may rely on the answer until its next other call.
+    pub fn can_defer_boundary(&self, id: JobId) -> bool {
+        if self.policy.refresh_interval().is_some() {
+            return false;
+        }
+        let Some(job) = self.jobs.get(&id) else {
+            return false;
+        };
+        let Some(lane) = self.lanes.get(&job.lane) else {
+            return false;
+        };
+        if job.running != 1 || lane.running != 1 {
+            return false;
+        }
+        if lane.all.len() == 1 {
+            return true;
+        }
+        if !self.policy.key_is_fixed() || self.config.lane_concurrency != 1 {
+            return false;
+        }
+        let rivals = match self.policy.hold() {
+            Hold::Never => &lane.ready,
+            Hold::WhileActive | Hold::Always => &lane.all,
+        };
+        rivals
+            .iter()
+            .find(|&&(_, other)| other != id)
+            .is_none_or(|&(key, _)| job.key < key)
     }
 
     /// Whether the lane exists (has jobs or a running iteration).

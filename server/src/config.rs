@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::Parser;
 
 use crate::runtime::session_config::SessionDefaults;
+use crate::sched::lanes::LaneRule;
 use crate::sched::{policy, SchedConfig};
 use crate::tenant::op_policy::OpPolicy;
 use crate::tenant::{absolute, default_checkpoint_base, CheckpointRoot, TenantRules};
@@ -45,7 +46,7 @@ pub struct Args {
     #[arg(long, env = "SALUS_INTER_OP_THREADS", default_value_t = 0)]
     pub inter_op_threads: u32,
 
-    /// Scheduling policy: fifo, srtf, pack, fair, rr, priority or las. Can be
+    /// Scheduling policy: fifo, srtf, pack, fair, rr, priority, las or dlas. Can be
     /// changed at run time with `salus-server ctl policy NAME`.
     #[arg(long, env = "SALUS_POLICY", default_value = "pack")]
     pub policy: String,
@@ -78,6 +79,14 @@ pub struct Args {
     /// feature uses GPU 0's memory when a CUDA driver is found).
     #[arg(long, env = "SALUS_MEMORY_CAPACITY", value_parser = parse_size)]
     pub memory_capacity: Option<u64>,
+
+    /// How a job gets a lane when the free pool cannot hold a new lane of its
+    /// need: pack (join a lane that can grow, else merge idle lanes so their
+    /// budgets combine, taking at most one lane that runs iterations, else
+    /// wait) or salus (join a lane that can grow, else wait). Both open a new
+    /// lane while the pool holds one. No effect with --gpu-lanes.
+    #[arg(long, env = "SALUS_LANE_RULE", default_value_t = LaneRule::default())]
+    pub lane_rule: LaneRule,
 
     /// Split the memory into this many fixed lanes, each a TensorFlow virtual
     /// GPU (GPU 0 split at start: TensorFlow fixes virtual devices once per
@@ -158,6 +167,8 @@ pub struct Config {
     pub inline_below: Duration,
     pub cheap_below: Duration,
     pub memory_capacity: Option<u64>,
+    /// Dynamic lanes' rule when memory is short.
+    pub lane_rule: LaneRule,
     /// Fixed GPU lanes (0: dynamic lanes).
     pub gpu_lanes: u32,
     pub admission_timeout: Duration,
@@ -181,6 +192,7 @@ impl Default for Config {
             inline_below: Duration::from_micros(200),
             cheap_below: Duration::from_micros(1000),
             memory_capacity: None,
+            lane_rule: LaneRule::default(),
             gpu_lanes: 0,
             admission_timeout: Duration::from_secs(600),
             policy: "pack".into(),
@@ -238,6 +250,7 @@ impl TryFrom<Args> for Config {
             inline_below: Duration::from_micros(args.inline_below_us),
             cheap_below: Duration::from_micros(args.cheap_below_us),
             memory_capacity: args.memory_capacity,
+            lane_rule: args.lane_rule,
             gpu_lanes: args.gpu_lanes,
             admission_timeout: Duration::from_secs(args.admission_timeout),
             policy: args.policy,
@@ -294,6 +307,12 @@ mod tests {
             Config::try_from(Args::parse_from(["salus-server", "--idle-timeout", "0"])).unwrap();
         assert_eq!(config.idle_timeout, None);
         assert_eq!(config.policy, "pack");
+        assert_eq!(config.lane_rule, LaneRule::Pack);
+        let config =
+            Config::try_from(Args::parse_from(["salus-server", "--lane-rule", "salus"])).unwrap();
+        assert_eq!(config.lane_rule, LaneRule::Salus);
+        let err = Args::try_parse_from(["salus-server", "--lane-rule", "best"]).unwrap_err();
+        assert!(err.to_string().contains("salus or pack"), "{err}");
     }
 
     #[test]

@@ -82,11 +82,12 @@ impl Server {
         let admission = capacity.map(|capacity| {
             let lanes = match gpu_lanes {
                 Some(gpu) => LaneManager::fixed(&vec![gpu.lane_bytes; gpu.count as usize]),
-                None => LaneManager::new(capacity),
+                None => LaneManager::with_rule(capacity, config.lane_rule),
             };
             tracing::info!(
                 capacity,
                 fixed_lanes = gpu_lanes.map_or(0, |g| g.count),
+                lane_rule = %config.lane_rule,
                 timeout_s = config.admission_timeout.as_secs(),
                 "memory lanes"
             );

@@ -14,7 +14,7 @@
 //! D x rate, capped at 1.
 //!
 //! # The schedules
-//! - Salus policies (`fifo`, `srtf`, `pack`, `fair`, `rr`, `priority`, `las`):
+//! - Salus policies (`fifo`, `srtf`, `pack`, `fair`, `rr`, `priority`, `las`, `dlas`):
 //!   the server's [`Scheduler`] decides per lane at each iteration boundary, one
 //!   iteration in flight per lane; with a capacity, the server's
 //!   [`LaneManager`] assigns lanes at a job's first iteration (as the server's
@@ -29,11 +29,24 @@
 //! A job arrives at its submit time, spends its `startup_s` off the device,
 //! then runs its iterations back to back (its next iteration is submitted the
 //! moment the previous one ends, as a training loop does).
+//!
+//! # Stepping
+//! Every iteration boundary is a scheduling decision. [`Stepping::EveryIteration`]
+//! asks the scheduler at each one. [`Stepping::FastForward`] (the default)
+//! skips the scheduler where its answer cannot differ: a job alone on its
+//! lane that ends an iteration which is not its last runs its next one at
+//! once, whatever the policy, so the engine starts it itself and hands the
+//! scheduler the deferred iterations in one call
+//! ([`Scheduler::finish_repeated`]) before anything else happens (an arrival,
+//! a timer, any other boundary). Virtual time, device progress and the
+//! timeline are still stepped iteration by iteration with the same
+//! arithmetic, so both modes give bit-identical results; only the
+//! scheduler's bookkeeping is batched.
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 
-use salus_sched::lanes::{LaneManager, MemoryNeed, Placement};
+use salus_sched::lanes::{LaneManager, LaneRule, MemoryNeed, Placement};
 use salus_sched::{policy, Decision, Hints, JobId, LaneId, Nanos, SchedConfig, Scheduler};
 
 use crate::trace::TraceJob;
@@ -43,6 +56,24 @@ use crate::SimError;
 /// The schedules besides the server's policies.
 pub const BASELINES: &[&str] = &["exclusive", "mps"];
 
+/// How the engine steps over iteration boundaries (see the module docs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Stepping {
+    /// The scheduler decides every iteration boundary.
+    EveryIteration,
+    /// A job alone on its lane continues without asking the scheduler.
+    #[default]
+    FastForward,
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tests run whole experiments (which build their own configs) under one
+    /// stepping, to compare the two.
+    static STEPPING_OVERRIDE: std::cell::Cell<Option<Stepping>> =
+        const { std::cell::Cell::new(None) };
+}
+
 #[derive(Clone, Debug)]
 pub struct SimConfig {
     /// A server policy, `exclusive` or `mps`.
@@ -51,6 +82,9 @@ pub struct SimConfig {
     pub capacity: Option<u64>,
     pub interference: f64,
     pub sched: SchedConfig,
+    pub stepping: Stepping,
+    /// How dynamic lanes are assigned when memory is short (with a capacity).
+    pub lane_rule: LaneRule,
 }
 
 impl SimConfig {
@@ -60,6 +94,8 @@ impl SimConfig {
             capacity: None,
             interference: 0.1,
             sched: SchedConfig::default(),
+            stepping: Stepping::default(),
+            lane_rule: LaneRule::default(),
         }
     }
 }
@@ -102,11 +138,13 @@ pub struct SimResult {
     pub timeline: Vec<Point>,
     /// Integral of utilization over time, device-seconds.
     pub busy_s: f64,
-    /// Iterations simulated.
+    /// Iterations simulated: each boundary is one scheduling decision.
     pub iterations: u64,
+    /// Of those, boundaries fast-forwarded past the scheduler (see [`Stepping`]).
+    pub fast_forwarded: u64,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, PartialOrd)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 struct Time(f64);
 
 impl Eq for Time {}
@@ -114,6 +152,13 @@ impl Eq for Time {}
 impl Ord for Time {
     fn cmp(&self, other: &Self) -> Ordering {
         self.0.total_cmp(&other.0)
+    }
+}
+
+// The heaps compare with `<=`: one order for both, the total one.
+impl PartialOrd for Time {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
     }
 }
 
@@ -145,6 +190,13 @@ struct Job {
     /// When its current iteration started.
     iteration_start: f64,
     running: bool,
+    /// Fast-forwarded iterations the scheduler has not been told of yet, and
+    /// their device time.
+    deferred_iterations: u64,
+    deferred_time: Nanos,
+    /// The scheduler's `can_defer_boundary`, as of the slow step counted.
+    deferrable: bool,
+    deferrable_as_of: Option<u64>,
     outcome: JobOutcome,
 }
 
@@ -172,6 +224,13 @@ struct Sim {
     timeline: Vec<Point>,
     busy_s: f64,
     iterations: u64,
+    fast_forward: bool,
+    /// Jobs with deferred iterations.
+    deferred: Vec<usize>,
+    fast_forwarded: u64,
+    /// Steps that called the scheduler or lane manager (any but a deferred
+    /// boundary): what the scheduler answered before one may differ after.
+    slow_steps: u64,
 }
 
 fn ns(seconds: f64) -> Nanos {
@@ -196,6 +255,12 @@ pub fn simulate(
             "interference must be a number >= 0".into(),
         ));
     }
+    #[cfg(test)]
+    let stepping = STEPPING_OVERRIDE
+        .with(|forced| forced.get())
+        .unwrap_or(config.stepping);
+    #[cfg(not(test))]
+    let stepping = config.stepping;
     let mut jobs = Vec::with_capacity(trace.len());
     for t in trace {
         let w = table.get(&t.model)?;
@@ -218,6 +283,10 @@ pub fn simulate(
             lane: None,
             iteration_start: 0.0,
             running: false,
+            deferred_iterations: 0,
+            deferred_time: 0,
+            deferrable: false,
+            deferrable_as_of: None,
             outcome: JobOutcome {
                 job_id: t.job_id.clone(),
                 model: t.model.clone(),
@@ -244,7 +313,7 @@ pub fn simulate(
         lanes: (mode == Mode::Salus)
             .then_some(config.capacity)
             .flatten()
-            .map(LaneManager::new),
+            .map(|capacity| LaneManager::with_rule(capacity, config.lane_rule)),
         timers: HashMap::new(),
         queue: VecDeque::new(),
         used: 0,
@@ -252,17 +321,23 @@ pub fn simulate(
         timeline: Vec::new(),
         busy_s: 0.0,
         iterations: 0,
+        fast_forward: mode == Mode::Salus && stepping == Stepping::FastForward,
+        deferred: Vec::new(),
+        fast_forwarded: 0,
+        slow_steps: 0,
     };
     for (i, job) in trace.iter().enumerate() {
         sim.at(job.submit_s, Event::Arrive(i));
     }
     sim.run();
+    sim.tell_deferred();
     Ok(SimResult {
         policy: config.policy.clone(),
         jobs: sim.jobs.into_iter().map(|j| j.outcome).collect(),
         timeline: sim.timeline,
         busy_s: sim.busy_s,
         iterations: sim.iterations,
+        fast_forwarded: sim.fast_forwarded,
     })
 }
 
@@ -315,9 +390,15 @@ impl Sim {
                     if self.active.is_empty() {
                         self.demand = 0.0;
                     }
-                    self.iteration_done(job);
+                    if self.boundary_is_foregone(job) {
+                        self.continue_deferred(job);
+                    } else {
+                        self.tell_deferred();
+                        self.iteration_done(job);
+                    }
                 }
                 (_, Some(event)) => {
+                    self.tell_deferred();
                     self.advance(event);
                     let Reverse((_, _, event)) = self.events.pop().expect("peeked");
                     match event {
@@ -396,6 +477,7 @@ impl Sim {
     }
 
     fn ready(&mut self, job: usize) {
+        self.report_busy_lanes();
         match self.mode {
             Mode::Salus => match &mut self.lanes {
                 None => self.submit(job),
@@ -406,12 +488,46 @@ impl Sim {
                     self.sched
                         .rank_new(JobId(job as u64), &self.jobs[job].hints, ns(self.t)),
                 ) {
-                    Ok(Placement::Placed(lane)) => self.place(job, lane),
+                    Ok(Placement::Placed(lane)) => {
+                        self.apply_moves();
+                        self.place(job, lane)
+                    }
                     Ok(Placement::Waiting) => {}
                     Err(err) => self.jobs[job].outcome.refused = Some(err.to_string()),
                 },
             },
             Mode::Exclusive | Mode::Mps => self.start_iteration(job),
+        }
+    }
+
+    /// Tells the lane manager which lanes run iterations (`pack` merges idle ones).
+    fn report_busy_lanes(&mut self) {
+        let now = self.now();
+        if let Some(lanes) = self.lanes.as_mut().filter(|l| l.rule() == LaneRule::Pack) {
+            lanes.set_busy_lanes(self.sched.busy_lanes(now));
+        }
+    }
+
+    /// Jobs a lane merge moved: they time-share their new lane from their next
+    /// iteration on (the lane runs nothing new until their running ones end).
+    fn apply_moves(&mut self) {
+        let moved = self
+            .lanes
+            .as_mut()
+            .map(|l| l.take_moved())
+            .unwrap_or_default();
+        let mut targets = Vec::new();
+        for (id, lane) in moved {
+            if self.sched.move_job(id, lane).is_ok() {
+                let j = &mut self.jobs[id.0 as usize];
+                j.lane = Some(lane);
+                j.outcome.lane = Some(lane.0);
+                targets.push(lane);
+            }
+        }
+        targets.dedup();
+        for lane in targets {
+            self.poll(lane);
         }
     }
 
@@ -451,6 +567,59 @@ impl Sim {
         }
     }
 
+    /// Fast-forward: whether `job`, whose iteration just ended, runs its next
+    /// one at once with nothing for the scheduler to decide: it has more to
+    /// run and the scheduler says its next boundary is a foregone decision.
+    /// The answer holds until the scheduler is next called, so it is asked
+    /// once per job between two slow steps.
+    fn boundary_is_foregone(&mut self, job: usize) -> bool {
+        if !self.fast_forward {
+            return false;
+        }
+        let j = &self.jobs[job];
+        if j.done + 1 >= j.total {
+            return false;
+        }
+        if j.deferrable_as_of != Some(self.slow_steps) {
+            let deferrable = self.sched.can_defer_boundary(JobId(job as u64));
+            let j = &mut self.jobs[job];
+            j.deferrable = deferrable;
+            j.deferrable_as_of = Some(self.slow_steps);
+        }
+        self.jobs[job].deferrable
+    }
+
+    /// [`Self::iteration_done`] for a job that [`Self::boundary_is_foregone`], the
+    /// scheduler's part deferred to [`Self::tell_deferred`].
+    fn continue_deferred(&mut self, job: usize) {
+        self.iterations += 1;
+        self.fast_forwarded += 1;
+        let j = &mut self.jobs[job];
+        j.done += 1;
+        // Rounded per iteration, as each `finish` would be charged.
+        j.deferred_time += ns(self.t - j.iteration_start);
+        if j.deferred_iterations == 0 {
+            self.deferred.push(job);
+        }
+        j.deferred_iterations += 1;
+        self.start_iteration(job);
+    }
+
+    /// Hands the scheduler every deferred iteration: it then holds exactly
+    /// what deciding each boundary would have left.
+    fn tell_deferred(&mut self) {
+        self.slow_steps += 1;
+        for job in std::mem::take(&mut self.deferred) {
+            let j = &mut self.jobs[job];
+            let count = std::mem::take(&mut j.deferred_iterations);
+            let time = std::mem::take(&mut j.deferred_time);
+            // The last deferred boundary is when the running iteration started.
+            let last_end = ns(j.iteration_start);
+            self.sched
+                .finish_repeated(JobId(job as u64), time, count, last_end);
+        }
+    }
+
     fn iteration_done(&mut self, job: usize) {
         self.iterations += 1;
         let now = self.now();
@@ -473,11 +642,13 @@ impl Sim {
                     return;
                 }
                 let _ = self.sched.remove_job(JobId(job as u64));
+                self.report_busy_lanes();
                 let admitted = self
                     .lanes
                     .as_mut()
                     .map(|l| l.release(JobId(job as u64)))
                     .unwrap_or_default();
+                self.apply_moves();
                 for (id, lane) in admitted {
                     self.place(id.0 as usize, lane);
                 }
@@ -640,6 +811,152 @@ mod tests {
         assert_eq!(result.jobs[0].start_s, Some(2.0));
         let exclusive = run(&trace, "exclusive", None);
         close(&ends(&exclusive), &[3.0, 5.0]);
+    }
+
+    const EVAL_TABLE: &str = include_str!("../../eval/workloads.csv");
+
+    /// Runs `f` with every simulation in it stepped by `stepping`.
+    fn stepped<T>(stepping: Stepping, f: impl FnOnce() -> T) -> T {
+        STEPPING_OVERRIDE.with(|forced| forced.set(Some(stepping)));
+        let out = f();
+        STEPPING_OVERRIDE.with(|forced| forced.set(None));
+        out
+    }
+
+    /// Everything a run yields, floats by their exact bits (`{:?}` prints
+    /// the shortest text that reads back to the same f64).
+    fn fingerprint(result: &SimResult) -> String {
+        format!(
+            "{:?} {:?} {:?} {:?} {}",
+            result.policy, result.jobs, result.timeline, result.busy_s, result.iterations
+        )
+    }
+
+    /// Fast-forwarded runs equal per-iteration runs job by job, bit for bit,
+    /// for every policy, baseline, lane rule and memory pressure; returns the
+    /// boundaries fast-forwarded, so callers can check the comparison meant
+    /// something.
+    fn assert_same_both_ways(trace: &[TraceJob], table: &WorkloadTable, config: &SimConfig) -> u64 {
+        let every = SimConfig {
+            stepping: Stepping::EveryIteration,
+            ..config.clone()
+        };
+        let fast = SimConfig {
+            stepping: Stepping::FastForward,
+            ..config.clone()
+        };
+        let slow = simulate(trace, table, &every).unwrap();
+        let quick = simulate(trace, table, &fast).unwrap();
+        assert_eq!(slow.fast_forwarded, 0);
+        assert_eq!(
+            fingerprint(&slow),
+            fingerprint(&quick),
+            "{config:?}: fast-forward differs from stepping every iteration"
+        );
+        quick.fast_forwarded
+    }
+
+    #[test]
+    fn fast_forward_gives_exactly_the_per_iteration_results() {
+        let table = WorkloadTable::parse(EVAL_TABLE).unwrap();
+        let mut fast_forwarded = 0;
+        let mut runs = 0;
+        for (seed, mean_interarrival_s) in [(1, 0.0), (2, 4.0), (3, 20.0)] {
+            let spec = crate::trace::TraceSpec {
+                jobs: 16,
+                seed,
+                mean_interarrival_s,
+                models: vec![],
+                minutes: vec![0.02, 0.1, 0.3],
+            };
+            let trace = crate::trace::generate(&spec, &table).unwrap();
+            let policies = policy::NAMES.iter().chain(BASELINES);
+            for name in policies {
+                for capacity in [None, Some(16u64 << 30), Some(5u64 << 30)] {
+                    for lane_rule in LaneRule::ALL {
+                        for lane_concurrency in [1, 2] {
+                            let config = SimConfig {
+                                capacity,
+                                lane_rule,
+                                sched: SchedConfig {
+                                    lane_concurrency,
+                                    ..SchedConfig::default()
+                                },
+                                ..SimConfig::new(name)
+                            };
+                            fast_forwarded += assert_same_both_ways(&trace, &table, &config);
+                            runs += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(runs > 0 && fast_forwarded > 0);
+        // The unit tests' own traces too.
+        let small = WorkloadTable::parse(TABLE).unwrap();
+        let traces = [
+            vec![job("x", "a", 3, 0.0), job("y", "a", 1, 0.5)],
+            vec![job("x", "half", 2, 0.0), job("y", "half", 2, 0.0)],
+            vec![job("s", "slow_start", 1, 0.0), job("x", "a", 2, 0.0)],
+            vec![job("x", "a", 5, 0.0), job("y", "half", 4, 0.2), job("z", "a", 2, 3.0)],
+        ];
+        for trace in &traces {
+            for name in policy::NAMES.iter().chain(BASELINES) {
+                for capacity in [None, Some(3u64 << 20), Some(4u64 << 20)] {
+                    let config = SimConfig {
+                        capacity,
+                        interference: 0.0,
+                        ..SimConfig::new(name)
+                    };
+                    assert_same_both_ways(trace, &small, &config);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn fast_forward_is_exact_where_keys_change_while_jobs_wait() {
+        // dlas re-keys waiting jobs and keeps promotion state: lengths across
+        // its 2 and 20 minute thresholds, arrivals that make jobs wait.
+        let table = WorkloadTable::parse(EVAL_TABLE).unwrap();
+        for (seed, mean_interarrival_s) in [(4, 0.0), (5, 30.0)] {
+            let spec = crate::trace::TraceSpec {
+                jobs: 10,
+                seed,
+                mean_interarrival_s,
+                models: vec!["resnet50_25".into(), "vgg11_25".into()],
+                minutes: vec![1.0, 3.0, 22.0],
+            };
+            let trace = crate::trace::generate(&spec, &table).unwrap();
+            for capacity in [None, Some(16u64 << 30)] {
+                let config = SimConfig {
+                    capacity,
+                    ..SimConfig::new("dlas")
+                };
+                assert_same_both_ways(&trace, &table, &config);
+            }
+        }
+    }
+
+    #[test]
+    fn experiments_give_the_same_reports_fast_forwarded() {
+        let table = WorkloadTable::parse(EVAL_TABLE).unwrap();
+        for which in [
+            crate::experiments::Experiment::Training,
+            crate::experiments::Experiment::Hyperparam,
+            crate::experiments::Experiment::Inference,
+        ] {
+            let report = |stepping| {
+                stepped(stepping, || {
+                    crate::experiments::run(which, &table, 1, 16 << 30, LaneRule::default())
+                        .unwrap()
+                })
+            };
+            let slow = report(Stepping::EveryIteration);
+            let quick = report(Stepping::FastForward);
+            assert_eq!(slow.text, quick.text, "{which:?}");
+            assert_eq!(slow.files, quick.files, "{which:?}");
+        }
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use salus_sched::lanes::{LaneManager, MemoryNeed, Placement};
+use salus_sched::lanes::{LaneManager, LaneRule, MemoryNeed, Placement};
 use salus_sched::JobId;
 
 use crate::engine::{simulate, SimConfig};
@@ -29,20 +29,42 @@ pub struct Report {
     pub files: Vec<(String, String)>,
 }
 
+/// Runs an experiment; `lane_rule` is the lane rule of its Salus runs, except
+/// in the lane-rule comparisons, which always run both rules.
 pub fn run(
     which: Experiment,
     table: &WorkloadTable,
     seed: u64,
     capacity: u64,
+    lane_rule: LaneRule,
 ) -> Result<Report, SimError> {
     match which {
-        Experiment::Training => training(table, seed, capacity),
+        Experiment::Training => {
+            let mut report = training(table, seed, capacity, lane_rule)?;
+            let (text, csv) = training_lane_rules(table, seed, capacity)?;
+            report.text.push_str(&text);
+            report.files.push(("training_lane_rules.csv".into(), csv));
+            Ok(report)
+        }
         Experiment::Hyperparam => hyperparam(table, capacity),
         Experiment::Inference => inference(table, capacity),
     }
 }
 
-pub const TRAINING_POLICIES: &[&str] = &["fifo", "srtf", "pack", "fair", "las", "exclusive", "mps"];
+pub const TRAINING_POLICIES: &[&str] = &[
+    "fifo",
+    "srtf",
+    "pack",
+    "fair",
+    "las",
+    "dlas",
+    "exclusive",
+    "mps",
+];
+/// The policies compared on both the 1/5/10-minute and the heavy-tailed trace.
+const LENGTH_POLICIES: &[&str] = &["fifo", "srtf", "las", "dlas"];
+/// The offline reference's row: SRTF told every job's exact length.
+const OFFLINE_BOUND: &str = "srtf-exact";
 const TRAINING_JOBS: usize = 100;
 const TRAINING_INTERARRIVAL_S: f64 = 30.0;
 
@@ -78,8 +100,14 @@ fn table_line(out: &mut String, s: &Summary) {
     );
 }
 
-/// (a) 100 training jobs, Poisson arrivals, every model, 1/5/10-minute jobs.
-fn training(table: &WorkloadTable, seed: u64, capacity: u64) -> Result<Report, SimError> {
+/// (a) 100 training jobs, Poisson arrivals, every model, 1/5/10-minute jobs;
+/// then the length policies on a trace with heavy-tailed lengths.
+fn training(
+    table: &WorkloadTable,
+    seed: u64,
+    capacity: u64,
+    lane_rule: LaneRule,
+) -> Result<Report, SimError> {
     let spec = TraceSpec {
         jobs: TRAINING_JOBS,
         seed,
@@ -105,6 +133,7 @@ fn training(table: &WorkloadTable, seed: u64, capacity: u64) -> Result<Report, S
     for policy in TRAINING_POLICIES {
         let config = SimConfig {
             capacity: Some(capacity),
+            lane_rule,
             ..SimConfig::new(policy)
         };
         let result = simulate(&jobs, table, &config)?;
@@ -118,6 +147,9 @@ fn training(table: &WorkloadTable, seed: u64, capacity: u64) -> Result<Report, S
             timeline_csv(&result.timeline, 500),
         ));
     }
+    let bound = offline_bound(&jobs, table, capacity, lane_rule)?;
+    table_line(&mut text, &bound);
+    summary_row(&mut summaries, &bound);
     let ratio = mean_jct["fifo"] / mean_jct["srtf"];
     let _ = writeln!(text, "FIFO/SRTF mean JCT: {ratio:.2}x (paper: 3.19x)");
     // The ratio depends on load as much as on the scheduler: the same mix at
@@ -134,6 +166,7 @@ fn training(table: &WorkloadTable, seed: u64, capacity: u64) -> Result<Report, S
         let mean_of = |policy: &str| -> Result<f64, SimError> {
             let config = SimConfig {
                 capacity: Some(capacity),
+                lane_rule,
                 ..SimConfig::new(policy)
             };
             Ok(Summary::of(&simulate(&jobs, table, &config)?).mean_jct_s)
@@ -146,7 +179,142 @@ fn training(table: &WorkloadTable, seed: u64, capacity: u64) -> Result<Report, S
     }
     let _ = writeln!(text, "{sweep}");
     files.push(("training_summary.csv".into(), summaries));
+    // The same policies on a heavy-tailed trace: same arrival rate and, in
+    // distribution, the same mean length.
+    let heavy = trace::generate_with(&spec, &trace::JobLengths::heavy_tailed(), table)?;
+    let _ = writeln!(
+        text,
+        "\n(a) training trace, lengths log-normal (median {} min, sigma {}; most short, a few very long)\n\
+         {:<10} {:>12} {:>12} {:>12} {:>10} {:>6}",
+        trace::HEAVY_TAIL_MEDIAN_MINUTES,
+        trace::HEAVY_TAIL_SIGMA,
+        "policy",
+        "makespan s",
+        "mean JCT s",
+        "p95 JCT s",
+        "util",
+        "lanes"
+    );
+    let mut heavy_summaries = summary_header();
+    let mut heavy_jct = std::collections::HashMap::new();
+    for policy in LENGTH_POLICIES {
+        let config = SimConfig {
+            capacity: Some(capacity),
+            lane_rule,
+            ..SimConfig::new(policy)
+        };
+        let summary = Summary::of(&simulate(&heavy, table, &config)?);
+        table_line(&mut text, &summary);
+        summary_row(&mut heavy_summaries, &summary);
+        heavy_jct.insert(*policy, summary.mean_jct_s);
+    }
+    let heavy_bound = offline_bound(&heavy, table, capacity, lane_rule)?;
+    table_line(&mut text, &heavy_bound);
+    summary_row(&mut heavy_summaries, &heavy_bound);
+    files.push(("training_heavy_trace.csv".into(), trace::to_csv(&heavy)));
+    files.push(("training_heavy_summary.csv".into(), heavy_summaries));
+    let bound_line = |jct: &std::collections::HashMap<&str, f64>, bound: &Summary| {
+        format!(
+            "offline bound ({OFFLINE_BOUND}) {:.0} s; DLAS/FIFO mean JCT {:.2}; \
+             DLAS gets {:.0}% of SRTF's gain over FIFO, LAS {:.0}%",
+            bound.mean_jct_s,
+            jct["dlas"] / jct["fifo"],
+            100.0 * share_of_gain(jct["fifo"], jct["srtf"], jct["dlas"]),
+            100.0 * share_of_gain(jct["fifo"], jct["srtf"], jct["las"]),
+        )
+    };
+    let uniform_line = bound_line(&mean_jct, &bound);
+    let heavy_line = bound_line(&heavy_jct, &heavy_bound);
+    let _ = writeln!(text, "1/5/10-minute trace: {uniform_line}");
+    let _ = writeln!(text, "heavy-tailed trace:  {heavy_line}");
     Ok(Report { text, files })
+}
+
+/// (FIFO - x) / (FIFO - SRTF): how much of SRTF's gain over FIFO `x` gets.
+fn share_of_gain(fifo: f64, srtf: f64, x: f64) -> f64 {
+    (fifo - x) / (fifo - srtf)
+}
+
+/// SRTF told every job's exact length (run time alone) as its `seconds` hint:
+/// the offline reference a policy without hints is measured against. The
+/// generated traces already carry exact lengths, so there it equals `srtf`;
+/// it is recomputed so a trace with missing or wrong hints still gets it.
+fn offline_bound(
+    jobs: &[TraceJob],
+    table: &WorkloadTable,
+    capacity: u64,
+    lane_rule: LaneRule,
+) -> Result<Summary, SimError> {
+    let mut exact = jobs.to_vec();
+    for job in &mut exact {
+        job.duration_s = Some(job.iterations as f64 * table.get(&job.model)?.iteration_s);
+    }
+    let config = SimConfig {
+        capacity: Some(capacity),
+        lane_rule,
+        ..SimConfig::new("srtf")
+    };
+    let mut summary = Summary::of(&simulate(&exact, table, &config)?);
+    summary.policy = OFFLINE_BOUND.into();
+    Ok(summary)
+}
+
+/// The training trace's Salus policies under each lane rule, side by side.
+const LANE_RULE_POLICIES: &[&str] = &["fifo", "srtf", "pack"];
+
+/// (a') The training trace of (a) under both lane rules.
+fn training_lane_rules(
+    table: &WorkloadTable,
+    seed: u64,
+    capacity: u64,
+) -> Result<(String, String), SimError> {
+    let jobs = trace::generate(
+        &TraceSpec {
+            jobs: TRAINING_JOBS,
+            seed,
+            mean_interarrival_s: TRAINING_INTERARRIVAL_S,
+            models: vec![],
+            minutes: vec![1.0, 5.0, 10.0],
+        },
+        table,
+    )?;
+    let mut text = format!(
+        "lane rules on the same trace (salus | pack):\n{:<8} {:>21} {:>21} {:>21} {:>15} {:>9}\n",
+        "policy", "makespan s", "mean JCT s", "p95 JCT s", "util %", "lanes"
+    );
+    let mut csv = String::from("lane_rule,") + &summary_header();
+    for policy in LANE_RULE_POLICIES {
+        let mut by_rule = Vec::new();
+        for rule in LaneRule::ALL {
+            let config = SimConfig {
+                capacity: Some(capacity),
+                lane_rule: rule,
+                ..SimConfig::new(policy)
+            };
+            let summary = Summary::of(&simulate(&jobs, table, &config)?);
+            csv.push_str(rule.name());
+            csv.push(',');
+            summary_row(&mut csv, &summary);
+            by_rule.push(summary);
+        }
+        let [salus, pack] = [&by_rule[0], &by_rule[1]];
+        let _ = writeln!(
+            text,
+            "{:<8} {:>10.0} | {:<8.0} {:>10.0} | {:<8.0} {:>10.0} | {:<8.0} {:>6.1} | {:<6.1} {:>3} | {:<3}",
+            policy,
+            salus.makespan_s,
+            pack.makespan_s,
+            salus.mean_jct_s,
+            pack.mean_jct_s,
+            salus.p95_jct_s,
+            pack.p95_jct_s,
+            salus.mean_utilization * 100.0,
+            pack.mean_utilization * 100.0,
+            salus.max_lanes,
+            pack.max_lanes
+        );
+    }
+    Ok((text, csv))
 }
 
 /// The models of the hyper-parameter experiment: small enough that several fit
@@ -155,22 +323,31 @@ pub const HYPERPARAM_MODELS: &[&str] = &["resnet50_25", "googlenet_25", "alexnet
 const HYPERPARAM_JOBS: usize = 300;
 
 /// (b) 300 identical 1-minute jobs of one model, all submitted at once:
-/// Salus (pack, memory lanes) against exclusive use, per model.
+/// Salus (pack policy, memory lanes under each lane rule) against exclusive
+/// use, per model.
 fn hyperparam(table: &WorkloadTable, capacity: u64) -> Result<Report, SimError> {
     let mut text = format!(
-        "(b) hyper-parameter tuning: {HYPERPARAM_JOBS} identical 1-minute jobs per model, all at t = 0, one {} GiB device\n\
-         {:<14} {:>6} {:>16} {:>16} {:>10} {:>10} {:>8} {:>6}\n",
+        "(b) hyper-parameter tuning: {HYPERPARAM_JOBS} identical 1-minute jobs per model, all at t = 0, one {} GiB device; \
+         Salus (pack policy) under each lane rule\n\
+         {:<14} {:>5} {:>11} {:>10} {:>10} {:>9} {:>10} {:>9} {:>11} {:>10} {:>11} {:>10}\n",
         capacity >> 30,
         "model",
         "util",
-        "exclusive span s",
-        "salus span s",
-        "excl util",
-        "salus util",
-        "ratio",
-        "lanes"
+        "excl span s",
+        "span salus",
+        "span pack",
+        "util excl",
+        "util salus",
+        "util pack",
+        "ratio salus",
+        "ratio pack",
+        "lanes salus",
+        "lanes pack"
     );
-    let mut csv = String::from("model,exclusive_makespan_s,salus_makespan_s,exclusive_utilization,salus_utilization,ratio,max_lanes\n");
+    let mut csv = String::from(
+        "model,exclusive_makespan_s,salus_makespan_s,exclusive_utilization,salus_utilization,ratio,max_lanes,\
+         pack_makespan_s,pack_utilization,pack_ratio,pack_max_lanes\n",
+    );
     let mut files = Vec::new();
     for model in HYPERPARAM_MODELS {
         let w = table.get(model)?;
@@ -184,39 +361,53 @@ fn hyperparam(table: &WorkloadTable, capacity: u64) -> Result<Report, SimError> 
                 duration_s: Some(iterations as f64 * w.iteration_s),
             })
             .collect();
-        let run = |policy: &str| -> Result<(Summary, String), SimError> {
+        let run = |policy: &str, lane_rule: LaneRule| -> Result<(Summary, String), SimError> {
             let config = SimConfig {
                 capacity: Some(capacity),
+                lane_rule,
                 ..SimConfig::new(policy)
             };
             let result = simulate(&jobs, table, &config)?;
             Ok((Summary::of(&result), timeline_csv(&result.timeline, 500)))
         };
-        let (exclusive, _) = run("exclusive")?;
-        let (salus, timeline) = run("pack")?;
+        let (exclusive, _) = run("exclusive", LaneRule::Salus)?;
+        let (salus, timeline) = run("pack", LaneRule::Salus)?;
+        let (pack, pack_timeline) = run("pack", LaneRule::Pack)?;
         let ratio = exclusive.makespan_s / salus.makespan_s;
+        let pack_ratio = exclusive.makespan_s / pack.makespan_s;
         let _ = writeln!(
             text,
-            "{:<14} {:>6.2} {:>16.0} {:>16.0} {:>9.1}% {:>9.1}% {:>7.2}x {:>6}",
+            "{:<14} {:>5.2} {:>11.0} {:>10.0} {:>10.0} {:>8.1}% {:>9.1}% {:>8.1}% {:>10.2}x {:>9.2}x {:>11} {:>10}",
             model,
             w.utilization,
             exclusive.makespan_s,
             salus.makespan_s,
+            pack.makespan_s,
             exclusive.mean_utilization * 100.0,
             salus.mean_utilization * 100.0,
+            pack.mean_utilization * 100.0,
             ratio,
-            salus.max_lanes
+            pack_ratio,
+            salus.max_lanes,
+            pack.max_lanes
         );
         let _ = writeln!(
             csv,
-            "{model},{:.3},{:.3},{:.4},{:.4},{ratio:.4},{}",
+            "{model},{:.3},{:.3},{:.4},{:.4},{ratio:.4},{},{:.3},{:.4},{pack_ratio:.4},{}",
             exclusive.makespan_s,
             salus.makespan_s,
             exclusive.mean_utilization,
             salus.mean_utilization,
-            salus.max_lanes
+            salus.max_lanes,
+            pack.makespan_s,
+            pack.mean_utilization,
+            pack.max_lanes
         );
         files.push((format!("hyperparam_timeline_{model}.csv"), timeline));
+        files.push((
+            format!("hyperparam_timeline_{model}_pack.csv"),
+            pack_timeline,
+        ));
     }
     let _ = writeln!(
         text,
@@ -302,18 +493,29 @@ fn first_fit(needs: &[MemoryNeed], mut fits: impl FnMut(&mut Vec<Device>, usize)
 }
 
 enum Device {
-    Salus(LaneManager),
+    Salus(Box<LaneManager>),
     Mps(u64),
 }
 
-/// Devices needed for `needs` under the Salus lane manager, the sum(P) +
-/// max(E) bound (each device one lane), the MPS rule and exclusively.
-fn devices_needed(needs: &[MemoryNeed], capacity: u64) -> (usize, usize, usize, usize) {
-    // Salus: each device a lane manager; a job goes to the first device that places it.
-    let salus = first_fit(needs, |devices, i| {
+/// Devices needed per rule: each lane rule, the one-lane bound, MPS, exclusive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct DevicesNeeded {
+    salus: usize,
+    pack: usize,
+    one_lane: usize,
+    mps: usize,
+    exclusive: usize,
+}
+
+/// Devices needed when each device is a lane manager under `rule` and a job
+/// goes to the first device that places it (jobs never leave).
+fn lane_devices(needs: &[MemoryNeed], capacity: u64, rule: LaneRule) -> usize {
+    first_fit(needs, |devices, i| {
         let id = JobId(i as u64);
         for device in devices.iter_mut() {
             if let Device::Salus(lanes) = device {
+                // Resident inference services, idle between requests: no lane is busy.
+                lanes.set_busy_lanes([]);
                 match lanes.request(id, needs[i]) {
                     Ok(Placement::Placed(_)) => return true,
                     Ok(Placement::Waiting) => {
@@ -323,11 +525,18 @@ fn devices_needed(needs: &[MemoryNeed], capacity: u64) -> (usize, usize, usize, 
                 }
             }
         }
-        let mut lanes = LaneManager::new(capacity);
+        let mut lanes = LaneManager::with_rule(capacity, rule);
         let placed = matches!(lanes.request(id, needs[i]), Ok(Placement::Placed(_)));
-        devices.push(Device::Salus(lanes));
+        devices.push(Device::Salus(Box::new(lanes)));
         placed
-    });
+    })
+}
+
+/// Devices needed for `needs` under both lane rules, the sum(P) + max(E)
+/// bound (each device one lane), the MPS rule and exclusively.
+fn devices_needed(needs: &[MemoryNeed], capacity: u64) -> DevicesNeeded {
+    let salus = lane_devices(needs, capacity, LaneRule::Salus);
+    let pack = lane_devices(needs, capacity, LaneRule::Pack);
     // MPS: every job holds persistent + ephemeral at once.
     let mps = first_fit(needs, |devices, i| {
         let limit = needs[i].limit();
@@ -354,7 +563,13 @@ fn devices_needed(needs: &[MemoryNeed], capacity: u64) -> (usize, usize, usize, 
             None => one_lane.push((need.persistent, need.ephemeral)),
         }
     }
-    (salus, one_lane.len(), mps, needs.len())
+    DevicesNeeded {
+        salus,
+        pack,
+        one_lane: one_lane.len(),
+        mps,
+        exclusive: needs.len(),
+    }
 }
 
 /// (c) How many devices 14 x 3 inference jobs need.
@@ -388,20 +603,26 @@ fn inference(table: &WorkloadTable, capacity: u64) -> Result<Report, SimError> {
         needs[1].extend(std::iter::repeat_n(single, INFERENCE_INSTANCES));
     }
     for (label, needs) in [("batched", &needs[0]), ("single-request", &needs[1])] {
-        let (salus, bound, mps, exclusive) = devices_needed(needs, capacity);
+        let d = devices_needed(needs, capacity);
         let _ = writeln!(
             text,
-            "{label:<15} devices needed: Salus {salus}, MPS {mps}, exclusive {exclusive} (paper: 1, 6, 42); \
-             Salus packs {:.1}x more than exclusive, {:.1}x more than MPS (paper: 42x, 7x); \
-             one lane per device would need {bound}",
-            exclusive as f64 / salus as f64,
-            mps as f64 / salus as f64
+            "{label:<15} devices needed: lanes salus {}, lanes pack {}, one lane per device {}, MPS {}, exclusive {} \
+             (paper: Salus 1, MPS 6, exclusive 42); pack: {:.1}x more jobs per device than exclusive, {:.1}x than MPS \
+             (paper: 42x, 7x)",
+            d.salus,
+            d.pack,
+            d.one_lane,
+            d.mps,
+            d.exclusive,
+            d.exclusive as f64 / d.pack as f64,
+            d.mps as f64 / d.pack as f64
         );
         for (rule, n) in [
-            ("salus", salus),
-            ("salus_one_lane", bound),
-            ("mps", mps),
-            ("exclusive", exclusive),
+            ("salus", d.salus),
+            ("pack", d.pack),
+            ("salus_one_lane", d.one_lane),
+            ("mps", d.mps),
+            ("exclusive", d.exclusive),
         ] {
             let _ = writeln!(csv, "{label},{rule},{n}");
         }
@@ -417,6 +638,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn pack_reaches_the_one_lane_bound_where_salus_fragments() {
+        // 8 GiB devices. Four (1 + 1) jobs open four lanes of 2 and fill the pool;
+        // a (1 + 2) job fits no lane's growth under Salus (needs a second device),
+        // while merged lanes hold 4 + 1 + 2 = 7 <= 8.
+        let small = MemoryNeed {
+            persistent: 1 << 30,
+            ephemeral: 1 << 30,
+        };
+        let large = MemoryNeed {
+            persistent: 1 << 30,
+            ephemeral: 2 << 30,
+        };
+        let needs = [small, small, small, small, large];
+        let d = devices_needed(&needs, 8 << 30);
+        assert_eq!(
+            (d.salus, d.pack, d.one_lane, d.mps, d.exclusive),
+            (2, 1, 1, 2, 5)
+        );
+    }
+
+    #[test]
     fn inference_counts_devices_by_each_rule() {
         // 3 configs of P 4 GiB / E 2 GiB-per-request-batch-1, on 16 GiB devices.
         let table =
@@ -425,7 +667,9 @@ mod tests {
         let report = inference(&table, 16 << 30).unwrap();
         // 3 instances of (4 + 2): Salus 4 + 4 + 4 + 2 = 14 <= 16 -> 1; MPS 6 + 6 = 12, 18 > 16 -> 2.
         assert!(
-            report.text.contains("Salus 1, MPS 2, exclusive 3"),
+            report
+                .text
+                .contains("lanes salus 1, lanes pack 1, one lane per device 1, MPS 2, exclusive 3"),
             "{}",
             report.text
         );

@@ -5,11 +5,12 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Parser, Subcommand};
+use salus_sched::lanes::LaneRule;
 use salus_sched::units::parse_size;
-use salus_sim::engine::{simulate, SimConfig};
+use salus_sim::engine::{simulate, SimConfig, Stepping};
 use salus_sim::experiments::{self, Experiment};
 use salus_sim::report::{jobs_csv, timeline_csv, Summary};
-use salus_sim::trace::{self, TraceSpec};
+use salus_sim::trace::{self, JobLengths, TraceSpec};
 use salus_sim::workload::{derive_from_salus, WorkloadTable};
 
 #[derive(Parser)]
@@ -34,7 +35,7 @@ enum Command {
         /// Workload table CSV: model,iteration_s,persistent_mb,ephemeral_mb[,utilization,startup_s].
         #[arg(long)]
         workloads: PathBuf,
-        /// fifo, srtf, pack, fair, rr, priority, las, or a baseline: exclusive, mps.
+        /// fifo, srtf, pack, fair, rr, priority, las, dlas, or a baseline: exclusive, mps.
         #[arg(long, default_value = "pack")]
         policy: String,
         /// Device memory, e.g. 16GiB: memory lanes (Salus) or admission (mps). Unset: one lane, no limit.
@@ -43,6 +44,11 @@ enum Command {
         /// Share of speed lost when activities share a saturated device.
         #[arg(long, default_value_t = 0.1)]
         interference: f64,
+        /// Lane rule when the pool does not hold a new lane (with --capacity):
+        /// salus (join the first lane that can grow, else wait) or pack (join the
+        /// best-fitting lane, else merge lanes, else wait).
+        #[arg(long, default_value_t = LaneRule::default())]
+        lane_rule: LaneRule,
         /// Write per-job results (job_id,model,arrival_s,start_s,end_s,jct_s,lane).
         #[arg(long)]
         jobs_out: Option<PathBuf>,
@@ -53,7 +59,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Generate a seeded trace: Poisson arrivals, models and lengths drawn uniformly.
+    /// Generate a seeded trace: Poisson arrivals, models drawn uniformly, lengths
+    /// uniform over --minutes or heavy-tailed (--lengths lognormal).
     GenTrace {
         #[arg(long)]
         workloads: PathBuf,
@@ -67,9 +74,21 @@ enum Command {
         /// Models to draw from (comma separated); default: every model of the table.
         #[arg(long, value_delimiter = ',')]
         models: Vec<String>,
-        /// Job lengths alone, in minutes, drawn uniformly.
+        /// Job lengths alone, in minutes, drawn uniformly (--lengths uniform).
         #[arg(long, value_delimiter = ',', default_value = "1,5,10")]
         minutes: Vec<f64>,
+        /// uniform (over --minutes) or lognormal (heavy-tailed: --median-minutes, --sigma, --max-minutes).
+        #[arg(long, value_enum, default_value = "uniform")]
+        lengths: LengthDistribution,
+        /// lognormal: median job length alone, in minutes.
+        #[arg(long, default_value_t = trace::HEAVY_TAIL_MEDIAN_MINUTES)]
+        median_minutes: f64,
+        /// lognormal: standard deviation of ln(length).
+        #[arg(long, default_value_t = trace::HEAVY_TAIL_SIGMA)]
+        sigma: f64,
+        /// lognormal: longest job, in minutes.
+        #[arg(long, default_value_t = trace::HEAVY_TAIL_MAX_MINUTES)]
+        max_minutes: f64,
         /// Output file (default: stdout).
         #[arg(long)]
         out: Option<PathBuf>,
@@ -95,8 +114,13 @@ enum Command {
         /// GPU memory of one device.
         #[arg(long, value_parser = parse_size, default_value = "16GiB")]
         capacity: u64,
+        /// Lane rule of the Salus runs (salus or pack); the lane-rule
+        /// comparisons always show both.
+        #[arg(long, default_value_t = LaneRule::default())]
+        lane_rule: LaneRule,
     },
-    /// Time a large generated trace (default 10,000 jobs) under one policy.
+    /// Time a large generated trace (default 10,000 jobs) under one policy;
+    /// prints the wall time and the cost per scheduling decision.
     Scale {
         #[arg(long)]
         workloads: PathBuf,
@@ -109,7 +133,19 @@ enum Command {
         /// Mean seconds between arrivals.
         #[arg(long, default_value_t = 60.0)]
         mean_interarrival: f64,
+        /// every-iteration: the scheduler decides each iteration boundary;
+        /// fast-forward: a job alone on its lane continues without asking it
+        /// (identical results).
+        #[arg(long, value_enum, default_value_t = Stepping::default())]
+        stepping: Stepping,
     },
+}
+
+/// `gen-trace --lengths`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum LengthDistribution {
+    Uniform,
+    Lognormal,
 }
 
 fn read(path: &Path) -> Result<String, String> {
@@ -156,6 +192,7 @@ fn main_inner(cli: Cli) -> Result<(), String> {
             policy,
             capacity,
             interference,
+            lane_rule,
             jobs_out,
             timeline_out,
             json,
@@ -166,6 +203,7 @@ fn main_inner(cli: Cli) -> Result<(), String> {
             let config = SimConfig {
                 capacity,
                 interference,
+                lane_rule,
                 ..SimConfig::new(&policy)
             };
             let result = simulate(&jobs, &table, &config).map_err(|e| e.to_string())?;
@@ -190,8 +228,20 @@ fn main_inner(cli: Cli) -> Result<(), String> {
             mean_interarrival,
             models,
             minutes,
+            lengths,
+            median_minutes,
+            sigma,
+            max_minutes,
             out,
         } => {
+            let lengths = match lengths {
+                LengthDistribution::Uniform => JobLengths::Choice(minutes.clone()),
+                LengthDistribution::Lognormal => JobLengths::LogNormal {
+                    median_minutes,
+                    sigma,
+                    max_minutes,
+                },
+            };
             let spec = TraceSpec {
                 jobs,
                 seed,
@@ -199,7 +249,8 @@ fn main_inner(cli: Cli) -> Result<(), String> {
                 models,
                 minutes,
             };
-            let trace = trace::generate(&spec, &table(&workloads)?).map_err(|e| e.to_string())?;
+            let trace = trace::generate_with(&spec, &lengths, &table(&workloads)?)
+                .map_err(|e| e.to_string())?;
             output(out.as_deref(), &trace::to_csv(&trace))
         }
         Command::Workloads { from, out } => {
@@ -213,10 +264,11 @@ fn main_inner(cli: Cli) -> Result<(), String> {
             out_dir,
             seed,
             capacity,
+            lane_rule,
         } => {
             std::fs::create_dir_all(&out_dir)
                 .map_err(|e| format!("cannot create {}: {e}", out_dir.display()))?;
-            let report = experiments::run(which, &table(&workloads)?, seed, capacity)
+            let report = experiments::run(which, &table(&workloads)?, seed, capacity, lane_rule)
                 .map_err(|e| e.to_string())?;
             print!("{}", report.text);
             for (name, text) in &report.files {
@@ -235,6 +287,7 @@ fn main_inner(cli: Cli) -> Result<(), String> {
             policy,
             capacity,
             mean_interarrival,
+            stepping,
         } => {
             let table = table(&workloads)?;
             let spec = TraceSpec {
@@ -247,6 +300,7 @@ fn main_inner(cli: Cli) -> Result<(), String> {
             let trace = trace::generate(&spec, &table).map_err(|e| e.to_string())?;
             let config = SimConfig {
                 capacity: Some(capacity),
+                stepping,
                 ..SimConfig::new(&policy)
             };
             let started = Instant::now();
@@ -258,6 +312,17 @@ fn main_inner(cli: Cli) -> Result<(), String> {
                  in {elapsed:.2} s (target <= 10 s: {})",
                 result.iterations,
                 if elapsed <= 10.0 { "met" } else { "MISSED" }
+            );
+            // Every iteration boundary is one decision, whether the scheduler
+            // or the fast-forward made it; the wall time covers both, and the
+            // lane manager's admissions besides.
+            let decisions = result.iterations.max(1);
+            println!(
+                "cost per decision: {:.1} ns ({} decisions, {} by the scheduler, {} fast-forwarded)",
+                elapsed * 1e9 / decisions as f64,
+                result.iterations,
+                result.iterations - result.fast_forwarded,
+                result.fast_forwarded
             );
             Ok(())
         }

@@ -77,18 +77,108 @@ pub struct TraceSpec {
     pub minutes: Vec<f64>,
 }
 
+/// How [`generate_with`] draws job lengths (run time alone).
+#[derive(Clone, Debug, PartialEq)]
+pub enum JobLengths {
+    /// One of these minutes, uniformly (the original traces' 1, 5, 10).
+    Choice(Vec<f64>),
+    /// Log-normal: most jobs short, a few very long, as in production GPU
+    /// clusters (docs/EVALUATION.md, section (a), says which parameters and
+    /// why). `sigma` is the standard deviation of ln(length); lengths are
+    /// capped at `max_minutes`.
+    LogNormal {
+        median_minutes: f64,
+        sigma: f64,
+        max_minutes: f64,
+    },
+}
+
+/// The heavy-tailed lengths of the training experiment. The spread
+/// (sigma 2: the 99th percentile about 100x the median) follows the
+/// production traces; the median is scaled so the mean, about 5.3 minutes,
+/// equals that of the 1/5/10-minute trace, so both traces bring the same
+/// load and differ only in their spread.
+pub const HEAVY_TAIL_MEDIAN_MINUTES: f64 = 0.72;
+pub const HEAVY_TAIL_SIGMA: f64 = 2.0;
+/// Keeps one freak draw from dominating a 100-job trace (about 1 in 10^5
+/// draws reaches it).
+pub const HEAVY_TAIL_MAX_MINUTES: f64 = 600.0;
+
+impl JobLengths {
+    pub fn heavy_tailed() -> JobLengths {
+        JobLengths::LogNormal {
+            median_minutes: HEAVY_TAIL_MEDIAN_MINUTES,
+            sigma: HEAVY_TAIL_SIGMA,
+            max_minutes: HEAVY_TAIL_MAX_MINUTES,
+        }
+    }
+
+    fn check(&self) -> Result<(), SimError> {
+        let valid = match self {
+            JobLengths::Choice(minutes) => {
+                !minutes.is_empty() && minutes.iter().all(|m| *m > 0.0 && m.is_finite())
+            }
+            JobLengths::LogNormal {
+                median_minutes,
+                sigma,
+                max_minutes,
+            } => {
+                *median_minutes > 0.0
+                    && median_minutes.is_finite()
+                    && *sigma >= 0.0
+                    && sigma.is_finite()
+                    && *max_minutes > 0.0
+            }
+        };
+        if valid {
+            Ok(())
+        } else {
+            Err(SimError::Invalid(format!(
+                "job lengths must be positive minutes (sigma >= 0): {self:?}"
+            )))
+        }
+    }
+
+    fn draw(&self, rng: &mut Rng) -> f64 {
+        match self {
+            JobLengths::Choice(minutes) => minutes[rng.below(minutes.len())],
+            JobLengths::LogNormal {
+                median_minutes,
+                sigma,
+                max_minutes,
+            } => {
+                // Box-Muller: a standard normal from two uniforms.
+                let (u1, u2) = (rng.unit(), rng.unit());
+                let normal = (-2.0 * (1.0 - u1).ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
+                (median_minutes * (sigma * normal).exp()).min(*max_minutes)
+            }
+        }
+    }
+}
+
 /// A seedable trace: Poisson arrivals, models and lengths drawn uniformly.
 pub fn generate(spec: &TraceSpec, table: &WorkloadTable) -> Result<Vec<TraceJob>, SimError> {
+    generate_with(spec, &JobLengths::Choice(spec.minutes.clone()), table)
+}
+
+/// As [`generate`], with lengths drawn from `lengths` instead of
+/// `spec.minutes`.
+pub fn generate_with(
+    spec: &TraceSpec,
+    lengths: &JobLengths,
+    table: &WorkloadTable,
+) -> Result<Vec<TraceJob>, SimError> {
     let models: Vec<&str> = if spec.models.is_empty() {
         table.models.keys().map(String::as_str).collect()
     } else {
         spec.models.iter().map(String::as_str).collect()
     };
-    if models.is_empty() || spec.minutes.is_empty() {
+    if models.is_empty() || lengths == &JobLengths::Choice(vec![]) {
         return Err(SimError::Invalid(
             "a trace needs at least one model and one job length".into(),
         ));
     }
+    lengths.check()?;
     let mut rng = Rng::new(spec.seed);
     let mut now = 0.0;
     let mut jobs = Vec::with_capacity(spec.jobs);
@@ -98,7 +188,7 @@ pub fn generate(spec: &TraceSpec, table: &WorkloadTable) -> Result<Vec<TraceJob>
         }
         let model = models[rng.below(models.len())];
         let workload = table.get(model)?;
-        let minutes = spec.minutes[rng.below(spec.minutes.len())];
+        let minutes = lengths.draw(&mut rng);
         let iterations = ((minutes * 60.0 / workload.iteration_s).round() as u64).max(1);
         jobs.push(TraceJob {
             job_id: format!("j{i}"),
@@ -155,5 +245,45 @@ mod tests {
             assert_eq!(job.duration_s, Some(60.0));
         }
         assert!(a.iter().any(|j| j.model == "a") && a.iter().any(|j| j.model == "b"));
+    }
+
+    #[test]
+    fn heavy_tailed_lengths_are_seeded_mostly_short_and_capped() {
+        let spec = TraceSpec {
+            jobs: 4000,
+            seed: 5,
+            mean_interarrival_s: 10.0,
+            models: vec!["a".into()],
+            minutes: vec![],
+        };
+        let lengths = JobLengths::LogNormal {
+            median_minutes: 1.0,
+            sigma: 2.0,
+            max_minutes: 100.0,
+        };
+        let jobs = generate_with(&spec, &lengths, &table()).unwrap();
+        assert_eq!(jobs, generate_with(&spec, &lengths, &table()).unwrap());
+        let mut minutes: Vec<f64> = jobs.iter().map(|j| j.duration_s.unwrap() / 60.0).collect();
+        minutes.sort_by(f64::total_cmp);
+        let at = |q: f64| minutes[(q * minutes.len() as f64) as usize];
+        // Log-normal quantiles: median e^0, 90th e^(2 x 1.28) = 13 x median.
+        assert!((0.85..1.15).contains(&at(0.5)), "median {}", at(0.5));
+        assert!((9.0..17.0).contains(&at(0.9)), "p90 {}", at(0.9));
+        assert!(*minutes.last().unwrap() <= 100.0);
+        assert!(
+            minutes.iter().filter(|&&m| m == 100.0).count() > 0,
+            "the cap binds"
+        );
+        for bad in [
+            JobLengths::Choice(vec![]),
+            JobLengths::Choice(vec![-1.0]),
+            JobLengths::LogNormal {
+                median_minutes: 0.0,
+                sigma: 1.0,
+                max_minutes: 10.0,
+            },
+        ] {
+            assert!(generate_with(&spec, &bad, &table()).is_err(), "{bad:?}");
+        }
     }
 }

@@ -131,7 +131,7 @@ def cmd_policy(args) -> int:
             sys.stdout.write(f"policy: {admin.server_info()['policy']}\n")
         elif args.action == "set":
             if not args.name:
-                raise CliError("usage: salus policy set NAME (fifo, srtf, pack, fair, rr, priority, las)", 2)
+                raise CliError("usage: salus policy set NAME (fifo, srtf, pack, fair, rr, priority, las, dlas)", 2)
             r = admin.set_policy(args.name)
             sys.stdout.write(f"policy: {r['previous']} -> {r['policy']}\n")
         elif args.name is None:  # `salus policy srtf`, as `salus-server ctl policy srtf`
@@ -365,7 +365,7 @@ def _parser() -> argparse.ArgumentParser:
     po = sub.add_parser("policy", parents=[common], help="show or set the scheduling policy",
                         usage="salus policy [show] | salus policy set NAME")
     po.add_argument("action", nargs="?", help="show (default) or set")
-    po.add_argument("name", nargs="?", help="fifo, srtf, pack, fair, rr, priority or las")
+    po.add_argument("name", nargs="?", help="fifo, srtf, pack, fair, rr, priority, las or dlas")
     po.set_defaults(func=cmd_policy)
 
     s = sub.add_parser("stats", parents=[common], help="scheduler statistics")

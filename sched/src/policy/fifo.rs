@@ -14,6 +14,9 @@ impl Policy for Fifo {
     fn key(&self, job: &JobView) -> SortKey {
         SortKey::new(job, 0, 0)
     }
+    fn key_is_fixed(&self) -> bool {
+        true
+    }
     fn hold(&self) -> Hold {
         Hold::Always
     }

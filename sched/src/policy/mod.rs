@@ -5,13 +5,15 @@
 //! | name | rule |
 //! |---|---|
 //! | `fifo` | earliest-admitted job first, and no other job runs while it lives |
-//! | `srtf` | least remaining time (hints + measured iteration time); LAS without hints |
+//! | `srtf` | least remaining time (hints + measured iteration time); `dlas` without hints |
 //! | `pack` | arrival order, work-conserving (Salus's default) |
 //! | `fair` | least attained device time, newcomers start at the lane's minimum |
 //! | `rr` | fewest finished iterations |
 //! | `priority` | highest priority hint, ties by `fair` |
-//! | `las` | least attained service (Tiresias-style), favours short jobs |
+//! | `las` | least attained service, favours short jobs but time-shares equals |
+//! | `dlas` | discretized LAS (Tiresias): queues by attained service, FIFO within one, starvation guard |
 
+mod dlas;
 mod fair;
 mod fifo;
 mod las;
@@ -24,6 +26,7 @@ use std::cmp::Ordering;
 
 use super::Nanos;
 
+pub use dlas::Dlas;
 pub use fair::Fair;
 pub use fifo::Fifo;
 pub use las::Las;
@@ -47,6 +50,9 @@ pub struct JobView {
     pub priority: i32,
     /// Expected remaining device time, when hints allow an estimate.
     pub remaining: Option<Nanos>,
+    /// Time its iterations spent queued for the device; as of the key's
+    /// computation for policies with a [`Policy::refresh_interval`].
+    pub waited: Nanos,
 }
 
 /// Whether the lane waits for the best job when it has no iteration ready.
@@ -91,29 +97,46 @@ pub trait Policy: Send + Sync {
     fn hold(&self) -> Hold {
         Hold::WhileActive
     }
+    /// For policies whose keys also change while a job waits: how often the
+    /// core must recompute the keys of a lane's jobs. None: keys change only
+    /// when their job changes.
+    fn refresh_interval(&self) -> Option<Nanos> {
+        None
+    }
+    /// The job left the scheduler: drop whatever the policy kept about it.
+    fn forget(&self, _id: u64) {}
+    /// True when a job's key depends on nothing its iterations change (only
+    /// arrival, id, hints): the core may then skip boundaries whose winner it
+    /// already knows ([`crate::Scheduler::can_defer_boundary`]).
+    fn key_is_fixed(&self) -> bool {
+        false
+    }
     /// `Less` when `a` should run before `b`.
     fn compare(&self, a: &JobView, b: &JobView) -> Ordering {
         self.key(a).cmp(&self.key(b))
     }
 }
 
-pub const NAMES: &[&str] = &["fifo", "srtf", "pack", "fair", "rr", "priority", "las"];
+pub const NAMES: &[&str] = &[
+    "fifo", "srtf", "pack", "fair", "rr", "priority", "las", "dlas",
+];
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error(
-    "unknown scheduling policy {0:?}; choose one of: fifo, srtf, pack, fair, rr, priority, las"
+    "unknown scheduling policy {0:?}; choose one of: fifo, srtf, pack, fair, rr, priority, las, dlas"
 )]
 pub struct UnknownPolicy(pub String);
 
 pub fn by_name(name: &str) -> Result<Box<dyn Policy>, UnknownPolicy> {
     Ok(match name {
         "fifo" => Box::new(Fifo),
-        "srtf" => Box::new(Srtf),
+        "srtf" => Box::new(Srtf::default()),
         "pack" => Box::new(Pack),
         "fair" => Box::new(Fair),
         "rr" => Box::new(RoundRobin),
         "priority" => Box::new(Priority),
         "las" => Box::new(Las),
+        "dlas" => Box::new(Dlas::default()),
         other => return Err(UnknownPolicy(other.to_string())),
     })
 }

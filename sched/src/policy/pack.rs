@@ -13,6 +13,9 @@ impl Policy for Pack {
     fn key(&self, job: &JobView) -> SortKey {
         SortKey::new(job, 0, 0)
     }
+    fn key_is_fixed(&self) -> bool {
+        true
+    }
     fn hold(&self) -> Hold {
         Hold::Never
     }

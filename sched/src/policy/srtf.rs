@@ -4,11 +4,16 @@
 //! A shorter newcomer takes over at the next iteration boundary; a newcomer with
 //! an `iterations` hint but no measured iteration yet counts as 0 remaining, so
 //! it is measured at once. Jobs without any hint rank after those with one, by
-//! least attained service (LAS).
+//! discretized LAS (`dlas`): with no length known, its queues by attained
+//! service are the best guess at shortest-first, without plain LAS's
+//! time-sharing of equals.
 
-use super::{JobView, Policy, SortKey};
+use super::{Dlas, JobView, Nanos, Policy, SortKey};
 
-pub struct Srtf;
+#[derive(Default)]
+pub struct Srtf {
+    without_hints: Dlas,
+}
 
 impl Policy for Srtf {
     fn name(&self) -> &'static str {
@@ -17,7 +22,13 @@ impl Policy for Srtf {
     fn key(&self, job: &JobView) -> SortKey {
         match job.remaining {
             Some(remaining) => SortKey::new(job, 0, remaining as i128),
-            None => SortKey::new(job, 1, job.attained as i128),
+            None => SortKey::new(job, 1, self.without_hints.key(job).primary),
         }
+    }
+    fn refresh_interval(&self) -> Option<Nanos> {
+        self.without_hints.refresh_interval()
+    }
+    fn forget(&self, id: u64) {
+        self.without_hints.forget(id);
     }
 }

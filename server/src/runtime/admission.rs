@@ -8,6 +8,12 @@
 //! RAII guards whose drop returns the job's share and admits whoever now fits.
 //! A reservation travels through the waiter's channel, so a waiter that gave up
 //! (client gone, timeout) drops it and nothing leaks.
+//!
+//! With `--lane-rule pack` the lane manager may merge lanes; it is told which
+//! lanes the executor keeps busy before each decision, and the jobs a merge
+//! moved are moved in the executor under the admission lock, together with
+//! scheduling the admitted jobs, so the executor's lanes never disagree with
+//! the lane manager's (lock order: admission, then executor).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -17,7 +23,7 @@ use tokio::sync::oneshot;
 
 use crate::error::{Error, Result};
 use crate::runtime::executor::Executor;
-use crate::sched::lanes::{LaneError, LaneManager, LaneStatus, MemoryNeed, Placement};
+use crate::sched::lanes::{LaneError, LaneManager, LaneRule, LaneStatus, MemoryNeed, Placement};
 use crate::sched::{Hints, JobId, LaneId};
 
 struct Waiter {
@@ -43,16 +49,44 @@ impl Shared {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Tells the lane manager which lanes run iterations (`pack` merges idle ones).
+    fn report_busy_lanes(&self, state: &mut State) {
+        if state.lanes.rule() == LaneRule::Pack && !state.lanes.is_fixed() {
+            state.lanes.set_busy_lanes(self.executor.busy_lanes());
+        }
+    }
+
+    /// Moves the jobs that lane merges moved, in the executor. Called with the
+    /// lock held, so no later merge's moves can overtake these.
+    fn apply_moves(&self, state: &mut State) -> Result<()> {
+        for (job, lane) in state.lanes.take_moved() {
+            tracing::info!(job = job.0, lane = lane.0, "lanes merged: job moved");
+            self.executor.move_job(job, lane)?;
+        }
+        Ok(())
+    }
+
     /// Returns `job`'s share and admits waiting jobs that now fit. Never called
     /// with the lock held: reservations dropped here call back into it.
     fn release(self: &Arc<Self>, job: JobId) {
         let admitted = {
             let mut state = self.lock();
+            self.report_busy_lanes(&mut state);
             let admitted = state.lanes.release(job);
-            admitted
+            if let Err(err) = self.apply_moves(&mut state) {
+                tracing::error!(cause = %err, "cannot move jobs of merged lanes");
+            }
+            let admitted = admitted
                 .into_iter()
                 .filter_map(|(id, lane)| Some((id, lane, state.waiting.remove(&id)?)))
-                .collect::<Vec<_>>()
+                .collect::<Vec<_>>();
+            // Scheduled under the lock: a later merge then finds them in the executor.
+            for (id, lane, waiter) in &admitted {
+                if let Err(err) = self.executor.add_job(*id, *lane, waiter.hints.clone()) {
+                    tracing::error!(job = id.0, cause = %err, "cannot schedule an admitted job");
+                }
+            }
+            admitted
         };
         self.executor.remove_job(job);
         for (id, lane, waiter) in admitted {
@@ -62,22 +96,18 @@ impl Shared {
                 waited_s = waiter.since.elapsed().as_secs_f64(),
                 "memory admitted"
             );
-            self.grant(id, lane, waiter.hints, waiter.reply);
+            self.grant(id, lane, waiter.reply);
         }
     }
 
-    /// Registers the job on its lane and hands the reservation to a waiter; if
+    /// Hands the reservation of a job already on its lane to a waiter; if
     /// nobody waits any more, the reservation drops and the share returns.
     fn grant(
         self: &Arc<Self>,
         id: JobId,
         lane: LaneId,
-        hints: Hints,
         replies: Vec<oneshot::Sender<LaneReservation>>,
     ) {
-        if let Err(err) = self.executor.add_job(id, lane, hints) {
-            tracing::error!(job = id.0, cause = %err, "cannot schedule an admitted job");
-        }
         let mut reservation = Some(LaneReservation {
             shared: self.clone(),
             job: id,
@@ -101,8 +131,13 @@ pub struct LaneReservation {
 }
 
 impl LaneReservation {
+    /// The job's lane now (a merge may have moved it since it was admitted).
     pub fn lane(&self) -> LaneId {
-        self.lane
+        self.shared
+            .lock()
+            .lanes
+            .lane_of(self.job)
+            .unwrap_or(self.lane)
     }
 }
 
@@ -202,8 +237,14 @@ impl Admission {
                 waiter.reply.push(tx);
                 rx
             } else {
+                self.shared.report_busy_lanes(&mut state);
                 match state.lanes.request_ranked(job, need, pinned, rank) {
                     Ok(Placement::Placed(lane)) => {
+                        // Moves and scheduling under the lock (see the module docs).
+                        let scheduled = self
+                            .shared
+                            .apply_moves(&mut state)
+                            .and_then(|()| self.shared.executor.add_job(job, lane, hints));
                         drop(state);
                         tracing::info!(
                             job = job.0,
@@ -211,13 +252,13 @@ impl Admission {
                             need = need.limit(),
                             "memory admitted"
                         );
-                        // Held before scheduling: if that fails, its drop returns the share.
+                        // If scheduling failed, its drop returns the share.
                         let reservation = LaneReservation {
                             shared: self.shared.clone(),
                             job,
                             lane,
                         };
-                        self.shared.executor.add_job(job, lane, hints)?;
+                        scheduled?;
                         return Ok(reservation);
                     }
                     Ok(Placement::Waiting) => {
@@ -291,12 +332,55 @@ mod tests {
     use crate::sched::SchedConfig;
 
     fn admission(capacity: u64, timeout_ms: u64) -> Admission {
+        admission_with(LaneManager::new(capacity), timeout_ms)
+    }
+
+    fn admission_with(lanes: LaneManager, timeout_ms: u64) -> Admission {
         let executor = Executor::new(by_name("pack").unwrap(), SchedConfig::default());
-        Admission::new(
-            LaneManager::new(capacity),
-            Duration::from_millis(timeout_ms),
-            executor,
-        )
+        Admission::new(lanes, Duration::from_millis(timeout_ms), executor)
+    }
+
+    #[tokio::test]
+    async fn pack_merges_idle_lanes_and_moves_their_jobs_in_the_executor() {
+        for rule in LaneRule::ALL {
+            let a = admission_with(LaneManager::with_rule(100, rule), 50);
+            let first = a
+                .admit(JobId(1), need(20, 30), None, Hints::default())
+                .await
+                .unwrap();
+            let second = a
+                .admit(JobId(2), need(20, 30), None, Hints::default())
+                .await
+                .unwrap();
+            assert_ne!(first.lane(), second.lane());
+            // The pool is empty and neither lane can grow; both lanes are idle.
+            let third = a
+                .admit(JobId(3), need(10, 30), None, Hints::default())
+                .await;
+            match rule {
+                LaneRule::Salus => assert!(third.is_err(), "salus waits, then times out"),
+                LaneRule::Pack => {
+                    let third = third.unwrap();
+                    assert_eq!(a.lanes().len(), 1);
+                    assert_eq!((first.lane(), second.lane()), (third.lane(), third.lane()));
+                    let executor = &a.shared.executor;
+                    for job in [1, 2, 3] {
+                        assert_eq!(
+                            executor.job_status(JobId(job)).map(|s| s.lane),
+                            Some(third.lane())
+                        );
+                    }
+                    // The moved job runs in the merged lane.
+                    let out = executor.run_main(JobId(2), None, || Ok(7)).await.unwrap();
+                    assert_eq!(out, 7);
+                    drop(third);
+                }
+            }
+            drop(first);
+            drop(second);
+            assert_eq!(a.free(), 100);
+            assert!(a.lanes().is_empty());
+        }
     }
 
     fn need(p: u64, e: u64) -> MemoryNeed {

@@ -145,6 +145,11 @@ impl Executor {
             .sched
             .add_job(id, lane, hints, now)
             .map_err(sched_error)?;
+        self.start_lane_threads(&mut inner, lane)
+    }
+
+    /// Starts `lane`'s threads unless it has them.
+    fn start_lane_threads(&self, inner: &mut Inner, lane: LaneId) -> Result<()> {
         if inner.lanes_with_threads.insert(lane) {
             for n in 0..self.shared.lane_concurrency {
                 let shared = self.shared.clone();
@@ -157,6 +162,27 @@ impl Executor {
             }
         }
         Ok(())
+    }
+
+    /// Moves a job to another lane (a lane merge); the lane runs nothing new
+    /// until the job's iteration in flight, if any, ends. An unknown job (it
+    /// left meanwhile) is ignored.
+    pub fn move_job(&self, id: JobId, lane: LaneId) -> Result<()> {
+        {
+            let mut inner = self.shared.lock();
+            if inner.sched.move_job(id, lane).is_err() {
+                return Ok(());
+            }
+            self.start_lane_threads(&mut inner, lane)?;
+        }
+        self.shared.wake.notify_all();
+        Ok(())
+    }
+
+    /// Lanes running or about to run iterations (memory admission merges only idle ones).
+    pub fn busy_lanes(&self) -> Vec<LaneId> {
+        let now = self.shared.now();
+        self.shared.lock().sched.busy_lanes(now)
     }
 
     /// Forgets a job; its queued iterations are dropped (their clients get an error).
@@ -359,9 +385,12 @@ fn lane_loop(shared: &Shared, lane: LaneId) {
                 inner = shared.lock();
                 let end = shared.now();
                 set_running(&mut inner, lane, -1);
+                // A lane merge may have moved the job meanwhile: its iteration
+                // counts against the lane it is in now.
+                let job_lane = inner.sched.job_lane(dispatch.job).unwrap_or(lane);
                 inner
                     .sched
-                    .finish(dispatch.job, lane, Some(device_time), end);
+                    .finish(dispatch.job, job_lane, Some(device_time), end);
                 inner.iterations_total += 1;
                 let second = end / 1_000_000_000;
                 match inner.rate.back_mut() {
