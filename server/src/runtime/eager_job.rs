@@ -181,6 +181,27 @@ pub struct StreamState {
     /// asynchronously: so the request is answered as done and the stream's
     /// next sync item fails with this.
     held: Mutex<Option<TfError>>,
+    /// Set once the stream's error status has been handed to the transport.
+    status_sent: (Mutex<bool>, std::sync::Condvar),
+}
+
+impl StreamState {
+    /// Called by the stream's writer when it ended the stream with an error.
+    pub fn mark_status_sent(&self) {
+        *lock(&self.status_sent.0) = true;
+        self.status_sent.1.notify_all();
+    }
+
+    /// Blocks (a context thread) until the stream's error status is out, or
+    /// for `limit` at most.
+    fn wait_until_status_sent(&self, limit: Duration) {
+        let sent = lock(&self.status_sent.0);
+        let _ = self
+            .status_sent
+            .1
+            .wait_timeout_while(sent, limit, |sent| !*sent)
+            .map_err(|e| e.into_inner());
+    }
 }
 
 /// How the client set up the context.
@@ -259,6 +280,7 @@ impl EagerJob {
                         failed_ops: HashMap::new(),
                         last_failure: None,
                         functions_without_outputs: HashSet::new(),
+                        unsent: Vec::new(),
                         slots: Default::default(),
                         ctx,
                         shared: thread_shared,
@@ -500,6 +522,9 @@ struct Worker {
     last_failure: Option<TfError>,
     /// Registered functions whose signature has no outputs.
     functions_without_outputs: HashSet<String>,
+    /// Sends of the failed request just run that will not run: (tensor name,
+    /// error) for their pulls.
+    unsent: Vec<(String, String)>,
     /// Borrowed while the op's inputs borrow `handles`.
     slots: std::cell::RefCell<OutputSlots>,
     ctx: EagerContext,
@@ -529,10 +554,28 @@ impl Worker {
             self.shared.stats.functions.store(self.functions.len() as u64, Ordering::Relaxed);
             self.shared.in_flight.fetch_sub(1, Ordering::SeqCst);
             let _ = batch.reply.send(result);
+            self.fail_unsent_pulls(batch.stream.as_deref());
         }
         // Handles before the context (field order does the same on drop).
         self.handles.clear();
         self.live_handles = 0;
+    }
+
+    /// Fails the pulls of the sends a failed request did not run. On a stream,
+    /// only after the stream's error status went out: the client raises the
+    /// pull's error at once and may queue its next request on the same stream,
+    /// which, if it has not yet seen the stream end, fails too with the first
+    /// error (the stock client then reported one failure twice).
+    fn fail_unsent_pulls(&mut self, stream: Option<&StreamState>) {
+        if self.unsent.is_empty() {
+            return;
+        }
+        if let Some(stream) = stream {
+            stream.wait_until_status_sent(Duration::from_secs(2));
+        }
+        for (name, message) in self.unsent.drain(..) {
+            self.shared.rendezvous.deliver(&name, Err(message));
+        }
     }
 
     /// Records the ops of a failed request (those not run) with the failure
@@ -584,12 +627,12 @@ impl Worker {
                         outputs.push(ItemOutput::default());
                         continue;
                     }
-                    // Pulls waiting for sends that will not run now get the error.
+                    // Pulls waiting for sends that will not run now get the
+                    // error, once the request's own answer is out (see run).
                     for later in &items[index + 1..] {
                         if let Some(name) = later.send_tensor_name() {
-                            self.shared
-                                .rendezvous
-                                .deliver(&name, Err(format!("an earlier item of its request failed: {err}")));
+                            self.unsent
+                                .push((name, format!("an earlier item of its request failed: {err}")));
                         }
                     }
                     return Err(err);

@@ -208,8 +208,16 @@ impl EagerService for Eager {
         let reader = tokio::spawn(read_stream(self.state.clone(), inbound, pending_tx, stream.clone()));
         let state = self.state.clone();
         tokio::spawn(async move {
+            let closed = out_tx.clone();
             let errored = write_stream(pending_rx, out_tx).await;
             stream.failed.store(true, Ordering::SeqCst);
+            if errored {
+                // The transport drops the receiver once it has sent the status
+                // that ended the stream; pulls failed by the same error wait
+                // for that (StreamState::wait_until_status_sent).
+                let _ = tokio::time::timeout(Duration::from_secs(2), closed.closed()).await;
+                stream.mark_status_sent();
+            }
             if let Ok((Some(job), client_ended)) = reader.await {
                 let remaining = job.stream_closed();
                 if client_ended && !errored && remaining == 0 {
