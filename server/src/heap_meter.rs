@@ -112,8 +112,7 @@ pub fn measure<T>(work: impl FnOnce() -> T) -> (T, Option<u64>) {
     if !INSTALLED.load(Ordering::Relaxed) {
         return (work(), None);
     }
-    let (result, peak) = window(work);
-    (result, peak)
+    window(work)
 }
 
 /// `work` inside a window when none is open (peak in bytes), else unmeasured.

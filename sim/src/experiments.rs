@@ -131,11 +131,7 @@ fn training(
     let mut summaries = summary_header();
     let mut mean_jct = std::collections::HashMap::new();
     for policy in TRAINING_POLICIES {
-        let config = SimConfig {
-            capacity: Some(capacity),
-            lane_rule,
-            ..SimConfig::new(policy)
-        };
+        let config = one_device(policy, capacity, lane_rule);
         let result = simulate(&jobs, table, &config)?;
         let summary = Summary::of(&result);
         table_line(&mut text, &summary);
@@ -164,11 +160,7 @@ fn training(
             table,
         )?;
         let mean_of = |policy: &str| -> Result<f64, SimError> {
-            let config = SimConfig {
-                capacity: Some(capacity),
-                lane_rule,
-                ..SimConfig::new(policy)
-            };
+            let config = one_device(policy, capacity, lane_rule);
             Ok(Summary::of(&simulate(&jobs, table, &config)?).mean_jct_s)
         };
         let _ = write!(
@@ -198,11 +190,7 @@ fn training(
     let mut heavy_summaries = summary_header();
     let mut heavy_jct = std::collections::HashMap::new();
     for policy in LENGTH_POLICIES {
-        let config = SimConfig {
-            capacity: Some(capacity),
-            lane_rule,
-            ..SimConfig::new(policy)
-        };
+        let config = one_device(policy, capacity, lane_rule);
         let summary = Summary::of(&simulate(&heavy, table, &config)?);
         table_line(&mut text, &summary);
         summary_row(&mut heavy_summaries, &summary);
@@ -239,6 +227,15 @@ fn share_of_gain(fifo: f64, srtf: f64, x: f64) -> f64 {
 /// the offline reference a policy without hints is measured against. The
 /// generated traces already carry exact lengths, so there it equals `srtf`;
 /// it is recomputed so a trace with missing or wrong hints still gets it.
+/// `policy` on one device of `capacity` bytes, lanes by `lane_rule`.
+fn one_device(policy: &str, capacity: u64, lane_rule: LaneRule) -> SimConfig {
+    SimConfig {
+        capacity: Some(capacity),
+        lane_rule,
+        ..SimConfig::new(policy)
+    }
+}
+
 fn offline_bound(
     jobs: &[TraceJob],
     table: &WorkloadTable,
@@ -249,11 +246,7 @@ fn offline_bound(
     for job in &mut exact {
         job.duration_s = Some(job.iterations as f64 * table.get(&job.model)?.iteration_s);
     }
-    let config = SimConfig {
-        capacity: Some(capacity),
-        lane_rule,
-        ..SimConfig::new("srtf")
-    };
+    let config = one_device("srtf", capacity, lane_rule);
     let mut summary = Summary::of(&simulate(&exact, table, &config)?);
     summary.policy = OFFLINE_BOUND.into();
     Ok(summary)
@@ -286,11 +279,7 @@ fn training_lane_rules(
     for policy in LANE_RULE_POLICIES {
         let mut by_rule = Vec::new();
         for rule in LaneRule::ALL {
-            let config = SimConfig {
-                capacity: Some(capacity),
-                lane_rule: rule,
-                ..SimConfig::new(policy)
-            };
+            let config = one_device(policy, capacity, rule);
             let summary = Summary::of(&simulate(&jobs, table, &config)?);
             csv.push_str(rule.name());
             csv.push(',');
@@ -362,11 +351,7 @@ fn hyperparam(table: &WorkloadTable, capacity: u64) -> Result<Report, SimError> 
             })
             .collect();
         let run = |policy: &str, lane_rule: LaneRule| -> Result<(Summary, String), SimError> {
-            let config = SimConfig {
-                capacity: Some(capacity),
-                lane_rule,
-                ..SimConfig::new(policy)
-            };
+            let config = one_device(policy, capacity, lane_rule);
             let result = simulate(&jobs, table, &config)?;
             Ok((Summary::of(&result), timeline_csv(&result.timeline, 500)))
         };

@@ -6,7 +6,7 @@
 //! The front end translates the protocol into [`Item`]s; nothing here knows
 //! about gRPC.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
@@ -274,12 +274,11 @@ impl EagerJob {
                     Worker {
                         handles: HashMap::new(),
                         live_handles: 0,
-                        functions: HashSet::new(),
+                        functions: HashMap::new(),
                         profiles: HashMap::new(),
                         refused: HashMap::new(),
                         failed_ops: HashMap::new(),
                         last_failure: None,
-                        functions_without_outputs: HashSet::new(),
                         unsent: Vec::new(),
                         slots: Default::default(),
                         ctx,
@@ -490,10 +489,10 @@ struct Turn {
     _done: mpsc::SyncSender<()>,
 }
 
-/// What a request naming a closed context is told.
 /// Context threads whose TFE context is live.
 static CONTEXT_THREADS: AtomicUsize = AtomicUsize::new(0);
 
+/// What a request naming a closed context is told.
 fn closed_message(context_id: u64, reason: &str) -> String {
     format!(
         "eager context {context_id} not found: it was closed because {reason}; its tensors and variables are gone. \
@@ -508,7 +507,9 @@ struct Worker {
     handles: HashMap<i64, Vec<Option<TensorHandle>>>,
     /// Handles in `handles` that are not released.
     live_handles: usize,
-    functions: HashSet<String>,
+    /// Registered functions, each with whether its signature declares no
+    /// outputs (its failure is then reported by the stream's next sync).
+    functions: HashMap<String, bool>,
     /// How long calls of each function take (classification and sampling).
     profiles: HashMap<String, RunProfile>,
     /// Functions whose registration was refused, and why: a later call names
@@ -520,8 +521,6 @@ struct Worker {
     failed_ops: HashMap<i64, TfError>,
     /// The context's latest failure, for requests skipped because of it.
     last_failure: Option<TfError>,
-    /// Registered functions whose signature has no outputs.
-    functions_without_outputs: HashSet<String>,
     /// Sends of the failed request just run that will not run: (tensor name,
     /// error) for their pulls.
     unsent: Vec<(String, String)>,
@@ -652,7 +651,7 @@ impl Worker {
         match &items[index] {
             Item::Execute(op) if op.send_tensor_name().is_none() => {
                 if op.is_function {
-                    self.functions_without_outputs.contains(&op.name)
+                    self.functions.get(&op.name).copied().unwrap_or(false)
                 } else {
                     op_registry::has_no_outputs(&op.name)
                 }
@@ -700,8 +699,7 @@ impl Worker {
                 Ok(ItemOutput::default())
             }
             Item::RemoveFunction(name) => {
-                self.functions_without_outputs.remove(name);
-                if self.functions.remove(name) && self.ctx.has_function(name) {
+                if self.functions.remove(name).is_some() && self.ctx.has_function(name) {
                     self.ctx.remove_function(name)?;
                 }
                 Ok(ItemOutput::default())
@@ -892,7 +890,7 @@ impl Worker {
             }
         }
         let attrs: Vec<(&str, &[u8])> = op.attrs.iter().map(|(k, v)| (k.as_str(), v.as_ref())).collect();
-        let is_call = op.is_function || self.functions.contains(&op.name);
+        let is_call = op.is_function || self.functions.contains_key(&op.name);
         let profile = if is_call {
             self.profiles.get(&op.name).copied().unwrap_or_default()
         } else {
@@ -1110,7 +1108,7 @@ impl Worker {
             return Err(err);
         }
         let max = self.shared.tenant.max_context_functions;
-        if !self.functions.contains(&name) && self.functions.len() >= max {
+        if !self.functions.contains_key(&name) && self.functions.len() >= max {
             return Err(Error::ResourceExhausted(format!(
                 "eager context {} already has {max} functions registered, the most this server allows per \
                  context (--max-context-functions)",
@@ -1127,12 +1125,8 @@ impl Worker {
         self.ctx
             .add_function(&mapped)
             .map_err(|e| Error::InvalidArgument(format!("function {name:?} was refused: {}", e.message)))?;
-        if view.signature.as_ref().is_some_and(|s| s.output_arg.is_empty()) {
-            self.functions_without_outputs.insert(name.clone());
-        } else {
-            self.functions_without_outputs.remove(&name);
-        }
-        self.functions.insert(name);
+        let without_outputs = view.signature.as_ref().is_some_and(|s| s.output_arg.is_empty());
+        self.functions.insert(name, without_outputs);
         Ok(())
     }
 }

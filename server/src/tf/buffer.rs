@@ -22,6 +22,11 @@ impl OutputBuffer {
         OutputBuffer(unsafe { sys::TF_NewBuffer() })
     }
 
+    /// Takes ownership of a buffer TensorFlow returned (null: none).
+    pub fn from_raw(buffer: *mut sys::TF_Buffer) -> Option<Self> {
+        (!buffer.is_null()).then_some(OutputBuffer(buffer))
+    }
+
     pub fn as_ptr(&self) -> *mut sys::TF_Buffer {
         self.0
     }

@@ -7,27 +7,18 @@ use prost::Message;
 use salus_proto::tensorflow::OpListView;
 use tensorflow_sys as sys;
 
+use super::buffer::OutputBuffer;
+
 /// Names of the registered ops that declare no outputs (SaveV2, AssignVariableOp,
 /// WriteFile, NoOp, ...).
 fn ops_without_outputs() -> &'static HashSet<String> {
     static OPS: OnceLock<HashSet<String>> = OnceLock::new();
     OPS.get_or_init(|| {
-        // SAFETY: TF_GetAllOpList returns a new buffer that the caller owns;
-        // its bytes are read before it is deleted.
-        let bytes = unsafe {
-            let buffer = sys::TF_GetAllOpList();
-            if buffer.is_null() {
-                return HashSet::new();
-            }
-            let b = &*buffer;
-            let bytes = if b.data.is_null() {
-                Vec::new()
-            } else {
-                std::slice::from_raw_parts(b.data as *const u8, b.length).to_vec()
-            };
-            sys::TF_DeleteBuffer(buffer);
-            bytes
+        // SAFETY: TF_GetAllOpList returns a new buffer that the caller owns.
+        let Some(buffer) = OutputBuffer::from_raw(unsafe { sys::TF_GetAllOpList() }) else {
+            return HashSet::new();
         };
+        let bytes = buffer.to_vec();
         OpListView::decode(bytes.as_slice())
             .map(|list| {
                 list.op
