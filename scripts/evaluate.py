@@ -91,7 +91,7 @@ def plot_training(out: Path) -> Path:
                  {"mean JCT": [float(r["mean_jct_s"]) / 3600 for r in summary],
                   "makespan": [float(r["makespan_s"]) / 3600 for r in summary]},
                  "hours", "(a) training trace (1/5/10 min): JCT and makespan")
-    # FIFO, SRTF, LAS, DLAS and the offline bound on heavy-tailed lengths.
+    # FIFO, SRTF, LAS, DLAS, Gittins and the offline bound on heavy-tailed lengths.
     grouped_bars(heavy_bars, [r["policy"] for r in heavy],
                  {"mean JCT": [float(r["mean_jct_s"]) / 3600 for r in heavy],
                   "makespan": [float(r["makespan_s"]) / 3600 for r in heavy]},

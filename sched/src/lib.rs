@@ -317,7 +317,7 @@ impl<W> Scheduler<W> {
     /// Forgets a job; its queued iterations are returned, not run.
     pub fn remove_job(&mut self, id: JobId) -> Result<Vec<W>, SchedError> {
         let job = self.jobs.remove(&id).ok_or(SchedError::UnknownJob(id))?;
-        self.policy.forget(id.0);
+        self.policy.forget(&job.view(id));
         // A running iteration keeps its lane slot until `finish`.
         if let Some(lane) = self.lanes.get_mut(&job.lane) {
             lane.all.remove(&(job.key, id));

@@ -46,7 +46,7 @@ pub struct Args {
     #[arg(long, env = "SALUS_INTER_OP_THREADS", default_value_t = 0)]
     pub inter_op_threads: u32,
 
-    /// Scheduling policy: fifo, srtf, pack, fair, rr, priority, las or dlas. Can be
+    /// Scheduling policy: fifo, srtf, pack, fair, rr, priority, las, dlas or gittins. Can be
     /// changed at run time with `salus-server ctl policy NAME`.
     #[arg(long, env = "SALUS_POLICY", default_value = "pack")]
     pub policy: String,

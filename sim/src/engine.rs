@@ -14,7 +14,7 @@
 //! D x rate, capped at 1.
 //!
 //! # The schedules
-//! - Salus policies (`fifo`, `srtf`, `pack`, `fair`, `rr`, `priority`, `las`, `dlas`):
+//! - Salus policies (`fifo`, `srtf`, `pack`, `fair`, `rr`, `priority`, `las`, `dlas`, `gittins`):
 //!   the server's [`Scheduler`] decides per lane at each iteration boundary, one
 //!   iteration in flight per lane; with a capacity, the server's
 //!   [`LaneManager`] assigns lanes at a job's first iteration (as the server's

@@ -58,11 +58,12 @@ pub const TRAINING_POLICIES: &[&str] = &[
     "fair",
     "las",
     "dlas",
+    "gittins",
     "exclusive",
     "mps",
 ];
 /// The policies compared on both the 1/5/10-minute and the heavy-tailed trace.
-const LENGTH_POLICIES: &[&str] = &["fifo", "srtf", "las", "dlas"];
+const LENGTH_POLICIES: &[&str] = &["fifo", "srtf", "las", "dlas", "gittins"];
 /// The offline reference's row: SRTF told every job's exact length.
 const OFFLINE_BOUND: &str = "srtf-exact";
 const TRAINING_JOBS: usize = 100;
@@ -203,10 +204,12 @@ fn training(
     files.push(("training_heavy_summary.csv".into(), heavy_summaries));
     let bound_line = |jct: &std::collections::HashMap<&str, f64>, bound: &Summary| {
         format!(
-            "offline bound ({OFFLINE_BOUND}) {:.0} s; DLAS/FIFO mean JCT {:.2}; \
-             DLAS gets {:.0}% of SRTF's gain over FIFO, LAS {:.0}%",
+            "offline bound ({OFFLINE_BOUND}) {:.0} s; GITTINS/FIFO mean JCT {:.2}, DLAS/FIFO {:.2}; \
+             of SRTF's gain over FIFO GITTINS gets {:.0}%, DLAS {:.0}%, LAS {:.0}%",
             bound.mean_jct_s,
+            jct["gittins"] / jct["fifo"],
             jct["dlas"] / jct["fifo"],
+            100.0 * share_of_gain(jct["fifo"], jct["srtf"], jct["gittins"]),
             100.0 * share_of_gain(jct["fifo"], jct["srtf"], jct["dlas"]),
             100.0 * share_of_gain(jct["fifo"], jct["srtf"], jct["las"]),
         )

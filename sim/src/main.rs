@@ -35,7 +35,7 @@ enum Command {
         /// Workload table CSV: model,iteration_s,persistent_mb,ephemeral_mb[,utilization,startup_s].
         #[arg(long)]
         workloads: PathBuf,
-        /// fifo, srtf, pack, fair, rr, priority, las, dlas, or a baseline: exclusive, mps.
+        /// fifo, srtf, pack, fair, rr, priority, las, dlas, gittins, or a baseline: exclusive, mps.
         #[arg(long, default_value = "pack")]
         policy: String,
         /// Device memory, e.g. 16GiB: memory lanes (Salus) or admission (mps). Unset: one lane, no limit.

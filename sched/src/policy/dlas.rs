@@ -49,15 +49,7 @@ pub const REFRESH_INTERVAL: Nanos = SECOND;
 
 pub struct Dlas {
     thresholds: Vec<Nanos>,
-    promote_knob: u64,
-    /// Per job, its counts at its last promotion (absent: never promoted).
-    promoted_at: Mutex<HashMap<u64, Counts>>,
-}
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct Counts {
-    attained: Nanos,
-    waited: Nanos,
+    promotions: Promotions,
 }
 
 impl Default for Dlas {
@@ -72,8 +64,7 @@ impl Dlas {
         thresholds.sort_unstable();
         Dlas {
             thresholds,
-            promote_knob,
-            promoted_at: Mutex::new(HashMap::new()),
+            promotions: Promotions::new(promote_knob),
         }
     }
 
@@ -96,6 +87,51 @@ impl Policy for Dlas {
     }
 
     fn key(&self, job: &JobView) -> SortKey {
+        let first = self.thresholds.first().copied().unwrap_or(Nanos::MAX);
+        let service = self.promotions.service_since_promotion(job, first);
+        SortKey::new(job, self.queue_of(service) as i128, 0)
+    }
+
+    fn refresh_interval(&self) -> Option<Nanos> {
+        (self.promotions.knob > 0).then_some(REFRESH_INTERVAL)
+    }
+
+    fn forget(&self, job: &JobView) {
+        self.promotions.forget(job.id);
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Counts {
+    attained: Nanos,
+    waited: Nanos,
+}
+
+/// Tiresias' starvation guard, shared by `dlas` and `gittins`: per job, its
+/// counts at its last promotion (absent: never promoted).
+pub(super) struct Promotions {
+    knob: u64,
+    promoted_at: Mutex<HashMap<u64, Counts>>,
+}
+
+impl Default for Promotions {
+    fn default() -> Self {
+        Promotions::new(PROMOTE_KNOB)
+    }
+}
+
+impl Promotions {
+    pub(super) fn new(knob: u64) -> Promotions {
+        Promotions {
+            knob,
+            promoted_at: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The job's service since its last promotion, as its rank should see
+    /// it. A job with at least `eligible_from` of it that has waited `knob`
+    /// times as long is promoted now: its counts restart, and it is 0.
+    pub(super) fn service_since_promotion(&self, job: &JobView, eligible_from: Nanos) -> Nanos {
         let mut promoted_at = self
             .promoted_at
             .lock()
@@ -103,9 +139,7 @@ impl Policy for Dlas {
         let since = promoted_at.get(&job.id).copied().unwrap_or_default();
         let service = job.attained.saturating_sub(since.attained);
         let waited = job.waited.saturating_sub(since.waited);
-        let mut queue = self.queue_of(service);
-        if queue > 0 && self.promote_knob > 0 && waited >= service.saturating_mul(self.promote_knob)
-        {
+        if service >= eligible_from && self.knob > 0 && waited >= service.saturating_mul(self.knob) {
             promoted_at.insert(
                 job.id,
                 Counts {
@@ -113,16 +147,12 @@ impl Policy for Dlas {
                     waited: job.waited,
                 },
             );
-            queue = 0;
+            return 0;
         }
-        SortKey::new(job, queue as i128, 0)
+        service
     }
 
-    fn refresh_interval(&self) -> Option<Nanos> {
-        (self.promote_knob > 0).then_some(REFRESH_INTERVAL)
-    }
-
-    fn forget(&self, id: u64) {
+    pub(super) fn forget(&self, id: u64) {
         self.promoted_at
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())

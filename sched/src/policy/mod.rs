@@ -12,10 +12,12 @@
 //! | `priority` | highest priority hint, ties by `fair` |
 //! | `las` | least attained service, favours short jobs but time-shares equals |
 //! | `dlas` | discretized LAS (Tiresias): queues by attained service, FIFO within one, starvation guard |
+//! | `gittins` | Gittins index over finished jobs' lengths (Tiresias): `dlas` until 10 have finished |
 
 mod dlas;
 mod fair;
 mod fifo;
+mod gittins;
 mod las;
 mod pack;
 mod priority;
@@ -29,6 +31,7 @@ use super::Nanos;
 pub use dlas::Dlas;
 pub use fair::Fair;
 pub use fifo::Fifo;
+pub use gittins::Gittins;
 pub use las::Las;
 pub use pack::Pack;
 pub use priority::Priority;
@@ -103,8 +106,9 @@ pub trait Policy: Send + Sync {
     fn refresh_interval(&self) -> Option<Nanos> {
         None
     }
-    /// The job left the scheduler: drop whatever the policy kept about it.
-    fn forget(&self, _id: u64) {}
+    /// The job left the scheduler (finished or closed; `job` is its last
+    /// view): drop whatever the policy kept about it.
+    fn forget(&self, _job: &JobView) {}
     /// True when a job's key depends on nothing its iterations change (only
     /// arrival, id, hints): the core may then skip boundaries whose winner it
     /// already knows ([`crate::Scheduler::can_defer_boundary`]).
@@ -118,12 +122,12 @@ pub trait Policy: Send + Sync {
 }
 
 pub const NAMES: &[&str] = &[
-    "fifo", "srtf", "pack", "fair", "rr", "priority", "las", "dlas",
+    "fifo", "srtf", "pack", "fair", "rr", "priority", "las", "dlas", "gittins",
 ];
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error(
-    "unknown scheduling policy {0:?}; choose one of: fifo, srtf, pack, fair, rr, priority, las, dlas"
+    "unknown scheduling policy {0:?}; choose one of: fifo, srtf, pack, fair, rr, priority, las, dlas, gittins"
 )]
 pub struct UnknownPolicy(pub String);
 
@@ -137,6 +141,7 @@ pub fn by_name(name: &str) -> Result<Box<dyn Policy>, UnknownPolicy> {
         "priority" => Box::new(Priority),
         "las" => Box::new(Las),
         "dlas" => Box::new(Dlas::default()),
+        "gittins" => Box::new(Gittins::default()),
         other => return Err(UnknownPolicy(other.to_string())),
     })
 }

@@ -28,7 +28,7 @@ impl Policy for Srtf {
     fn refresh_interval(&self) -> Option<Nanos> {
         self.without_hints.refresh_interval()
     }
-    fn forget(&self, id: u64) {
-        self.without_hints.forget(id);
+    fn forget(&self, job: &JobView) {
+        self.without_hints.forget(job);
     }
 }

@@ -128,7 +128,7 @@ fn dlas_promotes_a_starved_job_and_restarts_its_counts() {
     starved.waited = 240;
     assert_eq!(p.queue(&starved), 0);
     // A job that left is forgotten: a new job with its id starts afresh.
-    p.forget(1);
+    p.forget(&job(1, 0, 60, 6, 0, None));
     let mut fresh = job(1, 0, 60, 6, 0, None);
     fresh.waited = 10;
     assert_eq!(p.queue(&fresh), 1);
