@@ -185,7 +185,7 @@ def test_policy_switch_at_run_time_changes_the_order(references, tmp_path):
 # --- admin CLI ----------------------------------------------------------------------------------------------
 
 def test_ctl_jobs_stats_hints_and_bad_policy(references, tmp_path):
-    server = SalusProcess(tmp_path / "salus-server.stderr.log")  # default policy: pack
+    server = SalusProcess(tmp_path / "salus-server.stderr.log")  # default policy: fair
     try:
         with Jobs(tmp_path) as jobs:
             for key, cfg in ADMIN_JOBS.items():
@@ -206,7 +206,7 @@ def test_ctl_jobs_stats_hints_and_bad_policy(references, tmp_path):
             for key, row in rows.items():
                 assert JOB_ROW_KEYS <= set(row), f"missing keys {JOB_ROW_KEYS - set(row)} in {row}"
                 assert row["state"] in ("running", "queued", "idle"), row
-                assert row["lane"] == 0 and row["policy"] == "pack", row
+                assert row["lane"] == 0 and row["policy"] == "fair", row
                 assert row["mean_iteration_ms"] > 1.0, f"steps of several ms measured as {row}"
                 assert isinstance(row["id"], int) and row["handle"], row
             a, b = rows["alpha"], rows["beta"]
@@ -235,7 +235,7 @@ def test_ctl_jobs_stats_hints_and_bad_policy(references, tmp_path):
         assert results["alpha"]["start"] < results["beta"]["end"]
         assert results["beta"]["start"] < results["alpha"]["end"]
         stats = ctl_json(server.address, "stats")
-        assert stats["policy"] == "pack"
+        assert stats["policy"] == "fair"
         assert stats["iterations_total"] >= 2 * (400 - 2) - 10, stats  # all but the first cheap runs
         assert stats["queued"] == 0, stats
         lat = switch_latency(stats)
@@ -243,7 +243,7 @@ def test_ctl_jobs_stats_hints_and_bad_policy(references, tmp_path):
         assert 0 <= lat["p50"] <= lat["p99"] <= lat["max"], lat
         assert isinstance(stats["iterations_per_s"], (int, float))
         human = ctl(server.address, "stats")
-        assert "pack" in human.stdout, human.stdout
+        assert "fair" in human.stdout, human.stdout
 
         # Closed sessions leave the job list.
         assert wait_until(lambda: not jobs_by_name(server.address), timeout=10, interval=0.2), \
@@ -255,11 +255,11 @@ def test_ctl_jobs_stats_hints_and_bad_policy(references, tmp_path):
         assert bad.returncode != 0, text
         assert "bogus" in text and all(p in text for p in POLICIES), text
         assert server.proc.poll() is None
-        assert ctl_json(server.address, "stats")["policy"] == "pack"
+        assert ctl_json(server.address, "stats")["policy"] == "fair"
         with grpc.insecure_channel(server.address) as ch:
             assert w.health_check(ch) == w.SERVING
         ok = ctl(server.address, "policy", "las")
-        assert "pack" in ok.stdout and "las" in ok.stdout, ok.stdout
+        assert "fair" in ok.stdout and "las" in ok.stdout, ok.stdout
         assert ctl_json(server.address, "stats")["policy"] == "las"
         stop_cleanly(server)
     finally:

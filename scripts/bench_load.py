@@ -9,15 +9,16 @@ them do not fit a 2-core, 24 GiB machine next to the TF1 clients. TF1 sessions a
 processes (default 4) with (sessions - tf2) / processes threads each; every thread has its own tf.Graph and
 tf.compat.v1.Session, as separate scripts would. TF1 sessions cycle through three small MLPs (about 0.1-0.5 ms a
 step in-process); every other one fetches a node named salus_main_iter, so half the TF1 jobs' steps are main
-iterations the scheduler orders in the lane; the other half's steps are cheap runs (run at once, beside the lane)
-as long as they measure under the server's --cheap-below-us (1 ms), main iterations when the loaded machine
-makes them slower. A TF2 job is this script run with SALUS_SERVER set (the adapter sends its eager work to the
+iterations the scheduler orders in the lane; the other half's steps are brief runs (at once, beside the lane,
+unless a job ranked ahead waits) as long as they measure under the server's --cheap-below-us (1 ms), main
+iterations when the loaded machine makes them slower. A TF2 job is this script run with SALUS_SERVER set (the adapter sends its eager work to the
 server): an MLP (the same three models) trained by a tf.function (GradientTape, momentum by hand), one loss
 fetched per step (Enqueue of the call + a _Send and RecvTensor), on its process's one thread. Clients step back
 to back, no think time (--think-ms), so the machine is saturated and latency includes queueing behind the other
-jobs. Under the default policy, pack, a lane runs the earliest-arrived job that has an iteration ready, so
-later jobs' main iterations wait while earlier ones keep it busy: the steps per session spread widely (--policy
-fair evens them out).
+jobs. Under the default policy, fair, every job of a lane gets the same device time, brief runs (the other
+sessions' fast repeated steps) included: they skip the queue only while no job ranked ahead waits. Under
+--policy pack a lane runs the earliest-arrived job that has an iteration ready, so later jobs wait while earlier
+ones keep it busy, and the steps per session spread widely.
 Printed: steps and steps/s, per-session spread (per class: TF1 main, TF1 other, TF2), errors (zero expected),
 step latency at the clients after the warm-up (p50, p99, max; also per class), the server's resident memory
 (VmRSS from /proc/PID/status) after the warm-up and at the end with the growth in % (target <= 10%), its threads
@@ -351,7 +352,7 @@ def phase_load(args, tmp: Path) -> bool:
     print(f"== load: {args.sessions} jobs: {tf1} TF1 graph sessions ({procs} processes x {max(per, default=0)} "
           f"threads) and {args.tf2} TF2 eager jobs ({args.tf2} processes, one eager context each), "
           f"{args.minutes:g} min (warm-up {args.warmup_s:g} s), models {', '.join(MODELS)}, main iterations in "
-          f"every other TF1 session, think time {args.think_ms:g} ms, policy {args.policy or 'default (pack)'}",
+          f"every other TF1 session, think time {args.think_ms:g} ms, policy {args.policy or 'default (fair)'}",
           flush=True)
     server = Server(*(("--policy", args.policy) if args.policy else ()))
     print(f"salus-server pid {server.pid} on {server.address}; at start: {proc_status(server.pid)}", flush=True)
@@ -748,7 +749,7 @@ def main() -> int:
     ap.add_argument("--warmup-s", type=float, help="warm-up excluded from latency and the RSS baseline "
                                                     "(default 30, --quick 15)")
     ap.add_argument("--think-ms", type=float, default=0.0, help="pause of each client between its steps")
-    ap.add_argument("--policy", help="the load server's --policy (default: the server's, pack: by arrival, "
+    ap.add_argument("--policy", help="the load server's --policy (default: the server's, fair; pack: by arrival, "
                                      "so later jobs' main iterations wait while earlier ones have work)")
     ap.add_argument("--sample-s", type=float, default=5.0, help="how often the server is sampled")
     ap.add_argument("--details", action="store_true", help="also print every session's steps and latency")

@@ -84,6 +84,9 @@ struct JobState<W> {
     arrival: Nanos,
     hints: Hints,
     attained: Nanos,
+    /// Device time of the job's runs outside the scheduler (cheap runs): part
+    /// of its service for the policy, not of its iterations' mean.
+    outside_service: Nanos,
     fair_offset: Nanos,
     iterations: u64,
     running: usize,
@@ -101,6 +104,7 @@ impl<W> JobState<W> {
             arrival: now,
             hints,
             attained: 0,
+            outside_service: 0,
             fair_offset,
             iterations: 0,
             running: 0,
@@ -114,6 +118,11 @@ impl<W> JobState<W> {
                 id: id.0,
             },
         }
+    }
+
+    /// Device time used, in main iterations and outside the scheduler.
+    fn service(&self) -> Nanos {
+        self.attained.saturating_add(self.outside_service)
     }
 
     fn mean_iteration(&self) -> Option<Nanos> {
@@ -136,8 +145,8 @@ impl<W> JobState<W> {
         JobView {
             id: id.0,
             arrival: self.arrival,
-            attained: self.attained,
-            fair_attained: self.attained + self.fair_offset,
+            attained: self.service(),
+            fair_attained: self.service() + self.fair_offset,
             iterations: self.iterations,
             priority: self.hints.priority,
             remaining: self.remaining(),
@@ -245,7 +254,7 @@ impl<W> Scheduler<W> {
             .all
             .iter()
             .filter_map(|(_, j)| self.jobs.get(j))
-            .map(|j| j.attained + j.fair_offset)
+            .map(|j| j.service() + j.fair_offset)
             .min()
             .unwrap_or(0);
         let mut job = JobState::new(id, lane, hints, now, fair_offset);
@@ -312,6 +321,32 @@ impl<W> Scheduler<W> {
                 lane_state.ready.insert((new, id));
             }
         }
+    }
+
+    /// Charges `device_time` of a run that did not go through the scheduler
+    /// (a cheap run) to `job`'s service, so policies that share the device by
+    /// service see it. Unknown jobs (not admitted yet) are ignored.
+    pub fn charge_outside_run(&mut self, job: JobId, device_time: Nanos) {
+        if let Some(state) = self.jobs.get_mut(&job) {
+            state.outside_service = state.outside_service.saturating_add(device_time);
+            self.rekey(job);
+        }
+    }
+
+    /// Whether a run of `job` that could skip the queue would overtake
+    /// another job's queued iteration that the policy ranks ahead of it: then
+    /// it should queue too. A job not admitted yet (no lane) is outranked by
+    /// any queued iteration, since it will join some lane's order.
+    pub fn outranked(&self, job: JobId) -> bool {
+        let Some(state) = self.jobs.get(&job) else {
+            return self.lanes.values().any(|lane| !lane.ready.is_empty());
+        };
+        self.lanes.get(&state.lane).is_some_and(|lane| {
+            lane.ready
+                .iter()
+                .find(|&&(_, id)| id != job)
+                .is_some_and(|&(key, _)| key < state.key)
+        })
     }
 
     /// Forgets a job; its queued iterations are returned, not run.

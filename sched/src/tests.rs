@@ -301,3 +301,28 @@ fn dropping_queued_work_and_switching_policy_keep_jobs() {
     assert_eq!(s.policy_name(), "pack");
     assert_eq!(run_next(&mut s, &mut now, MS), Some("b"));
 }
+
+#[test]
+fn cheap_runs_count_as_service_and_yield_to_jobs_ranked_ahead() {
+    let mut s = sched("fair");
+    let (a, b) = (JobId(1), JobId(2));
+    s.add_job(a, L, Hints::default(), 0).unwrap();
+    s.add_job(b, L, Hints::default(), 0).unwrap();
+    // Nothing queued: a run outside the scheduler overtakes no one, even for
+    // a job not admitted yet.
+    assert!(!s.outranked(a) && !s.outranked(JobId(9)));
+    // a's cheap runs are service under fair; b, queued, is now ahead of it.
+    s.charge_outside_run(a, 50 * MS);
+    s.submit(b, "b", 0).unwrap();
+    assert!(s.outranked(a), "a yields to b's queued iteration");
+    assert!(!s.outranked(b), "b's own iteration does not hold b back");
+    assert!(s.outranked(JobId(9)), "a newcomer would join some lane's order");
+    // The charge is service, not an iteration: srtf-style means stay clean.
+    let status = s.status(a).unwrap();
+    assert_eq!((status.attained, status.iterations), (0, 0));
+    // Once b has had more service than a, a's runs go first again.
+    let mut now = 0;
+    assert_eq!(run_next(&mut s, &mut now, 60 * MS), Some("b"));
+    s.submit(b, "b", now).unwrap();
+    assert!(!s.outranked(a));
+}

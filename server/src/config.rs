@@ -48,7 +48,7 @@ pub struct Args {
 
     /// Scheduling policy: fifo, srtf, pack, fair, rr, priority, las, dlas or gittins. Can be
     /// changed at run time with `salus-server ctl policy NAME`.
-    #[arg(long, env = "SALUS_POLICY", default_value = "pack")]
+    #[arg(long, env = "SALUS_POLICY", default_value = "fair")]
     pub policy: String,
 
     /// Main iterations in flight per lane (Salus: 1).
@@ -60,8 +60,9 @@ pub struct Args {
     #[arg(long, env = "SALUS_ANTICIPATION_US", default_value_t = 2000)]
     pub anticipation_us: u64,
 
-    /// Repeated runs measured faster than this many microseconds are cheap: they
-    /// run at once instead of being scheduled as main iterations.
+    /// Repeated runs measured faster than this many microseconds are brief: they
+    /// run at once instead of being scheduled as main iterations, unless a job
+    /// the policy ranks ahead has an iteration queued on the lane.
     #[arg(long, env = "SALUS_CHEAP_BELOW_US", default_value_t = 1000)]
     pub cheap_below_us: u64,
 
@@ -195,7 +196,7 @@ impl Default for Config {
             lane_rule: LaneRule::default(),
             gpu_lanes: 0,
             admission_timeout: Duration::from_secs(600),
-            policy: "pack".into(),
+            policy: "fair".into(),
             sched: SchedConfig::default(),
             idle_timeout: Some(Duration::from_secs(3600)),
             shutdown_grace: Duration::from_secs(30),
@@ -306,7 +307,7 @@ mod tests {
         let config =
             Config::try_from(Args::parse_from(["salus-server", "--idle-timeout", "0"])).unwrap();
         assert_eq!(config.idle_timeout, None);
-        assert_eq!(config.policy, "pack");
+        assert_eq!(config.policy, "fair");
         assert_eq!(config.lane_rule, LaneRule::Pack);
         let config =
             Config::try_from(Args::parse_from(["salus-server", "--lane-rule", "salus"])).unwrap();

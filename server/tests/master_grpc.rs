@@ -596,7 +596,7 @@ async fn main_iterations_are_scheduled_and_visible_in_the_admin_api() {
     assert!(job.attained_seconds > 0.0);
     assert_eq!(job.hints.as_ref().unwrap().priority, 3);
     assert_eq!(job.hints.as_ref().unwrap().expected_iterations, 50);
-    assert_eq!(job.policy, "pack");
+    assert_eq!(job.policy, "fair");
     let stats = s
         .admin
         .get_stats(GetStatsRequest {})
@@ -616,7 +616,7 @@ async fn main_iterations_are_scheduled_and_visible_in_the_admin_api() {
         .into_inner();
     assert_eq!(
         (changed.previous.as_str(), changed.policy.as_str()),
-        ("pack", "srtf")
+        ("fair", "srtf")
     );
     let err = s
         .admin

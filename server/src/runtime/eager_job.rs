@@ -900,21 +900,15 @@ impl Worker {
             return Err(Error::ShuttingDown);
         }
         let class = if is_call {
-            profile.classify(self.shared.sched.cheap_below.as_nanos() as f64, op.name.contains(MAIN_MARKER))
+            let class = profile.classify(self.shared.sched.cheap_below.as_nanos() as f64, op.name.contains(MAIN_MARKER));
+            self.shared.sched.executor.resolve(self.shared.id, class)
         } else {
             RunClass::Cheap
         };
         // A main iteration waits for memory (first time) and for its turn on
         // the lane; the turn ends when this call has run.
         let _turn = match class {
-            // Counted like a graph job's cheap run: single ops are not runs, and
-            // would take the executor's lock on every op.
-            RunClass::Cheap => {
-                if is_call {
-                    self.shared.sched.executor.count_cheap_run();
-                }
-                None
-            }
+            RunClass::Cheap | RunClass::Brief => None,
             RunClass::Main => {
                 self.admit()?;
                 Some(self.wait_for_turn()?)
@@ -944,6 +938,11 @@ impl Worker {
         }
         if is_call {
             self.profiles.entry(op.name.clone()).or_default().record(elapsed.as_nanos() as f64);
+            // Counted like a graph job's cheap run; single ops are not runs,
+            // and would take the executor's lock on every op.
+            if class != RunClass::Main {
+                self.shared.sched.executor.count_cheap_run(self.shared.id, elapsed);
+            }
         }
         let outputs = match executed {
             Ok(outputs) => outputs,

@@ -19,6 +19,7 @@ use tokio::sync::oneshot;
 
 use crate::error::{Error, Result};
 use crate::runtime::latency::{LatencyRecorder, LatencySnapshot};
+use crate::runtime::run_class::RunClass;
 use crate::sched::policy::{self, Policy};
 use crate::sched::{
     Decision, Hints, JobId, JobStatus, LaneId, Nanos, SchedConfig, SchedError, Scheduler, SortKey,
@@ -235,9 +236,25 @@ impl Executor {
         }
     }
 
-    /// Counts a run that bypassed the scheduler.
-    pub fn count_cheap_run(&self) {
-        self.shared.lock().cheap_runs_total += 1;
+    /// Whether a run goes at once (`Cheap`) or through the scheduler (`Main`):
+    /// a [`RunClass::Brief`] run queues when another job's queued iteration
+    /// ranks ahead of `job`.
+    pub fn resolve(&self, job: JobId, class: RunClass) -> RunClass {
+        match class {
+            RunClass::Brief if self.shared.lock().sched.outranked(job) => RunClass::Main,
+            RunClass::Brief => RunClass::Cheap,
+            other => other,
+        }
+    }
+
+    /// Counts a run that bypassed the scheduler and charges its time to the
+    /// job's service, which policies that share by service then see.
+    pub fn count_cheap_run(&self, job: JobId, elapsed: Duration) {
+        let mut inner = self.shared.lock();
+        inner.cheap_runs_total += 1;
+        inner
+            .sched
+            .charge_outside_run(job, elapsed.as_nanos().min(u64::MAX as u128) as u64);
     }
 
     pub fn set_policy(&self, name: &str) -> Result<(&'static str, &'static str)> {

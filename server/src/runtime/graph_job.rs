@@ -8,12 +8,14 @@
 //!   explicit marker, also under a name scope) is a **main** iteration;
 //! - otherwise a run is **cheap** while its signature ([`RunKey`]: the same
 //!   feeds, fetches and targets, or the same callable) has run fewer than
-//!   [`WARMUP_RUNS`] times, or while its measured mean time is below the
-//!   `--cheap-below-us` threshold (initializers, setup, small fetches);
+//!   [`WARMUP_RUNS`] times (initializers, setup), and **brief** while its
+//!   measured mean time is below the `--cheap-below-us` threshold;
 //! - every other run (a repeated, non-trivial step) is a **main** iteration.
 //!
 //! Main iterations go through the scheduler; cheap runs run at once and are
-//! never held behind another job's long iteration.
+//! never held behind another job's long iteration; brief runs run at once
+//! unless a job the policy ranks ahead has an iteration queued
+//! ([`crate::runtime::executor::Executor::resolve`]).
 
 use std::borrow::Cow;
 use std::collections::hash_map::DefaultHasher;

@@ -2,10 +2,14 @@
 //! classified (main iteration or cheap run), and a job's memory estimate.
 //!
 //! A run (a RunStep/RunCallable signature, or a call of one eager function) is
-//! *cheap* until it has run [`WARMUP_RUNS`] times, or while it takes less than
-//! `--cheap-below-us`: initializers, setup and small fetches run at once and
-//! never wait behind another job's iteration. Other runs are *main* iterations,
+//! *cheap* until it has run [`WARMUP_RUNS`] times: initializers and setup run
+//! at once and never wait behind another job's iteration. After that it is
+//! *brief* while it takes less than `--cheap-below-us`: it runs at once too,
+//! unless a queued iteration of a job the policy ranks ahead is waiting, and
+//! then it queues like a main iteration (so a client looping over small steps
+//! cannot take more than its share). Other runs are *main* iterations,
 //! scheduled by the policy. A run naming [`MAIN_MARKER`] is always main.
+//! The time of runs that went at once is charged to the job's service.
 
 use crate::sched::lanes::MemoryNeed;
 use crate::sched::Hints;
@@ -35,8 +39,10 @@ impl RunProfile {
     pub fn classify(&self, cheap_below_ns: f64, marked: bool) -> RunClass {
         if marked {
             RunClass::Main
-        } else if self.runs < WARMUP_RUNS || self.mean_ns < cheap_below_ns {
+        } else if self.runs < WARMUP_RUNS {
             RunClass::Cheap
+        } else if self.mean_ns < cheap_below_ns {
+            RunClass::Brief
         } else {
             RunClass::Main
         }
@@ -58,8 +64,15 @@ pub const MEMORY_SAMPLE_RUNS: &[u64] = &[WARMUP_RUNS, 10, 100, 1000];
 /// How a run is scheduled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RunClass {
+    /// Scheduled by the policy.
     Main,
+    /// Runs at once: a warm-up run of its signature (initializers, setup).
     Cheap,
+    /// A repeated run measured faster than `--cheap-below-us`: runs at once
+    /// (as a cheap run) unless another job's queued iteration ranks ahead of
+    /// its job, and then queues as a main iteration, so loops of small steps
+    /// share the device by the policy too ([`crate::runtime::executor::Executor::resolve`]).
+    Brief,
 }
 
 /// A job's memory need and where each part comes from ("graph", "variables",
@@ -107,14 +120,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn warm_up_and_fast_runs_are_cheap() {
+    fn warm_up_runs_are_cheap_and_fast_ones_brief() {
         let mut p = RunProfile::default();
         assert_eq!(p.classify(1e6, false), RunClass::Cheap);
         assert_eq!(p.classify(1e6, true), RunClass::Main);
         p.record(5e6);
         p.record(5e6);
         assert_eq!(p.classify(1e6, false), RunClass::Main);
-        assert_eq!(p.classify(1e7, false), RunClass::Cheap);
+        assert_eq!(p.classify(1e7, false), RunClass::Brief);
     }
 
     #[test]

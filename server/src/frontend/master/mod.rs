@@ -45,10 +45,16 @@ impl Master {
             // Shutdown: eager clients still fetch results; graph runs start no more.
             return Err(Error::ShuttingDown);
         }
-        match class {
-            RunClass::Cheap => {
-                self.state.executor.count_cheap_run();
-                exec::blocking(f).await
+        match self.state.executor.resolve(job.id, class) {
+            RunClass::Cheap | RunClass::Brief => {
+                let (result, elapsed) = exec::blocking(move || {
+                    let started = Instant::now();
+                    let result = f();
+                    Ok((result, started.elapsed()))
+                })
+                .await?;
+                self.state.executor.count_cheap_run(job.id, elapsed);
+                result
             }
             RunClass::Main => {
                 self.admit(job).await?;
