@@ -13,7 +13,10 @@ Workloads
   cnn   a CNN (4 conv layers, 32-64 filters) on 32x32x3 images, batch 32 (about 50 ms per step in-process on
         a 2-core CPU; at least 20 ms)
 
-  .venv/bin/python scripts/bench_eager.py [--quick] [--server-bin target/release/salus-server]
+  .venv/bin/python scripts/bench_eager.py [--quick] [--repeat N] [--server-bin target/release/salus-server]
+
+--repeat N runs the whole comparison N times with the same clients and ends with each ratio's min / median /
+max over the runs and in how many runs its goal was met.
 
 A target that fails (salus-server missing, or its eager front end refusing the context) is reported with its
 error and the others keep going.
@@ -204,6 +207,56 @@ def fmt_time(seconds: float) -> str:
     return f"{seconds * 1e3:8.3f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:8.1f} us"
 
 
+def compare_once(workloads: list[str], clients: dict, addresses: dict, errors: dict[str, str],
+                 rounds: int) -> dict[tuple[str, str, str], float]:
+    """One whole comparison: interleaved rounds, medians per target, ratios (printed and returned)."""
+    ratios: dict[tuple[str, str, str], float] = {}
+    times: dict[str, dict[str, list[float]]] = {w: {t: [] for t in clients} for w in workloads}
+    order = list(clients)
+    for r in range(rounds):
+        rotated = order[r % len(order):] + order[:r % len(order)] if order else []
+        for w in workloads:
+            block = BLOCKS[w][0]
+            for t in rotated:
+                c = clients.get(t)
+                if c is None or c.error:
+                    continue
+                times[w][t].extend(c.steps(w, block))
+                if c.error:
+                    errors[t] = c.error
+                    print(f"bench: {t}: {c.error}", flush=True)
+
+    medians: dict[str, dict[str, float]] = {}
+    for w in workloads:
+        medians[w] = {t: statistics.median(v) for t, v in times[w].items() if v and t not in errors}
+        cols = []
+        for t in addresses:
+            if t in medians[w]:
+                cols.append(f"{t} {fmt_time(medians[w][t])} ({len(times[w][t])} steps)")
+            else:
+                cols.append(f"{t} error")
+        print(f"{w:4s} median per step: " + "  ".join(cols), flush=True)
+
+    print("\nratios (median / median):")
+    for w, m in medians.items():
+        for a, b in [("salus", "tf-server"), ("salus", "in-process"), ("tf-server", "in-process")]:
+            goal = GOALS.get((w, a, b))
+            note = f"   goal <= {goal}" if goal is not None else ""
+            if a in m and b in m:
+                ratio = ratios[(w, a, b)] = m[a] / m[b]
+                if goal is not None:
+                    note += f": {'met' if ratio <= goal else 'MISSED'}"
+                print(f"  {w:4s} {a:>10s} / {b:<10s} {ratio:6.3f}{note}")
+            elif goal is not None:
+                missing = a if a not in m else b
+                print(f"  {w:4s} {a:>10s} / {b:<10s}    n/a{note}: {missing} failed "
+                      f"({errors.get(missing, 'no data')[:200]})")
+    if "cnn" in medians and "in-process" in medians["cnn"] and medians["cnn"]["in-process"] < 0.020:
+        print(f"  note: cnn in-process median {fmt_time(medians['cnn']['in-process'])} is under 20 ms on "
+              f"this machine; the overhead ratio is stricter than intended")
+    return ratios
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer rounds")
@@ -212,13 +265,18 @@ def main() -> int:
                                          "target/release/salus-server)")
     ap.add_argument("--without-salus", action="store_true", help="compare in-process and tf-server only")
     ap.add_argument("--workloads", nargs="+", default=list(BLOCKS), choices=list(BLOCKS))
-    ap.add_argument("--check", action="store_true", help="exit 1 if a goal ratio is missed")
+    ap.add_argument("--repeat", type=int, default=1, help="run the whole comparison N times (same servers and "
+                                                          "clients) and print each ratio's min / median / max")
+    ap.add_argument("--check", action="store_true", help="exit 1 if a goal ratio is missed (with --repeat: "
+                                                         "in more than a fifth of the runs)")
     args = ap.parse_args()
+    if args.repeat < 1:
+        ap.error("--repeat must be at least 1")
     rounds = args.rounds or (3 if args.quick else 10)
     if args.server_bin:
         os.environ["SALUS_SERVER_BIN"] = str(Path(args.server_bin).resolve())
 
-    from bench_master import start_salus
+    from bench_master import goal_held, print_summary, start_salus
     t_start = time.monotonic()
     servers = []
     errors: dict[str, str] = {}
@@ -248,54 +306,15 @@ def main() -> int:
         for name, err in errors.items():
             print(f"bench: {name}: {err}", flush=True)
 
-        times: dict[str, dict[str, list[float]]] = {w: {t: [] for t in clients} for w in args.workloads}
-        order = list(clients)
-        for r in range(rounds):
-            rotated = order[r % len(order):] + order[:r % len(order)] if order else []
-            for w in args.workloads:
-                block = BLOCKS[w][0]
-                for t in rotated:
-                    c = clients.get(t)
-                    if c is None or c.error:
-                        continue
-                    times[w][t].extend(c.steps(w, block))
-                    if c.error:
-                        errors[t] = c.error
-                        print(f"bench: {t}: {c.error}", flush=True)
-
-        medians: dict[str, dict[str, float]] = {}
-        for w in args.workloads:
-            medians[w] = {t: statistics.median(v) for t, v in times[w].items() if v and t not in errors}
-            cols = []
-            for t in addresses:
-                if t in medians[w]:
-                    cols.append(f"{t} {fmt_time(medians[w][t])} ({len(times[w][t])} steps)")
-                else:
-                    cols.append(f"{t} error")
-            print(f"{w:4s} median per step: " + "  ".join(cols), flush=True)
-
-        print("\nratios (median / median):")
-        missed = []
-        for w, m in medians.items():
-            for a, b in [("salus", "tf-server"), ("salus", "in-process"), ("tf-server", "in-process")]:
-                goal = GOALS.get((w, a, b))
-                note = f"   goal <= {goal}" if goal is not None else ""
-                if a in m and b in m:
-                    ratio = m[a] / m[b]
-                    if goal is not None:
-                        ok = ratio <= goal
-                        note += f": {'met' if ok else 'MISSED'}"
-                        if not ok:
-                            missed.append(f"{w} {a}/{b}")
-                    print(f"  {w:4s} {a:>10s} / {b:<10s} {ratio:6.3f}{note}")
-                elif goal is not None:
-                    missing = a if a not in m else b
-                    print(f"  {w:4s} {a:>10s} / {b:<10s}    n/a{note}: {missing} failed "
-                          f"({errors.get(missing, 'no data')[:200]})")
-                    missed.append(f"{w} {a}/{b}")
-        if "cnn" in medians and "in-process" in medians["cnn"] and medians["cnn"]["in-process"] < 0.020:
-            print(f"  note: cnn in-process median {fmt_time(medians['cnn']['in-process'])} is under 20 ms on "
-                  f"this machine; the overhead ratio is stricter than intended")
+        runs = []
+        for run in range(args.repeat):
+            if args.repeat > 1:
+                print(f"\n== run {run + 1} of {args.repeat}", flush=True)
+            runs.append(compare_once(args.workloads, clients, addresses, errors, rounds))
+        if args.repeat > 1:
+            print_summary(runs, GOALS)
+        missed = [f"{w} {a}/{b}" for (w, a, b), goal in GOALS.items()
+                  if w in args.workloads and not goal_held(runs, (w, a, b), goal)]
         print(f"\nbench: done in {time.monotonic() - t_start:.0f}s", flush=True)
         if args.check and missed:
             print(f"bench: goals missed: {', '.join(missed)}", file=sys.stderr)

@@ -12,7 +12,10 @@ Workloads
 
 Also prints the servers' resident memory (VmRSS) with no session, with 1 and with 20 idle open sessions.
 
-  .venv/bin/python scripts/bench_master.py [--quick] [--salus-target grpc://127.0.0.1:5501 --salus-pid PID]
+  .venv/bin/python scripts/bench_master.py [--quick] [--repeat N] [--salus-target grpc://127.0.0.1:5501 --salus-pid PID]
+
+--repeat N runs the whole comparison (every workload, same servers) N times and ends with each ratio's
+min / median / max over the runs and in how many runs its goal was met: quote that, not one run.
 
 salus-server is started on a free port from $SALUS_SERVER_BIN (default target/release/salus-server) unless
 --salus-target is given; --without-salus compares in-process with TF's server only.
@@ -40,7 +43,9 @@ REPO = Path(__file__).resolve().parent.parent
 LISTEN_RE = re.compile(r"^salus-server listening on (127\.0\.0\.1:\d+)\s*$")
 
 # Goals from the project's issue; printed next to the measured ratios, never asserted unless --check.
-GOALS = {("tiny", "salus", "tf-server"): 0.6, ("cnn", "salus", "in-process"): 1.05}
+GOALS = {("tiny", "salus", "tf-server"): 0.6, ("train", "salus", "tf-server"): 0.6,
+         ("cnn", "salus", "in-process"): 1.02}
+PAIRS = [("salus", "tf-server"), ("salus", "in-process"), ("tf-server", "in-process")]
 
 
 # --- servers ------------------------------------------------------------------------------------------
@@ -216,6 +221,49 @@ def memory_with_sessions(target: str, pid: int | None, counts=(1, 20)) -> dict[s
     return result
 
 
+def compare_once(workloads: list[str], targets: dict[str, str], rounds: int) -> dict[tuple[str, str, str], float]:
+    """One whole comparison: per workload, the median step of each target, then the ratios; returns them."""
+    medians: dict[str, dict[str, float]] = {}
+    for name in workloads:
+        times = bench_workload(name, targets, rounds)
+        medians[name] = {t: statistics.median(v) for t, v in times.items()}
+        row = "  ".join(f"{t} {fmt_time(m)}" for t, m in medians[name].items())
+        print(f"{name:6s} median per step ({len(times['in-process'])} steps each): {row}", flush=True)
+    print("\nratios (median / median):")
+    ratios = {}
+    for name, m in medians.items():
+        for a, b in PAIRS:
+            if a in m and b in m:
+                ratio = ratios[(name, a, b)] = m[a] / m[b]
+                goal = GOALS.get((name, a, b))
+                note = f"   goal <= {goal}: {'met' if ratio <= goal else 'MISSED'}" if goal is not None else ""
+                print(f"  {name:6s} {a:>10s} / {b:<10s} {ratio:6.3f}{note}")
+    if "cnn" in medians and medians["cnn"]["in-process"] < 0.020:
+        print(f"  note: cnn in-process median {fmt_time(medians['cnn']['in-process'])} is under 20 ms on "
+              f"this machine; the overhead ratio is stricter than intended")
+    return ratios
+
+
+def goal_held(runs: list[dict], key: tuple[str, str, str], goal: float) -> bool:
+    """The issue's bar: met in at least 4 of 5 runs, i.e. in all but a fifth (one run: that run)."""
+    met = sum(r[key] <= goal for r in runs if key in r)
+    return met >= len(runs) - len(runs) // 5
+
+
+def print_summary(runs: list[dict[tuple[str, str, str], float]], goals: dict = GOALS) -> None:
+    print(f"\nover {len(runs)} runs (min / median / max of each ratio; goal met in how many runs):")
+    for key in runs[0]:
+        values = sorted(r[key] for r in runs if key in r)
+        name, a, b = key
+        line = (f"  {name:6s} {a:>10s} / {b:<10s} {values[0]:6.3f} / {statistics.median(values):6.3f} / "
+                f"{values[-1]:6.3f}")
+        goal = goals.get(key)
+        if goal is not None:
+            met = sum(v <= goal for v in values)
+            line += f"   goal <= {goal}: met in {met}/{len(values)}{'' if goal_held(runs, key, goal) else '  MISSED'}"
+        print(line, flush=True)
+
+
 def fmt_time(seconds: float) -> str:
     return f"{seconds * 1e3:8.3f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:8.1f} us"
 
@@ -228,8 +276,13 @@ def main() -> int:
     ap.add_argument("--salus-pid", type=int, help="its PID, for the memory numbers")
     ap.add_argument("--without-salus", action="store_true", help="compare in-process and tf-server only")
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
-    ap.add_argument("--check", action="store_true", help="exit 1 if a goal ratio is missed")
+    ap.add_argument("--repeat", type=int, default=1, help="run the whole comparison N times and print each "
+                                                          "ratio's min / median / max and goal count")
+    ap.add_argument("--check", action="store_true", help="exit 1 if a goal ratio is missed (with --repeat: "
+                                                         "in more than a fifth of the runs)")
     args = ap.parse_args()
+    if args.repeat < 1:
+        ap.error("--repeat must be at least 1")
     rounds = args.rounds or (5 if args.quick else 20)
 
     t_start = time.monotonic()
@@ -253,30 +306,15 @@ def main() -> int:
         # Memory first, while the servers are fresh (the benchmark's sessions would leave allocator caches).
         memory = {t: memory_with_sessions(targets[t], pids.get(t)) for t in ("tf-server", "salus") if t in targets}
 
-        medians: dict[str, dict[str, float]] = {}
-        for name in args.workloads:
-            times = bench_workload(name, targets, rounds)
-            medians[name] = {t: statistics.median(v) for t, v in times.items()}
-            row = "  ".join(f"{t} {fmt_time(m)}" for t, m in medians[name].items())
-            print(f"{name:6s} median per step ({len(times['in-process'])} steps each): {row}", flush=True)
-
-        print("\nratios (median / median):")
-        missed = []
-        for name, m in medians.items():
-            for a, b in [("salus", "tf-server"), ("salus", "in-process"), ("tf-server", "in-process")]:
-                if a in m and b in m:
-                    ratio = m[a] / m[b]
-                    goal = GOALS.get((name, a, b))
-                    note = ""
-                    if goal is not None:
-                        ok = ratio <= goal
-                        note = f"   goal <= {goal}: {'met' if ok else 'MISSED'}"
-                        if not ok:
-                            missed.append(f"{name} {a}/{b}")
-                    print(f"  {name:6s} {a:>10s} / {b:<10s} {ratio:6.3f}{note}")
-        if "cnn" in medians and medians["cnn"]["in-process"] < 0.020:
-            print(f"  note: cnn in-process median {fmt_time(medians['cnn']['in-process'])} is under 20 ms on "
-                  f"this machine; the overhead ratio is stricter than intended")
+        runs: list[dict[tuple[str, str, str], float]] = []
+        for run in range(args.repeat):
+            if args.repeat > 1:
+                print(f"\n== run {run + 1} of {args.repeat}", flush=True)
+            runs.append(compare_once(args.workloads, targets, rounds))
+        if args.repeat > 1:
+            print_summary(runs)
+        missed = [f"{name} {a}/{b}" for (name, a, b), goal in GOALS.items()
+                  if runs and (name, a, b) in runs[0] and not goal_held(runs, (name, a, b), goal)]
 
         print("\nserver resident memory (VmRSS, MiB; measured first, on the fresh servers):")
         for t, mem in memory.items():
