@@ -12,6 +12,7 @@
 
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
+mod checkpoint_stub;
 mod config_proto;
 mod options_table;
 mod probe;

@@ -6,6 +6,9 @@
 //! from that local session, and a session on the server is given the same graph and
 //! those values (one Placeholder + Assign/AssignVariableOp per variable, added to the
 //! program's graph under `salus_shim/`). The model's init op then runs on the server.
+//! Functions of the graph's library that hold checkpoint ops (a TF2 SavedModel's traced
+//! save/restore functions) are replaced in the graph by stand-ins that fail when called
+//! (checkpoint_stub): the server refuses them, and the shipped values make them unnecessary.
 //! Models with asset files are refused with an exact message: their init op reads the
 //! files by path, on the server.
 
@@ -13,10 +16,11 @@ use std::ffi::{c_char, c_int, CStr, CString};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
+use crate::checkpoint_stub::refusing_stub;
 use crate::redirect::{Redirect, Refusal, RemoteOptions};
 use crate::tf::{
     self, real, OwnedStatus, TF_Buffer, TF_Graph, TF_Operation, TF_Output, TF_Session,
-    TF_SessionOptions, TF_Status, TF_Tensor,
+    TF_Function, TF_SessionOptions, TF_Status, TF_Tensor,
 };
 use crate::wire::{fields, submessages, MalformedProto};
 
@@ -233,6 +237,7 @@ pub unsafe fn load_on_server(
     }
     drop(local); // the values are in `values`; the local session's memory goes now
 
+    let removed_functions = remove_checkpoint_functions(graph)?;
     let remote_options = RemoteOptions::new(redirect)?;
     let remote = SessionGuard(real::TF_NewSession()?(graph, remote_options.ptr(), status.ptr()));
     status.check().map_err(tf_error("creating the session on the Salus server"))?;
@@ -281,12 +286,13 @@ pub unsafe fn load_on_server(
     if redirect.settings.verbose {
         eprintln!(
             "salus: SavedModel {export_dir}: loaded on the client in {:.1} ms, {} variables ({} bytes) \
-             shipped to {} in {:.1} ms",
+             shipped to {} in {:.1} ms ({} checkpoint functions replaced in the graph)",
             (loaded_at - started).as_secs_f64() * 1e3,
             transfers.len(),
             shipped_bytes,
             redirect.settings.server,
             loaded_at.elapsed().as_secs_f64() * 1e3,
+            removed_functions,
         );
     }
     Ok(remote.release())
@@ -390,6 +396,83 @@ unsafe fn add_transfer_ops(graph: *mut TF_Graph, variables: &[Variable]) -> Resu
         out.push(Transfer { read, value, assign });
     }
     Ok(out)
+}
+
+/// Ops the server allows only in the graph itself, not inside functions (the server's
+/// tenant::op_policy::CHECKPOINT_OPS).
+const CHECKPOINT_OPS: [&str; 7] =
+    ["SaveV2", "RestoreV2", "Save", "SaveSlices", "Restore", "RestoreSlice", "MergeV2Checkpoints"];
+/// FunctionDef.node_def (3); NodeDef.op (2).
+const FUNCTION_NODE_DEF_FIELD: u64 = 3;
+const NODE_OP_FIELD: u64 = 2;
+
+/// Whether a serialized FunctionDef runs a checkpoint op.
+fn function_has_checkpoint_ops(function_def: &[u8]) -> Result<bool, MalformedProto> {
+    for node in submessages(function_def, FUNCTION_NODE_DEF_FIELD)? {
+        if let Some(op) = first_string(node, NODE_OP_FIELD)? {
+            if CHECKPOINT_OPS.contains(&op.as_str()) {
+                return Ok(true);
+            }
+        }
+    }
+    Ok(false)
+}
+
+/// TF_Functions from TF_GraphGetFunctions; deleted on drop.
+struct Functions(Vec<*mut TF_Function>);
+
+impl Drop for Functions {
+    fn drop(&mut self) {
+        if let Ok(delete) = real::TF_DeleteFunction() {
+            for &f in &self.0 {
+                // SAFETY: owned by the shim (TF_GraphGetFunctions gives ownership), deleted once.
+                unsafe { delete(f) };
+            }
+        }
+    }
+}
+
+/// Replaces the library functions that hold checkpoint ops with refusing stand-ins; returns how many.
+unsafe fn remove_checkpoint_functions(graph: *mut TF_Graph) -> Result<usize, Refusal> {
+    let count = real::TF_GraphNumFunctions()?(graph);
+    if count <= 0 {
+        return Ok(0);
+    }
+    let status = OwnedStatus::new()?;
+    let mut functions = Functions(vec![std::ptr::null_mut(); count as usize]);
+    let got = real::TF_GraphGetFunctions()?(graph, functions.0.as_mut_ptr(), count, status.ptr());
+    status.check().map_err(tf_error("listing the graph's functions"))?;
+    functions.0.truncate(got.max(0) as usize);
+    let mut replaced = Vec::new();
+    for &function in &functions.0 {
+        let def = OwnedBuffer(real::TF_NewBuffer()?());
+        real::TF_FunctionToFunctionDef()?(function, def.0, status.ptr());
+        status.check().map_err(tf_error("reading a graph function"))?;
+        let has = function_has_checkpoint_ops(def.bytes())
+            .map_err(|_| failed(tf::TF_INTERNAL, "a graph function's FunctionDef could not be read"))?;
+        if has {
+            let name = CStr::from_ptr(real::TF_FunctionName()?(function)).to_owned();
+            let stub = refusing_stub(def.bytes()).map_err(|e| {
+                failed(
+                    tf::TF_FAILED_PRECONDITION,
+                    format!("the SavedModel's function {name:?} saves or restores a checkpoint and cannot be \
+                             replaced for the server ({e:?}): load the model with SALUS_SERVER unset"),
+                )
+            })?;
+            replaced.push((name, stub));
+        }
+    }
+    for (name, stub) in &replaced {
+        real::TF_GraphRemoveFunction()?(graph, name.as_ptr(), status.ptr());
+        status.check().map_err(tf_error(&format!("removing the checkpoint function {name:?}")))?;
+        let stub_function = Functions(vec![real::TF_FunctionImportFunctionDef()?(
+            stub.as_ptr().cast(), stub.len(), status.ptr(),
+        )]);
+        status.check().map_err(tf_error(&format!("building the stand-in for {name:?}")))?;
+        real::TF_GraphCopyFunction()?(graph, stub_function.0[0], std::ptr::null(), status.ptr());
+        status.check().map_err(tf_error(&format!("adding the stand-in for {name:?}")))?;
+    }
+    Ok(replaced.len())
 }
 
 fn context(refusal: Refusal, variable: &str) -> Refusal {
@@ -521,6 +604,22 @@ mod tests {
         assert!(MetaGraphInfo::parse(&meta).unwrap().has_assets);
         assert_eq!(MetaGraphInfo::parse(&[]).unwrap(), MetaGraphInfo::default());
         assert!(MetaGraphInfo::parse(&[0x22, 0x05]).is_err());
+    }
+
+    #[test]
+    fn checkpoint_ops_in_function_defs() {
+        let node = |op: &str| {
+            let mut n = Vec::new();
+            write_len_field(&mut n, 1, b"node");
+            write_len_field(&mut n, NODE_OP_FIELD, op.as_bytes());
+            n
+        };
+        let mut save = Vec::new();
+        write_len_field(&mut save, FUNCTION_NODE_DEF_FIELD, &node("Identity"));
+        assert!(!function_has_checkpoint_ops(&save).unwrap());
+        write_len_field(&mut save, FUNCTION_NODE_DEF_FIELD, &node("MergeV2Checkpoints"));
+        assert!(function_has_checkpoint_ops(&save).unwrap());
+        assert!(function_has_checkpoint_ops(&[0x1a, 0x09]).is_err());
     }
 
     #[test]

@@ -39,6 +39,10 @@ pub struct TF_OperationDescription {
 pub struct TF_Tensor {
     _private: [u8; 0],
 }
+#[repr(C)]
+pub struct TF_Function {
+    _private: [u8; 0],
+}
 
 #[repr(C)]
 pub struct TF_Buffer {
@@ -164,6 +168,14 @@ tf_functions! {
     TF_TensorByteSize: fn(*const TF_Tensor) -> usize;
     TF_NewBuffer: fn() -> *mut TF_Buffer;
     TF_DeleteBuffer: fn(*mut TF_Buffer);
+    TF_GraphNumFunctions: fn(*mut TF_Graph) -> c_int;
+    TF_GraphGetFunctions: fn(*mut TF_Graph, *mut *mut TF_Function, c_int, *mut TF_Status) -> c_int;
+    TF_FunctionToFunctionDef: fn(*mut TF_Function, *mut TF_Buffer, *mut TF_Status);
+    TF_FunctionName: fn(*mut TF_Function) -> *const c_char;
+    TF_DeleteFunction: fn(*mut TF_Function);
+    TF_GraphRemoveFunction: fn(*mut TF_Graph, *const c_char, *mut TF_Status);
+    TF_FunctionImportFunctionDef: fn(*const c_void, usize, *mut TF_Status) -> *mut TF_Function;
+    TF_GraphCopyFunction: fn(*mut TF_Graph, *const TF_Function, *const TF_Function, *mut TF_Status);
 }
 
 /// Sets `status` (when the caller gave one) to `code` and `message`.
