@@ -4,8 +4,12 @@ The C programs in c_programs/ are plain TensorFlow C-API users that know nothing
 `cc` against the wheel's headers and libraries. Each is run without the shim (local TensorFlow) and with it
 preloaded, and the outputs must be identical.
 
+A second real client is a Rust program on the `tensorflow` crate (tf_adapter/rust_client, binary
+salus-tf-rust-train, built by scripts/setup.sh).
+
 Environment:
-  SALUS_TF_SHIM   path of libsalus_tf.so (default: next to SALUS_SERVER_BIN, i.e. <target>/release/)
+  SALUS_TF_SHIM         path of libsalus_tf.so (default: next to SALUS_SERVER_BIN, i.e. <target>/release/)
+  SALUS_TF_RUST_CLIENT  path of salus-tf-rust-train (default: next to SALUS_SERVER_BIN)
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import os
 import queue
 import shutil
 import socket
+import struct
 import subprocess
 import threading
 import time
@@ -37,6 +42,10 @@ pytestmark = pytest.mark.skipif(
 
 def shim_path() -> Path:
     return Path(os.environ.get("SALUS_TF_SHIM", server_bin().parent / "libsalus_tf.so")).resolve()
+
+
+def rust_client_path() -> Path:
+    return Path(os.environ.get("SALUS_TF_RUST_CLIENT", server_bin().parent / "salus-tf-rust-train")).resolve()
 
 
 def tf_dir() -> Path:
@@ -261,3 +270,29 @@ def test_invalid_settings_fail_the_session_not_the_process(salus_address, shim, 
     assert proc.returncode == 2, f"expected the program's own error exit: {proc.returncode}\n{proc.stderr[-2000:]}"
     assert f"salus: {var}=" in proc.stderr and "is not valid" in proc.stderr, proc.stderr[-2000:]
     assert "error: creating the session" in proc.stderr and "(code 3)" in proc.stderr, proc.stderr[-2000:]
+
+
+def as_float32(value: float) -> float:
+    return struct.unpack("f", struct.pack("f", value))[0]
+
+
+def test_rust_tensorflow_crate_client_through_the_shim(salus_address, shim, models, local_losses):
+    """A program on the `tensorflow` crate (tensorflow-sys over the wheel's C API) as a second real client."""
+    client = rust_client_path()
+    if not client.exists():
+        pytest.fail(f"{client} not found: build it (cargo build --release -p salus-tf-rust-client) or set "
+                    f"SALUS_TF_RUST_CLIENT")
+    args = [client, models["dir"] / "train_graph.pb", "init", "train", "loss", TRAIN_STEPS]
+    local = checked(run_program(args, program_env(None)))
+    held = Held(args, program_env(shim, SALUS_SERVER=salus_address, SALUS_JOB_NAME="rust-train"))
+    try:
+        rows = jobs_by_name(salus_address)
+    finally:
+        code = held.finish()
+    assert code == 0, "".join(held.stderr)[-4000:]
+    assert held.output == local, "losses through the server differ from local ones"
+    assert "rust-train" in rows, f"no job rust-train on the server: {list(rows)}"
+    # The same graph as the C program: the same float32 losses.
+    rust = [as_float32(float(line.split()[3])) for line in local]
+    c = [float.fromhex(line.split()[3]) for line in local_losses]
+    assert rust == c, (rust, c)
