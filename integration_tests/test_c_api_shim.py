@@ -296,3 +296,18 @@ def test_rust_tensorflow_crate_client_through_the_shim(salus_address, shim, mode
     rust = [as_float32(float(line.split()[3])) for line in local]
     c = [float.fromhex(line.split()[3]) for line in local_losses]
     assert rust == c, (rust, c)
+
+
+def test_saving_a_tf2_saved_model_through_the_shim_fails_clearly(salus_address, shim, programs, models, tmp_path):
+    """The stand-ins for a TF2 model's checkpoint functions refuse a save, rather than silently doing nothing."""
+    saver = models["v2"]["saver"]
+    args = serve_args(programs, models, "v2")
+    save_env = {"SAVER_FILENAME_TENSOR": saver["filename"], "SAVER_SAVE_TENSOR": saver["save"]}
+    local = checked(run_program(args, {**program_env(None), **save_env, "SAVE_PREFIX": str(tmp_path / "local")}))
+    assert local[-1] == "saved" and list(tmp_path.glob("local*")), (local, list(tmp_path.iterdir()))
+    remote = run_program(args, {**program_env(shim, SALUS_SERVER=salus_address), **save_env,
+                                "SAVE_PREFIX": str(tmp_path / "remote")})
+    assert remote.returncode == 3, f"{remote.returncode}\n{remote.stdout}\n{remote.stderr[-3000:]}"
+    assert "error: saving the model" in remote.stderr and "which the Salus server refuses inside functions" \
+        in remote.stderr, remote.stderr[-3000:]
+    assert not list(tmp_path.glob("remote*"))

@@ -5,7 +5,8 @@
   model_v1/           SavedModel from the TF1 builder (ref variables, a main op), tag "serve"
   model_v2/           tf.saved_model.save of a tf.Module (resource variables), tag "serve"
 
-Prints one JSON line: the SavedModels' input/output tensor names and the Python-computed outputs.
+Prints one JSON line: the SavedModels' input/output tensor names, the Python-computed outputs and model_v2's
+saver tensors.
 
   python export_models.py OUT_DIR
 """
@@ -73,7 +74,9 @@ module = Dense()
 tf.saved_model.save(module, str(out / "model_v2"), signatures=module.__call__)
 saved = saved_model_pb2.SavedModel.FromString((out / "model_v2" / "saved_model.pb").read_bytes())
 sig = saved.meta_graphs[0].signature_def["serving_default"]
+saver = saved.meta_graphs[0].saver_def
 result["v2"] = {"input": sig.inputs["x"].name, "output": sig.outputs["y"].name,
-                "expected": module(tf.constant(probe))["y"].numpy().tolist()}
+                "expected": module(tf.constant(probe))["y"].numpy().tolist(),
+                "saver": {"filename": saver.filename_tensor_name, "save": saver.save_tensor_name}}
 result["probe"] = probe[0].tolist()
 print(json.dumps(result))

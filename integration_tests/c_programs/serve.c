@@ -4,11 +4,14 @@
  *   serve EXPORT_DIR TAG INPUT_TENSOR OUTPUT_TENSOR X1 [X2 ...]
  *
  * The input is a float32 tensor of shape [1, N]; the output must be float32. With HOLD_SESSION=1
- * in the environment it prints "holding" and keeps the session open until stdin closes. */
+ * in the environment it prints "holding" and keeps the session open until stdin closes.
+ * With SAVE_PREFIX, SAVER_FILENAME_TENSOR and SAVER_SAVE_TENSOR (the MetaGraphDef's saver_def) it
+ * then saves the model's variables to SAVE_PREFIX and prints "saved". */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <tensorflow/c/c_api.h>
+#include <tensorflow/c/tf_tstring.h>
 
 static void check(TF_Status *status, const char *what) {
     if (TF_GetCode(status) != TF_OK) {
@@ -65,6 +68,25 @@ int main(int argc, char **argv) {
         printf("holding\n");
         fflush(stdout);
         while (getchar() != EOF) {}
+    }
+    const char *save_prefix = getenv("SAVE_PREFIX");
+    if (save_prefix) {
+        TF_Output filename = output_named(graph, getenv("SAVER_FILENAME_TENSOR"));
+        TF_Output save = output_named(graph, getenv("SAVER_SAVE_TENSOR"));
+        TF_Tensor *prefix = TF_AllocateTensor(TF_STRING, NULL, 0, sizeof(TF_TString));
+        TF_TString *text = TF_TensorData(prefix);
+        TF_StringInit(text);
+        TF_StringCopy(text, save_prefix, strlen(save_prefix));
+        TF_Tensor *saved = NULL;
+        TF_SessionRun(session, NULL, &filename, &prefix, 1, &save, &saved, 1, NULL, 0, NULL, status);
+        if (TF_GetCode(status) != TF_OK) {
+            fprintf(stderr, "error: saving the model: %s (code %d)\n", TF_Message(status), (int)TF_GetCode(status));
+            return 3;
+        }
+        printf("saved\n");
+        TF_DeleteTensor(saved);
+        TF_StringDealloc(text);
+        TF_DeleteTensor(prefix);
     }
     TF_DeleteTensor(result);
     TF_DeleteTensor(input);

@@ -196,3 +196,29 @@ pub unsafe extern "C" fn TF_LoadSessionFromSavedModel(
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_becomes_the_fallback_value_not_an_unwind() {
+        // No TensorFlow in the test process: the status is null and nothing is set.
+        let got = boundary("test", std::ptr::null_mut(), 7, || -> i32 { panic!("boom") });
+        assert_eq!(got, 7);
+        assert_eq!(boundary("test", std::ptr::null_mut(), 7, || 1), 1);
+        quiet_boundary("test", || panic!("boom"));
+    }
+
+    #[test]
+    fn without_tensorflow_the_exports_fail_softly() {
+        // SAFETY: null arguments; TensorFlow is absent, so each call reports and returns.
+        unsafe {
+            assert!(TF_NewSessionOptions().is_null());
+            TF_DeleteSessionOptions(std::ptr::null_mut());
+            TF_SetTarget(std::ptr::null_mut(), c"grpc://h:1".as_ptr());
+            TF_SetConfig(std::ptr::null_mut(), std::ptr::null(), 0, std::ptr::null_mut());
+            assert!(TF_NewSession(std::ptr::null_mut(), std::ptr::null(), std::ptr::null_mut()).is_null());
+        }
+    }
+}
