@@ -1,7 +1,10 @@
 //! TensorFlow's C API as far as the shim uses it, reached at run time.
 //!
 //! The shim does not link libtensorflow: it defines some TF_* functions itself and finds
-//! TensorFlow's in the process. `dlvsym(RTLD_NEXT, name, "tensorflow")` gives the
+//! TensorFlow's in the process. A program built against the wheel refers to
+//! `TF_NewSession@tensorflow`; the dynamic linker binds such a versioned reference to the
+//! preloaded shim's unversioned definition (glibc accepts a definition without a version
+//! for any requested version), so the shim needs no version script of its own. `dlvsym(RTLD_NEXT, name, "tensorflow")` gives the
 //! definition after the shim's own (libtensorflow_cc.so.2 exports them as
 //! `TF_NewSession@@tensorflow`; unversioned builds such as libtensorflow.so.2 are found by
 //! plain `dlsym`). A program that `dlopen`s TensorFlow privately (RTLD_LOCAL, as JNI does)
