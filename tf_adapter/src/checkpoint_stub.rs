@@ -4,7 +4,9 @@
 //! function of the same name and signature that fails with a clear message when called.
 //! Serving needs neither: the variables' values are shipped by the shim.
 
-use crate::wire::{fields, submessages, write_len_field, write_varint, MalformedProto, WIRE_VARINT};
+use crate::wire::{
+    fields, submessages, write_len_field, write_varint, MalformedProto, WIRE_VARINT,
+};
 
 /// FunctionDef: signature (1, an OpDef), node_def (3), ret (4, map<string, string>).
 const SIGNATURE_FIELD: u64 = 1;
@@ -152,7 +154,12 @@ pub fn refusing_stub(function_def: &[u8]) -> Result<Vec<u8>, StubError> {
 
     let mut stub = Vec::new();
     write_len_field(&mut stub, SIGNATURE_FIELD, signature);
-    let cond = node("salus_refused_cond", "Const", &[], &const_attrs(DT_BOOL, |t| write_len_field(t, 11, &[0])));
+    let cond = node(
+        "salus_refused_cond",
+        "Const",
+        &[],
+        &const_attrs(DT_BOOL, |t| write_len_field(t, 11, &[0])),
+    );
     let message = node(
         "salus_refused_message",
         "Const",
@@ -168,22 +175,32 @@ pub fn refusing_stub(function_def: &[u8]) -> Result<Vec<u8>, StubError> {
     let assert = node(
         "salus_refused",
         "Assert",
-        &["salus_refused_cond:output:0", "salus_refused_message:output:0"],
+        &[
+            "salus_refused_cond:output:0",
+            "salus_refused_message:output:0",
+        ],
         &[("T", list_attr), ("summarize", summarize)],
     );
     for n in [cond, message, assert] {
         write_len_field(&mut stub, NODE_DEF_FIELD, &n);
     }
     for (i, output) in outputs.iter().enumerate() {
-        let dtype = output
-            .dtype
-            .ok_or_else(|| StubError::Unsupported(format!("output {} has no fixed type", output.name)))?;
+        let dtype = output.dtype.ok_or_else(|| {
+            StubError::Unsupported(format!("output {} has no fixed type", output.name))
+        })?;
         let source = inputs
             .iter()
             .find(|input| input.dtype == Some(dtype))
-            .ok_or_else(|| StubError::Unsupported(format!("no input has the type of output {}", output.name)))?;
+            .ok_or_else(|| {
+                StubError::Unsupported(format!("no input has the type of output {}", output.name))
+            })?;
         let name = format!("salus_refused_out{i}");
-        let identity = node(&name, "Identity", &[&source.name, "^salus_refused"], &[("T", type_attr(dtype))]);
+        let identity = node(
+            &name,
+            "Identity",
+            &[&source.name, "^salus_refused"],
+            &[("T", type_attr(dtype))],
+        );
         write_len_field(&mut stub, NODE_DEF_FIELD, &identity);
         let mut ret = Vec::new();
         write_len_field(&mut ret, 1, output.name.as_bytes());
@@ -222,9 +239,15 @@ mod tests {
     #[test]
     fn stub_keeps_the_signature_and_drops_checkpoint_ops() {
         const DT_RESOURCE: u64 = 20;
-        let original = function(&[("file_prefix", DT_STRING), ("w", DT_RESOURCE)], &[("identity", DT_STRING)]);
+        let original = function(
+            &[("file_prefix", DT_STRING), ("w", DT_RESOURCE)],
+            &[("identity", DT_STRING)],
+        );
         let stub = refusing_stub(&original).unwrap();
-        assert_eq!(submessages(&stub, SIGNATURE_FIELD).unwrap(), submessages(&original, SIGNATURE_FIELD).unwrap());
+        assert_eq!(
+            submessages(&stub, SIGNATURE_FIELD).unwrap(),
+            submessages(&original, SIGNATURE_FIELD).unwrap()
+        );
         let ops: Vec<String> = submessages(&stub, NODE_DEF_FIELD)
             .unwrap()
             .iter()
@@ -235,7 +258,10 @@ mod tests {
         let inputs: Vec<&[u8]> = submessages(identity, 3).unwrap();
         assert_eq!(inputs, [&b"file_prefix"[..], &b"^salus_refused"[..]]);
         let ret = submessages(&stub, RET_FIELD).unwrap();
-        assert_eq!(submessages(ret[0], 2).unwrap(), [&b"salus_refused_out0:output:0"[..]]);
+        assert_eq!(
+            submessages(ret[0], 2).unwrap(),
+            [&b"salus_refused_out0:output:0"[..]]
+        );
     }
 
     #[test]

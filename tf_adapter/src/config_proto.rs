@@ -88,20 +88,33 @@ mod tests {
     #[test]
     fn appends_metadata_to_empty_and_existing_configs() {
         let merged = with_job_metadata(&[], "job?priority=3", 7).unwrap();
-        assert_eq!(session_metadata_name(&merged).unwrap().as_deref(), Some("job?priority=3"));
+        assert_eq!(
+            session_metadata_name(&merged).unwrap().as_deref(),
+            Some("job?priority=3")
+        );
         // Field 16 is a two-byte key: 0x82 0x01.
         assert_eq!(&merged[..2], &[0x82, 0x01]);
 
         let own = [0x10, 0x04, 0x28, 0x03]; // intra = 4, inter = 3
         let merged = with_job_metadata(&own, "job", 1).unwrap();
-        assert_eq!(&merged[..own.len()], &own, "the program's fields are kept as they were");
+        assert_eq!(
+            &merged[..own.len()],
+            &own,
+            "the program's fields are kept as they were"
+        );
         let numbers: Vec<u64> = fields(&merged).unwrap().iter().map(|f| f.number).collect();
         assert_eq!(numbers, vec![2, 5, 16]);
         let exp = submessages(&merged, EXPERIMENTAL_FIELD).unwrap();
         let meta = submessages(exp[0], SESSION_METADATA_FIELD).unwrap();
         let meta_fields = fields(meta[0]).unwrap();
         assert_eq!(meta_fields[0].bytes, Some(&b"job"[..]));
-        assert_eq!(meta_fields[1], Field { number: VERSION_FIELD, bytes: None });
+        assert_eq!(
+            meta_fields[1],
+            Field {
+                number: VERSION_FIELD,
+                bytes: None
+            }
+        );
     }
 
     #[test]
@@ -111,20 +124,37 @@ mod tests {
         // An empty name is "unset": the hints are added.
         let empty = config_with_name("");
         let merged = with_job_metadata(&empty, "job", 1).unwrap();
-        assert_eq!(session_metadata_name(&merged).unwrap().as_deref(), Some("job"));
+        assert_eq!(
+            session_metadata_name(&merged).unwrap().as_deref(),
+            Some("job")
+        );
     }
 
     #[test]
     fn later_occurrences_win_as_in_protobuf_merging() {
         let mut two = config_with_name("first");
         two.extend(config_with_name("second"));
-        assert_eq!(session_metadata_name(&two).unwrap().as_deref(), Some("second"));
+        assert_eq!(
+            session_metadata_name(&two).unwrap().as_deref(),
+            Some("second")
+        );
     }
 
     #[test]
     fn malformed_bytes_are_refused_not_panicked_on() {
-        for bad in [&[0x82u8][..], &[0x82, 0x01, 0x05, 0x00], &[0x00], &[0x0b], &[0xff; 11], &[0x09, 1, 2]] {
-            assert_eq!(with_job_metadata(bad, "job", 1), Err(MalformedProto), "{bad:?}");
+        for bad in [
+            &[0x82u8][..],
+            &[0x82, 0x01, 0x05, 0x00],
+            &[0x00],
+            &[0x0b],
+            &[0xff; 11],
+            &[0x09, 1, 2],
+        ] {
+            assert_eq!(
+                with_job_metadata(bad, "job", 1),
+                Err(MalformedProto),
+                "{bad:?}"
+            );
         }
     }
 

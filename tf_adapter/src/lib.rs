@@ -43,7 +43,13 @@ fn boundary<T>(what: &str, status: *mut TF_Status, fallback: T, body: impl FnOnc
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(value) => value,
         Err(_) => {
-            refuse(status, &Refusal::new(tf::TF_INTERNAL, format!("internal error in the shim's {what}")));
+            refuse(
+                status,
+                &Refusal::new(
+                    tf::TF_INTERNAL,
+                    format!("internal error in the shim's {what}"),
+                ),
+            );
             fallback
         }
     }
@@ -121,15 +127,18 @@ pub unsafe extern "C" fn TF_NewSession(
     opts: *const TF_SessionOptions,
     status: *mut TF_Status,
 ) -> *mut TF_Session {
-    boundary("TF_NewSession", status, std::ptr::null_mut(), || {
-        match new_session(graph, opts, status) {
+    boundary(
+        "TF_NewSession",
+        status,
+        std::ptr::null_mut(),
+        || match new_session(graph, opts, status) {
             Ok(session) => session,
             Err(refusal) => {
                 refuse(status, &refusal);
                 std::ptr::null_mut()
             }
-        }
-    })
+        },
+    )
 }
 
 unsafe fn new_session(
@@ -167,34 +176,39 @@ pub unsafe extern "C" fn TF_LoadSessionFromSavedModel(
     meta_graph_def: *mut TF_Buffer,
     status: *mut TF_Status,
 ) -> *mut TF_Session {
-    boundary("TF_LoadSessionFromSavedModel", status, std::ptr::null_mut(), || {
-        let request = saved_model::LoadRequest {
-            session_options,
-            run_options,
-            export_dir,
-            tags,
-            tags_len,
-            graph,
-            meta_graph_def,
-            status,
-        };
-        let result = real::TF_LoadSessionFromSavedModel()
-            .map_err(Refusal::from)
-            .and_then(|real_load| match plan(&OPTIONS, session_options)? {
-                None => Ok(request.load_locally(real_load)),
-                Some(redirect) => {
-                    log_redirect(&redirect, "SavedModel session");
-                    saved_model::load_on_server(&request, real_load, &redirect)
+    boundary(
+        "TF_LoadSessionFromSavedModel",
+        status,
+        std::ptr::null_mut(),
+        || {
+            let request = saved_model::LoadRequest {
+                session_options,
+                run_options,
+                export_dir,
+                tags,
+                tags_len,
+                graph,
+                meta_graph_def,
+                status,
+            };
+            let result = real::TF_LoadSessionFromSavedModel()
+                .map_err(Refusal::from)
+                .and_then(|real_load| match plan(&OPTIONS, session_options)? {
+                    None => Ok(request.load_locally(real_load)),
+                    Some(redirect) => {
+                        log_redirect(&redirect, "SavedModel session");
+                        saved_model::load_on_server(&request, real_load, &redirect)
+                    }
+                });
+            match result {
+                Ok(session) => session,
+                Err(refusal) => {
+                    refuse(status, &refusal);
+                    std::ptr::null_mut()
                 }
-            });
-        match result {
-            Ok(session) => session,
-            Err(refusal) => {
-                refuse(status, &refusal);
-                std::ptr::null_mut()
             }
-        }
-    })
+        },
+    )
 }
 
 #[cfg(test)]
@@ -204,7 +218,9 @@ mod tests {
     #[test]
     fn a_panic_becomes_the_fallback_value_not_an_unwind() {
         // No TensorFlow in the test process: the status is null and nothing is set.
-        let got = boundary("test", std::ptr::null_mut(), 7, || -> i32 { panic!("boom") });
+        let got = boundary("test", std::ptr::null_mut(), 7, || -> i32 {
+            panic!("boom")
+        });
         assert_eq!(got, 7);
         assert_eq!(boundary("test", std::ptr::null_mut(), 7, || 1), 1);
         quiet_boundary("test", || panic!("boom"));
@@ -217,8 +233,16 @@ mod tests {
             assert!(TF_NewSessionOptions().is_null());
             TF_DeleteSessionOptions(std::ptr::null_mut());
             TF_SetTarget(std::ptr::null_mut(), c"grpc://h:1".as_ptr());
-            TF_SetConfig(std::ptr::null_mut(), std::ptr::null(), 0, std::ptr::null_mut());
-            assert!(TF_NewSession(std::ptr::null_mut(), std::ptr::null(), std::ptr::null_mut()).is_null());
+            TF_SetConfig(
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                0,
+                std::ptr::null_mut(),
+            );
+            assert!(
+                TF_NewSession(std::ptr::null_mut(), std::ptr::null(), std::ptr::null_mut())
+                    .is_null()
+            );
         }
     }
 }

@@ -22,7 +22,9 @@ pub struct OptionsTable {
 impl OptionsTable {
     fn lock(&self) -> MutexGuard<'_, HashMap<usize, OptionsEntry>> {
         // A panic while holding the lock leaves a consistent map (each update is one insert).
-        self.entries.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.entries
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     pub fn created(&self, key: usize) {
@@ -63,7 +65,13 @@ mod tests {
         assert_eq!(table.get(1), OptionsEntry::default());
         table.set_config(1, &[0x10, 0x02]);
         table.set_target(1, b"grpc://h:1");
-        assert_eq!(table.get(1), OptionsEntry { target_set: true, config: vec![0x10, 0x02] });
+        assert_eq!(
+            table.get(1),
+            OptionsEntry {
+                target_set: true,
+                config: vec![0x10, 0x02]
+            }
+        );
         table.set_target(1, b""); // "" is TensorFlow's "in-process"
         assert!(!table.get(1).target_set);
         table.deleted(1);

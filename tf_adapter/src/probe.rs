@@ -9,7 +9,8 @@ use crate::settings::split_host_port;
 
 /// `Err(message)` when no address of `server` (`host:port`) accepts a connection in time.
 pub fn check_reachable(server: &str, timeout_s: f64) -> Result<(), String> {
-    let (host, port) = split_host_port(server).ok_or_else(|| format!("{server:?} is not HOST:PORT"))?;
+    let (host, port) =
+        split_host_port(server).ok_or_else(|| format!("{server:?} is not HOST:PORT"))?;
     let timeout = Duration::from_secs_f64(timeout_s.clamp(0.001, 3600.0));
     let addrs: Vec<_> = (host, port)
         .to_socket_addrs()
@@ -40,7 +41,10 @@ mod tests {
         assert_eq!(check_reachable(&open, 2.0), Ok(()));
         drop(listener);
         let err = check_reachable(&open, 2.0).unwrap_err();
-        assert!(err.contains("is not reachable") && err.contains(&open), "{err}");
+        assert!(
+            err.contains("is not reachable") && err.contains(&open),
+            "{err}"
+        );
         assert!(check_reachable("nohost", 1.0).is_err());
     }
 }

@@ -17,7 +17,10 @@ pub struct Refusal {
 
 impl Refusal {
     pub fn new(code: c_int, message: impl Into<String>) -> Self {
-        Refusal { code, message: format!("salus: {}", message.into()) }
+        Refusal {
+            code,
+            message: format!("salus: {}", message.into()),
+        }
     }
 }
 
@@ -35,7 +38,10 @@ pub struct Redirect {
 }
 
 /// `Ok(None)`: leave the session alone (no SALUS_SERVER, or the program chose a target).
-pub fn plan(table: &OptionsTable, opts: *const TF_SessionOptions) -> Result<Option<Redirect>, Refusal> {
+pub fn plan(
+    table: &OptionsTable,
+    opts: *const TF_SessionOptions,
+) -> Result<Option<Redirect>, Refusal> {
     let Some(settings) = Settings::from_env() else {
         return Ok(None);
     };
@@ -44,8 +50,17 @@ pub fn plan(table: &OptionsTable, opts: *const TF_SessionOptions) -> Result<Opti
         return Ok(None);
     }
     let settings = settings.map_err(|e| Refusal::new(tf::TF_INVALID_ARGUMENT, e.to_string()))?;
-    let config = with_job_metadata(&entry.config, &settings.metadata_name(), new_metadata_version())
-        .map_err(|_| Refusal::new(tf::TF_INTERNAL, "the session's ConfigProto could not be read"))?;
+    let config = with_job_metadata(
+        &entry.config,
+        &settings.metadata_name(),
+        new_metadata_version(),
+    )
+    .map_err(|_| {
+        Refusal::new(
+            tf::TF_INTERNAL,
+            "the session's ConfigProto could not be read",
+        )
+    })?;
     check_reachable(&settings.server, settings.connect_timeout_s)
         .map_err(|m| Refusal::new(tf::TF_UNAVAILABLE, m))?;
     Ok(Some(Redirect { settings, config }))
@@ -56,15 +71,23 @@ pub struct RemoteOptions(*mut TF_SessionOptions);
 
 impl RemoteOptions {
     pub fn new(redirect: &Redirect) -> Result<Self, Refusal> {
-        let target = CString::new(redirect.settings.target())
-            .map_err(|_| Refusal::new(tf::TF_INVALID_ARGUMENT, "SALUS_SERVER contains a NUL byte"))?;
+        let target = CString::new(redirect.settings.target()).map_err(|_| {
+            Refusal::new(tf::TF_INVALID_ARGUMENT, "SALUS_SERVER contains a NUL byte")
+        })?;
         let status = OwnedStatus::new()?;
         // SAFETY: the options are TensorFlow's own and live until drop; TF copies target and config.
         unsafe {
             let opts = RemoteOptions(real::TF_NewSessionOptions()?());
             real::TF_SetTarget()?(opts.0, target.as_ptr());
-            real::TF_SetConfig()?(opts.0, redirect.config.as_ptr().cast(), redirect.config.len(), status.ptr());
-            status.check().map_err(|(code, m)| Refusal::new(code, format!("config refused: {m}")))?;
+            real::TF_SetConfig()?(
+                opts.0,
+                redirect.config.as_ptr().cast(),
+                redirect.config.len(),
+                status.ptr(),
+            );
+            status
+                .check()
+                .map_err(|(code, m)| Refusal::new(code, format!("config refused: {m}")))?;
             Ok(opts)
         }
     }

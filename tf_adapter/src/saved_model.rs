@@ -19,8 +19,8 @@ use std::time::Instant;
 use crate::checkpoint_stub::refusing_stub;
 use crate::redirect::{Redirect, Refusal, RemoteOptions};
 use crate::tf::{
-    self, real, OwnedStatus, TF_Buffer, TF_Graph, TF_Operation, TF_Output, TF_Session,
-    TF_Function, TF_SessionOptions, TF_Status, TF_Tensor,
+    self, real, OwnedStatus, TF_Buffer, TF_Function, TF_Graph, TF_Operation, TF_Output, TF_Session,
+    TF_SessionOptions, TF_Status, TF_Tensor,
 };
 use crate::wire::{fields, submessages, MalformedProto};
 
@@ -53,7 +53,11 @@ impl LoadRequest {
         self.load_with(real_load, self.meta_graph_def)
     }
 
-    unsafe fn load_with(&self, real_load: LoadFn, meta_graph_def: *mut TF_Buffer) -> *mut TF_Session {
+    unsafe fn load_with(
+        &self,
+        real_load: LoadFn,
+        meta_graph_def: *mut TF_Buffer,
+    ) -> *mut TF_Session {
         real_load(
             self.session_options,
             self.run_options,
@@ -71,7 +75,11 @@ impl LoadRequest {
             return String::new();
         }
         // SAFETY: a NUL-terminated path from the program.
-        unsafe { CStr::from_ptr(self.export_dir).to_string_lossy().into_owned() }
+        unsafe {
+            CStr::from_ptr(self.export_dir)
+                .to_string_lossy()
+                .into_owned()
+        }
     }
 }
 
@@ -89,9 +97,11 @@ impl Drop for SessionGuard {
         if self.0.is_null() {
             return;
         }
-        let (Ok(status), Ok(close), Ok(delete)) =
-            (OwnedStatus::new(), real::TF_CloseSession(), real::TF_DeleteSession())
-        else {
+        let (Ok(status), Ok(close), Ok(delete)) = (
+            OwnedStatus::new(),
+            real::TF_CloseSession(),
+            real::TF_DeleteSession(),
+        ) else {
             return;
         };
         // SAFETY: a session made by the shim and not given out; closed and deleted once.
@@ -197,15 +207,23 @@ pub unsafe fn load_on_server(
     let meta = OwnedBuffer(real::TF_NewBuffer()?());
     let local = SessionGuard(request.load_with(real_load, meta.0));
     if local.0.is_null() {
-        tf::status_result(request.status)
-            .map_err(tf_error(&format!("loading the SavedModel {export_dir} on the client")))?;
-        return Err(failed(tf::TF_INTERNAL, "TF_LoadSessionFromSavedModel returned no session"));
+        tf::status_result(request.status).map_err(tf_error(&format!(
+            "loading the SavedModel {export_dir} on the client"
+        )))?;
+        return Err(failed(
+            tf::TF_INTERNAL,
+            "TF_LoadSessionFromSavedModel returned no session",
+        ));
     }
     if !request.meta_graph_def.is_null() {
         copy_into_program_buffer(request.meta_graph_def, meta.bytes())?;
     }
-    let info = MetaGraphInfo::parse(meta.bytes())
-        .map_err(|_| failed(tf::TF_INTERNAL, "the SavedModel's MetaGraphDef could not be read"))?;
+    let info = MetaGraphInfo::parse(meta.bytes()).map_err(|_| {
+        failed(
+            tf::TF_INTERNAL,
+            "the SavedModel's MetaGraphDef could not be read",
+        )
+    })?;
     if info.has_assets {
         return Err(failed(
             tf::TF_FAILED_PRECONDITION,
@@ -229,18 +247,35 @@ pub unsafe fn load_on_server(
     let mut values = Tensors(vec![std::ptr::null_mut(); reads.len()]);
     if !reads.is_empty() {
         session_run(
-            local.0, std::ptr::null(), std::ptr::null(), std::ptr::null(), 0, reads.as_ptr(),
-            values.0.as_mut_ptr(), reads.len() as c_int, std::ptr::null(), 0, std::ptr::null_mut(),
+            local.0,
+            std::ptr::null(),
+            std::ptr::null(),
+            std::ptr::null(),
+            0,
+            reads.as_ptr(),
+            values.0.as_mut_ptr(),
+            reads.len() as c_int,
+            std::ptr::null(),
+            0,
+            std::ptr::null_mut(),
             status.ptr(),
         );
-        status.check().map_err(tf_error("reading the restored variables on the client"))?;
+        status
+            .check()
+            .map_err(tf_error("reading the restored variables on the client"))?;
     }
     drop(local); // the values are in `values`; the local session's memory goes now
 
     let removed_functions = remove_checkpoint_functions(graph)?;
     let remote_options = RemoteOptions::new(redirect)?;
-    let remote = SessionGuard(real::TF_NewSession()?(graph, remote_options.ptr(), status.ptr()));
-    status.check().map_err(tf_error("creating the session on the Salus server"))?;
+    let remote = SessionGuard(real::TF_NewSession()?(
+        graph,
+        remote_options.ptr(),
+        status.ptr(),
+    ));
+    status
+        .check()
+        .map_err(tf_error("creating the session on the Salus server"))?;
     if remote.0.is_null() {
         return Err(failed(tf::TF_INTERNAL, "TF_NewSession returned no session"));
     }
@@ -251,19 +286,37 @@ pub unsafe fn load_on_server(
     while batch_start < transfers.len() {
         let mut batch_end = batch_start;
         let mut batch_bytes = 0usize;
-        while batch_end < transfers.len() && (batch_end == batch_start || batch_bytes < FEED_BATCH_BYTES) {
+        while batch_end < transfers.len()
+            && (batch_end == batch_start || batch_bytes < FEED_BATCH_BYTES)
+        {
             batch_bytes += byte_size(values.0[batch_end]);
             batch_end += 1;
         }
-        let feeds: Vec<TF_Output> = transfers[batch_start..batch_end].iter().map(|t| t.value).collect();
-        let assigns: Vec<*const TF_Operation> =
-            transfers[batch_start..batch_end].iter().map(|t| t.assign.cast_const()).collect();
+        let feeds: Vec<TF_Output> = transfers[batch_start..batch_end]
+            .iter()
+            .map(|t| t.value)
+            .collect();
+        let assigns: Vec<*const TF_Operation> = transfers[batch_start..batch_end]
+            .iter()
+            .map(|t| t.assign.cast_const())
+            .collect();
         session_run(
-            remote.0, std::ptr::null(), feeds.as_ptr(), values.0[batch_start..batch_end].as_ptr(),
-            feeds.len() as c_int, std::ptr::null(), std::ptr::null_mut(), 0, assigns.as_ptr(),
-            assigns.len() as c_int, std::ptr::null_mut(), status.ptr(),
+            remote.0,
+            std::ptr::null(),
+            feeds.as_ptr(),
+            values.0[batch_start..batch_end].as_ptr(),
+            feeds.len() as c_int,
+            std::ptr::null(),
+            std::ptr::null_mut(),
+            0,
+            assigns.as_ptr(),
+            assigns.len() as c_int,
+            std::ptr::null_mut(),
+            status.ptr(),
         );
-        status.check().map_err(tf_error("assigning the variables' values on the Salus server"))?;
+        status.check().map_err(tf_error(
+            "assigning the variables' values on the Salus server",
+        ))?;
         shipped_bytes += batch_bytes;
         batch_start = batch_end;
     }
@@ -273,14 +326,29 @@ pub unsafe fn load_on_server(
             .map_err(|_| failed(tf::TF_INTERNAL, "the init op's name has a NUL byte"))?;
         let op = real::TF_GraphOperationByName()?(graph, name.as_ptr());
         if op.is_null() {
-            return Err(failed(tf::TF_INTERNAL, format!("the SavedModel's init op {init_op} is not in the graph")));
+            return Err(failed(
+                tf::TF_INTERNAL,
+                format!("the SavedModel's init op {init_op} is not in the graph"),
+            ));
         }
         let targets = [op.cast_const()];
         session_run(
-            remote.0, std::ptr::null(), std::ptr::null(), std::ptr::null(), 0, std::ptr::null(),
-            std::ptr::null_mut(), 0, targets.as_ptr(), 1, std::ptr::null_mut(), status.ptr(),
+            remote.0,
+            std::ptr::null(),
+            std::ptr::null(),
+            std::ptr::null(),
+            0,
+            std::ptr::null(),
+            std::ptr::null_mut(),
+            0,
+            targets.as_ptr(),
+            1,
+            std::ptr::null_mut(),
+            status.ptr(),
         );
-        status.check().map_err(tf_error(&format!("running the init op {init_op} on the Salus server")))?;
+        status.check().map_err(tf_error(&format!(
+            "running the init op {init_op} on the Salus server"
+        )))?;
     }
 
     if redirect.settings.verbose {
@@ -309,7 +377,10 @@ unsafe fn copy_into_program_buffer(target: *mut TF_Buffer, bytes: &[u8]) -> Resu
     }
     let copy = libc::malloc(bytes.len().max(1));
     if copy.is_null() {
-        return Err(failed(tf::TF_INTERNAL, "out of memory copying the MetaGraphDef"));
+        return Err(failed(
+            tf::TF_INTERNAL,
+            "out of memory copying the MetaGraphDef",
+        ));
     }
     std::ptr::copy_nonoverlapping(bytes.as_ptr(), copy.cast::<u8>(), bytes.len());
     target.data = copy;
@@ -338,10 +409,14 @@ unsafe fn find_variables(graph: *mut TF_Graph) -> Result<Vec<Variable>, Refusal>
         if op.is_null() {
             return Ok(out);
         }
-        let Some(kind) = variable_kind(&c_str(op_type(op))) else { continue };
+        let Some(kind) = variable_kind(&c_str(op_type(op))) else {
+            continue;
+        };
         let mut dtype: c_int = 0;
         get_type(op, c"dtype".as_ptr(), &mut dtype, status.ptr());
-        status.check().map_err(tf_error("reading a variable's dtype"))?;
+        status
+            .check()
+            .map_err(tf_error("reading a variable's dtype"))?;
         out.push(Variable { op, kind, dtype });
     }
 }
@@ -364,44 +439,102 @@ unsafe fn add_op(
     let status = OwnedStatus::new()?;
     // TF_FinishOperation frees the description whatever its outcome.
     let op = real::TF_FinishOperation()?(desc, status.ptr());
-    status.check().map_err(tf_error(&format!("adding {name} to the graph")))?;
+    status
+        .check()
+        .map_err(tf_error(&format!("adding {name} to the graph")))?;
     Ok(op)
 }
 
-unsafe fn add_transfer_ops(graph: *mut TF_Graph, variables: &[Variable]) -> Result<Vec<Transfer>, Refusal> {
-    let scope = format!("salus_shim/ship{}", SHIP_COUNTER.fetch_add(1, Ordering::Relaxed));
+unsafe fn add_transfer_ops(
+    graph: *mut TF_Graph,
+    variables: &[Variable],
+) -> Result<Vec<Transfer>, Refusal> {
+    let scope = format!(
+        "salus_shim/ship{}",
+        SHIP_COUNTER.fetch_add(1, Ordering::Relaxed)
+    );
     let op_name = real::TF_OperationName()?;
     let mut out = Vec::with_capacity(variables.len());
     for (i, var) in variables.iter().enumerate() {
-        let handle = TF_Output { oper: var.op, index: 0 };
+        let handle = TF_Output {
+            oper: var.op,
+            index: 0,
+        };
         let var_name = c_str(op_name(var.op));
         let prefix = format!("{scope}/{i}");
-        let value = add_op(graph, c"Placeholder", &format!("{prefix}/value"), &[], c"dtype", var.dtype)?;
-        let value = TF_Output { oper: value, index: 0 };
+        let value = add_op(
+            graph,
+            c"Placeholder",
+            &format!("{prefix}/value"),
+            &[],
+            c"dtype",
+            var.dtype,
+        )?;
+        let value = TF_Output {
+            oper: value,
+            index: 0,
+        };
         let (read, assign) = match var.kind {
             VariableKind::Ref => {
-                let assign = add_op(graph, c"Assign", &format!("{prefix}/assign"), &[handle, value], c"T", var.dtype)
-                    .map_err(|r| context(r, &var_name))?;
+                let assign = add_op(
+                    graph,
+                    c"Assign",
+                    &format!("{prefix}/assign"),
+                    &[handle, value],
+                    c"T",
+                    var.dtype,
+                )
+                .map_err(|r| context(r, &var_name))?;
                 (handle, assign)
             }
             VariableKind::Resource => {
-                let read = add_op(graph, c"ReadVariableOp", &format!("{prefix}/read"), &[handle], c"dtype", var.dtype)
-                    .map_err(|r| context(r, &var_name))?;
-                let assign =
-                    add_op(graph, c"AssignVariableOp", &format!("{prefix}/assign"), &[handle, value], c"dtype", var.dtype)
-                        .map_err(|r| context(r, &var_name))?;
-                (TF_Output { oper: read, index: 0 }, assign)
+                let read = add_op(
+                    graph,
+                    c"ReadVariableOp",
+                    &format!("{prefix}/read"),
+                    &[handle],
+                    c"dtype",
+                    var.dtype,
+                )
+                .map_err(|r| context(r, &var_name))?;
+                let assign = add_op(
+                    graph,
+                    c"AssignVariableOp",
+                    &format!("{prefix}/assign"),
+                    &[handle, value],
+                    c"dtype",
+                    var.dtype,
+                )
+                .map_err(|r| context(r, &var_name))?;
+                (
+                    TF_Output {
+                        oper: read,
+                        index: 0,
+                    },
+                    assign,
+                )
             }
         };
-        out.push(Transfer { read, value, assign });
+        out.push(Transfer {
+            read,
+            value,
+            assign,
+        });
     }
     Ok(out)
 }
 
 /// Ops the server allows only in the graph itself, not inside functions (the server's
 /// tenant::op_policy::CHECKPOINT_OPS).
-const CHECKPOINT_OPS: [&str; 7] =
-    ["SaveV2", "RestoreV2", "Save", "SaveSlices", "Restore", "RestoreSlice", "MergeV2Checkpoints"];
+const CHECKPOINT_OPS: [&str; 7] = [
+    "SaveV2",
+    "RestoreV2",
+    "Save",
+    "SaveSlices",
+    "Restore",
+    "RestoreSlice",
+    "MergeV2Checkpoints",
+];
 /// FunctionDef.node_def (3); NodeDef.op (2).
 const FUNCTION_NODE_DEF_FIELD: u64 = 3;
 const NODE_OP_FIELD: u64 = 2;
@@ -441,15 +574,23 @@ unsafe fn remove_checkpoint_functions(graph: *mut TF_Graph) -> Result<usize, Ref
     let status = OwnedStatus::new()?;
     let mut functions = Functions(vec![std::ptr::null_mut(); count as usize]);
     let got = real::TF_GraphGetFunctions()?(graph, functions.0.as_mut_ptr(), count, status.ptr());
-    status.check().map_err(tf_error("listing the graph's functions"))?;
+    status
+        .check()
+        .map_err(tf_error("listing the graph's functions"))?;
     functions.0.truncate(got.max(0) as usize);
     let mut replaced = Vec::new();
     for &function in &functions.0 {
         let def = OwnedBuffer(real::TF_NewBuffer()?());
         real::TF_FunctionToFunctionDef()?(function, def.0, status.ptr());
-        status.check().map_err(tf_error("reading a graph function"))?;
-        let has = function_has_checkpoint_ops(def.bytes())
-            .map_err(|_| failed(tf::TF_INTERNAL, "a graph function's FunctionDef could not be read"))?;
+        status
+            .check()
+            .map_err(tf_error("reading a graph function"))?;
+        let has = function_has_checkpoint_ops(def.bytes()).map_err(|_| {
+            failed(
+                tf::TF_INTERNAL,
+                "a graph function's FunctionDef could not be read",
+            )
+        })?;
         if has {
             let name = CStr::from_ptr(real::TF_FunctionName()?(function)).to_owned();
             let stub = refusing_stub(def.bytes()).map_err(|e| {
@@ -464,19 +605,30 @@ unsafe fn remove_checkpoint_functions(graph: *mut TF_Graph) -> Result<usize, Ref
     }
     for (name, stub) in &replaced {
         real::TF_GraphRemoveFunction()?(graph, name.as_ptr(), status.ptr());
-        status.check().map_err(tf_error(&format!("removing the checkpoint function {name:?}")))?;
+        status.check().map_err(tf_error(&format!(
+            "removing the checkpoint function {name:?}"
+        )))?;
         let stub_function = Functions(vec![real::TF_FunctionImportFunctionDef()?(
-            stub.as_ptr().cast(), stub.len(), status.ptr(),
+            stub.as_ptr().cast(),
+            stub.len(),
+            status.ptr(),
         )]);
-        status.check().map_err(tf_error(&format!("building the stand-in for {name:?}")))?;
+        status
+            .check()
+            .map_err(tf_error(&format!("building the stand-in for {name:?}")))?;
         real::TF_GraphCopyFunction()?(graph, stub_function.0[0], std::ptr::null(), status.ptr());
-        status.check().map_err(tf_error(&format!("adding the stand-in for {name:?}")))?;
+        status
+            .check()
+            .map_err(tf_error(&format!("adding the stand-in for {name:?}")))?;
     }
     Ok(replaced.len())
 }
 
 fn context(refusal: Refusal, variable: &str) -> Refusal {
-    Refusal { code: refusal.code, message: format!("{} (variable {variable})", refusal.message) }
+    Refusal {
+        code: refusal.code,
+        message: format!("{} (variable {variable})", refusal.message),
+    }
 }
 
 /// What the shim needs from a MetaGraphDef.
@@ -519,7 +671,9 @@ fn map_entries(buf: &[u8], number: u64) -> Result<Vec<(String, &[u8])>, Malforme
 }
 
 fn first_string(buf: &[u8], number: u64) -> Result<Option<String>, MalformedProto> {
-    Ok(submessages(buf, number)?.first().map(|b| String::from_utf8_lossy(b).into_owned()))
+    Ok(submessages(buf, number)?
+        .first()
+        .map(|b| String::from_utf8_lossy(b).into_owned()))
 }
 
 /// "name:0" or "^name" -> "name".
@@ -553,7 +707,10 @@ impl MetaGraphInfo {
                 }
             }
         }
-        Ok(MetaGraphInfo { init_op, has_assets })
+        Ok(MetaGraphInfo {
+            init_op,
+            has_assets,
+        })
     }
 }
 
@@ -584,22 +741,58 @@ mod tests {
         let mut info = Vec::new();
         write_len_field(&mut info, 1, b"NoOp:0");
         let mut signature = Vec::new();
-        write_len_field(&mut signature, SIGNATURE_OUTPUTS_FIELD, &entry("__saved_model_init_op", &info));
+        write_len_field(
+            &mut signature,
+            SIGNATURE_OUTPUTS_FIELD,
+            &entry("__saved_model_init_op", &info),
+        );
         let mut meta = Vec::new();
-        write_len_field(&mut meta, COLLECTION_DEF_FIELD, &entry("saved_model_main_op", &node_list(&["main"])));
-        write_len_field(&mut meta, SIGNATURE_DEF_FIELD, &entry("serving_default", &[]));
-        write_len_field(&mut meta, SIGNATURE_DEF_FIELD, &entry(INIT_OP_SIGNATURE_KEY, &signature));
+        write_len_field(
+            &mut meta,
+            COLLECTION_DEF_FIELD,
+            &entry("saved_model_main_op", &node_list(&["main"])),
+        );
+        write_len_field(
+            &mut meta,
+            SIGNATURE_DEF_FIELD,
+            &entry("serving_default", &[]),
+        );
+        write_len_field(
+            &mut meta,
+            SIGNATURE_DEF_FIELD,
+            &entry(INIT_OP_SIGNATURE_KEY, &signature),
+        );
         let parsed = MetaGraphInfo::parse(&meta).unwrap();
-        assert_eq!(parsed, MetaGraphInfo { init_op: Some("NoOp".into()), has_assets: false });
+        assert_eq!(
+            parsed,
+            MetaGraphInfo {
+                init_op: Some("NoOp".into()),
+                has_assets: false
+            }
+        );
     }
 
     #[test]
     fn init_op_from_collections_in_the_loaders_order() {
         let mut meta = Vec::new();
-        write_len_field(&mut meta, COLLECTION_DEF_FIELD, &entry("legacy_init_op", &node_list(&["^legacy"])));
-        assert_eq!(MetaGraphInfo::parse(&meta).unwrap().init_op.as_deref(), Some("legacy"));
-        write_len_field(&mut meta, COLLECTION_DEF_FIELD, &entry("saved_model_main_op", &node_list(&["main:0"])));
-        assert_eq!(MetaGraphInfo::parse(&meta).unwrap().init_op.as_deref(), Some("main"));
+        write_len_field(
+            &mut meta,
+            COLLECTION_DEF_FIELD,
+            &entry("legacy_init_op", &node_list(&["^legacy"])),
+        );
+        assert_eq!(
+            MetaGraphInfo::parse(&meta).unwrap().init_op.as_deref(),
+            Some("legacy")
+        );
+        write_len_field(
+            &mut meta,
+            COLLECTION_DEF_FIELD,
+            &entry("saved_model_main_op", &node_list(&["main:0"])),
+        );
+        assert_eq!(
+            MetaGraphInfo::parse(&meta).unwrap().init_op.as_deref(),
+            Some("main")
+        );
         write_len_field(&mut meta, ASSET_FILE_DEF_FIELD, b"\x0a\x00");
         assert!(MetaGraphInfo::parse(&meta).unwrap().has_assets);
         assert_eq!(MetaGraphInfo::parse(&[]).unwrap(), MetaGraphInfo::default());
@@ -617,7 +810,11 @@ mod tests {
         let mut save = Vec::new();
         write_len_field(&mut save, FUNCTION_NODE_DEF_FIELD, &node("Identity"));
         assert!(!function_has_checkpoint_ops(&save).unwrap());
-        write_len_field(&mut save, FUNCTION_NODE_DEF_FIELD, &node("MergeV2Checkpoints"));
+        write_len_field(
+            &mut save,
+            FUNCTION_NODE_DEF_FIELD,
+            &node("MergeV2Checkpoints"),
+        );
         assert!(function_has_checkpoint_ops(&save).unwrap());
         assert!(function_has_checkpoint_ops(&[0x1a, 0x09]).is_err());
     }

@@ -64,8 +64,12 @@ impl Settings {
                     Some(name) => check_name(&name, ENV_NAME)?,
                     None => default_name(),
                 },
-                priority: given(ENV_PRIORITY).map(|v| check_priority(&v)).transpose()?,
-                iterations: given(ENV_ITERATIONS).map(|v| check_iterations(&v)).transpose()?,
+                priority: given(ENV_PRIORITY)
+                    .map(|v| check_priority(&v))
+                    .transpose()?,
+                iterations: given(ENV_ITERATIONS)
+                    .map(|v| check_iterations(&v))
+                    .transpose()?,
                 seconds: given(ENV_SECONDS)
                     .map(|v| check_seconds(&v, ENV_SECONDS))
                     .transpose()?,
@@ -105,7 +109,10 @@ impl Settings {
 }
 
 fn is_false(value: &str) -> bool {
-    matches!(value.trim().to_ascii_lowercase().as_str(), "0" | "false" | "no" | "off")
+    matches!(
+        value.trim().to_ascii_lowercase().as_str(),
+        "0" | "false" | "no" | "off"
+    )
 }
 
 /// `host:port` from `host:port` or `grpc://host:port`.
@@ -158,7 +165,9 @@ pub fn check_name(value: &str, source: &str) -> Result<String, SettingsError> {
 
 fn check_priority(value: &str) -> Result<i32, SettingsError> {
     let n: i64 = value.trim().parse().map_err(|_| {
-        SettingsError(format!("{ENV_PRIORITY}={value:?} is not valid: expected an integer"))
+        SettingsError(format!(
+            "{ENV_PRIORITY}={value:?} is not valid: expected an integer"
+        ))
     })?;
     i32::try_from(n).map_err(|_| {
         SettingsError(format!(
@@ -197,7 +206,11 @@ fn format_seconds(s: f64) -> String {
 pub fn default_job_name() -> String {
     let argv0 = std::fs::read("/proc/self/cmdline")
         .ok()
-        .and_then(|raw| raw.split(|&b| b == 0).next().map(|a| String::from_utf8_lossy(a).into_owned()))
+        .and_then(|raw| {
+            raw.split(|&b| b == 0)
+                .next()
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+        })
         .unwrap_or_default();
     job_name_from_argv0(&argv0)
 }
@@ -221,8 +234,10 @@ mod tests {
     use std::collections::HashMap;
 
     fn settings(vars: &[(&str, &str)]) -> Option<Result<Settings, SettingsError>> {
-        let map: HashMap<String, String> =
-            vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         Settings::from_lookup(|k| map.get(k).cloned(), || "prog".to_string())
     }
 
@@ -245,8 +260,13 @@ mod tests {
         .unwrap();
         assert_eq!(s.server, "127.0.0.1:5501");
         assert_eq!(s.target(), "grpc://127.0.0.1:5501");
-        assert_eq!(s.metadata_name(), "train-c?priority=-2&iterations=50&seconds=1.5");
-        let whole = settings(&[(ENV_SERVER, "h:1"), (ENV_SECONDS, "9")]).unwrap().unwrap();
+        assert_eq!(
+            s.metadata_name(),
+            "train-c?priority=-2&iterations=50&seconds=1.5"
+        );
+        let whole = settings(&[(ENV_SERVER, "h:1"), (ENV_SECONDS, "9")])
+            .unwrap()
+            .unwrap();
         assert_eq!(whole.metadata_name(), "prog?seconds=9");
         let plain = settings(&[(ENV_SERVER, "[::1]:5501")]).unwrap().unwrap();
         assert_eq!(plain.metadata_name(), "prog");
@@ -295,9 +315,13 @@ mod tests {
 
     #[test]
     fn verbose_flag() {
-        let on = settings(&[(ENV_SERVER, "h:1"), (ENV_VERBOSE, "1")]).unwrap().unwrap();
+        let on = settings(&[(ENV_SERVER, "h:1"), (ENV_VERBOSE, "1")])
+            .unwrap()
+            .unwrap();
         assert!(on.verbose);
-        let off = settings(&[(ENV_SERVER, "h:1"), (ENV_VERBOSE, "off")]).unwrap().unwrap();
+        let off = settings(&[(ENV_SERVER, "h:1"), (ENV_VERBOSE, "off")])
+            .unwrap()
+            .unwrap();
         assert!(!off.verbose);
     }
 }

@@ -71,7 +71,11 @@ pub const TF_UNAVAILABLE: c_int = 14;
 /// The version node of TensorFlow's exported C API symbols in the wheel's libraries.
 const TF_SYMBOL_VERSION: &CStr = c"tensorflow";
 /// Where a privately loaded TensorFlow may live (already loaded; never loaded by the shim).
-const TF_LIBRARIES: [&CStr; 3] = [c"libtensorflow_cc.so.2", c"libtensorflow.so.2", c"libtensorflow_framework.so.2"];
+const TF_LIBRARIES: [&CStr; 3] = [
+    c"libtensorflow_cc.so.2",
+    c"libtensorflow.so.2",
+    c"libtensorflow_framework.so.2",
+];
 
 /// The address of TensorFlow's own `name`, or null if it is not in the process.
 fn find(name: &CStr) -> *mut c_void {

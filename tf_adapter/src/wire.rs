@@ -47,16 +47,26 @@ pub fn fields(buf: &[u8]) -> Result<Vec<Field<'_>>, MalformedProto> {
                 None
             }
             WIRE_FIXED64 => {
-                pos = pos.checked_add(8).filter(|&p| p <= buf.len()).ok_or(MalformedProto)?;
+                pos = pos
+                    .checked_add(8)
+                    .filter(|&p| p <= buf.len())
+                    .ok_or(MalformedProto)?;
                 None
             }
             WIRE_FIXED32 => {
-                pos = pos.checked_add(4).filter(|&p| p <= buf.len()).ok_or(MalformedProto)?;
+                pos = pos
+                    .checked_add(4)
+                    .filter(|&p| p <= buf.len())
+                    .ok_or(MalformedProto)?;
                 None
             }
             WIRE_LEN => {
-                let len = usize::try_from(read_varint(buf, &mut pos)?).map_err(|_| MalformedProto)?;
-                let end = pos.checked_add(len).filter(|&e| e <= buf.len()).ok_or(MalformedProto)?;
+                let len =
+                    usize::try_from(read_varint(buf, &mut pos)?).map_err(|_| MalformedProto)?;
+                let end = pos
+                    .checked_add(len)
+                    .filter(|&e| e <= buf.len())
+                    .ok_or(MalformedProto)?;
                 let payload = &buf[pos..end];
                 pos = end;
                 Some(payload)
@@ -90,4 +100,3 @@ pub fn write_len_field(out: &mut Vec<u8>, number: u64, payload: &[u8]) {
     write_varint(out, payload.len() as u64);
     out.extend_from_slice(payload);
 }
-
