@@ -311,3 +311,14 @@ def test_saving_a_tf2_saved_model_through_the_shim_fails_clearly(salus_address, 
     assert "error: saving the model" in remote.stderr and "which the Salus server refuses inside functions" \
         in remote.stderr, remote.stderr[-3000:]
     assert not list(tmp_path.glob("remote*"))
+
+
+def test_saved_model_with_assets_is_refused_with_what_to_do(salus_address, shim, programs, models):
+    """Its init op reads the asset files by path, on the server: refused before anything is sent."""
+    args = [programs["serve"], models["dir"] / "model_assets", "serve", "serving_default_x:0",
+            "StatefulPartitionedCall:0", *PROBE]
+    local = checked(run_program(args, program_env(None)))
+    assert [float.fromhex(v) for v in local[0].split()[1:]] == [0.5, -1.25, 2.0]  # the vocabulary's "b" is 1
+    proc = run_program(args, program_env(shim, SALUS_SERVER=salus_address))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "has asset files" in proc.stderr and "load it with SALUS_SERVER unset" in proc.stderr, proc.stderr[-2000:]

@@ -4,6 +4,7 @@
   config_*.pb         serialized ConfigProtos for train's TF_SetConfig
   model_v1/           SavedModel from the TF1 builder (ref variables, a main op), tag "serve"
   model_v2/           tf.saved_model.save of a tf.Module (resource variables), tag "serve"
+  model_assets/       a tf.Module with a vocabulary file (an asset), tag "serve"
 
 Prints one JSON line: the SavedModels' input/output tensor names, the Python-computed outputs and model_v2's
 saver tensors.
@@ -78,5 +79,23 @@ saver = saved.meta_graphs[0].saver_def
 result["v2"] = {"input": sig.inputs["x"].name, "output": sig.outputs["y"].name,
                 "expected": module(tf.constant(probe))["y"].numpy().tolist(),
                 "saver": {"filename": saver.filename_tensor_name, "save": saver.save_tensor_name}}
+
+
+# A model with an asset file: a lookup table initialized from a vocabulary at load time.
+class Vocab(tf.Module):
+    def __init__(self, path):
+        super().__init__()
+        init = tf.lookup.TextFileInitializer(path, tf.string, tf.lookup.TextFileIndex.WHOLE_LINE,
+                                             tf.int64, tf.lookup.TextFileIndex.LINE_NUMBER)
+        self.table = tf.lookup.StaticHashTable(init, default_value=-1)
+
+    @tf.function(input_signature=[tf.TensorSpec((None, 3), tf.float32, name="x")])
+    def __call__(self, x):
+        return {"y": x * tf.cast(self.table.lookup(tf.constant("b")), tf.float32)}
+
+
+vocab = out / "vocab.txt"
+vocab.write_text("a\nb\nc\n")
+tf.saved_model.save(Vocab(str(vocab)), str(out / "model_assets"))
 result["probe"] = probe[0].tolist()
 print(json.dumps(result))
