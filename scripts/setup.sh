@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-time (idempotent) setup: project venv with TensorFlow and the Python adapter
 # (python/), the cargo link configuration that points tensorflow-sys at TensorFlow's
-# C API inside that venv, and a release build of the server.
+# C API inside that venv, and a release build of the server and the C-API shim.
 #
 #   scripts/setup.sh            # venv + link config + release build
 #   SALUS_SKIP_BUILD=1 scripts/setup.sh   # venv + link config only
@@ -88,6 +88,7 @@ TOML
 echo "setup: linking TensorFlow from $tf_dir"
 
 if [[ -z "${SALUS_SKIP_BUILD:-}" ]]; then
-    cargo build --release --locked --bins
+    # --lib: also tf_adapter's libsalus_tf.so (the C-API shim; no binary of its own).
+    cargo build --release --locked --bins --lib
 fi
 echo "setup: done"
