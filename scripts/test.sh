@@ -26,5 +26,7 @@ cargo build --release --locked --manifest-path fuzz/Cargo.toml --target-dir targ
 for target in request_decode tensor_proto eager_decode; do
     target/release/"$target" -runs=0 "fuzz/seeds/$target" 2>&1 | tail -n 1
 done
+# The C-API shim's second real client (integration_tests/test_c_api_shim.py); not a default member.
+cargo build --release --locked -p salus-tf-rust-client 2>&1
 export SALUS_SERVER_BIN="$root/target/release/salus-server"
 exec .venv/bin/python -m pytest integration_tests -q -p no:cacheprovider "$@"
