@@ -172,6 +172,7 @@ pub fn job_json(j: &JobInfo) -> Value {
         "graph_nodes": j.graph_nodes,
         "runs_completed": j.runs_completed,
         "runs_failed": j.runs_failed,
+        "cheap_runs": j.cheap_runs,
         "age_s": j.age_seconds,
         "idle_s": j.idle_seconds,
         "variable_bytes": j.variable_bytes,
@@ -195,8 +196,21 @@ pub fn stats_json(s: &SchedulerStats) -> Value {
         "cheap_runs_total": s.cheap_runs_total,
         "dropped_iterations": s.dropped_iterations,
         "switch_latency_us": {"count": l.count, "p50": l.p50_us, "p99": l.p99_us, "max": l.max_us, "buckets": l.buckets},
+        "iteration_time_us": latency_json(s.iteration_time.as_ref()),
+        "queue_wait_us": latency_json(s.queue_wait.as_ref()),
         "lanes": s.lanes.iter().map(|q| json!({"lane": q.lane, "queued": q.queued, "running": q.running})).collect::<Vec<_>>(),
     })
+}
+
+fn latency_json(l: Option<&LatencySummary>) -> Value {
+    let l = l.cloned().unwrap_or_default();
+    json!({"count": l.count, "sum": l.sum_us, "p50": l.p50_us, "p99": l.p99_us, "max": l.max_us, "buckets": l.buckets})
+}
+
+/// "N samples, p50 .. us, p99 .. us, max .. us" of a latency summary.
+fn latency_line(l: Option<&LatencySummary>) -> String {
+    let l = l.cloned().unwrap_or_default();
+    format!("{} samples, p50 {:.1} us, p99 {:.1} us, max {:.1} us", l.count, l.p50_us, l.p99_us, l.max_us)
 }
 
 /// Left-aligned columns separated by two spaces.
@@ -281,10 +295,17 @@ pub fn jobs_table(jobs: &[JobInfo]) -> String {
 }
 
 pub fn stats_text(s: &SchedulerStats) -> String {
-    let l = s.switch_latency.clone().unwrap_or_default();
     let mut out = format!(
-        "policy           {}\niterations       {} ({:.1}/s over the last minute)\ncheap runs       {}\nqueued           {}\ndropped          {}\nswitch latency   {} samples, p50 {:.1} us, p99 {:.1} us, max {:.1} us\n",
-        s.policy, s.iterations_total, s.iterations_per_second, s.cheap_runs_total, s.queued, s.dropped_iterations, l.count, l.p50_us, l.p99_us, l.max_us
+        "policy           {}\niterations       {} ({:.1}/s over the last minute)\ncheap runs       {}\nqueued           {}\ndropped          {}\nswitch latency   {}\niteration time   {}\nqueue wait       {}\n",
+        s.policy,
+        s.iterations_total,
+        s.iterations_per_second,
+        s.cheap_runs_total,
+        s.queued,
+        s.dropped_iterations,
+        latency_line(s.switch_latency.as_ref()),
+        latency_line(s.iteration_time.as_ref()),
+        latency_line(s.queue_wait.as_ref()),
     );
     for q in &s.lanes {
         out += &format!(
@@ -365,9 +386,17 @@ mod tests {
                 p99_us: 40.0,
                 max_us: 41.0,
                 buckets: vec![],
+                sum_us: 100.0,
+            }),
+            queue_wait: Some(LatencySummary {
+                count: 2,
+                p50_us: 7.0,
+                ..Default::default()
             }),
             ..Default::default()
         };
+        assert!(stats_text(&s).contains("queue wait       2 samples, p50 7.0 us"), "{}", stats_text(&s));
+        assert_eq!(stats_json(&s)["queue_wait_us"]["count"], 2);
         assert!(stats_text(&s).contains("p50 12.0 us, p99 40.0 us"));
         assert_eq!(stats_json(&s)["switch_latency_us"]["p99"], 40.0);
     }

@@ -19,6 +19,7 @@ use tokio::sync::oneshot;
 
 use crate::error::{Error, Result};
 use crate::runtime::latency::{LatencyRecorder, LatencySnapshot};
+use crate::runtime::run_stats::{RunStats, RunStatsSnapshot};
 use crate::sched::policy::{self, Policy};
 use crate::sched::{
     Decision, Hints, JobId, JobStatus, LaneId, Nanos, SchedConfig, SchedError, Scheduler, SortKey,
@@ -78,6 +79,8 @@ pub struct ExecStats {
     pub lanes: Vec<(LaneId, u64, u64)>,
     pub cheap_runs_total: u64,
     pub dropped_iterations: u64,
+    /// Iteration-time and queue-wait histograms.
+    pub runs: RunStatsSnapshot,
 }
 
 struct Inner {
@@ -89,6 +92,7 @@ struct Inner {
     rate: VecDeque<(u64, u64)>,
     cheap_runs_total: u64,
     dropped: u64,
+    run_stats: RunStats,
     running: Vec<(LaneId, usize)>,
     stopping: bool,
 }
@@ -128,6 +132,7 @@ impl Executor {
                     rate: VecDeque::new(),
                     cheap_runs_total: 0,
                     dropped: 0,
+                    run_stats: RunStats::default(),
                     running: Vec::new(),
                     stopping: false,
                 }),
@@ -191,6 +196,7 @@ impl Executor {
             let mut inner = self.shared.lock();
             let dropped = inner.sched.remove_job(id).unwrap_or_default();
             inner.dropped += dropped.len() as u64;
+            inner.run_stats.forget(id);
             dropped
         };
         self.shared.wake.notify_all();
@@ -235,9 +241,16 @@ impl Executor {
         }
     }
 
-    /// Counts a run that bypassed the scheduler.
-    pub fn count_cheap_run(&self) {
-        self.shared.lock().cheap_runs_total += 1;
+    /// Counts a run of `job` that bypassed the scheduler.
+    pub fn count_cheap_run(&self, job: JobId) {
+        let mut inner = self.shared.lock();
+        inner.cheap_runs_total += 1;
+        inner.run_stats.count_cheap_run(job);
+    }
+
+    /// Cheap runs of an open job so far.
+    pub fn cheap_runs(&self, job: JobId) -> u64 {
+        self.shared.lock().run_stats.cheap_runs(job)
     }
 
     pub fn set_policy(&self, name: &str) -> Result<(&'static str, &'static str)> {
@@ -319,6 +332,7 @@ impl Executor {
             lanes,
             cheap_runs_total: inner.cheap_runs_total,
             dropped_iterations: inner.dropped,
+            runs: inner.run_stats.snapshot(),
         }
     }
 
@@ -392,6 +406,7 @@ fn lane_loop(shared: &Shared, lane: LaneId) {
                     .sched
                     .finish(dispatch.job, job_lane, Some(device_time), end);
                 inner.iterations_total += 1;
+                inner.run_stats.record_iteration(now.saturating_sub(dispatch.submitted), device_time);
                 let second = end / 1_000_000_000;
                 match inner.rate.back_mut() {
                     Some((s, n)) if *s == second => *n += 1,
@@ -533,6 +548,9 @@ mod tests {
         }
         let stats = ex.stats();
         assert_eq!(stats.iterations_total, 40);
+        assert_eq!(stats.runs.iteration_time.count, 40);
+        assert!(stats.runs.iteration_time.sum_us >= 40.0 * 200.0, "{stats:?}");
+        assert_eq!(stats.runs.queue_wait.count, 40);
         assert!(stats.switch_latency.count > 0, "{stats:?}");
         assert_eq!(ex.set_policy("srtf").unwrap(), ("rr", "srtf"));
         // Lane threads end with their lane and come back with a new job.

@@ -596,7 +596,7 @@ impl Job {
             .entry(key)
             .or_default()
             .record(elapsed);
-        self.count(result.is_ok());
+        self.count(&result);
         Ok(result?)
     }
 
@@ -610,13 +610,17 @@ impl Job {
         raised
     }
 
-    fn count(&self, ok: bool) {
-        let counter = if ok {
-            &self.stats.runs_completed
-        } else {
-            &self.stats.runs_failed
+    /// Counts a finished run: per job, and a failure by its code server-wide.
+    fn count<T>(&self, result: &std::result::Result<T, tf::TfError>) {
+        match result {
+            Ok(_) => self.stats.runs_completed.fetch_add(1, Ordering::Relaxed),
+            Err(err) => {
+                crate::runtime::run_errors::record(
+                    crate::runtime::run_errors::TfCode::try_from(err.code).unwrap_or(crate::runtime::run_errors::TfCode::Unknown),
+                );
+                self.stats.runs_failed.fetch_add(1, Ordering::Relaxed)
+            }
         };
-        counter.fetch_add(1, Ordering::Relaxed);
     }
 
     /// MakeCallable: resolves the callable's names now so RunCallable is cheap.
@@ -772,7 +776,7 @@ impl Job {
         let result = self
             .session
             .partial_run(&run.handle, &inputs, &fetches, &targets);
-        self.count(result.is_ok());
+        self.count(&result);
         match &result {
             Ok(_) => {
                 for name in fetch_names {

@@ -47,7 +47,7 @@ impl Master {
         }
         match class {
             RunClass::Cheap => {
-                self.state.executor.count_cheap_run();
+                self.state.executor.count_cheap_run(job.id);
                 exec::blocking(f).await
             }
             RunClass::Main => {
