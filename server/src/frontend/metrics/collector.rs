@@ -188,7 +188,7 @@ impl Scrape {
         )?;
         if info.memory_capacity_bytes > 0 {
             gauge(enc, "salus_memory_capacity_bytes", "Memory the jobs share (admission on).", info.memory_capacity_bytes as f64)?;
-            gauge(enc, "salus_memory_free_bytes", "Memory no lane holds.", info.memory_free_bytes as f64)?;
+            gauge(enc, "salus_memory_free_bytes", "Capacity not held by admitted jobs (admission on).", info.memory_free_bytes as f64)?;
         }
         let lane = |l: u32| vec![("lane", l.to_string())];
         let lanes = &info.memory_lanes;
