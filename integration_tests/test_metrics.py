@@ -18,6 +18,7 @@ import socket
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
@@ -34,6 +35,22 @@ METRICS_RE = re.compile(r"^salus-server metrics on (127\.0\.0\.1:\d+)\s*$")
 SAMPLE_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
 LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 GRAPH_JOB, EAGER_JOB = "metrics-graph", "metrics-eager"
+# A TF1 run that TensorFlow itself fails (CheckNumerics on a NaN: INVALID_ARGUMENT), three times.
+FAILING_RUNS = 3
+FAILING_JOB = f"""
+import sys, tensorflow as tf
+tf.compat.v1.disable_eager_execution()
+nan = tf.compat.v1.placeholder(tf.float32, [])
+checked = tf.debugging.check_numerics(nan, "not a number")
+with tf.compat.v1.Session(sys.argv[1]) as sess:
+    for _ in range({FAILING_RUNS}):
+        try:
+            sess.run(checked, {{nan: float("nan")}})
+            sys.exit("the run did not fail")
+        except tf.errors.InvalidArgumentError:
+            pass
+print("failed as expected")
+"""
 CAPACITY = 4 << 30
 JOB_SECONDS = 8  # each job trains this long: several 1 s scrapes see it running
 
@@ -185,10 +202,14 @@ def observed(tmp_path_factory):
             pytest.fail(f"the jobs did not both iterate:\ngraph: {graph.failure()}\neager: {eager.failure()}")
         during = scrape(url)
         during_admin = ctl_json(server.address, "jobs")
+        # Started after that scrape, so it saw exactly the two training jobs.
+        failing = Workload(["-c", FAILING_JOB, server.target], child_env())
+        jobs.append(failing)
         assert wait_until(lambda: graph.printed('"holding"') or graph.proc.poll() is not None, timeout=120), \
             graph.failure()
         assert graph.printed('"holding"'), graph.failure()
         assert eager.proc.wait(120) == 0, eager.failure()
+        assert failing.proc.wait(120) == 0 and failing.printed("failed as expected"), failing.failure()
         # The stock TF2 client leaves its context open; the server reclaims it 3 s after its streams end.
         reclaimed = lambda: one(parse(scrape(url)), "salus_jobs_reclaimed_total", kind="eager") >= 1  # noqa: E731
         assert wait_until(reclaimed, timeout=30, interval=0.5), scrape(url)
@@ -267,8 +288,21 @@ def test_memory_lanes_and_reclaimed_jobs(observed):
     assert not values(after, "salus_job_iterations_total", job_name=EAGER_JOB)
     assert values(after, "salus_job_iterations_total", job_name=GRAPH_JOB)
     assert sum(values(after, "salus_jobs", kind="eager")) == 0
+    assert sum(values(after, "salus_jobs", kind="graph")) == 1  # the failing job closed its session
     assert one(after, "salus_admission_refusals_total") == 0 and one(after, "salus_admission_timeouts_total") == 0
     assert len(values(after, "salus_run_errors_total")) == 16  # every code but OK, zeros included
+    # TensorFlow's own failures, counted by code where the run failed (and only there).
+    assert one(after, "salus_run_errors_total", code="INVALID_ARGUMENT") == FAILING_RUNS
+    assert sum(values(after, "salus_run_errors_total")) == FAILING_RUNS
+
+
+def test_other_paths_and_methods_are_refused(observed):
+    base = observed.metrics_url.removesuffix("/metrics")
+    for request, code in ((urllib.request.Request(f"{base}/nope"), 404),
+                          (urllib.request.Request(observed.metrics_url, data=b"x", method="POST"), 405)):
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(request, timeout=10)
+        assert err.value.code == code
 
 
 def test_prometheus_scrapes_and_answers_queries(observed):
