@@ -296,6 +296,19 @@ def test_memory_lanes_and_reclaimed_jobs(observed):
     assert sum(values(after, "salus_run_errors_total")) == FAILING_RUNS
 
 
+def test_ctl_stats_shows_the_same_counters(observed):
+    """One set of counters, two views: `ctl stats` reads what /metrics shows (nothing changed since `after`)."""
+    after = parse(observed.after)
+    stats = ctl_json(observed.server.address, "stats")
+    counters = stats["server_counters"]
+    assert counters["eager_contexts_reclaimed"] == one(after, "salus_jobs_reclaimed_total", kind="eager") == 1
+    assert counters["run_errors"]["INVALID_ARGUMENT"] == FAILING_RUNS
+    assert counters["admission_waits"] == one(after, "salus_admission_waits_total")
+    assert stats["iterations_total"] == one(after, "salus_iterations_total")
+    assert stats["iteration_time_us"]["count"] == one(after, "salus_iteration_duration_seconds_count")
+    assert stats["queue_wait_us"]["sum"] == pytest.approx(one(after, "salus_queue_wait_seconds_sum") * 1e6)
+
+
 def test_other_paths_and_methods_are_refused(observed):
     base = observed.metrics_url.removesuffix("/metrics")
     for request, code in ((urllib.request.Request(f"{base}/nope"), 404),
