@@ -80,9 +80,16 @@ if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
             chmod +x /usr/sbin/policy-rc.d
             own_policy=1
         fi
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null \
-            || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
-        [[ -n "$own_policy" ]] && rm -f /usr/sbin/policy-rc.d
+        install_prometheus() {
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+        }
+        # A fresh container has no package lists yet: update once, then retry.
+        if ! install_prometheus && ! { apt-get update -qq && install_prometheus; }; then
+            echo "setup: could not install prometheus; the metrics tests that need it skip" >&2
+        fi
+        if [[ -n "$own_policy" ]]; then
+            rm -f /usr/sbin/policy-rc.d
+        fi
         if command -v systemctl >/dev/null && [[ -d /run/systemd/system ]]; then
             systemctl stop prometheus 2>/dev/null || true
             systemctl disable prometheus 2>/dev/null || true
