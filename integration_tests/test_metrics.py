@@ -200,8 +200,14 @@ def observed(tmp_path_factory):
 
         if not wait_until(both_iterating, timeout=180, interval=0.5):
             pytest.fail(f"the jobs did not both iterate:\ngraph: {graph.failure()}\neager: {eager.failure()}")
-        during = scrape(url)
+        timings = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            during = scrape(url)
+            timings.append((time.perf_counter() - t0) * 1e3)
         during_admin = ctl_json(server.address, "jobs")
+        print(f"scrape with two jobs running: {len(during)} bytes, median {sorted(timings)[2]:.1f} ms, "
+              f"max {max(timings):.1f} ms")
         # Started after that scrape, so it saw exactly the two training jobs.
         failing = Workload(["-c", FAILING_JOB, server.target], child_env())
         jobs.append(failing)
