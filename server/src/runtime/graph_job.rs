@@ -37,6 +37,7 @@ use crate::runtime::wire;
 use crate::sched::{Hints, JobId, LaneId};
 use crate::tenant::checkpoint_guard;
 use crate::tenant::TenantRules;
+use crate::runtime::run_errors::{self, TfCode};
 use crate::tf::{self, Graph, Operation, PartialRunHandle, Session, Tensor};
 
 /// Settings every job gets.
@@ -615,9 +616,7 @@ impl Job {
         match result {
             Ok(_) => self.stats.runs_completed.fetch_add(1, Ordering::Relaxed),
             Err(err) => {
-                crate::runtime::run_errors::record(
-                    crate::runtime::run_errors::TfCode::try_from(err.code).unwrap_or(crate::runtime::run_errors::TfCode::Unknown),
-                );
+                run_errors::record(TfCode::try_from(err.code).unwrap_or(TfCode::Unknown));
                 self.stats.runs_failed.fetch_add(1, Ordering::Relaxed)
             }
         };
