@@ -113,3 +113,71 @@ async fn scrape(state: Arc<ServerState>) -> crate::error::Result<String> {
     })
     .await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::executor::Executor;
+    use crate::runtime::graph_job::JobSettings;
+    use crate::sched::{policy, SchedConfig};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A server state with no jobs and no TensorFlow devices: enough for a scrape.
+    fn state() -> Arc<ServerState> {
+        let executor = Executor::new(policy::by_name("fair").unwrap(), SchedConfig::default());
+        let settings = JobSettings {
+            max_tensor_bytes: 1 << 20,
+            inline_below: Duration::ZERO,
+            cheap_below: Duration::ZERO,
+            measure_memory: false,
+        };
+        Arc::new(ServerState::new(
+            executor,
+            None,
+            settings,
+            Default::default(),
+            Default::default(),
+            8,
+            Vec::new(),
+            "2.21.0".into(),
+        ))
+    }
+
+    /// Sends `request` raw and returns the whole response (the server closes after it).
+    async fn exchange(addr: std::net::SocketAddr, request: &[u8]) -> String {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream.write_all(request).await.unwrap();
+        let mut response = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut response))
+            .await
+            .expect("the server answers and closes")
+            .unwrap();
+        String::from_utf8_lossy(&response).into_owned()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn serves_metrics_and_refuses_everything_else() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(serve(listener, state()));
+
+        let ok = exchange(addr, b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await;
+        assert!(ok.starts_with("HTTP/1.1 200 OK\r\n"), "{ok}");
+        assert!(ok.contains("content-type: text/plain; version=0.0.4; charset=utf-8\r\n"), "{ok}");
+        assert!(ok.contains("salus_server_info{version=\""), "{ok}");
+        assert!(ok.contains("policy=\"fair\"} 1"), "{ok}");
+        assert!(ok.contains("\nsalus_iterations_total 0\n"), "{ok}");
+
+        let post = exchange(addr, b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").await;
+        assert!(post.starts_with("HTTP/1.1 405 "), "{post}");
+        assert!(post.contains("allow: GET, HEAD\r\n"), "{post}");
+        let missing = exchange(addr, b"GET /other HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await;
+        assert!(missing.starts_with("HTTP/1.1 404 "), "{missing}");
+        // Garbage is answered with 400 (or the connection closed), and the listener keeps serving.
+        let garbage = exchange(addr, b"\x00\xffNOT HTTP AT ALL\r\n\r\n").await;
+        assert!(garbage.is_empty() || garbage.starts_with("HTTP/1.1 400 "), "{garbage}");
+        let again = exchange(addr, b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await;
+        assert!(again.starts_with("HTTP/1.1 200 OK\r\n"), "{again}");
+        server.abort();
+    }
+}
