@@ -79,10 +79,12 @@ class SalusProcess:
         # Read stdout on a thread so a silent or hung server cannot block the test past the timeout.
         found: list[str] = []
         ready = threading.Event()
+        self.stdout_lines: list[str] = []  # every stdout line so far (e.g. "salus-server metrics on ADDR")
 
         def reader():
             for raw in self.proc.stdout:  # keeps draining afterwards so the pipe never fills
                 line = raw.decode(errors="replace")
+                self.stdout_lines.append(line)
                 m = LISTEN_RE.match(line)
                 if m and not found:
                     found.append(m.group(1))

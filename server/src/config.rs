@@ -33,6 +33,13 @@ pub struct Args {
     #[arg(long, env = "SALUS_LISTEN", default_value = "127.0.0.1:5501")]
     pub listen: SocketAddr,
 
+    /// Address of an HTTP listener serving Prometheus metrics at /metrics,
+    /// e.g. 127.0.0.1:9551. Port 0 picks a free port; the bound address is
+    /// printed on stdout as "salus-server metrics on ADDR". Unset: no metrics
+    /// listener (the endpoint has no authentication and shows job names).
+    #[arg(long, env = "SALUS_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+
     /// Largest gRPC message received or sent (and largest tensor a feed may
     /// create), e.g. 2GiB, 512MiB, 1000000. At most 2GiB, protobuf's limit.
     #[arg(long, env = "SALUS_MAX_MESSAGE_SIZE", default_value = "2GiB", value_parser = parse_size)]
@@ -163,6 +170,8 @@ pub enum Command {
 #[derive(Clone, Debug)]
 pub struct Config {
     pub listen: SocketAddr,
+    /// Prometheus `/metrics` listener; None: off.
+    pub metrics_listen: Option<SocketAddr>,
     pub max_message_size: usize,
     pub session_defaults: SessionDefaults,
     pub inline_below: Duration,
@@ -188,6 +197,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 5501)),
+            metrics_listen: None,
             max_message_size: PROTOBUF_MAX_BYTES as usize,
             session_defaults: SessionDefaults::default(),
             inline_below: Duration::from_micros(200),
@@ -241,6 +251,7 @@ impl TryFrom<Args> for Config {
         }
         Ok(Config {
             listen: args.listen,
+            metrics_listen: args.metrics_listen,
             max_message_size: args.max_message_size as usize,
             session_defaults: SessionDefaults {
                 intra_op_threads: args.intra_op_threads,
@@ -287,6 +298,9 @@ mod tests {
         assert!(config.listen.ip().is_loopback());
         assert_eq!(config.listen.port(), 5501);
         assert!(config.max_message_size >= 1 << 30);
+        assert_eq!(config.metrics_listen, None);
+        let config = Config::try_from(Args::parse_from(["salus-server", "--metrics-listen", "127.0.0.1:0"])).unwrap();
+        assert_eq!(config.metrics_listen, Some(SocketAddr::from(([127, 0, 0, 1], 0))));
     }
 
     #[test]

@@ -87,10 +87,13 @@ pub async fn run(args: CtlArgs) -> Result<String, CtlError> {
         }
         CtlCommand::Stats { json } => {
             let stats = admin.get_stats(GetStatsRequest {}).await?.into_inner();
+            let info = admin.get_server_info(GetServerInfoRequest {}).await?.into_inner();
             if json {
-                pretty(&stats_json(&stats))
+                let mut value = stats_json(&stats);
+                value["server_counters"] = counters_json(&info);
+                pretty(&value)
             } else {
-                stats_text(&stats)
+                stats_text(&stats) + &counters_text(&info)
             }
         }
         CtlCommand::Policy { name: None } => {
@@ -172,6 +175,7 @@ pub fn job_json(j: &JobInfo) -> Value {
         "graph_nodes": j.graph_nodes,
         "runs_completed": j.runs_completed,
         "runs_failed": j.runs_failed,
+        "cheap_runs": j.cheap_runs,
         "age_s": j.age_seconds,
         "idle_s": j.idle_seconds,
         "variable_bytes": j.variable_bytes,
@@ -195,8 +199,51 @@ pub fn stats_json(s: &SchedulerStats) -> Value {
         "cheap_runs_total": s.cheap_runs_total,
         "dropped_iterations": s.dropped_iterations,
         "switch_latency_us": {"count": l.count, "p50": l.p50_us, "p99": l.p99_us, "max": l.max_us, "buckets": l.buckets},
+        "iteration_time_us": latency_json(s.iteration_time.as_ref()),
+        "queue_wait_us": latency_json(s.queue_wait.as_ref()),
         "lanes": s.lanes.iter().map(|q| json!({"lane": q.lane, "queued": q.queued, "running": q.running})).collect::<Vec<_>>(),
     })
+}
+
+fn latency_json(l: Option<&LatencySummary>) -> Value {
+    let l = l.cloned().unwrap_or_default();
+    json!({"count": l.count, "sum": l.sum_us, "p50": l.p50_us, "p99": l.p99_us, "max": l.max_us, "buckets": l.buckets})
+}
+
+/// "N samples, p50 .. us, p99 .. us, max .. us" of a latency summary.
+fn latency_line(l: Option<&LatencySummary>) -> String {
+    let l = l.cloned().unwrap_or_default();
+    format!("{} samples, p50 {:.1} us, p99 {:.1} us, max {:.1} us", l.count, l.p50_us, l.p99_us, l.max_us)
+}
+
+/// The server-wide event counters of `GetServerInfo` (admission, reclaimed jobs, failed runs).
+pub fn counters_json(info: &ServerInfo) -> Value {
+    json!({
+        "admission_waits": info.admission_waits,
+        "admission_refusals": info.admission_refusals,
+        "admission_timeouts": info.admission_timeouts,
+        "sessions_reclaimed": info.sessions_reclaimed,
+        "eager_contexts_reclaimed": info.eager_contexts_reclaimed,
+        "run_errors": info.run_errors.iter().map(|e| (e.code.clone(), Value::from(e.count))).collect::<serde_json::Map<_, _>>(),
+    })
+}
+
+pub fn counters_text(info: &ServerInfo) -> String {
+    let failed: Vec<String> = info
+        .run_errors
+        .iter()
+        .filter(|e| e.count > 0)
+        .map(|e| format!("{} {}", e.code, e.count))
+        .collect();
+    format!(
+        "admission        {} waited, {} refused, {} timed out\nreclaimed        {} graph sessions, {} eager contexts\nfailed runs      {}\n",
+        info.admission_waits,
+        info.admission_refusals,
+        info.admission_timeouts,
+        info.sessions_reclaimed,
+        info.eager_contexts_reclaimed,
+        if failed.is_empty() { "none".to_string() } else { failed.join(", ") }
+    )
 }
 
 /// Left-aligned columns separated by two spaces.
@@ -281,10 +328,17 @@ pub fn jobs_table(jobs: &[JobInfo]) -> String {
 }
 
 pub fn stats_text(s: &SchedulerStats) -> String {
-    let l = s.switch_latency.clone().unwrap_or_default();
     let mut out = format!(
-        "policy           {}\niterations       {} ({:.1}/s over the last minute)\ncheap runs       {}\nqueued           {}\ndropped          {}\nswitch latency   {} samples, p50 {:.1} us, p99 {:.1} us, max {:.1} us\n",
-        s.policy, s.iterations_total, s.iterations_per_second, s.cheap_runs_total, s.queued, s.dropped_iterations, l.count, l.p50_us, l.p99_us, l.max_us
+        "policy           {}\niterations       {} ({:.1}/s over the last minute)\ncheap runs       {}\nqueued           {}\ndropped          {}\nswitch latency   {}\niteration time   {}\nqueue wait       {}\n",
+        s.policy,
+        s.iterations_total,
+        s.iterations_per_second,
+        s.cheap_runs_total,
+        s.queued,
+        s.dropped_iterations,
+        latency_line(s.switch_latency.as_ref()),
+        latency_line(s.iteration_time.as_ref()),
+        latency_line(s.queue_wait.as_ref()),
     );
     for q in &s.lanes {
         out += &format!(
@@ -365,9 +419,31 @@ mod tests {
                 p99_us: 40.0,
                 max_us: 41.0,
                 buckets: vec![],
+                sum_us: 100.0,
+            }),
+            queue_wait: Some(LatencySummary {
+                count: 2,
+                p50_us: 7.0,
+                ..Default::default()
             }),
             ..Default::default()
         };
+        assert!(stats_text(&s).contains("queue wait       2 samples, p50 7.0 us"), "{}", stats_text(&s));
+        assert_eq!(stats_json(&s)["queue_wait_us"]["count"], 2);
+        let info = ServerInfo {
+            admission_refusals: 2,
+            eager_contexts_reclaimed: 1,
+            run_errors: vec![
+                ErrorCount { code: "INVALID_ARGUMENT".into(), count: 3 },
+                ErrorCount { code: "ABORTED".into(), count: 0 },
+            ],
+            ..Default::default()
+        };
+        let text = counters_text(&info);
+        assert!(text.contains("0 waited, 2 refused, 0 timed out"), "{text}");
+        assert!(text.contains("0 graph sessions, 1 eager contexts"), "{text}");
+        assert!(text.contains("failed runs      INVALID_ARGUMENT 3\n"), "{text}");
+        assert_eq!(counters_json(&info)["run_errors"]["INVALID_ARGUMENT"], 3);
         assert!(stats_text(&s).contains("p50 12.0 us, p99 40.0 us"));
         assert_eq!(stats_json(&s)["switch_latency_us"]["p99"], 40.0);
     }

@@ -16,6 +16,8 @@
 //!   - [`frontend::eager`]: `tensorflow.eager.EagerService` and the
 //!     `tensorflow.WorkerService` methods eager clients call.
 //!   - [`frontend::admin`]: `salus.v1.Admin`, the server's own status API.
+//!   - [`frontend::metrics`]: Prometheus `/metrics` over HTTP (`--metrics-listen`), a
+//!     view of the admin API's messages.
 //! - [`runtime`]: jobs and how they run.
 //!   - [`runtime::state`], [`runtime::jobs`], [`runtime::graph_job`]: shared
 //!     state, the tables of jobs, one TF_Session job.
@@ -28,7 +30,9 @@
 //!   - [`runtime::executor`]: drives the scheduler core with real time.
 //!   - [`runtime::admission`]: memory lanes for jobs, waiting, RAII reservations.
 //!   - [`runtime::memory_profile`]: a run's memory peak from TF's step stats.
-//!   - [`runtime::latency`]: switch-latency statistics.
+//!   - [`runtime::latency`]: latency statistics (switch latency, iteration time, queue wait).
+//!   - [`runtime::run_stats`], [`runtime::run_errors`]: iteration histograms and cheap runs
+//!     per job; failed runs by TensorFlow code.
 //!   - [`runtime::exec`]: runs TensorFlow work off the async runtime.
 //! - [`tenant`]: the tenant boundary: checkpoint directories and limits;
 //!   [`tenant::op_policy`] (refused ops) and [`tenant::checkpoint_guard`]

@@ -107,13 +107,27 @@ fn init_logging(verbose: u8, stderr: std::fs::File) {
 
 async fn run(config: Config) -> anyhow::Result<()> {
     let listen = config.listen;
+    let metrics_listen = config.metrics_listen;
     let server = Server::start(config).await?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
     let addr = listener.local_addr()?;
+    let metrics = match metrics_listen {
+        Some(at) => Some(
+            tokio::net::TcpListener::bind(at)
+                .await
+                .with_context(|| format!("cannot listen on {at} for metrics"))?,
+        ),
+        None => None,
+    };
     // Tests and scripts wait for this exact line.
     println!("salus-server listening on {addr}");
+    if let Some(metrics) = metrics {
+        // A line of its own, after the first one, for tests and scripts too.
+        println!("salus-server metrics on {}", metrics.local_addr()?);
+        tokio::spawn(salus_server::frontend::metrics::serve(metrics, server.state().clone()));
+    }
     std::io::stdout().flush()?;
     tracing::info!(%addr, "serving tensorflow.MasterService, tensorflow.eager.EagerService, tensorflow.WorkerService (GetStatus, RecvTensor) and salus.v1.Admin");
     server.serve(listener, shutdown_signal()).await?;

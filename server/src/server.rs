@@ -253,6 +253,7 @@ async fn reap_idle_sessions(state: Arc<ServerState>, timeout: std::time::Duratio
             }
             if let Ok(job) = state.sessions.remove(&job.handle) {
                 tracing::warn!(session = %job.handle, name = %job.name, idle_s = job.idle_seconds(), "closing idle session");
+                state.count_reclaimed(false);
                 state.executor.remove_job(job.id);
                 let _ = exec::blocking(move || {
                     drop(job);
@@ -279,6 +280,7 @@ async fn reap_idle_contexts(state: Arc<ServerState>, idle_timeout: Option<std::t
             };
             if !job.is_busy() && job.idle_for() >= limit {
                 tracing::warn!(context = job.context_id, name = %job.name, idle_s = job.idle_for().as_secs(), "closing idle eager context");
+                state.count_reclaimed(true);
                 state.close_context(job, "it was idle longer than its keep-alive or --idle-timeout").await;
             }
         }

@@ -13,6 +13,7 @@ use crate::runtime::eager_job::EagerJob;
 use crate::runtime::graph_delta::VariableBytes;
 use crate::runtime::run_class::MemoryEstimate;
 use crate::runtime::graph_job::Job;
+use crate::runtime::latency::LatencySnapshot;
 use crate::runtime::state::ServerState;
 use crate::sched::{Hints, JobId, JobStatus};
 
@@ -23,6 +24,94 @@ pub struct AdminService {
 impl AdminService {
     pub fn new(state: Arc<ServerState>) -> AdminService {
         AdminService { state }
+    }
+
+    /// Version, devices and server-wide counters (`GetServerInfo`; `/metrics` reads it too).
+    pub fn server_info(&self) -> ServerInfo {
+        let s = &self.state;
+        let admission = s.admission.as_ref().map(|a| a.counts()).unwrap_or_default();
+        let (sessions_reclaimed, eager_contexts_reclaimed) = s.reclaimed();
+        ServerInfo {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            tensorflow_version: s.tensorflow_version.clone(),
+            devices: s
+                .devices
+                .iter()
+                .map(|d| Device {
+                    name: d.name.clone(),
+                    device_type: d.device_type.clone(),
+                    memory_limit_bytes: d.memory_bytes,
+                })
+                .collect(),
+            open_sessions: s.sessions.len() as u64,
+            open_eager_contexts: s.contexts.len() as u64,
+            heap_in_use_bytes: crate::heap_meter::heap_in_use(),
+            sessions_created: s.sessions.sessions_created(),
+            runs_completed: s.runs_completed(),
+            uptime_seconds: s.started.elapsed().as_secs_f64(),
+            policy: s.executor.policy_name().into(),
+            memory_capacity_bytes: s.admission.as_ref().map_or(0, |a| a.capacity()),
+            memory_free_bytes: s.admission.as_ref().map_or(0, |a| a.free()),
+            memory_lanes: s
+                .admission
+                .as_ref()
+                .map(|a| a.lanes())
+                .unwrap_or_default()
+                .into_iter()
+                .map(|l| MemoryLane {
+                    lane: l.id.0,
+                    size_bytes: l.size,
+                    used_bytes: l.used,
+                    jobs: l.jobs.iter().map(|j| j.0).collect(),
+                })
+                .collect(),
+            admission_waits: admission.waits,
+            admission_refusals: admission.refusals,
+            admission_timeouts: admission.timeouts,
+            sessions_reclaimed,
+            eager_contexts_reclaimed,
+            run_errors: crate::runtime::run_errors::snapshot()
+                .into_iter()
+                .map(|(code, count)| ErrorCount {
+                    code: code.as_str_name().into(),
+                    count,
+                })
+                .collect(),
+        }
+    }
+
+    /// Every open job, by id (`ListJobs`; `/metrics` reads it too). Walks
+    /// graphs under TF's lock: call it off the async runtime.
+    pub fn jobs(&self) -> Vec<JobInfo> {
+        let mut jobs: Vec<JobInfo> = self.state.sessions.all().iter().map(|j| self.job_info(j)).collect();
+        jobs.extend(self.state.contexts.all().iter().map(|j| self.eager_job_info(j)));
+        jobs.sort_by_key(|j| j.id);
+        jobs
+    }
+
+    /// Scheduler statistics (`GetStats`; `/metrics` reads it too).
+    pub fn scheduler_stats(&self) -> SchedulerStats {
+        let stats = self.state.executor.stats();
+        SchedulerStats {
+            policy: stats.policy.into(),
+            iterations_total: stats.iterations_total,
+            iterations_per_second: stats.iterations_per_second,
+            queued: stats.queued,
+            switch_latency: Some(latency_summary(&stats.switch_latency)),
+            lanes: stats
+                .lanes
+                .iter()
+                .map(|&(lane, queued, running)| LaneQueue {
+                    lane: lane.0,
+                    queued,
+                    running,
+                })
+                .collect(),
+            cheap_runs_total: stats.cheap_runs_total,
+            dropped_iterations: stats.dropped_iterations,
+            iteration_time: Some(latency_summary(&stats.runs.iteration_time)),
+            queue_wait: Some(latency_summary(&stats.runs.queue_wait)),
+        }
     }
 
     /// Everything known about one job. Walks its graph (under TF's lock), so
@@ -72,6 +161,7 @@ impl AdminService {
             age_seconds: job.created.elapsed().as_secs_f64(),
             idle_seconds: job.idle_seconds(),
             kind: "graph".into(),
+            cheap_runs: self.state.executor.cheap_runs(job.id),
             ..memory_fields(variables, &estimate, memory_state)
         }
     }
@@ -144,6 +234,7 @@ impl AdminService {
             age_seconds: job.created.elapsed().as_secs_f64(),
             idle_seconds: job.idle_for().as_secs_f64(),
             kind: "eager".into(),
+            cheap_runs: self.state.executor.cheap_runs(job.id),
             ..memory_fields(variables, &estimate, memory_state)
         }
     }
@@ -187,6 +278,17 @@ fn note(policy: &str, s: &JobStatus) -> String {
     }
 }
 
+fn latency_summary(l: &LatencySnapshot) -> LatencySummary {
+    LatencySummary {
+        count: l.count,
+        p50_us: l.p50_us,
+        p99_us: l.p99_us,
+        max_us: l.max_us,
+        buckets: l.buckets.clone(),
+        sum_us: l.sum_us,
+    }
+}
+
 fn hints_to_proto(h: &Hints) -> JobHints {
     JobHints {
         priority: h.priority,
@@ -201,42 +303,7 @@ impl Admin for AdminService {
         &self,
         _: Request<GetServerInfoRequest>,
     ) -> Result<Response<ServerInfo>, Status> {
-        let s = &self.state;
-        Ok(Response::new(ServerInfo {
-            version: env!("CARGO_PKG_VERSION").to_string(),
-            tensorflow_version: s.tensorflow_version.clone(),
-            devices: s
-                .devices
-                .iter()
-                .map(|d| Device {
-                    name: d.name.clone(),
-                    device_type: d.device_type.clone(),
-                    memory_limit_bytes: d.memory_bytes,
-                })
-                .collect(),
-            open_sessions: s.sessions.len() as u64,
-            open_eager_contexts: s.contexts.len() as u64,
-            heap_in_use_bytes: crate::heap_meter::heap_in_use(),
-            sessions_created: s.sessions.sessions_created(),
-            runs_completed: s.runs_completed(),
-            uptime_seconds: s.started.elapsed().as_secs_f64(),
-            policy: s.executor.policy_name().into(),
-            memory_capacity_bytes: s.admission.as_ref().map_or(0, |a| a.capacity()),
-            memory_free_bytes: s.admission.as_ref().map_or(0, |a| a.free()),
-            memory_lanes: s
-                .admission
-                .as_ref()
-                .map(|a| a.lanes())
-                .unwrap_or_default()
-                .into_iter()
-                .map(|l| MemoryLane {
-                    lane: l.id.0,
-                    size_bytes: l.size,
-                    used_bytes: l.used,
-                    jobs: l.jobs.iter().map(|j| j.0).collect(),
-                })
-                .collect(),
-        }))
+        Ok(Response::new(self.server_info()))
     }
 
     async fn list_jobs(
@@ -246,13 +313,7 @@ impl Admin for AdminService {
         let this = AdminService {
             state: self.state.clone(),
         };
-        let jobs = crate::runtime::exec::blocking(move || {
-            let mut jobs: Vec<JobInfo> = this.state.sessions.all().iter().map(|j| this.job_info(j)).collect();
-            jobs.extend(this.state.contexts.all().iter().map(|j| this.eager_job_info(j)));
-            jobs.sort_by_key(|j| j.id);
-            Ok(jobs)
-        })
-        .await?;
+        let jobs = crate::runtime::exec::blocking(move || Ok(this.jobs())).await?;
         Ok(Response::new(ListJobsResponse { jobs }))
     }
 
@@ -260,32 +321,7 @@ impl Admin for AdminService {
         &self,
         _: Request<GetStatsRequest>,
     ) -> Result<Response<SchedulerStats>, Status> {
-        let stats = self.state.executor.stats();
-        let l = &stats.switch_latency;
-        Ok(Response::new(SchedulerStats {
-            policy: stats.policy.into(),
-            iterations_total: stats.iterations_total,
-            iterations_per_second: stats.iterations_per_second,
-            queued: stats.queued,
-            switch_latency: Some(LatencySummary {
-                count: l.count,
-                p50_us: l.p50_us,
-                p99_us: l.p99_us,
-                max_us: l.max_us,
-                buckets: l.buckets.clone(),
-            }),
-            lanes: stats
-                .lanes
-                .iter()
-                .map(|&(lane, queued, running)| LaneQueue {
-                    lane: lane.0,
-                    queued,
-                    running,
-                })
-                .collect(),
-            cheap_runs_total: stats.cheap_runs_total,
-            dropped_iterations: stats.dropped_iterations,
-        }))
+        Ok(Response::new(self.scheduler_stats()))
     }
 
     async fn set_policy(

@@ -4,3 +4,5 @@
 pub mod admin;
 pub mod eager;
 pub mod master;
+/// `/metrics` for Prometheus (HTTP, `--metrics-listen`), a view of the admin API.
+pub mod metrics;

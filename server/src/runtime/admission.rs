@@ -16,6 +16,7 @@
 //! the lane manager's (lock order: admission, then executor).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -42,6 +43,24 @@ struct Shared {
     state: Mutex<State>,
     executor: Executor,
     timeout: Duration,
+    counts: Counts,
+}
+
+/// How admission requests ended up, since the server started.
+#[derive(Default)]
+struct Counts {
+    waits: AtomicU64,
+    refusals: AtomicU64,
+    timeouts: AtomicU64,
+}
+
+/// Admission requests that had to wait for memory, were refused at once (a
+/// job larger than the device or its lane) and timed out waiting.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AdmissionCounts {
+    pub waits: u64,
+    pub refusals: u64,
+    pub timeouts: u64,
 }
 
 impl Shared {
@@ -173,6 +192,7 @@ impl Admission {
                 }),
                 executor,
                 timeout,
+                counts: Counts::default(),
             }),
         }
     }
@@ -187,6 +207,15 @@ impl Admission {
 
     pub fn lanes(&self) -> Vec<LaneStatus> {
         self.shared.lock().lanes.lanes()
+    }
+
+    pub fn counts(&self) -> AdmissionCounts {
+        let c = &self.shared.counts;
+        AdmissionCounts {
+            waits: c.waits.load(Ordering::Relaxed),
+            refusals: c.refusals.load(Ordering::Relaxed),
+            timeouts: c.timeouts.load(Ordering::Relaxed),
+        }
     }
 
     /// With fixed (GPU) lanes, the lane a job whose graph is about to be
@@ -262,6 +291,7 @@ impl Admission {
                         return Ok(reservation);
                     }
                     Ok(Placement::Waiting) => {
+                        self.shared.counts.waits.fetch_add(1, Ordering::Relaxed);
                         let (tx, rx) = oneshot::channel();
                         let free = state.lanes.free();
                         state.waiting.insert(
@@ -285,6 +315,7 @@ impl Admission {
                         err @ (LaneError::LargerThanDevice { .. }
                         | LaneError::LargerThanLane { .. }),
                     ) => {
+                        self.shared.counts.refusals.fetch_add(1, Ordering::Relaxed);
                         return Err(Error::ResourceExhausted(err.to_string()));
                     }
                     Err(err @ LaneError::UnknownLane(_)) => {
@@ -305,6 +336,7 @@ impl Admission {
                 "the job's memory request was withdrawn".into(),
             )),
             Err(_) => {
+                self.shared.counts.timeouts.fetch_add(1, Ordering::Relaxed);
                 let (free, capacity) = {
                     let mut state = self.shared.lock();
                     state.waiting.remove(&job);
@@ -444,6 +476,14 @@ mod tests {
             "{err}"
         );
         assert_eq!(a.state_of(JobId(3)), MemoryState::NotRequested);
+        assert_eq!(
+            a.counts(),
+            AdmissionCounts {
+                waits: 1,
+                refusals: 1,
+                timeouts: 1
+            }
+        );
     }
 
     #[tokio::test]

@@ -619,6 +619,7 @@ impl Worker {
                 Err(err) => {
                     let err = self.in_client_names(err);
                     self.shared.stats.failed.fetch_add(1, Ordering::Relaxed);
+                    crate::runtime::run_errors::record(err.code());
                     if let Some(stream) = stream.filter(|_| self.failure_is_silent(items, index)) {
                         tracing::debug!(context = self.shared.context_id, cause = %err,
                                         "an op without outputs failed; its stream's next sync reports it");

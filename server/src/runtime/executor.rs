@@ -20,6 +20,7 @@ use tokio::sync::oneshot;
 use crate::error::{Error, Result};
 use crate::runtime::latency::{LatencyRecorder, LatencySnapshot};
 use crate::runtime::run_class::RunClass;
+use crate::runtime::run_stats::{RunStats, RunStatsSnapshot};
 use crate::sched::policy::{self, Policy};
 use crate::sched::{
     Decision, Hints, JobId, JobStatus, LaneId, Nanos, SchedConfig, SchedError, Scheduler, SortKey,
@@ -79,6 +80,8 @@ pub struct ExecStats {
     pub lanes: Vec<(LaneId, u64, u64)>,
     pub cheap_runs_total: u64,
     pub dropped_iterations: u64,
+    /// Iteration-time and queue-wait histograms.
+    pub runs: RunStatsSnapshot,
 }
 
 struct Inner {
@@ -90,6 +93,7 @@ struct Inner {
     rate: VecDeque<(u64, u64)>,
     cheap_runs_total: u64,
     dropped: u64,
+    run_stats: RunStats,
     running: Vec<(LaneId, usize)>,
     stopping: bool,
 }
@@ -129,6 +133,7 @@ impl Executor {
                     rate: VecDeque::new(),
                     cheap_runs_total: 0,
                     dropped: 0,
+                    run_stats: RunStats::default(),
                     running: Vec::new(),
                     stopping: false,
                 }),
@@ -192,6 +197,7 @@ impl Executor {
             let mut inner = self.shared.lock();
             let dropped = inner.sched.remove_job(id).unwrap_or_default();
             inner.dropped += dropped.len() as u64;
+            inner.run_stats.forget(id);
             dropped
         };
         self.shared.wake.notify_all();
@@ -255,6 +261,12 @@ impl Executor {
         inner
             .sched
             .charge_outside_run(job, elapsed.as_nanos().min(u64::MAX as u128) as u64);
+        inner.run_stats.count_cheap_run(job);
+    }
+
+    /// Cheap runs of an open job so far.
+    pub fn cheap_runs(&self, job: JobId) -> u64 {
+        self.shared.lock().run_stats.cheap_runs(job)
     }
 
     pub fn set_policy(&self, name: &str) -> Result<(&'static str, &'static str)> {
@@ -336,6 +348,7 @@ impl Executor {
             lanes,
             cheap_runs_total: inner.cheap_runs_total,
             dropped_iterations: inner.dropped,
+            runs: inner.run_stats.snapshot(),
         }
     }
 
@@ -409,6 +422,7 @@ fn lane_loop(shared: &Shared, lane: LaneId) {
                     .sched
                     .finish(dispatch.job, job_lane, Some(device_time), end);
                 inner.iterations_total += 1;
+                inner.run_stats.record_iteration(now.saturating_sub(dispatch.submitted), device_time);
                 let second = end / 1_000_000_000;
                 match inner.rate.back_mut() {
                     Some((s, n)) if *s == second => *n += 1,
@@ -550,6 +564,9 @@ mod tests {
         }
         let stats = ex.stats();
         assert_eq!(stats.iterations_total, 40);
+        assert_eq!(stats.runs.iteration_time.count, 40);
+        assert!(stats.runs.iteration_time.sum_us >= 40.0 * 200.0, "{stats:?}");
+        assert_eq!(stats.runs.queue_wait.count, 40);
         assert!(stats.switch_latency.count > 0, "{stats:?}");
         assert_eq!(ex.set_policy("srtf").unwrap(), ("rr", "srtf"));
         // Lane threads end with their lane and come back with a new job.

@@ -39,6 +39,7 @@ use crate::runtime::wire;
 use crate::sched::{Hints, JobId, LaneId};
 use crate::tenant::checkpoint_guard;
 use crate::tenant::TenantRules;
+use crate::runtime::run_errors::{self, TfCode};
 use crate::tf::{self, Graph, Operation, PartialRunHandle, Session, Tensor};
 
 /// Settings every job gets.
@@ -598,7 +599,7 @@ impl Job {
             .entry(key)
             .or_default()
             .record(elapsed);
-        self.count(result.is_ok());
+        self.count(&result);
         Ok(result?)
     }
 
@@ -612,13 +613,15 @@ impl Job {
         raised
     }
 
-    fn count(&self, ok: bool) {
-        let counter = if ok {
-            &self.stats.runs_completed
-        } else {
-            &self.stats.runs_failed
+    /// Counts a finished run: per job, and a failure by its code server-wide.
+    fn count<T>(&self, result: &std::result::Result<T, tf::TfError>) {
+        match result {
+            Ok(_) => self.stats.runs_completed.fetch_add(1, Ordering::Relaxed),
+            Err(err) => {
+                run_errors::record(TfCode::try_from(err.code).unwrap_or(TfCode::Unknown));
+                self.stats.runs_failed.fetch_add(1, Ordering::Relaxed)
+            }
         };
-        counter.fetch_add(1, Ordering::Relaxed);
     }
 
     /// MakeCallable: resolves the callable's names now so RunCallable is cheap.
@@ -774,7 +777,7 @@ impl Job {
         let result = self
             .session
             .partial_run(&run.handle, &inputs, &fetches, &targets);
-        self.count(result.is_ok());
+        self.count(&result);
         match &result {
             Ok(_) => {
                 for name in fetch_names {

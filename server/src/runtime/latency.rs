@@ -11,6 +11,8 @@ const BUCKETS: usize = 40;
 pub struct LatencyRecorder {
     buckets: [u64; BUCKETS],
     count: u64,
+    /// Of all samples, for a histogram's `_sum` (saturates after ~584 years).
+    sum_ns: u64,
     max_ns: u64,
     recent: VecDeque<u64>,
 }
@@ -20,6 +22,7 @@ impl Default for LatencyRecorder {
         LatencyRecorder {
             buckets: [0; BUCKETS],
             count: 0,
+            sum_ns: 0,
             max_ns: 0,
             recent: VecDeque::with_capacity(RECENT),
         }
@@ -30,6 +33,8 @@ impl Default for LatencyRecorder {
 #[derive(Clone, Debug, PartialEq)]
 pub struct LatencySnapshot {
     pub count: u64,
+    /// Sum of all samples.
+    pub sum_us: f64,
     pub p50_us: f64,
     pub p99_us: f64,
     pub max_us: f64,
@@ -46,6 +51,7 @@ impl LatencyRecorder {
         };
         self.buckets[bucket] += 1;
         self.count += 1;
+        self.sum_ns = self.sum_ns.saturating_add(ns);
         self.max_ns = self.max_ns.max(ns);
         if self.recent.len() == RECENT {
             self.recent.pop_front();
@@ -71,6 +77,7 @@ impl LatencyRecorder {
             .map_or(0, |i| i + 1);
         LatencySnapshot {
             count: self.count,
+            sum_us: self.sum_ns as f64 / 1000.0,
             p50_us: pct(0.50),
             p99_us: pct(0.99),
             max_us: self.max_ns as f64 / 1000.0,
@@ -95,6 +102,7 @@ mod tests {
         assert_eq!(s.p50_us, 50.0);
         assert_eq!(s.p99_us, 99.0);
         assert_eq!(s.max_us, 100.0);
+        assert_eq!(s.sum_us, 5050.0);
         // 1 us -> bucket 1, 2..3 -> 2, 4..7 -> 3, ..., 64..100 -> 7
         assert_eq!(s.buckets, vec![0, 1, 2, 4, 8, 16, 32, 37]);
         r.record(10);

@@ -14,6 +14,8 @@ pub mod latency;
 pub mod memory_profile;
 pub mod rendezvous;
 pub mod run_class;
+pub mod run_errors;
+pub mod run_stats;
 pub mod session_config;
 pub mod state;
 pub mod wire;

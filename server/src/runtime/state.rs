@@ -33,6 +33,10 @@ pub struct ServerState {
     /// clients can still fetch the results of calls in flight.
     pub draining: Arc<AtomicBool>,
     runs_completed: AtomicU64,
+    /// Jobs the server closed because their client vanished (idle or its
+    /// streams ended), by kind.
+    reclaimed_sessions: AtomicU64,
+    reclaimed_contexts: AtomicU64,
 }
 
 impl ServerState {
@@ -60,6 +64,8 @@ impl ServerState {
             started: Instant::now(),
             draining: Arc::new(AtomicBool::new(false)),
             runs_completed: AtomicU64::new(0),
+            reclaimed_sessions: AtomicU64::new(0),
+            reclaimed_contexts: AtomicU64::new(0),
         }
     }
 
@@ -114,5 +120,19 @@ impl ServerState {
 
     pub fn runs_completed(&self) -> u64 {
         self.runs_completed.load(Ordering::Relaxed)
+    }
+
+    /// A graph session (`eager: false`) or eager context was reclaimed.
+    pub fn count_reclaimed(&self, eager: bool) {
+        let counter = if eager { &self.reclaimed_contexts } else { &self.reclaimed_sessions };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// (graph sessions, eager contexts) reclaimed so far.
+    pub fn reclaimed(&self) -> (u64, u64) {
+        (
+            self.reclaimed_sessions.load(Ordering::Relaxed),
+            self.reclaimed_contexts.load(Ordering::Relaxed),
+        )
     }
 }

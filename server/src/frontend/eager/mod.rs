@@ -356,6 +356,7 @@ async fn reclaim_when_abandoned(state: Arc<ServerState>, job: Arc<EagerJob>) {
             return;
         }
         if job.idle_for() >= STREAM_END_GRACE && !job.is_busy() {
+            state.count_reclaimed(true);
             state.close_context(job, "its client's stream ended").await;
             return;
         }
