@@ -4,3 +4,4 @@
 pub mod admin;
 pub mod eager;
 pub mod master;
+pub mod timeline;

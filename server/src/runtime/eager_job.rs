@@ -909,12 +909,7 @@ impl Worker {
         let _turn = match class {
             // Counted like a graph job's cheap run: single ops are not runs, and
             // would take the executor's lock on every op.
-            RunClass::Cheap => {
-                if is_call {
-                    self.shared.sched.executor.count_cheap_run();
-                }
-                None
-            }
+            RunClass::Cheap => None,
             RunClass::Main => {
                 self.admit()?;
                 Some(self.wait_for_turn()?)
@@ -935,7 +930,13 @@ impl Worker {
         } else {
             (run(), None)
         };
-        let elapsed = started.elapsed();
+        let ended = Instant::now();
+        let elapsed = ended.duration_since(started);
+        // Single ops are not runs (nor counted like them: they would take the
+        // executor's lock on every op); a cheap function call is.
+        if is_call && class == RunClass::Cheap {
+            self.shared.sched.executor.record_cheap_run(self.shared.id, started, ended);
+        }
         drop(inputs);
         drop(_turn);
         drop(trace_turn);

@@ -16,4 +16,5 @@ pub mod rendezvous;
 pub mod run_class;
 pub mod session_config;
 pub mod state;
+pub mod timeline;
 pub mod wire;

@@ -16,6 +16,7 @@ use crate::runtime::exec;
 use crate::runtime::graph_job::{Job, RunClass, RunKey};
 use crate::runtime::session_config::session_config;
 use crate::runtime::state::ServerState;
+use crate::runtime::timeline::JobKind;
 use crate::sched::{Hints, LaneId};
 use crate::tf::Tensor;
 
@@ -47,8 +48,12 @@ impl Master {
         }
         match class {
             RunClass::Cheap => {
-                self.state.executor.count_cheap_run();
-                exec::blocking(f).await
+                let started = Instant::now();
+                let outcome = exec::blocking(f).await;
+                self.state
+                    .executor
+                    .record_cheap_run(job.id, started, Instant::now());
+                outcome
             }
             RunClass::Main => {
                 self.admit(job).await?;
@@ -223,6 +228,10 @@ impl MasterService for Master {
             self.state.executor.remove_job(id);
             return Err(err.into());
         }
+        self.state
+            .executor
+            .timeline()
+            .open_job(id, &hints.name, JobKind::Graph);
         tracing::info!(session = %handle, job = id.0, name = %hints.name, ?hints, "session created");
         Ok(Response::new(CreateSessionResponse {
             session_handle: handle,
