@@ -45,7 +45,42 @@ def _installed_is_current(env: dict) -> bool:
     return (all((pkg_dir / s.name).is_file() and (pkg_dir / s.name).read_bytes() == s.read_bytes()
                 for s in sources)
             and (purelib / "salus_tf.pth").is_file()
-            and (purelib / "salus_tf.pth").read_bytes() == (PACKAGE / "salus_tf.pth").read_bytes())
+            and (purelib / "salus_tf.pth").read_bytes() == (PACKAGE / "salus_tf.pth").read_bytes()
+            and _generated_client_matches_proto(env) == "same")
+
+
+# Compiles admin.proto with the venv's grpcio-tools and compares it with the descriptor the installed
+# salus.v1.admin_pb2 was generated from (json_name and source info are not in generated code).
+_COMPARE_DESCRIPTORS = """
+import os, sys, tempfile
+from grpc_tools import protoc
+from google.protobuf import descriptor_pb2
+from salus.v1 import admin_pb2
+
+def normalized(file):
+    file.ClearField("source_code_info")
+    stack = list(file.message_type)
+    while stack:
+        message = stack.pop()
+        stack.extend(message.nested_type)
+        for field in message.field:
+            field.ClearField("json_name")
+    return file
+
+with tempfile.TemporaryDirectory() as d:
+    out = os.path.join(d, "admin.desc")
+    if protoc.main(["protoc", "-I" + sys.argv[1], "--descriptor_set_out=" + out, "salus/v1/admin.proto"]) != 0:
+        sys.exit("protoc failed")
+    compiled = descriptor_pb2.FileDescriptorSet.FromString(open(out, "rb").read()).file[0]
+installed = descriptor_pb2.FileDescriptorProto.FromString(admin_pb2.DESCRIPTOR.serialized_pb)
+print("same" if normalized(compiled) == normalized(installed) else "differs")
+"""
+
+
+def _generated_client_matches_proto(env: dict) -> str:
+    proc = subprocess.run([venv_python(), "-c", _COMPARE_DESCRIPTORS, str(REPO / "proto" / "proto")],
+                          capture_output=True, text=True, env=env, timeout=60)
+    return proc.stdout.strip() if proc.returncode == 0 else f"error: {proc.stderr[-2000:]}"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -410,6 +445,12 @@ def test_policy_show_and_set(channel, salus_address, salus_only):
     finally:
         wire.call(channel, ADMIN + "SetPolicy", wire.f_bytes(1, original))
     assert server_info(channel)["policy"] == original
+
+
+def test_installed_admin_client_is_generated_from_admin_proto():
+    """The package's admin client (salus.v1.admin_pb2) has exactly the messages and fields of the proto the
+    server is built from: it is generated from it when the package is built, not written by hand."""
+    assert _generated_client_matches_proto(clean_env()) == "same"
 
 
 # --- salus timeline ------------------------------------------------------------------------------------

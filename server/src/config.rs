@@ -159,7 +159,7 @@ pub struct Args {
 
 #[derive(clap::Subcommand, Debug)]
 pub enum Command {
-    /// Talk to a running server's admin API: jobs, stats, policy, hints.
+    /// Talk to a running server's admin API: jobs, stats, policy, hints, timeline.
     Ctl(crate::ctl::CtlArgs),
 }
 

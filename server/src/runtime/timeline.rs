@@ -149,12 +149,21 @@ impl Timeline {
         let ring = self.lock();
         let now = Instant::now();
         let since = window.and_then(|w| now.checked_sub(w));
-        let spans = ring
+        // Spans are recorded in end order (up to the microseconds between a run's
+        // end and its record), so the window is a suffix, found from the back: a
+        // short window copies only its part while lane threads wait on the lock.
+        let first = ring
             .spans
             .iter()
-            .filter(|s| since.is_none_or(|since| s.end >= since))
-            .cloned()
-            .collect();
+            .rposition(|s| since.is_some_and(|since| s.end < since))
+            .map_or(0, |i| i + 1);
+        let mut spans = Vec::with_capacity(ring.spans.len() - first);
+        spans.extend(
+            ring.spans
+                .range(first..)
+                .filter(|s| since.is_none_or(|since| s.end >= since))
+                .cloned(),
+        );
         Snapshot {
             now,
             spans,
