@@ -36,7 +36,10 @@ pub fn to_proto(snapshot: &Snapshot, server_started: Instant) -> Timeline {
             .iter()
             .map(|s| TimelineSpan {
                 job: s.job.0,
-                job_name: s.label.as_ref().map_or_else(String::new, |l| l.name.clone()),
+                job_name: s
+                    .label
+                    .as_ref()
+                    .map_or_else(String::new, |l| l.name.clone()),
                 kind: s.label.as_ref().map_or("", |l| l.kind.as_str()).into(),
                 lane: s.lane.map(|l| l.0),
                 start_seconds_ago: ago(s.start),
@@ -59,7 +62,10 @@ mod tests {
         assert_eq!(window(2.5).unwrap(), Some(Duration::from_millis(2500)));
         assert_eq!(window(1e300).unwrap(), Some(Duration::MAX));
         for bad in [-1.0, f64::NAN, f64::INFINITY] {
-            assert!(matches!(window(bad), Err(Error::InvalidArgument(_))), "{bad}");
+            assert!(
+                matches!(window(bad), Err(Error::InvalidArgument(_))),
+                "{bad}"
+            );
         }
     }
 
@@ -69,20 +75,37 @@ mod tests {
         let ring = Ring::new(4);
         ring.open_job(JobId(3), "mnist", JobKind::Graph);
         let t0 = Instant::now();
-        ring.record(JobId(3), Some(LaneId(2)), t0, t0 + Duration::from_millis(10), RunClass::Main);
+        ring.record(
+            JobId(3),
+            Some(LaneId(2)),
+            t0,
+            t0 + Duration::from_millis(10),
+            RunClass::Main,
+        );
         ring.record(JobId(4), None, t0, t0, RunClass::Cheap);
         std::thread::sleep(Duration::from_millis(20));
         let reply = to_proto(&ring.snapshot(None), started);
         assert_eq!(reply.capacity, 4);
         assert_eq!(reply.recorded_total, 2);
         let main = &reply.spans[0];
-        assert_eq!((main.job, main.job_name.as_str(), main.kind.as_str()), (3, "mnist", "graph"));
+        assert_eq!(
+            (main.job, main.job_name.as_str(), main.kind.as_str()),
+            (3, "mnist", "graph")
+        );
         assert_eq!((main.lane, main.cheap), (Some(2), false));
         assert!(main.end_seconds_ago >= 0.01 && main.end_seconds_ago < main.start_seconds_ago);
         assert!((main.start_seconds_ago - main.end_seconds_ago - 0.010).abs() < 1e-6);
         assert!(reply.now_uptime_seconds >= main.start_seconds_ago);
         let cheap = &reply.spans[1];
-        assert_eq!((cheap.lane, cheap.cheap, cheap.job_name.as_str(), cheap.kind.as_str()), (None, true, "", ""));
+        assert_eq!(
+            (
+                cheap.lane,
+                cheap.cheap,
+                cheap.job_name.as_str(),
+                cheap.kind.as_str()
+            ),
+            (None, true, "", "")
+        );
         assert!(reply.now_unix_seconds > 1.6e9);
     }
 }

@@ -123,7 +123,14 @@ impl Timeline {
     }
 
     /// Records a finished run, evicting the oldest span when the ring is full.
-    pub fn record(&self, job: JobId, lane: Option<LaneId>, start: Instant, end: Instant, class: RunClass) {
+    pub fn record(
+        &self,
+        job: JobId,
+        lane: Option<LaneId>,
+        start: Instant,
+        end: Instant,
+        class: RunClass,
+    ) {
         if self.capacity == 0 {
             return;
         }
@@ -187,7 +194,13 @@ mod tests {
         let t = Timeline::new(3);
         let base = Instant::now().checked_sub(Duration::from_secs(1)).unwrap();
         for i in 0..5u64 {
-            t.record(JobId(i), Some(LaneId(0)), at(base, i), at(base, i + 1), RunClass::Main);
+            t.record(
+                JobId(i),
+                Some(LaneId(0)),
+                at(base, i),
+                at(base, i + 1),
+                RunClass::Main,
+            );
         }
         let snap = t.snapshot(None);
         assert_eq!(snap.capacity, 3);
@@ -219,7 +232,10 @@ mod tests {
         t.record(JobId(8), None, now, now, RunClass::Main);
         let snap = t.snapshot(None);
         let label = snap.spans[0].label.as_deref().unwrap();
-        assert_eq!((label.name.as_str(), label.kind), ("resnet", JobKind::Eager));
+        assert_eq!(
+            (label.name.as_str(), label.kind),
+            ("resnet", JobKind::Eager)
+        );
         assert_eq!(snap.spans[0].class, RunClass::Cheap);
         assert!(snap.spans[1].label.is_none());
         assert!(snap.spans[2].label.is_none() && snap.spans[2].lane.is_none());
@@ -231,7 +247,13 @@ mod tests {
         let t = Timeline::new(10);
         let now = Instant::now();
         let old = now.checked_sub(Duration::from_secs(30)).unwrap();
-        t.record(JobId(1), Some(LaneId(0)), old, old + Duration::from_millis(5), RunClass::Main);
+        t.record(
+            JobId(1),
+            Some(LaneId(0)),
+            old,
+            old + Duration::from_millis(5),
+            RunClass::Main,
+        );
         // Started long ago, ended just now: inside a 1 s window.
         t.record(JobId(2), Some(LaneId(0)), old, now, RunClass::Main);
         let snap = t.snapshot(Some(Duration::from_secs(1)));
