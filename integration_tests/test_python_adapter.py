@@ -2,9 +2,10 @@
 and the `salus` CLI, against the real server.
 
 What a script did is checked on the server (admin API, decoded here with salus_wire, independently of the
-package's own codec): sessions created, and jobs with the expected name and hints while the script holds its
+package's own client): sessions created, and jobs with the expected name and hints while the script holds its
 session open. Scripts under workloads/ do not import salus (except explicit_api.py); they print "HOLD" and
-wait for a line on stdin when WORKLOAD_HOLD=1.
+wait for a line on stdin when WORKLOAD_HOLD=1. Also: the package's admin client is the one generated from
+admin.proto, and `salus timeline` (JSON, summary, PNG) shows a graph and an eager job on their lane.
 """
 
 from __future__ import annotations
@@ -538,6 +539,12 @@ def test_timeline_shows_both_jobs_iterations_on_their_lane(salus_address, salus_
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", data[:32]
     width, height = struct.unpack(">II", data[16:24])
     assert width >= 800 and height >= 150 and len(data) > 10_000, (width, height, len(data))
+    # Without matplotlib: a clear error saying what to install, no traceback.
+    no_matplotlib = ("import sys; sys.modules['matplotlib'] = None; from salus.cli import main; "
+                     f"sys.exit(main(['timeline', '--png', {str(tmp_path / 'x.png')!r}]))")
+    r = subprocess.run([venv_python(), "-c", no_matplotlib], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 1 and "pip install matplotlib" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "x.png").exists()
     r = salus_cli("timeline", "--json", "--png", str(png), env=env)
     assert r.returncode == 2 and "not allowed with" in r.stderr, r.stderr
     r = salus_cli("timeline", "--seconds", "-1", env=env)
