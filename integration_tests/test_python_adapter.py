@@ -2,9 +2,10 @@
 and the `salus` CLI, against the real server.
 
 What a script did is checked on the server (admin API, decoded here with salus_wire, independently of the
-package's own codec): sessions created, and jobs with the expected name and hints while the script holds its
+package's own client): sessions created, and jobs with the expected name and hints while the script holds its
 session open. Scripts under workloads/ do not import salus (except explicit_api.py); they print "HOLD" and
-wait for a line on stdin when WORKLOAD_HOLD=1.
+wait for a line on stdin when WORKLOAD_HOLD=1. Also: the package's admin client is the one generated from
+admin.proto, and `salus timeline` (JSON, summary, PNG) shows a graph and an eager job on their lane.
 """
 
 from __future__ import annotations
@@ -45,7 +46,42 @@ def _installed_is_current(env: dict) -> bool:
     return (all((pkg_dir / s.name).is_file() and (pkg_dir / s.name).read_bytes() == s.read_bytes()
                 for s in sources)
             and (purelib / "salus_tf.pth").is_file()
-            and (purelib / "salus_tf.pth").read_bytes() == (PACKAGE / "salus_tf.pth").read_bytes())
+            and (purelib / "salus_tf.pth").read_bytes() == (PACKAGE / "salus_tf.pth").read_bytes()
+            and _generated_client_matches_proto(env) == "same")
+
+
+# Compiles admin.proto with the venv's grpcio-tools and compares it with the descriptor the installed
+# salus.v1.admin_pb2 was generated from (json_name and source info are not in generated code).
+_COMPARE_DESCRIPTORS = """
+import os, sys, tempfile
+from grpc_tools import protoc
+from google.protobuf import descriptor_pb2
+from salus.v1 import admin_pb2
+
+def normalized(file):
+    file.ClearField("source_code_info")
+    stack = list(file.message_type)
+    while stack:
+        message = stack.pop()
+        stack.extend(message.nested_type)
+        for field in message.field:
+            field.ClearField("json_name")
+    return file
+
+with tempfile.TemporaryDirectory() as d:
+    out = os.path.join(d, "admin.desc")
+    if protoc.main(["protoc", "-I" + sys.argv[1], "--descriptor_set_out=" + out, "salus/v1/admin.proto"]) != 0:
+        sys.exit("protoc failed")
+    compiled = descriptor_pb2.FileDescriptorSet.FromString(open(out, "rb").read()).file[0]
+installed = descriptor_pb2.FileDescriptorProto.FromString(admin_pb2.DESCRIPTOR.serialized_pb)
+print("same" if normalized(compiled) == normalized(installed) else "differs")
+"""
+
+
+def _generated_client_matches_proto(env: dict) -> str:
+    proc = subprocess.run([venv_python(), "-c", _COMPARE_DESCRIPTORS, str(REPO / "proto" / "proto")],
+                          capture_output=True, text=True, env=env, timeout=60)
+    return proc.stdout.strip() if proc.returncode == 0 else f"error: {proc.stderr[-2000:]}"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -410,3 +446,113 @@ def test_policy_show_and_set(channel, salus_address, salus_only):
     finally:
         wire.call(channel, ADMIN + "SetPolicy", wire.f_bytes(1, original))
     assert server_info(channel)["policy"] == original
+
+
+def test_installed_admin_client_is_generated_from_admin_proto():
+    """The package's admin client (salus.v1.admin_pb2) has exactly the messages and fields of the proto the
+    server is built from: it is generated from it when the package is built, not written by hand."""
+    assert _generated_client_matches_proto(clean_env()) == "same"
+
+
+# --- salus timeline ------------------------------------------------------------------------------------
+
+TIMELINE_KEYS = {"seconds", "now_uptime_s", "now_unix_s", "capacity", "recorded_total", "spans"}
+SPAN_KEYS = {"job", "name", "kind", "lane", "start_ago_s", "end_ago_s", "run"}
+
+
+def _start_together(jobs: list[tuple[list[str], dict]], tmp_path: Path, timeout: float = TF_TIMEOUT) -> list:
+    """Starts the scripts with sched_job.py's start protocol and lets them go at once, so they overlap."""
+    go = tmp_path / "go"
+    procs, ready = [], []
+    for i, (argv, env) in enumerate(jobs):
+        ready.append(tmp_path / f"ready-{i}")
+        procs.append(subprocess.Popen([*argv, "--ready-file", str(ready[-1]), "--go-file", str(go)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                      stdin=subprocess.DEVNULL))
+    deadline = time.monotonic() + timeout
+    while not all(r.exists() for r in ready):
+        if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+            for p in procs:
+                p.kill()
+            pytest.fail("a job did not get ready: " + " | ".join(p.communicate()[1][-2000:] for p in procs))
+        time.sleep(0.05)
+    go.write_text("")
+    return procs
+
+
+def test_timeline_shows_both_jobs_iterations_on_their_lane(salus_address, salus_target, salus_only, tmp_path):
+    """A graph job and an eager job train at the same time; `salus timeline --json` has both jobs' main
+    iterations on one lane, never overlapping there (one iteration at a time per lane), interleaved;
+    `--png` draws them, the text summary names them, and `salus-server ctl timeline --json` has the same keys."""
+    tag = uuid.uuid4().hex[:6]
+    graph, eager = f"tl-graph-{tag}", f"tl-eager-{tag}"
+    procs = _start_together([
+        ([venv_python(), str(WORKLOADS / "sched_job.py"), "--target", salus_target, "--name", graph,
+          "--seconds", "2", "--digest-only"], clean_env()),
+        # An eager job's name reaches the server through the adapter's environment.
+        ([venv_python(), str(WORKLOADS / "tf2_sched_job.py"), "--name", eager, "--seconds", "2", "--digest-only"],
+         clean_env(SALUS_SERVER=salus_address, SALUS_JOB_NAME=eager)),
+    ], tmp_path)
+    for p in procs:
+        out, err = p.communicate(timeout=TF_TIMEOUT)
+        assert p.returncode == 0, f"exit {p.returncode}\n{out[-2000:]}\n{err[-4000:]}"
+
+    env = clean_env(SALUS_SERVER=salus_address)
+    r = salus_cli("timeline", "--json", "--seconds", "0", env=env)
+    assert r.returncode == 0, r.stderr
+    t = json.loads(r.stdout)
+    assert set(t) == TIMELINE_KEYS and t["seconds"] == 0 and t["capacity"] > 0
+    assert t["recorded_total"] >= len(t["spans"]) > 0
+    for s in t["spans"]:
+        assert set(s) == SPAN_KEYS, s
+        assert 0 <= s["end_ago_s"] <= s["start_ago_s"] <= t["now_uptime_s"], s
+        assert s["run"] in ("main", "cheap")
+    ours = {name: [s for s in t["spans"] if s["name"] == name] for name in (graph, eager)}
+    for name, kind in ((graph, "graph"), (eager, "eager")):
+        spans = ours[name]
+        main = [s for s in spans if s["run"] == "main"]
+        # ~2 s of ~5 ms steps, shared with the other job: many main iterations; the first two runs are cheap.
+        assert len(main) >= 20, (name, len(main), spans[:5])
+        assert any(s["run"] == "cheap" for s in spans), name
+        assert {s["kind"] for s in spans} == {kind} and len({s["job"] for s in spans}) == 1, name
+    lanes = {s["lane"] for name in ours for s in ours[name] if s["run"] == "main"}
+    assert len(lanes) == 1 and None not in lanes, lanes  # no memory admission: one shared lane
+
+    # One iteration at a time on the lane (lane concurrency 1): main spans never overlap, whoever ran them.
+    [lane] = lanes
+    on_lane = sorted((s for s in t["spans"] if s["lane"] == lane and s["run"] == "main"),
+                     key=lambda s: -s["start_ago_s"])
+    for a, b in zip(on_lane, on_lane[1:]):
+        assert a["end_ago_s"] >= b["start_ago_s"] - 1e-6, (a, b)
+    # Both jobs had iterations waiting at the same time, so the lane switched between them many times.
+    sequence = [s["name"] for s in on_lane if s["name"] in ours]
+    switches = sum(1 for x, y in zip(sequence, sequence[1:]) if x != y)
+    assert switches >= 10, (switches, sequence[:40])
+
+    r = salus_cli("timeline", "--seconds", "0", env=env)
+    assert r.returncode == 0 and f"lane {lane}: busy" in r.stdout and graph in r.stdout and eager in r.stdout, \
+        r.stdout + r.stderr
+    png = tmp_path / "timeline.png"
+    r = salus_cli("timeline", "--seconds", "0", "--png", str(png), env=env)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", data[:32]
+    width, height = struct.unpack(">II", data[16:24])
+    assert width >= 800 and height >= 150 and len(data) > 10_000, (width, height, len(data))
+    # Without matplotlib: a clear error saying what to install, no traceback.
+    no_matplotlib = ("import sys; sys.modules['matplotlib'] = None; from salus.cli import main; "
+                     f"sys.exit(main(['timeline', '--png', {str(tmp_path / 'x.png')!r}]))")
+    r = subprocess.run([venv_python(), "-c", no_matplotlib], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 1 and "pip install matplotlib" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "x.png").exists()
+    r = salus_cli("timeline", "--json", "--png", str(png), env=env)
+    assert r.returncode == 2 and "not allowed with" in r.stderr, r.stderr
+    r = salus_cli("timeline", "--seconds", "-1", env=env)
+    assert r.returncode == 2 and "--seconds" in r.stderr, r.stderr
+
+    from server_ctl import ctl
+    c = json.loads(ctl(salus_address, "timeline", "--json", "--seconds", "5").stdout)
+    assert set(c) == TIMELINE_KEYS and c["seconds"] == 5
+    assert all(set(s) == SPAN_KEYS for s in c["spans"])
+    text = ctl(salus_address, "timeline", "--seconds", "0").stdout
+    assert text.startswith("timeline: ") and graph in text and eager in text, text

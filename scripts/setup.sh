@@ -29,10 +29,11 @@ else
 fi
 
 # The Python adapter (python/, distribution salus-tf, import name salus, CLI `salus`): reinstalled
-# only when its sources change, so re-runs are quick and need no network.
-pkg_hash="$(cd python && find . -type f \( -name '*.py' -o -name '*.pth' -o -name '*.toml' -o -name '*.md' \) \
-    -not -path '*/__pycache__/*' -not -path './build/*' -not -path './dist/*' \
-    | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16)"
+# only when its sources change, so re-runs are quick and need no network. Its admin client is
+# generated from admin.proto when it is built, so the proto counts as a source.
+pkg_hash="$({ (cd python && find . -type f \( -name '*.py' -o -name '*.pth' -o -name '*.toml' -o -name '*.md' \) \
+    -not -path '*/__pycache__/*' -not -path './build/*' -not -path './dist/*' -not -path './src/salus/v1/*' \
+    | LC_ALL=C sort | xargs sha256sum); sha256sum proto/proto/salus/v1/admin.proto; } | sha256sum | cut -c1-16)"
 pkg_stamp="$venv/.salus-python-$pkg_hash"
 if [[ ! -f "$pkg_stamp" ]] || ! "$venv/bin/python" -c 'import salus' >/dev/null 2>&1; then
     echo "setup: installing the Python adapter (pip install ./python)"

@@ -154,6 +154,11 @@ pub struct Args {
     #[arg(long, env = "SALUS_SHUTDOWN_GRACE", default_value_t = 30)]
     pub shutdown_grace: u64,
 
+    /// Recent runs (main iterations and cheap runs) the server keeps for the
+    /// admin API's timeline (`salus timeline`); the oldest are evicted. 0 keeps none.
+    #[arg(long, env = "SALUS_TIMELINE_CAPACITY", default_value_t = crate::runtime::timeline::DEFAULT_CAPACITY)]
+    pub timeline_capacity: usize,
+
     /// More output: -v adds TensorFlow's own logs and debug logs, -vv trace logs.
     /// RUST_LOG overrides the log filter.
     #[arg(short, long, env = "SALUS_VERBOSE", action = clap::ArgAction::Count)]
@@ -162,7 +167,7 @@ pub struct Args {
 
 #[derive(clap::Subcommand, Debug)]
 pub enum Command {
-    /// Talk to a running server's admin API: jobs, stats, policy, hints.
+    /// Talk to a running server's admin API: jobs, stats, policy, hints, timeline.
     Ctl(crate::ctl::CtlArgs),
 }
 
@@ -191,6 +196,8 @@ pub struct Config {
     /// What jobs' graphs may do (ops, checkpoint directory, graph size).
     pub tenant: TenantRules,
     pub max_sessions: usize,
+    /// Spans the run timeline keeps.
+    pub timeline_capacity: usize,
 }
 
 impl Default for Config {
@@ -213,6 +220,7 @@ impl Default for Config {
             verbose: 0,
             tenant: TenantRules::default(),
             max_sessions: 1024,
+            timeline_capacity: crate::runtime::timeline::DEFAULT_CAPACITY,
         }
     }
 }
@@ -284,6 +292,7 @@ impl TryFrom<Args> for Config {
                 max_context_functions: args.max_context_functions,
             },
             max_sessions: args.max_sessions,
+            timeline_capacity: args.timeline_capacity,
         })
     }
 }

@@ -41,6 +41,15 @@ pub enum CtlCommand {
         #[arg(long, default_value_t = 0.0)]
         seconds: f64,
     },
+    /// Recent main iterations and cheap runs: per lane, per job counts and busy time.
+    Timeline {
+        /// Runs that ended in the last S seconds (0: all the server keeps).
+        #[arg(long, default_value_t = 10.0)]
+        seconds: f64,
+        /// Every span, as JSON (times in seconds before the server's "now").
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -129,6 +138,17 @@ pub async fn run(args: CtlArgs) -> Result<String, CtlError> {
                 .await?
                 .into_inner();
             jobs_table(&[info])
+        }
+        CtlCommand::Timeline { seconds, json } => {
+            let timeline = admin
+                .get_timeline(GetTimelineRequest { seconds })
+                .await?
+                .into_inner();
+            if json {
+                pretty(&timeline_json(&timeline, seconds))
+            } else {
+                timeline_text(&timeline, seconds)
+            }
         }
     })
 }
@@ -349,6 +369,89 @@ pub fn stats_text(s: &SchedulerStats) -> String {
     out
 }
 
+/// The timeline with the keys of `salus timeline --json`.
+pub fn timeline_json(t: &Timeline, seconds: f64) -> Value {
+    json!({
+        "seconds": seconds,
+        "now_uptime_s": t.now_uptime_seconds,
+        "now_unix_s": t.now_unix_seconds,
+        "capacity": t.capacity,
+        "recorded_total": t.recorded_total,
+        "spans": t.spans.iter().map(|s| json!({
+            "job": s.job,
+            "name": s.job_name,
+            "kind": s.kind,
+            "lane": s.lane,
+            "start_ago_s": s.start_seconds_ago,
+            "end_ago_s": s.end_seconds_ago,
+            "run": if s.cheap { "cheap" } else { "main" },
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// Per lane: how busy it was and which jobs ran on it.
+pub fn timeline_text(t: &Timeline, seconds: f64) -> String {
+    use std::collections::BTreeMap;
+    #[derive(Default)]
+    struct Runs {
+        name: String,
+        kind: String,
+        main: u64,
+        main_s: f64,
+        cheap: u64,
+        cheap_s: f64,
+    }
+    // The window the shares are of: the one asked for, or back to the oldest span.
+    let window = if seconds > 0.0 {
+        seconds
+    } else {
+        t.spans.iter().map(|s| s.start_seconds_ago).fold(0.0, f64::max)
+    };
+    let mut lanes: BTreeMap<Option<u32>, BTreeMap<u64, Runs>> = BTreeMap::new();
+    for s in &t.spans {
+        let runs = lanes.entry(s.lane).or_default().entry(s.job).or_default();
+        runs.name.clone_from(&s.job_name);
+        runs.kind.clone_from(&s.kind);
+        // Only the part inside the window counts toward busy time.
+        let length = s.start_seconds_ago.min(window) - s.end_seconds_ago;
+        let length = length.max(0.0);
+        if s.cheap {
+            runs.cheap += 1;
+            runs.cheap_s += length;
+        } else {
+            runs.main += 1;
+            runs.main_s += length;
+        }
+    }
+    let mut out = format!(
+        "timeline: {} runs in the last {:.1} s ({} recorded since start, the server keeps {})\n",
+        t.spans.len(),
+        window,
+        t.recorded_total,
+        t.capacity
+    );
+    for (lane, jobs) in &lanes {
+        let busy: f64 = jobs.values().map(|r| r.main_s + r.cheap_s).sum();
+        let share = if window > 0.0 { 100.0 * busy / window } else { 0.0 };
+        match lane {
+            Some(lane) => out += &format!("lane {lane}: busy {share:.1}%\n"),
+            None => out += &format!("no lane yet (before memory admission): busy {share:.1}%\n"),
+        }
+        for (id, r) in jobs {
+            let name = if r.name.is_empty() { "?" } else { &r.name };
+            out += &format!(
+                "  job {id} {name} ({}): {} main ({:.3} s), {} cheap ({:.3} s)\n",
+                if r.kind.is_empty() { "?" } else { &r.kind },
+                r.main,
+                r.main_s,
+                r.cheap,
+                r.cheap_s
+            );
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -446,5 +549,40 @@ mod tests {
         assert_eq!(counters_json(&info)["run_errors"]["INVALID_ARGUMENT"], 3);
         assert!(stats_text(&s).contains("p50 12.0 us, p99 40.0 us"));
         assert_eq!(stats_json(&s)["switch_latency_us"]["p99"], 40.0);
+    }
+
+    #[test]
+    fn timeline_text_counts_runs_and_busy_time_per_lane_and_job() {
+        let span = |job, lane, start, end, cheap| TimelineSpan {
+            job,
+            job_name: format!("j{job}"),
+            kind: "graph".into(),
+            lane,
+            start_seconds_ago: start,
+            end_seconds_ago: end,
+            cheap,
+        };
+        let t = Timeline {
+            capacity: 100,
+            recorded_total: 7,
+            spans: vec![
+                // Started before the 2 s window: only its last second counts.
+                span(1, Some(0), 3.0, 1.0, false),
+                span(2, Some(0), 0.5, 0.0, false),
+                span(2, Some(0), 0.6, 0.5, true),
+                span(3, None, 0.2, 0.1, true),
+            ],
+            ..Default::default()
+        };
+        let text = timeline_text(&t, 2.0);
+        assert!(text.starts_with("timeline: 4 runs in the last 2.0 s (7 recorded since start, the server keeps 100)"), "{text}");
+        assert!(text.contains("lane 0: busy 80.0%"), "{text}");
+        assert!(text.contains("  job 1 j1 (graph): 1 main (1.000 s), 0 cheap (0.000 s)"), "{text}");
+        assert!(text.contains("  job 2 j2 (graph): 1 main (0.500 s), 1 cheap (0.100 s)"), "{text}");
+        assert!(text.contains("no lane yet (before memory admission): busy 5.0%"), "{text}");
+        let json = timeline_json(&t, 2.0);
+        assert_eq!(json["spans"][3]["lane"], Value::Null);
+        assert_eq!(json["spans"][2]["run"], "cheap");
+        assert_eq!(json["spans"][0]["start_ago_s"], 3.0);
     }
 }

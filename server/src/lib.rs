@@ -28,6 +28,8 @@
 //!   - [`runtime::session_config`]: client ConfigProto -> server-side session config.
 //!   - [`runtime::wire`]: wire-level protobuf field editing.
 //!   - [`runtime::executor`]: drives the scheduler core with real time.
+//!   - [`runtime::timeline`]: the bounded ring of recent runs per lane
+//!     (served by [`frontend::timeline`], drawn by `salus timeline`).
 //!   - [`runtime::admission`]: memory lanes for jobs, waiting, RAII reservations.
 //!   - [`runtime::memory_profile`]: a run's memory peak from TF's step stats.
 //!   - [`runtime::latency`]: latency statistics (switch latency, iteration time, queue wait).

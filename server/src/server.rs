@@ -24,6 +24,7 @@ use crate::runtime::executor::Executor;
 use crate::runtime::graph_job::JobSettings;
 use crate::runtime::session_config::{session_config, GpuLanes};
 use crate::runtime::state::ServerState;
+use crate::runtime::timeline::Timeline;
 use crate::sched::lanes::LaneManager;
 use crate::sched::policy;
 use crate::tf::{self, Graph, Session};
@@ -78,7 +79,8 @@ impl Server {
             lane_concurrency = config.sched.lane_concurrency,
             "scheduler"
         );
-        let executor = Executor::new(policy, config.sched);
+        let timeline = Arc::new(Timeline::new(config.timeline_capacity));
+        let executor = Executor::with_timeline(policy, config.sched, timeline);
         let admission = capacity.map(|capacity| {
             let lanes = match gpu_lanes {
                 Some(gpu) => LaneManager::fixed(&vec![gpu.lane_bytes; gpu.count as usize]),

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use prost::Message;
 use salus_proto::salus::v1::admin_client::AdminClient;
 use salus_proto::salus::v1::{
-    GetServerInfoRequest, GetStatsRequest, JobHints, ListJobsRequest, SetJobHintsRequest,
+    GetServerInfoRequest, GetStatsRequest, GetTimelineRequest, JobHints, ListJobsRequest, SetJobHintsRequest,
     SetPolicyRequest,
 };
 use salus_proto::tensorflow::master_service_client::MasterServiceClient;
@@ -604,6 +604,35 @@ async fn main_iterations_are_scheduled_and_visible_in_the_admin_api() {
         .unwrap()
         .into_inner();
     assert_eq!(stats.iterations_total, 3);
+
+    // The timeline has the three main iterations, named, on lane 0, one after another.
+    let timeline = s
+        .admin
+        .get_timeline(GetTimelineRequest { seconds: 0.0 })
+        .await
+        .unwrap()
+        .into_inner();
+    let mains: Vec<_> = timeline
+        .spans
+        .iter()
+        .filter(|t| t.job == job.id && !t.cheap)
+        .collect();
+    assert_eq!(mains.len(), 3, "{timeline:?}");
+    for (i, t) in mains.iter().enumerate() {
+        assert_eq!((t.job_name.as_str(), t.kind.as_str(), t.lane), ("trainer", "graph", Some(0)));
+        assert!(0.0 <= t.end_seconds_ago && t.end_seconds_ago <= t.start_seconds_ago, "{t:?}");
+        assert!(t.start_seconds_ago <= timeline.now_uptime_seconds, "{t:?}");
+        if i > 0 {
+            assert!(mains[i - 1].end_seconds_ago >= t.start_seconds_ago, "{mains:?}");
+        }
+    }
+    assert_eq!(timeline.recorded_total, timeline.spans.len() as u64);
+    let bad_window = s
+        .admin
+        .get_timeline(GetTimelineRequest { seconds: -1.0 })
+        .await
+        .unwrap_err();
+    assert_eq!(bad_window.code(), Code::InvalidArgument);
 
     // Policy and hints change at run time; unknown names are clear errors.
     let changed = s

@@ -5,16 +5,24 @@
         for job in admin.list_jobs():
             print(job["name"], job["state"], job["iterations"])
 
-Messages are plain dicts with the field names of proto/salus/v1/admin.proto.
+Messages are plain dicts with the field names of proto/salus/v1/admin.proto. The client is generated
+from that file when the package is built (salus.v1.admin_pb2, see python/hatch_build.py).
 """
 
 from __future__ import annotations
 
 import grpc
 
-from . import _config, _proto
+from . import _config
+from ._messages import to_dict
 
-SERVICE = "/salus.v1.Admin/"
+try:
+    from .v1 import admin_pb2 as pb
+    from .v1 import admin_pb2_grpc as pb_grpc
+except ImportError as e:  # running from a source tree that was never built
+    raise ImportError("salus.v1.admin_pb2 is generated from admin.proto when the package is built: "
+                      "install it with `python -m pip install ./python`") from e
+
 DEFAULT_TIMEOUT_S = 5.0
 
 
@@ -42,6 +50,7 @@ class AdminClient:
         self.address = _server_address(server)
         self.timeout = timeout
         self._channel = grpc.insecure_channel(self.address)
+        self._stub = pb_grpc.AdminStub(self._channel)
 
     def close(self) -> None:
         self._channel.close()
@@ -52,42 +61,45 @@ class AdminClient:
     def __exit__(self, *exc):
         self.close()
 
-    def _call(self, method: str, request: bytes, response: str) -> dict:
-        fn = self._channel.unary_unary(SERVICE + method, request_serializer=None, response_deserializer=None)
+    def _call(self, method: str, request) -> dict:
+        fn = getattr(self._stub, method)
         try:
-            raw = fn(request, timeout=self.timeout)
+            reply = fn(request, timeout=self.timeout)
         except grpc.RpcError as e:
             code = e.code() if hasattr(e, "code") else None
             detail = (e.details() if hasattr(e, "details") else "") or str(code)
             if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 raise ServerUnreachable(f"cannot reach salus-server at {self.address}: {detail}", code) from None
             if code == grpc.StatusCode.UNIMPLEMENTED:
-                raise AdminError(f"{self.address} does not serve the Salus admin API (is it a salus-server?): "
-                                 f"{detail}", code) from None
+                raise AdminError(f"{self.address} does not serve the Salus admin API (is it a salus-server?) "
+                                 f"or not this call (an older server?): {detail}", code) from None
+            if code == grpc.StatusCode.INTERNAL and "deserializ" in detail.lower():
+                raise AdminError(f"malformed {method} reply from {self.address}: {detail}", code) from None
             raise AdminError(detail, code) from None
-        try:
-            return _proto.decode(response, raw)
-        except ValueError as e:
-            raise AdminError(f"malformed {response} from {self.address}: {e}") from None
+        return to_dict(reply)
 
     def server_info(self) -> dict:
-        return self._call("GetServerInfo", b"", "ServerInfo")
+        return self._call("GetServerInfo", pb.GetServerInfoRequest())
 
     def list_jobs(self) -> list[dict]:
-        return self._call("ListJobs", b"", "ListJobsResponse")["jobs"]
+        return self._call("ListJobs", pb.ListJobsRequest())["jobs"]
 
     def stats(self) -> dict:
-        return self._call("GetStats", b"", "SchedulerStats")
+        return self._call("GetStats", pb.GetStatsRequest())
 
     def set_policy(self, policy: str) -> dict:
         """Returns {'previous': ..., 'policy': ...}."""
-        return self._call("SetPolicy", _proto.encode("SetPolicyRequest", {"policy": policy}), "SetPolicyResponse")
+        return self._call("SetPolicy", pb.SetPolicyRequest(policy=policy))
 
     def set_job_hints(self, job: str, priority: int = 0, iterations: int = 0, seconds: float = 0.0) -> dict:
         """Replaces a job's hints (job: id, session handle or name); returns the job."""
-        req = _proto.encode("SetJobHintsRequest", {"job": job, "hints": {
-            "priority": priority, "expected_iterations": iterations, "expected_seconds": seconds}})
-        return self._call("SetJobHints", req, "JobInfo")
+        hints = pb.JobHints(priority=priority, expected_iterations=iterations, expected_seconds=seconds)
+        return self._call("SetJobHints", pb.SetJobHintsRequest(job=job, hints=hints))
+
+    def timeline(self, seconds: float = 0.0) -> dict:
+        """Runs that ended in the last `seconds` (0: all the server keeps); times are seconds before the
+        server's "now", so no clock sync is needed."""
+        return self._call("GetTimeline", pb.GetTimelineRequest(seconds=seconds))
 
 
 def job_json(job: dict) -> dict:
@@ -142,4 +154,18 @@ def stats_json(s: dict) -> dict:
         "switch_latency_us": {"count": lat["count"], "p50": lat["p50_us"], "p99": lat["p99_us"],
                               "max": lat["max_us"], "buckets": lat["buckets"]},
         "lanes": [{"lane": q["lane"], "queued": q["queued"], "running": q["running"]} for q in s["lanes"]],
+    }
+
+
+def timeline_json(t: dict, seconds: float) -> dict:
+    """The timeline with the keys of `salus-server ctl timeline --json`."""
+    return {
+        "seconds": seconds,
+        "now_uptime_s": t["now_uptime_seconds"],
+        "now_unix_s": t["now_unix_seconds"],
+        "capacity": t["capacity"],
+        "recorded_total": t["recorded_total"],
+        "spans": [{"job": s["job"], "name": s["job_name"], "kind": s["kind"], "lane": s["lane"],
+                   "start_ago_s": s["start_seconds_ago"], "end_ago_s": s["end_seconds_ago"],
+                   "run": "cheap" if s["cheap"] else "main"} for s in t["spans"]],
     }

@@ -6,6 +6,7 @@
     salus policy [show]            salus policy set srtf
     salus stats [--json]
     salus hints JOB [--priority P] [--iterations N] [--seconds S]
+    salus timeline [--seconds S] [--png FILE | --json]
 
 The server defaults to $SALUS_SERVER, else 127.0.0.1:5501.
 """
@@ -102,6 +103,29 @@ def cmd_jobs(args) -> int:
     return 0
 
 
+def cmd_timeline(args) -> int:
+    from . import _timeline
+    from .admin import timeline_json
+    if not args.seconds >= 0 or args.seconds == float("inf"):
+        raise CliError("--seconds must be a finite number >= 0 (0: all the server keeps)", 2)
+    with _admin(args) as admin:
+        t = timeline_json(admin.timeline(args.seconds), args.seconds)
+    if args.json:
+        sys.stdout.write(json.dumps(t, indent=2) + "\n")
+        return 0
+    if args.png:
+        try:
+            _timeline.draw_png(t, args.png)
+        except _timeline.ChartUnavailable as e:
+            raise CliError(str(e)) from None
+        except OSError as e:
+            raise CliError(f"cannot write {args.png}: {e}") from None
+        sys.stdout.write(f"{args.png}: {len(t['spans'])} runs in the last {_timeline.window_of(t):.1f} s\n")
+        return 0
+    sys.stdout.write(_timeline.summary_text(t))
+    return 0
+
+
 def cmd_stats(args) -> int:
     from .admin import stats_json
     with _admin(args) as admin:
@@ -131,7 +155,7 @@ def cmd_policy(args) -> int:
             sys.stdout.write(f"policy: {admin.server_info()['policy']}\n")
         elif args.action == "set":
             if not args.name:
-                raise CliError("usage: salus policy set NAME (fifo, srtf, pack, fair, rr, priority, las, dlas)", 2)
+                raise CliError("usage: salus policy set NAME (fifo, srtf, pack, fair, rr, priority, las, dlas, gittins)", 2)
             r = admin.set_policy(args.name)
             sys.stdout.write(f"policy: {r['previous']} -> {r['policy']}\n")
         elif args.name is None:  # `salus policy srtf`, as `salus-server ctl policy srtf`
@@ -365,7 +389,7 @@ def _parser() -> argparse.ArgumentParser:
     po = sub.add_parser("policy", parents=[common], help="show or set the scheduling policy",
                         usage="salus policy [show] | salus policy set NAME")
     po.add_argument("action", nargs="?", help="show (default) or set")
-    po.add_argument("name", nargs="?", help="fifo, srtf, pack, fair, rr, priority, las or dlas")
+    po.add_argument("name", nargs="?", help="fifo, srtf, pack, fair, rr, priority, las, dlas or gittins")
     po.set_defaults(func=cmd_policy)
 
     s = sub.add_parser("stats", parents=[common], help="scheduler statistics")
@@ -378,6 +402,20 @@ def _parser() -> argparse.ArgumentParser:
     h.add_argument("--iterations", type=str, default=None)
     h.add_argument("--seconds", type=str, default=None)
     h.set_defaults(func=cmd_hints)
+
+    tl = sub.add_parser("timeline", parents=[common], help="recent iterations per lane: summary, PNG chart or JSON",
+                        description="The server's recent main iterations and cheap runs (it keeps "
+                                    "--timeline-capacity of them). Without --png or --json: per lane, each "
+                                    "job's runs and busy time.")
+    tl.add_argument("--seconds", type=float, default=10.0, metavar="S",
+                    help="runs that ended in the last S seconds (default 10; 0: all the server keeps)")
+    out = tl.add_mutually_exclusive_group()
+    out.add_argument("--png", metavar="FILE",
+                     help="draw a Gantt chart: a row per lane, a colour per job (needs matplotlib)")
+    out.add_argument("--json", action="store_true",
+                     help="every run, with the keys of `salus-server ctl timeline --json` (times in seconds "
+                          "before the server's now)")
+    tl.set_defaults(func=cmd_timeline)
     return p
 
 

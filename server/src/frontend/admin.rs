@@ -384,4 +384,13 @@ impl Admin for AdminService {
         };
         Ok(Response::new(info))
     }
+
+    async fn get_timeline(
+        &self,
+        request: Request<GetTimelineRequest>,
+    ) -> Result<Response<Timeline>, Status> {
+        let window = super::timeline::window(request.into_inner().seconds)?;
+        let snapshot = self.state.executor.timeline().snapshot(window);
+        Ok(Response::new(super::timeline::to_proto(&snapshot, self.state.started)))
+    }
 }

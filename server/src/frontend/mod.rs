@@ -6,3 +6,4 @@ pub mod eager;
 pub mod master;
 /// `/metrics` for Prometheus (HTTP, `--metrics-listen`), a view of the admin API.
 pub mod metrics;
+pub mod timeline;

@@ -930,7 +930,14 @@ impl Worker {
         } else {
             (run(), None)
         };
-        let elapsed = started.elapsed();
+        let ended = Instant::now();
+        let elapsed = ended.duration_since(started);
+        // Single ops are not runs (nor counted like them: they would take the
+        // executor's lock on every op); a function call that went at once is
+        // (`resolve` turned a brief one into Cheap or Main).
+        if is_call && class == RunClass::Cheap {
+            self.shared.sched.executor.record_cheap_run(self.shared.id, started, ended);
+        }
         drop(inputs);
         drop(_turn);
         drop(trace_turn);
@@ -939,11 +946,6 @@ impl Worker {
         }
         if is_call {
             self.profiles.entry(op.name.clone()).or_default().record(elapsed.as_nanos() as f64);
-            // Counted like a graph job's cheap run; single ops are not runs,
-            // and would take the executor's lock on every op.
-            if class != RunClass::Main {
-                self.shared.sched.executor.count_cheap_run(self.shared.id, elapsed);
-            }
         }
         let outputs = match executed {
             Ok(outputs) => outputs,

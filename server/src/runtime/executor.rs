@@ -21,6 +21,7 @@ use crate::error::{Error, Result};
 use crate::runtime::latency::{LatencyRecorder, LatencySnapshot};
 use crate::runtime::run_class::RunClass;
 use crate::runtime::run_stats::{RunStats, RunStatsSnapshot};
+use crate::runtime::timeline::Timeline;
 use crate::sched::policy::{self, Policy};
 use crate::sched::{
     Decision, Hints, JobId, JobStatus, LaneId, Nanos, SchedConfig, SchedError, Scheduler, SortKey,
@@ -103,6 +104,8 @@ struct Shared {
     wake: Condvar,
     epoch: Instant,
     lane_concurrency: usize,
+    /// Recent runs, under a lock of its own so that readers never hold `inner`.
+    timeline: Arc<Timeline>,
 }
 
 impl Shared {
@@ -123,6 +126,11 @@ pub struct Executor {
 
 impl Executor {
     pub fn new(policy: Box<dyn Policy>, config: SchedConfig) -> Executor {
+        Executor::with_timeline(policy, config, Arc::new(Timeline::default()))
+    }
+
+    /// An executor that records its runs in `timeline`.
+    pub fn with_timeline(policy: Box<dyn Policy>, config: SchedConfig, timeline: Arc<Timeline>) -> Executor {
         Executor {
             shared: Arc::new(Shared {
                 inner: Mutex::new(Inner {
@@ -140,6 +148,7 @@ impl Executor {
                 wake: Condvar::new(),
                 epoch: Instant::now(),
                 lane_concurrency: config.lane_concurrency.max(1),
+                timeline,
             }),
         }
     }
@@ -200,6 +209,7 @@ impl Executor {
             inner.run_stats.forget(id);
             dropped
         };
+        self.shared.timeline.close_job(id);
         self.shared.wake.notify_all();
         drop(dropped);
     }
@@ -253,20 +263,33 @@ impl Executor {
         }
     }
 
-    /// Counts a run that bypassed the scheduler and charges its time to the
-    /// job's service, which policies that share by service then see.
-    pub fn count_cheap_run(&self, job: JobId, elapsed: Duration) {
-        let mut inner = self.shared.lock();
-        inner.cheap_runs_total += 1;
-        inner
-            .sched
-            .charge_outside_run(job, elapsed.as_nanos().min(u64::MAX as u128) as u64);
-        inner.run_stats.count_cheap_run(job);
+    /// Counts a run that bypassed the scheduler, charges its time to the job's
+    /// service (which policies that share by service then see), and puts it on
+    /// the timeline, on the job's lane (none before the job joined the scheduler).
+    pub fn record_cheap_run(&self, job: JobId, started: Instant, ended: Instant) {
+        let elapsed = ended.saturating_duration_since(started);
+        let lane = {
+            let mut inner = self.shared.lock();
+            inner.cheap_runs_total += 1;
+            inner
+                .sched
+                .charge_outside_run(job, elapsed.as_nanos().min(u64::MAX as u128) as u64);
+            inner.run_stats.count_cheap_run(job);
+            inner.sched.job_lane(job)
+        };
+        self.shared
+            .timeline
+            .record(job, lane, started, ended, RunClass::Cheap);
     }
 
     /// Cheap runs of an open job so far.
     pub fn cheap_runs(&self, job: JobId) -> u64 {
         self.shared.lock().run_stats.cheap_runs(job)
+    }
+
+    /// The ring of recent runs (the admin API's timeline).
+    pub fn timeline(&self) -> &Arc<Timeline> {
+        &self.shared.timeline
     }
 
     pub fn set_policy(&self, name: &str) -> Result<(&'static str, &'static str)> {
@@ -411,7 +434,12 @@ fn lane_loop(shared: &Shared, lane: LaneId) {
                     }
                 }
                 let reply = dispatch.work.task.run();
-                let device_time = started.elapsed().as_nanos() as Nanos;
+                let ended = Instant::now();
+                let device_time = ended.duration_since(started).as_nanos() as Nanos;
+                // Before the reply goes out, so a client that has it finds its iteration.
+                shared
+                    .timeline
+                    .record(dispatch.job, Some(lane), started, ended, RunClass::Main);
                 inner = shared.lock();
                 let end = shared.now();
                 set_running(&mut inner, lane, -1);
@@ -538,6 +566,39 @@ mod tests {
         ex.remove_job(JobId(1));
         assert_eq!(waiting.await.unwrap().unwrap(), 7);
         assert!(ex.stats().dropped_iterations >= 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn main_iterations_and_cheap_runs_go_on_the_timeline() {
+        use crate::runtime::timeline::JobKind;
+        let ex = executor("rr");
+        ex.timeline().open_job(JobId(1), "a", JobKind::Graph);
+        ex.add_job(JobId(1), LaneId(3), Hints::default()).unwrap();
+        let before = Instant::now();
+        ex.run_main(JobId(1), None, || {
+            std::thread::sleep(Duration::from_millis(2));
+            Ok(())
+        })
+        .await
+        .unwrap();
+        let t = Instant::now();
+        ex.record_cheap_run(JobId(1), t, t);
+        // A job the scheduler does not know yet (waiting for memory): no lane.
+        ex.record_cheap_run(JobId(2), t, t);
+        let snap = ex.timeline().snapshot(None);
+        assert_eq!(snap.spans.len(), 3);
+        let main = &snap.spans[0];
+        assert_eq!((main.job, main.lane, main.class), (JobId(1), Some(LaneId(3)), RunClass::Main));
+        assert!(main.start >= before && main.end.duration_since(main.start) >= Duration::from_millis(2));
+        assert_eq!(main.label.as_ref().unwrap().name, "a");
+        assert_eq!((snap.spans[1].lane, snap.spans[1].class), (Some(LaneId(3)), RunClass::Cheap));
+        assert_eq!(snap.spans[2].lane, None);
+        assert_eq!(ex.stats().cheap_runs_total, 2);
+        // A removed job's label goes with it; its spans keep theirs.
+        ex.remove_job(JobId(1));
+        ex.record_cheap_run(JobId(1), t, t);
+        let snap = ex.timeline().snapshot(None);
+        assert!(snap.spans[0].label.is_some() && snap.spans[3].label.is_none());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -18,4 +18,5 @@ pub mod run_errors;
 pub mod run_stats;
 pub mod session_config;
 pub mod state;
+pub mod timeline;
 pub mod wire;

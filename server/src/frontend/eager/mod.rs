@@ -28,6 +28,7 @@ use crate::runtime::exec;
 use crate::runtime::rendezvous::UNANNOUNCED_GRACE;
 use crate::runtime::session_config::session_config;
 use crate::runtime::state::ServerState;
+use crate::runtime::timeline::JobKind;
 use crate::sched::{Hints, LaneId};
 use crate::tf::DeviceInfo;
 
@@ -146,6 +147,10 @@ impl EagerService for Eager {
             .await;
             return Err(err.into());
         }
+        self.state
+            .executor
+            .timeline()
+            .open_job(id, &hints.name, JobKind::Eager);
         // With memory lanes, jobs join the scheduler when they are admitted.
         if self.state.admission.is_none() {
             if let Err(err) = self.state.executor.add_job(id, LaneId(0), hints.clone()) {

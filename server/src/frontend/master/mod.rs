@@ -16,6 +16,7 @@ use crate::runtime::exec;
 use crate::runtime::graph_job::{Job, RunClass, RunKey};
 use crate::runtime::session_config::session_config;
 use crate::runtime::state::ServerState;
+use crate::runtime::timeline::JobKind;
 use crate::sched::{Hints, LaneId};
 use crate::tf::Tensor;
 
@@ -47,13 +48,13 @@ impl Master {
         }
         match self.state.executor.resolve(job.id, class) {
             RunClass::Cheap | RunClass::Brief => {
-                let (result, elapsed) = exec::blocking(move || {
+                let (result, started, ended) = exec::blocking(move || {
                     let started = Instant::now();
                     let result = f();
-                    Ok((result, started.elapsed()))
+                    Ok((result, started, Instant::now()))
                 })
                 .await?;
-                self.state.executor.count_cheap_run(job.id, elapsed);
+                self.state.executor.record_cheap_run(job.id, started, ended);
                 result
             }
             RunClass::Main => {
@@ -229,6 +230,10 @@ impl MasterService for Master {
             self.state.executor.remove_job(id);
             return Err(err.into());
         }
+        self.state
+            .executor
+            .timeline()
+            .open_job(id, &hints.name, JobKind::Graph);
         tracing::info!(session = %handle, job = id.0, name = %hints.name, ?hints, "session created");
         Ok(Response::new(CreateSessionResponse {
             session_handle: handle,

@@ -1,0 +1,116 @@
+"""`salus timeline`: the server's recent runs as text, or as a per-lane Gantt chart (PNG).
+
+The input is the JSON of `salus timeline --json` (admin.timeline_json): times are seconds before the
+server's "now", so the chart's axis runs from -S to 0 whatever the clocks of client and server say.
+"""
+
+from __future__ import annotations
+
+NO_LANE = "no lane"
+
+
+def _lane_key(lane):
+    # Lanes in order, runs before memory admission (no lane) last.
+    return (lane is None, lane if lane is not None else 0)
+
+
+def _job_label(span: dict) -> str:
+    name = span["name"] or "?"
+    kind = f", {span['kind']}" if span["kind"] else ""
+    return f"{name} (job {span['job']}{kind})"
+
+
+def window_of(t: dict) -> float:
+    """The window the timeline covers: the one asked for, or back to its oldest span."""
+    if t["seconds"] > 0:
+        return t["seconds"]
+    return max((s["start_ago_s"] for s in t["spans"]), default=0.0)
+
+
+def summary_text(t: dict) -> str:
+    """Per lane: how busy it was and which jobs ran on it (as `salus-server ctl timeline`)."""
+    window = window_of(t)
+    lanes: dict = {}
+    for s in t["spans"]:
+        runs = lanes.setdefault(s["lane"], {}).setdefault(s["job"], {
+            "name": s["name"], "kind": s["kind"], "main": 0, "main_s": 0.0, "cheap": 0, "cheap_s": 0.0})
+        # Only the part inside the window counts toward busy time.
+        length = max(0.0, min(s["start_ago_s"], window) - s["end_ago_s"])
+        runs[s["run"]] += 1
+        runs[s["run"] + "_s"] += length
+    out = [f"timeline: {len(t['spans'])} runs in the last {window:.1f} s "
+           f"({t['recorded_total']} recorded since start, the server keeps {t['capacity']})"]
+    for lane in sorted(lanes, key=_lane_key):
+        jobs = lanes[lane]
+        busy = sum(r["main_s"] + r["cheap_s"] for r in jobs.values())
+        share = 100.0 * busy / window if window > 0 else 0.0
+        out.append(f"lane {lane}: busy {share:.1f}%" if lane is not None
+                   else f"no lane yet (before memory admission): busy {share:.1f}%")
+        for job in sorted(jobs):
+            r = jobs[job]
+            out.append(f"  job {job} {r['name'] or '?'} ({r['kind'] or '?'}): {r['main']} main ({r['main_s']:.3f} s), "
+                       f"{r['cheap']} cheap ({r['cheap_s']:.3f} s)")
+    return "\n".join(out) + "\n"
+
+
+class ChartUnavailable(RuntimeError):
+    """matplotlib is not installed."""
+
+
+def draw_png(t: dict, path: str) -> None:
+    """A Gantt chart: one row per lane, one colour per job; main iterations fill the row's bar, cheap
+    runs are the thin hatched strip under it."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise ChartUnavailable("salus timeline --png draws with matplotlib, which is not installed: "
+                               "python -m pip install matplotlib") from None
+    matplotlib.use("Agg")  # files only: no display needed
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    spans = t["spans"]
+    window = window_of(t)
+    lanes = sorted({s["lane"] for s in spans}, key=_lane_key)
+    if not lanes:
+        lanes = [0]
+    row = {lane: i for i, lane in enumerate(lanes)}
+    jobs: dict = {}
+    for s in spans:
+        jobs.setdefault(s["job"], _job_label(s))
+    colours = plt.get_cmap("tab10" if len(jobs) <= 10 else "tab20").colors
+    colour = {job: colours[i % len(colours)] for i, job in enumerate(sorted(jobs))}
+
+    fig, ax = plt.subplots(figsize=(12, 1.2 + 0.9 * len(lanes)), dpi=110)
+    # Offsets from a row's centre; the y axis runs downwards (lane 0 on top), so the cheap strip is under
+    # the main bar.
+    for job in sorted(jobs):
+        for run, y0, height in (("main", -0.42, 0.56), ("cheap", 0.2, 0.2)):
+            for lane in lanes:
+                bars = [(-s["start_ago_s"], s["start_ago_s"] - s["end_ago_s"]) for s in spans
+                        if s["job"] == job and s["run"] == run and s["lane"] == lane]
+                if not bars:
+                    continue
+                # An edge of the bar's own colour keeps millisecond runs visible at a
+                # seconds scale; the gaps between them stay white.
+                ax.broken_barh(bars, (row[lane] + y0, height), facecolors=colour[job],
+                               edgecolors=colour[job], linewidth=0.4,
+                               hatch="////" if run == "cheap" else None, alpha=1.0 if run == "main" else 0.7)
+    ax.set_yticks(range(len(lanes)))
+    ax.set_yticklabels([f"lane {lane}" if lane is not None else NO_LANE for lane in lanes])
+    ax.set_ylim(-0.6, len(lanes) - 0.4)
+    ax.invert_yaxis()
+    ax.set_xlim(-max(window, 1e-3), 0)
+    ax.set_xlabel("seconds before now (server clock)")
+    ax.grid(axis="x", linestyle=":", linewidth=0.6)
+    ax.set_title(f"salus timeline: {len(spans)} runs in the last {window:.1f} s", loc="left")
+    handles = [Patch(facecolor=colour[j], label=jobs[j]) for j in sorted(jobs)]
+    handles += [Patch(facecolor="0.6", label="main iteration (tall bar)"),
+                Patch(facecolor="0.8", hatch="////", label="cheap run (thin strip)")]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, fontsize=8,
+              frameon=False)
+    if not spans:
+        ax.text(0.5, 0.5, "no runs in this window", transform=ax.transAxes, ha="center", va="center")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
