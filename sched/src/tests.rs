@@ -316,7 +316,10 @@ fn cheap_runs_count_as_service_and_yield_to_jobs_ranked_ahead() {
     s.submit(b, "b", 0).unwrap();
     assert!(s.outranked(a), "a yields to b's queued iteration");
     assert!(!s.outranked(b), "b's own iteration does not hold b back");
-    assert!(s.outranked(JobId(9)), "a newcomer would join some lane's order");
+    assert!(
+        s.outranked(JobId(9)),
+        "a newcomer would join some lane's order"
+    );
     // The charge is service, not an iteration: srtf-style means stay clean.
     let status = s.status(a).unwrap();
     assert_eq!((status.attained, status.iterations), (0, 0));

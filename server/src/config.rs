@@ -308,8 +308,16 @@ mod tests {
         assert_eq!(config.listen.port(), 5501);
         assert!(config.max_message_size >= 1 << 30);
         assert_eq!(config.metrics_listen, None);
-        let config = Config::try_from(Args::parse_from(["salus-server", "--metrics-listen", "127.0.0.1:0"])).unwrap();
-        assert_eq!(config.metrics_listen, Some(SocketAddr::from(([127, 0, 0, 1], 0))));
+        let config = Config::try_from(Args::parse_from([
+            "salus-server",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ]))
+        .unwrap();
+        assert_eq!(
+            config.metrics_listen,
+            Some(SocketAddr::from(([127, 0, 0, 1], 0)))
+        );
     }
 
     #[test]

@@ -96,7 +96,10 @@ pub async fn run(args: CtlArgs) -> Result<String, CtlError> {
         }
         CtlCommand::Stats { json } => {
             let stats = admin.get_stats(GetStatsRequest {}).await?.into_inner();
-            let info = admin.get_server_info(GetServerInfoRequest {}).await?.into_inner();
+            let info = admin
+                .get_server_info(GetServerInfoRequest {})
+                .await?
+                .into_inner();
             if json {
                 let mut value = stats_json(&stats);
                 value["server_counters"] = counters_json(&info);
@@ -233,7 +236,10 @@ fn latency_json(l: Option<&LatencySummary>) -> Value {
 /// "N samples, p50 .. us, p99 .. us, max .. us" of a latency summary.
 fn latency_line(l: Option<&LatencySummary>) -> String {
     let l = l.cloned().unwrap_or_default();
-    format!("{} samples, p50 {:.1} us, p99 {:.1} us, max {:.1} us", l.count, l.p50_us, l.p99_us, l.max_us)
+    format!(
+        "{} samples, p50 {:.1} us, p99 {:.1} us, max {:.1} us",
+        l.count, l.p50_us, l.p99_us, l.max_us
+    )
 }
 
 /// The server-wide event counters of `GetServerInfo` (admission, reclaimed jobs, failed runs).
@@ -405,7 +411,10 @@ pub fn timeline_text(t: &Timeline, seconds: f64) -> String {
     let window = if seconds > 0.0 {
         seconds
     } else {
-        t.spans.iter().map(|s| s.start_seconds_ago).fold(0.0, f64::max)
+        t.spans
+            .iter()
+            .map(|s| s.start_seconds_ago)
+            .fold(0.0, f64::max)
     };
     let mut lanes: BTreeMap<Option<u32>, BTreeMap<u64, Runs>> = BTreeMap::new();
     for s in &t.spans {
@@ -432,7 +441,11 @@ pub fn timeline_text(t: &Timeline, seconds: f64) -> String {
     );
     for (lane, jobs) in &lanes {
         let busy: f64 = jobs.values().map(|r| r.main_s + r.cheap_s).sum();
-        let share = if window > 0.0 { 100.0 * busy / window } else { 0.0 };
+        let share = if window > 0.0 {
+            100.0 * busy / window
+        } else {
+            0.0
+        };
         match lane {
             Some(lane) => out += &format!("lane {lane}: busy {share:.1}%\n"),
             None => out += &format!("no lane yet (before memory admission): busy {share:.1}%\n"),
@@ -477,7 +490,10 @@ mod tests {
     fn jobs_render_as_table_and_json() {
         let text = jobs_table(&[job()]);
         let mut lines = text.lines();
-        assert!(lines.next().unwrap().starts_with("ID  KIND   NAME    STATE"));
+        assert!(lines
+            .next()
+            .unwrap()
+            .starts_with("ID  KIND   NAME    STATE"));
         let row = lines.next().unwrap();
         assert!(row.starts_with("3   eager  resnet  queued"), "{row}");
         assert!(row.contains("100 it"), "{row}");
@@ -531,21 +547,37 @@ mod tests {
             }),
             ..Default::default()
         };
-        assert!(stats_text(&s).contains("queue wait       2 samples, p50 7.0 us"), "{}", stats_text(&s));
+        assert!(
+            stats_text(&s).contains("queue wait       2 samples, p50 7.0 us"),
+            "{}",
+            stats_text(&s)
+        );
         assert_eq!(stats_json(&s)["queue_wait_us"]["count"], 2);
         let info = ServerInfo {
             admission_refusals: 2,
             eager_contexts_reclaimed: 1,
             run_errors: vec![
-                ErrorCount { code: "INVALID_ARGUMENT".into(), count: 3 },
-                ErrorCount { code: "ABORTED".into(), count: 0 },
+                ErrorCount {
+                    code: "INVALID_ARGUMENT".into(),
+                    count: 3,
+                },
+                ErrorCount {
+                    code: "ABORTED".into(),
+                    count: 0,
+                },
             ],
             ..Default::default()
         };
         let text = counters_text(&info);
         assert!(text.contains("0 waited, 2 refused, 0 timed out"), "{text}");
-        assert!(text.contains("0 graph sessions, 1 eager contexts"), "{text}");
-        assert!(text.contains("failed runs      INVALID_ARGUMENT 3\n"), "{text}");
+        assert!(
+            text.contains("0 graph sessions, 1 eager contexts"),
+            "{text}"
+        );
+        assert!(
+            text.contains("failed runs      INVALID_ARGUMENT 3\n"),
+            "{text}"
+        );
         assert_eq!(counters_json(&info)["run_errors"]["INVALID_ARGUMENT"], 3);
         assert!(stats_text(&s).contains("p50 12.0 us, p99 40.0 us"));
         assert_eq!(stats_json(&s)["switch_latency_us"]["p99"], 40.0);
@@ -575,11 +607,25 @@ mod tests {
             ..Default::default()
         };
         let text = timeline_text(&t, 2.0);
-        assert!(text.starts_with("timeline: 4 runs in the last 2.0 s (7 recorded since start, the server keeps 100)"), "{text}");
+        assert!(
+            text.starts_with(
+                "timeline: 4 runs in the last 2.0 s (7 recorded since start, the server keeps 100)"
+            ),
+            "{text}"
+        );
         assert!(text.contains("lane 0: busy 80.0%"), "{text}");
-        assert!(text.contains("  job 1 j1 (graph): 1 main (1.000 s), 0 cheap (0.000 s)"), "{text}");
-        assert!(text.contains("  job 2 j2 (graph): 1 main (0.500 s), 1 cheap (0.100 s)"), "{text}");
-        assert!(text.contains("no lane yet (before memory admission): busy 5.0%"), "{text}");
+        assert!(
+            text.contains("  job 1 j1 (graph): 1 main (1.000 s), 0 cheap (0.000 s)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  job 2 j2 (graph): 1 main (0.500 s), 1 cheap (0.100 s)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("no lane yet (before memory admission): busy 5.0%"),
+            "{text}"
+        );
         let json = timeline_json(&t, 2.0);
         assert_eq!(json["spans"][3]["lane"], Value::Null);
         assert_eq!(json["spans"][2]["run"], "cheap");

@@ -73,7 +73,9 @@ impl Error {
         match self {
             // TensorFlow's master answers ABORTED for unknown sessions; clients
             // treat it as "recreate the session".
-            Error::SessionNotFound(_) | Error::ContextNotFound(_) | Error::ContextGone(_) => TfCode::Aborted,
+            Error::SessionNotFound(_) | Error::ContextNotFound(_) | Error::ContextGone(_) => {
+                TfCode::Aborted
+            }
             Error::InvalidArgument(_)
             | Error::Tensor { .. }
             | Error::Graph(_)

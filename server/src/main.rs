@@ -126,7 +126,10 @@ async fn run(config: Config) -> anyhow::Result<()> {
     if let Some(metrics) = metrics {
         // A line of its own, after the first one, for tests and scripts too.
         println!("salus-server metrics on {}", metrics.local_addr()?);
-        tokio::spawn(salus_server::frontend::metrics::serve(metrics, server.state().clone()));
+        tokio::spawn(salus_server::frontend::metrics::serve(
+            metrics,
+            server.state().clone(),
+        ));
     }
     std::io::stdout().flush()?;
     tracing::info!(%addr, "serving tensorflow.MasterService, tensorflow.eager.EagerService, tensorflow.WorkerService (GetStatus, RecvTensor) and salus.v1.Admin");

@@ -170,7 +170,10 @@ impl Server {
             .config
             .idle_timeout
             .map(|timeout| tokio::spawn(reap_idle_sessions(self.state.clone(), timeout)));
-        let context_reaper = tokio::spawn(reap_idle_contexts(self.state.clone(), self.config.idle_timeout));
+        let context_reaper = tokio::spawn(reap_idle_contexts(
+            self.state.clone(),
+            self.config.idle_timeout,
+        ));
         tokio::pin!(router);
         // After the signal, requests get `grace` to finish before sessions close anyway.
         let deadline = async {
@@ -283,7 +286,12 @@ async fn reap_idle_contexts(state: Arc<ServerState>, idle_timeout: Option<std::t
             if !job.is_busy() && job.idle_for() >= limit {
                 tracing::warn!(context = job.context_id, name = %job.name, idle_s = job.idle_for().as_secs(), "closing idle eager context");
                 state.count_reclaimed(true);
-                state.close_context(job, "it was idle longer than its keep-alive or --idle-timeout").await;
+                state
+                    .close_context(
+                        job,
+                        "it was idle longer than its keep-alive or --idle-timeout",
+                    )
+                    .await;
             }
         }
     }

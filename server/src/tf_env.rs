@@ -32,8 +32,16 @@ pub fn prepare() {
 fn tune_malloc() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     for (param, env, value) in [
-        (libc::M_MMAP_THRESHOLD, "MALLOC_MMAP_THRESHOLD_", MMAP_THRESHOLD_BYTES),
-        (libc::M_TRIM_THRESHOLD, "MALLOC_TRIM_THRESHOLD_", TRIM_THRESHOLD_BYTES),
+        (
+            libc::M_MMAP_THRESHOLD,
+            "MALLOC_MMAP_THRESHOLD_",
+            MMAP_THRESHOLD_BYTES,
+        ),
+        (
+            libc::M_TRIM_THRESHOLD,
+            "MALLOC_TRIM_THRESHOLD_",
+            TRIM_THRESHOLD_BYTES,
+        ),
     ] {
         if std::env::var_os(env).is_none() {
             // SAFETY: mallopt only sets allocator parameters; called before other threads start.

@@ -61,8 +61,6 @@ fn attr(value: attr_value::Value) -> Bytes {
     AttrValue { value: Some(value) }.encode_to_vec().into()
 }
 
-
-
 fn handle(op_id: i64) -> operation::Input {
     operation::Input {
         item: Some(operation::input::Item::RemoteHandle(RemoteTensorHandle {
@@ -89,7 +87,12 @@ fn op(id: i64, name: &str, inputs: Vec<operation::Input>, attrs: Vec<(&str, Byte
 }
 
 fn float_op(id: i64, name: &str, inputs: Vec<operation::Input>) -> QueueItem {
-    op(id, name, inputs, vec![("T", attr(attr_value::Value::Type(DataType::DtFloat as i32)))])
+    op(
+        id,
+        name,
+        inputs,
+        vec![("T", attr(attr_value::Value::Type(DataType::DtFloat as i32)))],
+    )
 }
 
 fn send_tensor(op_id: i64, tensor: TensorProto) -> QueueItem {
@@ -110,11 +113,21 @@ fn send_op(id: i64, input: i64, tensor_name: &str) -> QueueItem {
         vec![handle(input)],
         vec![
             ("T", attr(attr_value::Value::Type(DataType::DtFloat as i32))),
-            ("tensor_name", attr(attr_value::Value::S(tensor_name.as_bytes().to_vec().into()))),
-            ("send_device", attr(attr_value::Value::S(DEVICE.as_bytes().to_vec().into()))),
+            (
+                "tensor_name",
+                attr(attr_value::Value::S(tensor_name.as_bytes().to_vec().into())),
+            ),
+            (
+                "send_device",
+                attr(attr_value::Value::S(DEVICE.as_bytes().to_vec().into())),
+            ),
             (
                 "recv_device",
-                attr(attr_value::Value::S(b"/job:localhost/replica:0/task:0/device:CPU:0".to_vec().into())),
+                attr(attr_value::Value::S(
+                    b"/job:localhost/replica:0/task:0/device:CPU:0"
+                        .to_vec()
+                        .into(),
+                )),
             ),
             ("send_device_incarnation", attr(attr_value::Value::I(1))),
             ("client_terminated", attr(attr_value::Value::B(false))),
@@ -123,7 +136,9 @@ fn send_op(id: i64, input: i64, tensor_name: &str) -> QueueItem {
 }
 
 fn rendezvous_key(tensor_name: &str) -> String {
-    format!("{DEVICE};0000000000000001;/job:localhost/replica:0/task:0/device:CPU:0;{tensor_name};0:0")
+    format!(
+        "{DEVICE};0000000000000001;/job:localhost/replica:0/task:0/device:CPU:0;{tensor_name};0:0"
+    )
 }
 
 /// square(x) = x * x, as a FunctionDef.
@@ -155,7 +170,9 @@ fn square_function(name: &str, op: &str) -> Bytes {
             .into_iter()
             .collect(),
         }],
-        ret: [("y".to_string(), "mul:z:0".to_string())].into_iter().collect(),
+        ret: [("y".to_string(), "mul:z:0".to_string())]
+            .into_iter()
+            .collect(),
     }
     .encode_to_vec()
     .into()
@@ -229,17 +246,28 @@ impl TestServer {
             .await
             .expect("context created")
             .into_inner();
-        assert!(response.device_attributes.iter().any(|d| d.name == DEVICE), "{response:?}");
+        assert!(
+            response.device_attributes.iter().any(|d| d.name == DEVICE),
+            "{response:?}"
+        );
     }
 
-    async fn enqueue(&mut self, context_id: u64, queue: Vec<QueueItem>) -> Result<EnqueueResponse, tonic::Status> {
+    async fn enqueue(
+        &mut self,
+        context_id: u64,
+        queue: Vec<QueueItem>,
+    ) -> Result<EnqueueResponse, tonic::Status> {
         self.eager
             .enqueue(EnqueueRequest { context_id, queue })
             .await
             .map(|r| r.into_inner())
     }
 
-    async fn recv(&mut self, context_id: u64, tensor_name: &str) -> Result<TensorProto, tonic::Status> {
+    async fn recv(
+        &mut self,
+        context_id: u64,
+        tensor_name: &str,
+    ) -> Result<TensorProto, tonic::Status> {
         self.worker
             .recv_tensor(RecvTensorRequest {
                 step_id: context_id as i64,
@@ -257,14 +285,21 @@ impl TestServer {
                 context_id,
                 vec![
                     send_tensor(first_id, float_vector(&[1.0, 2.0])),
-                    float_op(first_id + 1, "Mul", vec![handle(first_id), handle(first_id)]),
+                    float_op(
+                        first_id + 1,
+                        "Mul",
+                        vec![handle(first_id), handle(first_id)],
+                    ),
                     send_op(first_id + 2, first_id + 1, &format!("healthy_{first_id}")),
                 ],
             )
             .await
             .expect("a good request still runs");
         assert_eq!(out.queue_response[1].shape[0].dim[0].size, 2);
-        let tensor = self.recv(context_id, &format!("healthy_{first_id}")).await.unwrap();
+        let tensor = self
+            .recv(context_id, &format!("healthy_{first_id}"))
+            .await
+            .unwrap();
         assert_eq!(floats(&tensor), vec![1.0, 4.0]);
     }
 
@@ -279,8 +314,16 @@ impl TestServer {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eager_ops_functions_sends_and_streams_run_on_the_server() {
     let mut s = TestServer::start().await;
-    let status = s.worker.get_status(GetStatusRequest {}).await.unwrap().into_inner();
-    assert!(status.device_attributes.iter().any(|d| d.device_type == "CPU"));
+    let status = s
+        .worker
+        .get_status(GetStatusRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(status
+        .device_attributes
+        .iter()
+        .any(|d| d.device_type == "CPU"));
 
     s.create_context(11, "eager-test?priority=3").await;
     // Ops on pushed tensors, the result pulled by RecvTensor; the pull is sent
@@ -310,7 +353,13 @@ async fn eager_ops_functions_sends_and_streams_run_on_the_server() {
         .unwrap();
     assert_eq!(out.queue_response.len(), 4);
     assert_eq!(out.queue_response[2].shape[0].dim[0].size, 3);
-    let pulled = early_pull.await.unwrap().unwrap().into_inner().tensor.unwrap();
+    let pulled = early_pull
+        .await
+        .unwrap()
+        .unwrap()
+        .into_inner()
+        .tensor
+        .unwrap();
     assert_eq!(floats(&pulled), vec![2.0, 4.0, 6.0]);
 
     // A registered function, called like the client calls tf.functions.
@@ -319,17 +368,31 @@ async fn eager_ops_functions_sends_and_streams_run_on_the_server() {
         o.is_function = true;
     }
     let out = s
-        .enqueue(11, vec![register(square_function("__inference_square_1", "Mul")), call, send_op(7, 6, "sq")])
+        .enqueue(
+            11,
+            vec![
+                register(square_function("__inference_square_1", "Mul")),
+                call,
+                send_op(7, 6, "sq"),
+            ],
+        )
         .await
         .unwrap();
     assert_eq!(out.queue_response[1].device, vec![DEVICE.to_string()]);
-    assert_eq!(floats(&s.recv(11, "sq").await.unwrap()), vec![4.0, 16.0, 36.0]);
+    assert_eq!(
+        floats(&s.recv(11, "sq").await.unwrap()),
+        vec![4.0, 16.0, 36.0]
+    );
 
     // A stream: requests pipelined, answered in order.
     let requests: Vec<EnqueueRequest> = (0..3)
         .map(|i| EnqueueRequest {
             context_id: 11,
-            queue: vec![float_op(100 + i, "AddV2", vec![handle(3), handle(if i == 0 { 3 } else { 100 + i - 1 })])],
+            queue: vec![float_op(
+                100 + i,
+                "AddV2",
+                vec![handle(3), handle(if i == 0 { 3 } else { 100 + i - 1 })],
+            )],
         })
         .collect();
     let mut responses = s
@@ -345,7 +408,10 @@ async fn eager_ops_functions_sends_and_streams_run_on_the_server() {
     }
     assert_eq!(count, 3);
     s.enqueue(11, vec![send_op(200, 102, "sum")]).await.unwrap();
-    assert_eq!(floats(&s.recv(11, "sum").await.unwrap()), vec![8.0, 16.0, 24.0]);
+    assert_eq!(
+        floats(&s.recv(11, "sum").await.unwrap()),
+        vec![8.0, 16.0, 24.0]
+    );
 
     // Released handles are gone.
     s.enqueue(
@@ -359,19 +425,40 @@ async fn eager_ops_functions_sends_and_streams_run_on_the_server() {
     )
     .await
     .unwrap();
-    let err = s.enqueue(11, vec![send_op(201, 102, "gone")]).await.unwrap_err();
+    let err = s
+        .enqueue(11, vec![send_op(201, 102, "gone")])
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
 
     // Listed beside graph jobs, with its kind and hints.
-    let jobs = s.admin.list_jobs(ListJobsRequest {}).await.unwrap().into_inner().jobs;
-    let job = jobs.iter().find(|j| j.kind == "eager").expect("the eager job is listed");
+    let jobs = s
+        .admin
+        .list_jobs(ListJobsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .jobs;
+    let job = jobs
+        .iter()
+        .find(|j| j.kind == "eager")
+        .expect("the eager job is listed");
     assert_eq!(job.name, "eager-test");
     assert_eq!(job.hints.as_ref().unwrap().priority, 3);
     assert_eq!(job.graph_nodes, 1, "one registered function");
 
     // Closed: later requests name an unknown context.
-    s.eager.close_context(CloseContextRequest { context_id: 11, context_view_id: 0 }).await.unwrap();
-    let err = s.enqueue(11, vec![send_tensor(300, float_vector(&[1.0]))]).await.unwrap_err();
+    s.eager
+        .close_context(CloseContextRequest {
+            context_id: 11,
+            context_view_id: 0,
+        })
+        .await
+        .unwrap();
+    let err = s
+        .enqueue(11, vec![send_tensor(300, float_vector(&[1.0]))])
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::Aborted);
     assert!(err.message().contains("not found"), "{err:?}");
     s.shutdown().await;
@@ -395,7 +482,10 @@ async fn hostile_eager_requests_get_clear_errors_and_leave_the_server_healthy() 
     });
 
     // Unknown context.
-    let err = s.enqueue(999, vec![send_tensor(1, float_vector(&[1.0]))]).await.unwrap_err();
+    let err = s
+        .enqueue(999, vec![send_tensor(1, float_vector(&[1.0]))])
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::Aborted);
     assert!(err.message().contains("999"), "{err:?}");
     // A context id that is taken.
@@ -413,27 +503,52 @@ async fn hostile_eager_requests_get_clear_errors_and_leave_the_server_healthy() 
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
     // Unknown handle.
-    let err = s.enqueue(21, vec![float_op(2, "Neg", vec![handle(12345)])]).await.unwrap_err();
+    let err = s
+        .enqueue(21, vec![float_op(2, "Neg", vec![handle(12345)])])
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
     assert!(err.message().contains("12345"), "{err:?}");
     // Malformed FunctionDef, and one TensorFlow itself refuses.
-    let err = s.enqueue(21, vec![register(Bytes::from_static(b"\x0a\xff\xff"))]).await.unwrap_err();
+    let err = s
+        .enqueue(21, vec![register(Bytes::from_static(b"\x0a\xff\xff"))])
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
     // TensorFlow checks a function's ops when it is first called.
-    s.enqueue(21, vec![register(square_function("__inference_bad_2", "NoSuchOp"))]).await.unwrap();
-    s.enqueue(21, vec![send_tensor(50, float_vector(&[1.0]))]).await.unwrap();
-    let err = s.enqueue(21, vec![float_op(51, "__inference_bad_2", vec![handle(50)])]).await.unwrap_err();
+    s.enqueue(
+        21,
+        vec![register(square_function("__inference_bad_2", "NoSuchOp"))],
+    )
+    .await
+    .unwrap();
+    s.enqueue(21, vec![send_tensor(50, float_vector(&[1.0]))])
+        .await
+        .unwrap();
+    let err = s
+        .enqueue(
+            21,
+            vec![float_op(51, "__inference_bad_2", vec![handle(50)])],
+        )
+        .await
+        .unwrap_err();
     assert!(err.message().contains("NoSuchOp"), "{err:?}");
     // Lying TensorProto: 3 floats claimed, 2 sent.
     let mut lying = float_vector(&[1.0, 2.0]);
     lying.tensor_shape.as_mut().unwrap().dim[0].size = 3;
-    let err = s.enqueue(21, vec![send_tensor(3, lying)]).await.unwrap_err();
+    let err = s
+        .enqueue(21, vec![send_tensor(3, lying)])
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
     // Wrong dtypes: a float and an int32 input to one AddV2.
     let int_tensor = TensorProto {
         dtype: DataType::DtInt32 as i32,
         tensor_shape: Some(TensorShapeProto {
-            dim: vec![tensor_shape_proto::Dim { size: 1, name: String::new() }],
+            dim: vec![tensor_shape_proto::Dim {
+                size: 1,
+                name: String::new(),
+            }],
             unknown_rank: false,
         }),
         int_val: vec![7],
@@ -453,8 +568,13 @@ async fn hostile_eager_requests_get_clear_errors_and_leave_the_server_healthy() 
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
     assert!(err.message().contains("int32"), "{err:?}");
     // Duplicate op ids.
-    s.enqueue(21, vec![send_tensor(6, float_vector(&[1.0]))]).await.unwrap();
-    let err = s.enqueue(21, vec![send_tensor(6, float_vector(&[2.0]))]).await.unwrap_err();
+    s.enqueue(21, vec![send_tensor(6, float_vector(&[1.0]))])
+        .await
+        .unwrap();
+    let err = s
+        .enqueue(21, vec![send_tensor(6, float_vector(&[2.0]))])
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
     assert!(err.message().contains("already in use"), "{err:?}");
     // Ops that reach the server's files: eagerly and inside a function.
@@ -464,7 +584,13 @@ async fn hostile_eager_requests_get_clear_errors_and_leave_the_server_healthy() 
         .unwrap_err();
     assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
     assert!(err.message().contains("ReadFile"), "{err:?}");
-    let err = s.enqueue(21, vec![register(square_function("__inference_read_3", "ReadFile"))]).await.unwrap_err();
+    let err = s
+        .enqueue(
+            21,
+            vec![register(square_function("__inference_read_3", "ReadFile"))],
+        )
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
     // A device on the client's own job.
     let mut on_client = float_op(8, "Neg", vec![handle(6)]);
@@ -475,7 +601,10 @@ async fn hostile_eager_requests_get_clear_errors_and_leave_the_server_healthy() 
     assert_eq!(err.code(), Code::InvalidArgument);
     assert!(err.message().contains("client"), "{err:?}");
     // An empty queue item, a malformed rendezvous key, an unknown method's context.
-    let err = s.enqueue(21, vec![QueueItem { item: None }]).await.unwrap_err();
+    let err = s
+        .enqueue(21, vec![QueueItem { item: None }])
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
     let err = s
         .worker
@@ -498,7 +627,12 @@ async fn hostile_eager_requests_get_clear_errors_and_leave_the_server_healthy() 
             queue: vec![float_op(10, "Neg", vec![handle(6)])],
         },
     ];
-    let mut responses = s.eager.streaming_enqueue(tokio_stream::iter(requests)).await.unwrap().into_inner();
+    let mut responses = s
+        .eager
+        .streaming_enqueue(tokio_stream::iter(requests))
+        .await
+        .unwrap()
+        .into_inner();
     let err = responses.message().await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
 
@@ -524,11 +658,22 @@ async fn contexts_hold_a_bounded_number_of_handles_and_functions() {
     };
     let mut s = TestServer::start_with(config).await;
     s.create_context(31, "bounded").await;
-    s.enqueue(31, vec![send_tensor(1, float_vector(&[1.0])), send_tensor(2, float_vector(&[2.0]))])
+    s.enqueue(
+        31,
+        vec![
+            send_tensor(1, float_vector(&[1.0])),
+            send_tensor(2, float_vector(&[2.0])),
+        ],
+    )
+    .await
+    .unwrap();
+    s.enqueue(31, vec![float_op(3, "Neg", vec![handle(1)])])
         .await
         .unwrap();
-    s.enqueue(31, vec![float_op(3, "Neg", vec![handle(1)])]).await.unwrap();
-    let err = s.enqueue(31, vec![float_op(4, "Neg", vec![handle(2)])]).await.unwrap_err();
+    let err = s
+        .enqueue(31, vec![float_op(4, "Neg", vec![handle(2)])])
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
     assert!(err.message().contains("--max-context-handles"), "{err:?}");
     // Released handles make room again.
@@ -539,16 +684,31 @@ async fn contexts_hold_a_bounded_number_of_handles_and_functions() {
         })),
     };
     s.enqueue(31, vec![decref(1), decref(3)]).await.unwrap();
-    s.enqueue(31, vec![float_op(5, "Neg", vec![handle(2)])]).await.unwrap();
-    s.enqueue(31, vec![register(square_function("__inference_one_1", "Mul"))]).await.unwrap();
+    s.enqueue(31, vec![float_op(5, "Neg", vec![handle(2)])])
+        .await
+        .unwrap();
+    s.enqueue(
+        31,
+        vec![register(square_function("__inference_one_1", "Mul"))],
+    )
+    .await
+    .unwrap();
     let err = s
-        .enqueue(31, vec![register(square_function("__inference_two_2", "Mul"))])
+        .enqueue(
+            31,
+            vec![register(square_function("__inference_two_2", "Mul"))],
+        )
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
     assert!(err.message().contains("--max-context-functions"), "{err:?}");
     // The same function again is not a new one.
-    s.enqueue(31, vec![register(square_function("__inference_one_1", "Mul"))]).await.unwrap();
+    s.enqueue(
+        31,
+        vec![register(square_function("__inference_one_1", "Mul"))],
+    )
+    .await
+    .unwrap();
     s.shutdown().await;
 }
 
@@ -560,33 +720,79 @@ async fn contexts_hold_a_bounded_number_of_handles_and_functions() {
 async fn a_failed_op_without_outputs_is_reported_by_the_streams_next_sync() {
     let mut s = TestServer::start().await;
     s.create_context(41, "silent").await;
-    let request = |queue: Vec<QueueItem>| EnqueueRequest { context_id: 41, queue };
+    let request = |queue: Vec<QueueItem>| EnqueueRequest {
+        context_id: 41,
+        queue,
+    };
     // A float tensor where a resource handle belongs: TensorFlow refuses the op.
     let assign = |id| {
         op(
             id,
             "AssignVariableOp",
             vec![handle(1), handle(1)],
-            vec![("dtype", attr(attr_value::Value::Type(DataType::DtFloat as i32)))],
+            vec![(
+                "dtype",
+                attr(attr_value::Value::Type(DataType::DtFloat as i32)),
+            )],
         )
     };
-    let sync = QueueItem { item: Some(queue_item::Item::SyncRemoteExecutorForStream(Default::default())) };
-    let unary = s.enqueue(41, vec![send_tensor(1, float_vector(&[1.0])), assign(2)]).await.unwrap_err();
-    assert_eq!(unary.code(), Code::InvalidArgument, "a unary request gets its error at once: {unary:?}");
+    let sync = QueueItem {
+        item: Some(queue_item::Item::SyncRemoteExecutorForStream(
+            Default::default(),
+        )),
+    };
+    let unary = s
+        .enqueue(41, vec![send_tensor(1, float_vector(&[1.0])), assign(2)])
+        .await
+        .unwrap_err();
+    assert_eq!(
+        unary.code(),
+        Code::InvalidArgument,
+        "a unary request gets its error at once: {unary:?}"
+    );
 
-    let requests = vec![request(vec![assign(3)]), request(vec![assign(4)]), request(vec![sync.clone()])];
-    let mut responses = s.eager.streaming_enqueue(tokio_stream::iter(requests)).await.unwrap().into_inner();
+    let requests = vec![
+        request(vec![assign(3)]),
+        request(vec![assign(4)]),
+        request(vec![sync.clone()]),
+    ];
+    let mut responses = s
+        .eager
+        .streaming_enqueue(tokio_stream::iter(requests))
+        .await
+        .unwrap()
+        .into_inner();
     for _ in 0..2 {
-        let done = responses.message().await.expect("answered as done").expect("a response");
+        let done = responses
+            .message()
+            .await
+            .expect("answered as done")
+            .expect("a response");
         assert_eq!(done.queue_response.len(), 1);
     }
     let reported = responses.message().await.unwrap_err();
-    assert_eq!((reported.code(), reported.message()), (unary.code(), unary.message()), "the first failure");
+    assert_eq!(
+        (reported.code(), reported.message()),
+        (unary.code(), unary.message()),
+        "the first failure"
+    );
 
     // Reported once; an op with outputs fails its own request, ending the stream there.
-    let requests = vec![request(vec![sync.clone()]), request(vec![float_op(5, "Neg", vec![handle(12345)])])];
-    let mut responses = s.eager.streaming_enqueue(tokio_stream::iter(requests)).await.unwrap().into_inner();
-    responses.message().await.expect("nothing held").expect("a response");
+    let requests = vec![
+        request(vec![sync.clone()]),
+        request(vec![float_op(5, "Neg", vec![handle(12345)])]),
+    ];
+    let mut responses = s
+        .eager
+        .streaming_enqueue(tokio_stream::iter(requests))
+        .await
+        .unwrap()
+        .into_inner();
+    responses
+        .message()
+        .await
+        .expect("nothing held")
+        .expect("a response");
     let err = responses.message().await.unwrap_err();
     assert!(err.message().contains("12345"), "{err:?}");
     s.assert_healthy(41, 10).await;

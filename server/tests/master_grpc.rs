@@ -10,8 +10,8 @@ use std::collections::HashMap;
 use prost::Message;
 use salus_proto::salus::v1::admin_client::AdminClient;
 use salus_proto::salus::v1::{
-    GetServerInfoRequest, GetStatsRequest, GetTimelineRequest, JobHints, ListJobsRequest, SetJobHintsRequest,
-    SetPolicyRequest,
+    GetServerInfoRequest, GetStatsRequest, GetTimelineRequest, JobHints, ListJobsRequest,
+    SetJobHintsRequest, SetPolicyRequest,
 };
 use salus_proto::tensorflow::master_service_client::MasterServiceClient;
 use salus_proto::tensorflow::*;
@@ -33,7 +33,6 @@ fn float_scalar(value: f32) -> TensorProto {
         ..Default::default()
     }
 }
-
 
 fn node(name: &str, op: &str, inputs: &[&str], attrs: Vec<(&str, AttrValue)>) -> NodeDef {
     NodeDef {
@@ -88,7 +87,6 @@ fn base_graph() -> bytes::Bytes {
         ),
     ])
 }
-
 
 struct TestServer {
     master: MasterServiceClient<Channel>,
@@ -619,11 +617,20 @@ async fn main_iterations_are_scheduled_and_visible_in_the_admin_api() {
         .collect();
     assert_eq!(mains.len(), 3, "{timeline:?}");
     for (i, t) in mains.iter().enumerate() {
-        assert_eq!((t.job_name.as_str(), t.kind.as_str(), t.lane), ("trainer", "graph", Some(0)));
-        assert!(0.0 <= t.end_seconds_ago && t.end_seconds_ago <= t.start_seconds_ago, "{t:?}");
+        assert_eq!(
+            (t.job_name.as_str(), t.kind.as_str(), t.lane),
+            ("trainer", "graph", Some(0))
+        );
+        assert!(
+            0.0 <= t.end_seconds_ago && t.end_seconds_ago <= t.start_seconds_ago,
+            "{t:?}"
+        );
         assert!(t.start_seconds_ago <= timeline.now_uptime_seconds, "{t:?}");
         if i > 0 {
-            assert!(mains[i - 1].end_seconds_ago >= t.start_seconds_ago, "{mains:?}");
+            assert!(
+                mains[i - 1].end_seconds_ago >= t.start_seconds_ago,
+                "{mains:?}"
+            );
         }
     }
     assert_eq!(timeline.recorded_total, timeline.spans.len() as u64);

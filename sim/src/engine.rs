@@ -898,7 +898,11 @@ mod tests {
             vec![job("x", "a", 3, 0.0), job("y", "a", 1, 0.5)],
             vec![job("x", "half", 2, 0.0), job("y", "half", 2, 0.0)],
             vec![job("s", "slow_start", 1, 0.0), job("x", "a", 2, 0.0)],
-            vec![job("x", "a", 5, 0.0), job("y", "half", 4, 0.2), job("z", "a", 2, 3.0)],
+            vec![
+                job("x", "a", 5, 0.0),
+                job("y", "half", 4, 0.2),
+                job("z", "a", 2, 3.0),
+            ],
         ];
         for trace in &traces {
             for name in policy::NAMES.iter().chain(BASELINES) {

@@ -5,7 +5,7 @@
 //! Serving needs neither: the variables' values are shipped by the shim.
 
 use crate::wire::{
-    fields, submessages, write_len_field, write_varint, MalformedProto, WIRE_VARINT,
+    fields, read_varint, submessages, write_len_field, write_varint, MalformedProto, WIRE_VARINT,
 };
 
 /// FunctionDef: signature (1, an OpDef), node_def (3), ret (4, map<string, string>).
@@ -85,19 +85,6 @@ fn varint_value(buf: &[u8], number: u64) -> Result<u64, MalformedProto> {
         }
     }
     found.ok_or(MalformedProto)
-}
-
-fn read_varint(buf: &[u8], pos: &mut usize) -> Result<u64, MalformedProto> {
-    let mut value = 0u64;
-    for shift in (0..64).step_by(7) {
-        let byte = *buf.get(*pos).ok_or(MalformedProto)?;
-        *pos += 1;
-        value |= u64::from(byte & 0x7f) << shift;
-        if byte & 0x80 == 0 {
-            return Ok(value);
-        }
-    }
-    Err(MalformedProto)
 }
 
 fn varint_field(out: &mut Vec<u8>, number: u64, value: u64) {

@@ -18,7 +18,7 @@ pub struct Field<'a> {
     pub bytes: Option<&'a [u8]>,
 }
 
-fn read_varint(buf: &[u8], pos: &mut usize) -> Result<u64, MalformedProto> {
+pub fn read_varint(buf: &[u8], pos: &mut usize) -> Result<u64, MalformedProto> {
     let mut value = 0u64;
     for shift in (0..64).step_by(7) {
         let byte = *buf.get(*pos).ok_or(MalformedProto)?;

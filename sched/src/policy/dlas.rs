@@ -139,7 +139,8 @@ impl Promotions {
         let since = promoted_at.get(&job.id).copied().unwrap_or_default();
         let service = job.attained.saturating_sub(since.attained);
         let waited = job.waited.saturating_sub(since.waited);
-        if service >= eligible_from && self.knob > 0 && waited >= service.saturating_mul(self.knob) {
+        if service >= eligible_from && self.knob > 0 && waited >= service.saturating_mul(self.knob)
+        {
             promoted_at.insert(
                 job.id,
                 Counts {

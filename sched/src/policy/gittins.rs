@@ -85,7 +85,8 @@ impl Policy for Gittins {
     }
 
     fn key(&self, job: &JobView) -> SortKey {
-        let service = self.promotions
+        let service = self
+            .promotions
             .service_since_promotion(job, super::dlas::QUEUE_THRESHOLDS[0]);
         match self.index(service) {
             // Higher index first; the scale keeps indexes of jobs with hours
@@ -232,7 +233,11 @@ mod tests {
         // Pareto quantiles (shape 1): a decreasing hazard rate, 1 to 200 minutes.
         let lengths: Vec<Nanos> = (0..200).map(|k| MIN * 200 / (200 - k)).collect();
         let p = with_lengths(&lengths);
-        let jobs = [view(1, 0, 50 * MIN), view(2, 1, 5 * MIN), view(3, 2, 2 * MIN)];
+        let jobs = [
+            view(1, 0, 50 * MIN),
+            view(2, 1, 5 * MIN),
+            view(3, 2, 2 * MIN),
+        ];
         let mut order = jobs.to_vec();
         order.sort_by(|a, b| p.compare(a, b));
         assert_eq!(order.iter().map(|j| j.id).collect::<Vec<_>>(), [3, 2, 1]);

@@ -11,9 +11,9 @@ use crate::error::Error;
 use crate::runtime::admission::MemoryState;
 use crate::runtime::eager_job::EagerJob;
 use crate::runtime::graph_delta::VariableBytes;
-use crate::runtime::run_class::MemoryEstimate;
 use crate::runtime::graph_job::Job;
 use crate::runtime::latency::LatencySnapshot;
+use crate::runtime::run_class::MemoryEstimate;
 use crate::runtime::state::ServerState;
 use crate::sched::{Hints, JobId, JobStatus};
 
@@ -83,8 +83,20 @@ impl AdminService {
     /// Every open job, by id (`ListJobs`; `/metrics` reads it too). Walks
     /// graphs under TF's lock: call it off the async runtime.
     pub fn jobs(&self) -> Vec<JobInfo> {
-        let mut jobs: Vec<JobInfo> = self.state.sessions.all().iter().map(|j| self.job_info(j)).collect();
-        jobs.extend(self.state.contexts.all().iter().map(|j| self.eager_job_info(j)));
+        let mut jobs: Vec<JobInfo> = self
+            .state
+            .sessions
+            .all()
+            .iter()
+            .map(|j| self.job_info(j))
+            .collect();
+        jobs.extend(
+            self.state
+                .contexts
+                .all()
+                .iter()
+                .map(|j| self.eager_job_info(j)),
+        );
         jobs.sort_by_key(|j| j.id);
         jobs
     }
@@ -204,7 +216,8 @@ impl AdminService {
         let s = status.as_ref();
         let stats = job.stats();
         let variables = job.variable_bytes();
-        let estimate = job.memory_estimate(&s.map_or_else(|| job.hints.clone(), |s| s.hints.clone()));
+        let estimate =
+            job.memory_estimate(&s.map_or_else(|| job.hints.clone(), |s| s.hints.clone()));
         let memory = self.memory_state(job.id);
         let memory_state = memory.label.clone();
         let state = match s {
@@ -223,11 +236,17 @@ impl AdminService {
             policy: policy.into(),
             iterations: s.map_or(0, |s| s.iterations),
             attained_seconds: s.map_or(0.0, |s| s.attained as f64 / 1e9),
-            mean_iteration_ms: s.and_then(|s| s.mean_iteration).map_or(0.0, |m| m as f64 / 1e6),
+            mean_iteration_ms: s
+                .and_then(|s| s.mean_iteration)
+                .map_or(0.0, |m| m as f64 / 1e6),
             queue_wait_seconds: s.map_or(0.0, |s| s.total_wait as f64 / 1e9),
             queued: s.map_or(0, |s| s.queued as u64),
-            hints: Some(hints_to_proto(&s.map_or_else(|| job.hints.clone(), |s| s.hints.clone()))),
-            note: memory.note.unwrap_or_else(|| s.map(|s| note(policy, s)).unwrap_or_default()),
+            hints: Some(hints_to_proto(
+                &s.map_or_else(|| job.hints.clone(), |s| s.hints.clone()),
+            )),
+            note: memory
+                .note
+                .unwrap_or_else(|| s.map(|s| note(policy, s)).unwrap_or_default()),
             graph_nodes: stats.functions.load(Ordering::Relaxed),
             runs_completed: stats.ops.load(Ordering::Relaxed),
             runs_failed: stats.failed.load(Ordering::Relaxed),
@@ -241,7 +260,11 @@ impl AdminService {
 }
 
 /// The memory columns of a job's row (the rest default).
-fn memory_fields(variables: VariableBytes, estimate: &MemoryEstimate, memory_state: String) -> JobInfo {
+fn memory_fields(
+    variables: VariableBytes,
+    estimate: &MemoryEstimate,
+    memory_state: String,
+) -> JobInfo {
     JobInfo {
         variable_bytes: variables.bytes,
         variables: variables.variables,
@@ -391,6 +414,9 @@ impl Admin for AdminService {
     ) -> Result<Response<Timeline>, Status> {
         let window = super::timeline::window(request.into_inner().seconds)?;
         let snapshot = self.state.executor.timeline().snapshot(window);
-        Ok(Response::new(super::timeline::to_proto(&snapshot, self.state.started)))
+        Ok(Response::new(super::timeline::to_proto(
+            &snapshot,
+            self.state.started,
+        )))
     }
 }

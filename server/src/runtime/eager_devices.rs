@@ -91,7 +91,8 @@ impl DeviceNames {
         let lane = self.gpu_lane?;
         let lower = part.to_ascii_lowercase();
         let kind = lower.strip_prefix("device:").unwrap_or(&lower);
-        kind.starts_with("gpu").then(|| format!("device:GPU:{lane}"))
+        kind.starts_with("gpu")
+            .then(|| format!("device:GPU:{lane}"))
     }
 
     /// `name` with its GPU part moved to the job's lane GPU (`None`: unchanged).
@@ -113,7 +114,10 @@ impl DeviceNames {
 
     /// The client's prefix for this server, e.g. `/job:worker/replica:0/task:0`.
     pub fn client_prefix(&self) -> String {
-        format!("/job:{}/replica:{}/task:{}", self.job, self.replica, self.task)
+        format!(
+            "/job:{}/replica:{}/task:{}",
+            self.job, self.replica, self.task
+        )
     }
 
     fn is_this_server(&self, parsed: &Parsed<'_>) -> bool {
@@ -160,12 +164,20 @@ impl DeviceNames {
         let Some(job) = parsed.job else {
             return self.on_lane(name);
         };
-        if job == LOCAL_JOB && parsed.replica.is_none_or(|r| r == "0") && parsed.task.is_none_or(|t| t == "0") {
+        if job == LOCAL_JOB
+            && parsed.replica.is_none_or(|r| r == "0")
+            && parsed.task.is_none_or(|t| t == "0")
+        {
             // Already local (or the client's localhost job, which also maps here).
             let partial = parsed.replica.is_none() || parsed.task.is_none();
-            return if partial { Some(self.local(&parsed)) } else { self.on_lane(name) };
+            return if partial {
+                Some(self.local(&parsed))
+            } else {
+                self.on_lane(name)
+            };
         }
-        (self.is_this_server(&parsed) || self.other_jobs.iter().any(|j| j == job)).then(|| self.local(&parsed))
+        (self.is_this_server(&parsed) || self.other_jobs.iter().any(|j| j == job))
+            .then(|| self.local(&parsed))
     }
 
     /// The client's name for a device of the local context.
@@ -198,10 +210,18 @@ mod tests {
     #[test]
     fn maps_the_servers_job_to_the_local_context_and_back() {
         let n = names();
-        let local = n.to_local("/job:worker/replica:0/task:0/device:CPU:0").unwrap();
+        let local = n
+            .to_local("/job:worker/replica:0/task:0/device:CPU:0")
+            .unwrap();
         assert_eq!(local, "/job:localhost/replica:0/task:0/device:CPU:0");
-        assert_eq!(n.to_client(&local), "/job:worker/replica:0/task:0/device:CPU:0");
-        assert_eq!(n.to_local("/job:worker/device:GPU:1").unwrap(), "/job:localhost/replica:0/task:0/device:GPU:1");
+        assert_eq!(
+            n.to_client(&local),
+            "/job:worker/replica:0/task:0/device:CPU:0"
+        );
+        assert_eq!(
+            n.to_local("/job:worker/device:GPU:1").unwrap(),
+            "/job:localhost/replica:0/task:0/device:GPU:1"
+        );
         assert_eq!(n.to_local("/device:CPU:0").unwrap(), "/device:CPU:0");
         assert_eq!(n.to_local("").unwrap(), "");
     }
@@ -213,20 +233,34 @@ mod tests {
             n.to_local("/job:localhost/replica:0/task:0/device:CPU:0"),
             Err(DeviceError::ClientJob { job, .. }) if job == "localhost"
         ));
-        assert!(matches!(n.to_local("/job:ps/task:0/device:CPU:0"), Err(DeviceError::UnknownJob { .. })));
-        assert!(matches!(n.to_local("/job:worker/replica:0/task:1/device:CPU:0"), Err(DeviceError::UnknownJob { .. })));
+        assert!(matches!(
+            n.to_local("/job:ps/task:0/device:CPU:0"),
+            Err(DeviceError::UnknownJob { .. })
+        ));
+        assert!(matches!(
+            n.to_local("/job:worker/replica:0/task:1/device:CPU:0"),
+            Err(DeviceError::UnknownJob { .. })
+        ));
     }
 
     #[test]
     fn gpu_lanes_move_gpu_devices_to_the_lane() {
         let n = names().with_gpu_lane(Some(2));
         assert_eq!(
-            n.to_local("/job:worker/replica:0/task:0/device:GPU:0").unwrap(),
+            n.to_local("/job:worker/replica:0/task:0/device:GPU:0")
+                .unwrap(),
             "/job:localhost/replica:0/task:0/device:GPU:2"
         );
         assert_eq!(n.to_local("/device:GPU:1").unwrap(), "/device:GPU:2");
-        assert_eq!(n.to_local("/job:worker/replica:0/task:0/device:CPU:0").unwrap(), "/job:localhost/replica:0/task:0/device:CPU:0");
-        assert_eq!(n.node_to_local("/device:GPU:0").as_deref(), Some("/device:GPU:2"));
+        assert_eq!(
+            n.to_local("/job:worker/replica:0/task:0/device:CPU:0")
+                .unwrap(),
+            "/job:localhost/replica:0/task:0/device:CPU:0"
+        );
+        assert_eq!(
+            n.node_to_local("/device:GPU:0").as_deref(),
+            Some("/device:GPU:2")
+        );
         assert_eq!(n.node_to_local("/device:CPU:0"), None);
         assert_eq!(
             n.to_client("/job:localhost/replica:0/task:0/device:GPU:2"),
@@ -238,14 +272,18 @@ mod tests {
     fn function_nodes_run_on_the_server() {
         let n = names();
         assert_eq!(
-            n.node_to_local("/job:worker/replica:0/task:0/device:CPU:0").as_deref(),
+            n.node_to_local("/job:worker/replica:0/task:0/device:CPU:0")
+                .as_deref(),
             Some("/job:localhost/replica:0/task:0/device:CPU:0")
         );
         assert_eq!(
             n.node_to_local("/job:localhost/device:CPU:0").as_deref(),
             Some("/job:localhost/replica:0/task:0/device:CPU:0")
         );
-        assert_eq!(n.node_to_local("/job:localhost/replica:0/task:0/device:CPU:0"), None);
+        assert_eq!(
+            n.node_to_local("/job:localhost/replica:0/task:0/device:CPU:0"),
+            None
+        );
         assert_eq!(n.node_to_local("/device:GPU:0"), None);
         assert_eq!(n.node_to_local(""), None);
     }

@@ -14,7 +14,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use prost::Message;
-use salus_proto::tensorflow::{attr_value, AttrValue, DataType, FunctionDefView, NodeDef, TensorProto};
+use salus_proto::tensorflow::{
+    attr_value, AttrValue, DataType, FunctionDefView, NodeDef, TensorProto,
+};
 use tokio::sync::oneshot;
 
 use crate::error::{Error, Result};
@@ -31,12 +33,12 @@ use crate::runtime::run_class::{
 use crate::runtime::wire;
 use crate::sched::{Hints, JobId, LaneId};
 use crate::tenant::op_policy::checkpoint_path_inputs;
-use crate::tf::op_registry;
 use crate::tenant::{checkpoint_guard, TenantRules};
 use crate::tf::eager::{EagerContext, OutputSlots, TensorHandle};
-use crate::tf::TfError;
+use crate::tf::op_registry;
 use crate::tf::tensor::shape_proto;
 use crate::tf::Tensor;
+use crate::tf::TfError;
 
 /// FunctionDef.node_def and NodeDef.device field numbers.
 const FUNCTION_NODE_DEF_FIELD: u64 = 3;
@@ -81,10 +83,20 @@ impl OpRequest {
 pub enum Item {
     Execute(OpRequest),
     /// A FunctionDef and the functions it calls (serialized).
-    RegisterFunction { function_def: Bytes, library: Vec<Bytes> },
+    RegisterFunction {
+        function_def: Bytes,
+        library: Vec<Bytes>,
+    },
     /// Tensors the client pushes; they become outputs `0..n` of `op_id`.
-    SendTensors { op_id: i64, tensors: Vec<TensorProto>, device: String },
-    Decref { op_id: i64, output: i32 },
+    SendTensors {
+        op_id: i64,
+        tensors: Vec<TensorProto>,
+        device: String,
+    },
+    Decref {
+        op_id: i64,
+        output: i32,
+    },
     RemoveFunction(String),
     /// Per-step state of a component function; a sync context keeps none.
     CleanupFunction,
@@ -302,7 +314,11 @@ impl EagerJob {
                 let _ = worker.join();
                 return Err(err);
             }
-            Err(_) => return Err(Error::Internal("the eager context thread ended at start".into())),
+            Err(_) => {
+                return Err(Error::Internal(
+                    "the eager context thread ended at start".into(),
+                ))
+            }
         }
         Ok(EagerJob {
             id: spec.id,
@@ -343,7 +359,9 @@ impl EagerJob {
 
     /// The job's memory lane, once admitted.
     pub fn lane(&self) -> Option<LaneId> {
-        lock(&self.shared.reservation).as_ref().map(LaneReservation::lane)
+        lock(&self.shared.reservation)
+            .as_ref()
+            .map(LaneReservation::lane)
     }
 
     pub fn touch(&self) {
@@ -351,7 +369,10 @@ impl EagerJob {
     }
 
     pub fn idle_for(&self) -> Duration {
-        self.last_access.lock().unwrap_or_else(|e| e.into_inner()).elapsed()
+        self.last_access
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .elapsed()
     }
 
     /// Requests queued or running.
@@ -370,7 +391,9 @@ impl EagerJob {
 
     /// Returns the streams still open.
     pub fn stream_closed(&self) -> usize {
-        self.open_streams.fetch_sub(1, Ordering::SeqCst).saturating_sub(1)
+        self.open_streams
+            .fetch_sub(1, Ordering::SeqCst)
+            .saturating_sub(1)
     }
 
     pub fn open_streams(&self) -> usize {
@@ -396,12 +419,18 @@ impl EagerJob {
         }
         self.shared.in_flight.fetch_add(1, Ordering::SeqCst);
         if queue
-            .send(Batch { items, stream, reply })
+            .send(Batch {
+                items,
+                stream,
+                reply,
+            })
             .is_err()
         {
             self.shared.in_flight.fetch_sub(1, Ordering::SeqCst);
             for name in &names {
-                self.shared.rendezvous.deliver(name, Err("the eager context was closed".into()));
+                self.shared
+                    .rendezvous
+                    .deliver(name, Err("the eager context was closed".into()));
             }
             return Err(self.gone());
         }
@@ -441,7 +470,9 @@ impl EagerJob {
             .get_or_insert_with(|| reason.to_string());
         self.shared.closing.store(true, Ordering::SeqCst);
         self.queue.lock().unwrap_or_else(|e| e.into_inner()).take();
-        self.shared.rendezvous.close(&closed_message(self.context_id, reason));
+        self.shared
+            .rendezvous
+            .close(&closed_message(self.context_id, reason));
         if let Some(worker) = self.worker.lock().unwrap_or_else(|e| e.into_inner()).take() {
             if worker.join().is_err() {
                 tracing::error!(context = self.context_id, "eager context thread panicked");
@@ -534,8 +565,15 @@ impl Worker {
     fn run(mut self, rx: mpsc::Receiver<Batch>) {
         while let Ok(batch) = rx.recv() {
             let result = if self.shared.closing.load(Ordering::SeqCst) {
-                Err(Error::ContextGone(closed_message(self.shared.context_id, "it was closed before this request ran")))
-            } else if batch.stream.as_ref().is_some_and(|s| s.failed.load(Ordering::SeqCst)) {
+                Err(Error::ContextGone(closed_message(
+                    self.shared.context_id,
+                    "it was closed before this request ran",
+                )))
+            } else if batch
+                .stream
+                .as_ref()
+                .is_some_and(|s| s.failed.load(Ordering::SeqCst))
+            {
                 Err(Error::ContextGone(
                     "an earlier request on this stream failed, so this one was not run".into(),
                 ))
@@ -549,8 +587,14 @@ impl Worker {
                 self.remember_failure(&batch.items, err);
                 tracing::debug!(context = self.shared.context_id, cause = %err, "eager request failed");
             }
-            self.shared.stats.handles.store(self.live_handles as u64, Ordering::Relaxed);
-            self.shared.stats.functions.store(self.functions.len() as u64, Ordering::Relaxed);
+            self.shared
+                .stats
+                .handles
+                .store(self.live_handles as u64, Ordering::Relaxed);
+            self.shared
+                .stats
+                .functions
+                .store(self.functions.len() as u64, Ordering::Relaxed);
             self.shared.in_flight.fetch_sub(1, Ordering::SeqCst);
             let _ = batch.reply.send(result);
             self.fail_unsent_pulls(batch.stream.as_deref());
@@ -603,7 +647,11 @@ impl Worker {
         self.last_failure = Some(cause);
     }
 
-    fn run_batch(&mut self, items: &[Item], stream: Option<&StreamState>) -> Result<Vec<ItemOutput>> {
+    fn run_batch(
+        &mut self,
+        items: &[Item],
+        stream: Option<&StreamState>,
+    ) -> Result<Vec<ItemOutput>> {
         let mut outputs = Vec::with_capacity(items.len());
         for (index, item) in items.iter().enumerate() {
             let result = match (item, stream) {
@@ -612,7 +660,9 @@ impl Worker {
                     None => Ok(ItemOutput::default()),
                 },
                 _ => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_item(item)))
-                    .unwrap_or_else(|_| Err(Error::Internal("an eager queue item panicked".into()))),
+                    .unwrap_or_else(|_| {
+                        Err(Error::Internal("an eager queue item panicked".into()))
+                    }),
             };
             match result {
                 Ok(output) => outputs.push(output),
@@ -623,7 +673,9 @@ impl Worker {
                     if let Some(stream) = stream.filter(|_| self.failure_is_silent(items, index)) {
                         tracing::debug!(context = self.shared.context_id, cause = %err,
                                         "an op without outputs failed; its stream's next sync reports it");
-                        lock(&stream.held).get_or_insert_with(|| TfError::new(err.code() as i32, err.to_string()));
+                        lock(&stream.held).get_or_insert_with(|| {
+                            TfError::new(err.code() as i32, err.to_string())
+                        });
                         outputs.push(ItemOutput::default());
                         continue;
                     }
@@ -631,8 +683,10 @@ impl Worker {
                     // error, once the request's own answer is out (see run).
                     for later in &items[index + 1..] {
                         if let Some(name) = later.send_tensor_name() {
-                            self.unsent
-                                .push((name, format!("an earlier item of its request failed: {err}")));
+                            self.unsent.push((
+                                name,
+                                format!("an earlier item of its request failed: {err}"),
+                            ));
                         }
                     }
                     return Err(err);
@@ -667,13 +721,20 @@ impl Worker {
                 Some(name) => self.send(op, &name).map(|()| ItemOutput::default()),
                 None => self.execute(op),
             },
-            Item::RegisterFunction { function_def, library } => {
+            Item::RegisterFunction {
+                function_def,
+                library,
+            } => {
                 for def in library.iter().chain(std::iter::once(function_def)) {
                     self.register_function(def)?;
                 }
                 Ok(ItemOutput::default())
             }
-            Item::SendTensors { op_id, tensors, device } => {
+            Item::SendTensors {
+                op_id,
+                tensors,
+                device,
+            } => {
                 self.check_new_id(*op_id)?;
                 let device = self.local_device(device)?;
                 let mut handles = Vec::with_capacity(tensors.len());
@@ -688,7 +749,10 @@ impl Worker {
             Item::Decref { op_id, output } => {
                 // Lenient like a destructor: the outputs of a failed op never existed.
                 if let Some(outputs) = self.handles.get_mut(op_id) {
-                    if let Some(slot) = usize::try_from(*output).ok().and_then(|i| outputs.get_mut(i)) {
+                    if let Some(slot) = usize::try_from(*output)
+                        .ok()
+                        .and_then(|i| outputs.get_mut(i))
+                    {
                         if slot.take().is_some() {
                             self.live_handles -= 1;
                         }
@@ -714,9 +778,10 @@ impl Worker {
     fn in_client_names(&self, err: Error) -> Error {
         match err {
             Error::Tensorflow(mut e) => {
-                e.message = e
-                    .message
-                    .replace("/job:localhost/replica:0/task:0", &self.shared.devices.client_prefix());
+                e.message = e.message.replace(
+                    "/job:localhost/replica:0/task:0",
+                    &self.shared.devices.client_prefix(),
+                );
                 Error::Tensorflow(e)
             }
             other => other,
@@ -746,24 +811,42 @@ impl Worker {
             return Ok(HashMap::new());
         };
         let dir = self.shared.checkpoint_dir.to_str().ok_or_else(|| {
-            Error::Internal(format!("checkpoint directory {:?} is not UTF-8", self.shared.checkpoint_dir))
+            Error::Internal(format!(
+                "checkpoint directory {:?} is not UTF-8",
+                self.shared.checkpoint_dir
+            ))
         })?;
-        std::fs::create_dir_all(dir)
-            .map_err(|e| Error::Internal(format!("cannot create checkpoint directory {dir}: {e}")))?;
-        let writes = matches!(op.name.as_str(), "SaveV2" | "Save" | "SaveSlices" | "MergeV2Checkpoints");
+        std::fs::create_dir_all(dir).map_err(|e| {
+            Error::Internal(format!("cannot create checkpoint directory {dir}: {e}"))
+        })?;
+        let writes = matches!(
+            op.name.as_str(),
+            "SaveV2" | "Save" | "SaveSlices" | "MergeV2Checkpoints"
+        );
         let mut confined = HashMap::new();
         for &index in indices {
             let index = index as usize;
             let tensor = match op.inputs.get(index) {
-                Some(OpInput::Handle { op_id, output }) => self.handle(*op_id, *output)?.resolve()?,
-                Some(OpInput::Tensor(proto)) => Tensor::from_proto(proto, self.shared.max_tensor_bytes)
-                    .map_err(|e| Error::tensor(format!("path input {index} of {}", op.name), e))?,
+                Some(OpInput::Handle { op_id, output }) => {
+                    self.handle(*op_id, *output)?.resolve()?
+                }
+                Some(OpInput::Tensor(proto)) => {
+                    Tensor::from_proto(proto, self.shared.max_tensor_bytes).map_err(|e| {
+                        Error::tensor(format!("path input {index} of {}", op.name), e)
+                    })?
+                }
                 None => {
-                    return Err(Error::InvalidArgument(format!("{} needs a path as input {index}", op.name)));
+                    return Err(Error::InvalidArgument(format!(
+                        "{} needs a path as input {index}",
+                        op.name
+                    )));
                 }
             };
             if tensor.dtype_raw() != DataType::DtString as i32 {
-                return Err(Error::InvalidArgument(format!("input {index} of {} must be a string path", op.name)));
+                return Err(Error::InvalidArgument(format!(
+                    "input {index} of {} must be a string path",
+                    op.name
+                )));
             }
             let paths = tensor
                 .strings()
@@ -817,7 +900,8 @@ impl Worker {
         }
         self.live_handles += outputs.len();
         self.failed_ops.remove(&op_id);
-        self.handles.insert(op_id, outputs.into_iter().map(Some).collect());
+        self.handles
+            .insert(op_id, outputs.into_iter().map(Some).collect());
         Ok(())
     }
 
@@ -835,7 +919,10 @@ impl Worker {
         if let Some(cause) = self.failed_ops.get(&op_id) {
             return Err(Error::Tensorflow(TfError::new(
                 cause.code,
-                format!("{} (tensor handle {op_id}:{output} was not produced because of it)", cause.message),
+                format!(
+                    "{} (tensor handle {op_id}:{output} was not produced because of it)",
+                    cause.message
+                ),
             )));
         }
         usize::try_from(output)
@@ -862,15 +949,20 @@ impl Worker {
         // before a function, so a function named like a refused op is that op.
         self.shared.tenant.check_eager_op(&op.name)?;
         if let Some(why) = self.refused.get(&op.name) {
-            return Err(Error::PermissionDenied(format!("function {:?} was refused when registered: {why}", op.name)));
+            return Err(Error::PermissionDenied(format!(
+                "function {:?} was refused when registered: {why}",
+                op.name
+            )));
         }
         self.check_new_id(op.id)?;
         let device = self.local_device(&op.device)?;
         let mut inline = Vec::new();
         for input in &op.inputs {
             if let OpInput::Tensor(proto) = input {
-                let tensor = Tensor::from_proto(proto, self.shared.max_tensor_bytes)
-                    .map_err(|e| Error::tensor(format!("input of op {} ({})", op.id, op.name), e))?;
+                let tensor =
+                    Tensor::from_proto(proto, self.shared.max_tensor_bytes).map_err(|e| {
+                        Error::tensor(format!("input of op {} ({})", op.id, op.name), e)
+                    })?;
                 inline.push(self.place(TensorHandle::from_tensor(&tensor)?, &device)?);
             }
         }
@@ -890,7 +982,11 @@ impl Worker {
                 OpInput::Tensor(_) => inputs.extend(inline_iter.next()),
             }
         }
-        let attrs: Vec<(&str, &[u8])> = op.attrs.iter().map(|(k, v)| (k.as_str(), v.as_ref())).collect();
+        let attrs: Vec<(&str, &[u8])> = op
+            .attrs
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_ref()))
+            .collect();
         let is_call = op.is_function || self.functions.contains_key(&op.name);
         let profile = if is_call {
             self.profiles.get(&op.name).copied().unwrap_or_default()
@@ -901,7 +997,10 @@ impl Worker {
             return Err(Error::ShuttingDown);
         }
         let class = if is_call {
-            let class = profile.classify(self.shared.sched.cheap_below.as_nanos() as f64, op.name.contains(MAIN_MARKER));
+            let class = profile.classify(
+                self.shared.sched.cheap_below.as_nanos() as f64,
+                op.name.contains(MAIN_MARKER),
+            );
             self.shared.sched.executor.resolve(self.shared.id, class)
         } else {
             RunClass::Cheap
@@ -924,7 +1023,15 @@ impl Worker {
             None
         };
         let started = Instant::now();
-        let run = || self.ctx.execute(&op.name, &device, &inputs, &attrs, &mut self.slots.borrow_mut());
+        let run = || {
+            self.ctx.execute(
+                &op.name,
+                &device,
+                &inputs,
+                &attrs,
+                &mut self.slots.borrow_mut(),
+            )
+        };
         let (executed, heap_rise) = if trace_turn.is_some() {
             heap_meter::measure(run)
         } else {
@@ -936,7 +1043,10 @@ impl Worker {
         // executor's lock on every op); a function call that went at once is
         // (`resolve` turned a brief one into Cheap or Main).
         if is_call && class == RunClass::Cheap {
-            self.shared.sched.executor.record_cheap_run(self.shared.id, started, ended);
+            self.shared
+                .sched
+                .executor
+                .record_cheap_run(self.shared.id, started, ended);
         }
         drop(inputs);
         drop(_turn);
@@ -945,18 +1055,29 @@ impl Worker {
             self.record_memory_sample(&op.name, rise);
         }
         if is_call {
-            self.profiles.entry(op.name.clone()).or_default().record(elapsed.as_nanos() as f64);
+            self.profiles
+                .entry(op.name.clone())
+                .or_default()
+                .record(elapsed.as_nanos() as f64);
         }
         let outputs = match executed {
             Ok(outputs) => outputs,
             Err(err) => {
-                if is_call && err.code == salus_proto::tensorflow::error::Code::ResourceExhausted as i32 {
+                if is_call
+                    && err.code == salus_proto::tensorflow::error::Code::ResourceExhausted as i32
+                {
                     let raised = ephemeral_after_oom(
                         self.shared.ephemeral_measured.load(Ordering::Relaxed),
                         lock(&self.shared.variables).bytes,
                     );
-                    self.shared.ephemeral_measured.fetch_max(raised, Ordering::Relaxed);
-                    tracing::warn!(job = self.shared.id.0, ephemeral = raised, "function call ran out of memory; estimate raised");
+                    self.shared
+                        .ephemeral_measured
+                        .fetch_max(raised, Ordering::Relaxed);
+                    tracing::warn!(
+                        job = self.shared.id.0,
+                        ephemeral = raised,
+                        "function call ran out of memory; estimate raised"
+                    );
                 }
                 return Err(err.into());
             }
@@ -968,13 +1089,18 @@ impl Worker {
         for output in &outputs {
             result.shapes.push(output.dims()?);
             if op.is_function {
-                result.devices.push(self.shared.devices.to_client(&output.device_name()?));
+                result
+                    .devices
+                    .push(self.shared.devices.to_client(&output.device_name()?));
             }
         }
         self.store(op.id, outputs)?;
         self.shared.stats.ops.fetch_add(1, Ordering::Relaxed);
         if op.is_function {
-            self.shared.stats.function_calls.fetch_add(1, Ordering::Relaxed);
+            self.shared
+                .stats
+                .function_calls
+                .fetch_add(1, Ordering::Relaxed);
         }
         Ok(result)
     }
@@ -990,11 +1116,12 @@ impl Worker {
         }
         let hints = self.shared.current_hints();
         let need = self.shared.memory_estimate(&hints).need;
-        let reservation = self
-            .shared
-            .sched
-            .runtime
-            .block_on(admission.admit(self.shared.id, need, self.shared.sched.gpu_lane, hints))?;
+        let reservation = self.shared.sched.runtime.block_on(admission.admit(
+            self.shared.id,
+            need,
+            self.shared.sched.gpu_lane,
+            hints,
+        ))?;
         *lock(&self.shared.reservation) = Some(reservation);
         Ok(())
     }
@@ -1031,9 +1158,16 @@ impl Worker {
     /// included), as the job's ephemeral need: TensorFlow 2.21 keeps no memory
     /// records for eager calls (see `heap_meter`).
     fn record_memory_sample(&self, function: &str, rise: u64) {
-        tracing::debug!(job = self.shared.id.0, function, rise, "sampled a function call's heap rise");
+        tracing::debug!(
+            job = self.shared.id.0,
+            function,
+            rise,
+            "sampled a function call's heap rise"
+        );
         if rise > 0 {
-            self.shared.ephemeral_measured.fetch_max(rise, Ordering::Relaxed);
+            self.shared
+                .ephemeral_measured
+                .fetch_max(rise, Ordering::Relaxed);
         }
     }
 
@@ -1086,16 +1220,25 @@ impl Worker {
         let sent_micros = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_micros() as i64);
-        Ok(Sent { tensor, sent_micros })
+        Ok(Sent {
+            tensor,
+            sent_micros,
+        })
     }
 
     /// Registers a FunctionDef with its nodes' devices mapped to this context.
     fn register_function(&mut self, def: &[u8]) -> Result<()> {
         let view = FunctionDefView::decode(def)
             .map_err(|e| Error::InvalidArgument(format!("malformed FunctionDef: {e}")))?;
-        let name = view.signature.as_ref().map(|s| s.name.clone()).unwrap_or_default();
+        let name = view
+            .signature
+            .as_ref()
+            .map(|s| s.name.clone())
+            .unwrap_or_default();
         if name.is_empty() {
-            return Err(Error::InvalidArgument("a FunctionDef without a signature name".into()));
+            return Err(Error::InvalidArgument(
+                "a FunctionDef without a signature name".into(),
+            ));
         }
         if let Err(err) = self
             .shared
@@ -1118,16 +1261,24 @@ impl Worker {
             )));
         }
         let devices = &self.shared.devices;
-        let mapped = wire::rewrite_nested_fields(def, FUNCTION_NODE_DEF_FIELD, NODE_DEVICE_FIELD, &mut |device| {
-            devices
-                .node_to_local(std::str::from_utf8(device).ok()?)
-                .map(String::into_bytes)
-        })
+        let mapped = wire::rewrite_nested_fields(
+            def,
+            FUNCTION_NODE_DEF_FIELD,
+            NODE_DEVICE_FIELD,
+            &mut |device| {
+                devices
+                    .node_to_local(std::str::from_utf8(device).ok()?)
+                    .map(String::into_bytes)
+            },
+        )
         .map_err(|e| Error::InvalidArgument(format!("malformed FunctionDef {name:?}: {e}")))?;
-        self.ctx
-            .add_function(&mapped)
-            .map_err(|e| Error::InvalidArgument(format!("function {name:?} was refused: {}", e.message)))?;
-        let without_outputs = view.signature.as_ref().is_some_and(|s| s.output_arg.is_empty());
+        self.ctx.add_function(&mapped).map_err(|e| {
+            Error::InvalidArgument(format!("function {name:?} was refused: {}", e.message))
+        })?;
+        let without_outputs = view
+            .signature
+            .as_ref()
+            .is_some_and(|s| s.output_arg.is_empty());
         self.functions.insert(name, without_outputs);
         Ok(())
     }

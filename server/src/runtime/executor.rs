@@ -130,7 +130,11 @@ impl Executor {
     }
 
     /// An executor that records its runs in `timeline`.
-    pub fn with_timeline(policy: Box<dyn Policy>, config: SchedConfig, timeline: Arc<Timeline>) -> Executor {
+    pub fn with_timeline(
+        policy: Box<dyn Policy>,
+        config: SchedConfig,
+        timeline: Arc<Timeline>,
+    ) -> Executor {
         Executor {
             shared: Arc::new(Shared {
                 inner: Mutex::new(Inner {
@@ -450,7 +454,9 @@ fn lane_loop(shared: &Shared, lane: LaneId) {
                     .sched
                     .finish(dispatch.job, job_lane, Some(device_time), end);
                 inner.iterations_total += 1;
-                inner.run_stats.record_iteration(now.saturating_sub(dispatch.submitted), device_time);
+                inner
+                    .run_stats
+                    .record_iteration(now.saturating_sub(dispatch.submitted), device_time);
                 let second = end / 1_000_000_000;
                 match inner.rate.back_mut() {
                     Some((s, n)) if *s == second => *n += 1,
@@ -588,10 +594,18 @@ mod tests {
         let snap = ex.timeline().snapshot(None);
         assert_eq!(snap.spans.len(), 3);
         let main = &snap.spans[0];
-        assert_eq!((main.job, main.lane, main.class), (JobId(1), Some(LaneId(3)), RunClass::Main));
-        assert!(main.start >= before && main.end.duration_since(main.start) >= Duration::from_millis(2));
+        assert_eq!(
+            (main.job, main.lane, main.class),
+            (JobId(1), Some(LaneId(3)), RunClass::Main)
+        );
+        assert!(
+            main.start >= before && main.end.duration_since(main.start) >= Duration::from_millis(2)
+        );
         assert_eq!(main.label.as_ref().unwrap().name, "a");
-        assert_eq!((snap.spans[1].lane, snap.spans[1].class), (Some(LaneId(3)), RunClass::Cheap));
+        assert_eq!(
+            (snap.spans[1].lane, snap.spans[1].class),
+            (Some(LaneId(3)), RunClass::Cheap)
+        );
         assert_eq!(snap.spans[2].lane, None);
         assert_eq!(ex.stats().cheap_runs_total, 2);
         // A removed job's label goes with it; its spans keep theirs.
@@ -626,7 +640,10 @@ mod tests {
         let stats = ex.stats();
         assert_eq!(stats.iterations_total, 40);
         assert_eq!(stats.runs.iteration_time.count, 40);
-        assert!(stats.runs.iteration_time.sum_us >= 40.0 * 200.0, "{stats:?}");
+        assert!(
+            stats.runs.iteration_time.sum_us >= 40.0 * 200.0,
+            "{stats:?}"
+        );
         assert_eq!(stats.runs.queue_wait.count, 40);
         assert!(stats.switch_latency.count > 0, "{stats:?}");
         assert_eq!(ex.set_policy("srtf").unwrap(), ("rr", "srtf"));

@@ -34,12 +34,12 @@ use crate::error::{Error, Result};
 use crate::runtime::admission::LaneReservation;
 use crate::runtime::graph_delta::{check_delta, CheckedDelta, VariableBytes};
 use crate::runtime::memory_profile;
+use crate::runtime::run_errors::{self, TfCode};
 use crate::runtime::session_config::GpuLanes;
 use crate::runtime::wire;
 use crate::sched::{Hints, JobId, LaneId};
 use crate::tenant::checkpoint_guard;
 use crate::tenant::TenantRules;
-use crate::runtime::run_errors::{self, TfCode};
 use crate::tf::{self, Graph, Operation, PartialRunHandle, Session, Tensor};
 
 /// Settings every job gets.
@@ -112,8 +112,10 @@ impl RunKey {
     }
 }
 
-pub use crate::runtime::run_class::{MemoryEstimate, RunClass, RunProfile, MAIN_MARKER, WARMUP_RUNS};
 use crate::runtime::run_class::{ephemeral_after_oom, MEMORY_SAMPLE_RUNS};
+pub use crate::runtime::run_class::{
+    MemoryEstimate, RunClass, RunProfile, MAIN_MARKER, WARMUP_RUNS,
+};
 
 fn is_marker(name: &str) -> bool {
     let op = name.trim_start_matches('^');
@@ -536,7 +538,11 @@ impl Job {
             && (MEMORY_SAMPLE_RUNS.contains(&(profile.runs + 1))
                 || self.sample_pending.load(Ordering::Relaxed));
         let _trace_turn = if client_traces {
-            Some(memory_profile::TRACE_TURN.lock().unwrap_or_else(|e| e.into_inner()))
+            Some(
+                memory_profile::TRACE_TURN
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()),
+            )
         } else if wants_sample {
             memory_profile::TRACE_TURN.try_lock().ok()
         } else {

@@ -187,7 +187,10 @@ impl ContextTable {
     /// Removes `job` if it is still the table's entry for its id.
     pub fn remove_job(&self, job: &Arc<EagerJob>) -> bool {
         let mut jobs = self.jobs();
-        if jobs.get(&job.context_id).is_some_and(|j| Arc::ptr_eq(j, job)) {
+        if jobs
+            .get(&job.context_id)
+            .is_some_and(|j| Arc::ptr_eq(j, job))
+        {
             jobs.remove(&job.context_id);
             true
         } else {

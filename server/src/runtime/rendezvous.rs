@@ -51,7 +51,11 @@ impl Rendezvous {
 
     /// A send for `name` is queued and will run (or fail) later.
     pub fn announce(&self, name: &str) {
-        self.lock().slots.entry(name.to_string()).or_default().announced += 1;
+        self.lock()
+            .slots
+            .entry(name.to_string())
+            .or_default()
+            .announced += 1;
     }
 
     /// Delivers a sent tensor (or the error of a send that failed) to the
@@ -135,7 +139,10 @@ impl Rendezvous {
     }
 
     fn closed_reason(&self) -> String {
-        self.lock().closed.clone().unwrap_or_else(|| "the eager context was closed".into())
+        self.lock()
+            .closed
+            .clone()
+            .unwrap_or_else(|| "the eager context was closed".into())
     }
 
     /// Fails every waiting and later pull: the context is gone.
@@ -186,7 +193,14 @@ mod tests {
         r.announce("t");
         r.deliver("t", Ok(sent(1.0)));
         assert_eq!(r.pending(), 1);
-        assert_eq!(r.recv("t", UNANNOUNCED_GRACE).await.unwrap().tensor.float_val, vec![1.0]);
+        assert_eq!(
+            r.recv("t", UNANNOUNCED_GRACE)
+                .await
+                .unwrap()
+                .tensor
+                .float_val,
+            vec![1.0]
+        );
         assert_eq!(r.pending(), 0);
     }
 
@@ -195,7 +209,9 @@ mod tests {
         let r = std::sync::Arc::new(Rendezvous::default());
         r.announce("bad");
         r.deliver("bad", Err("input handle 3:0 is unknown".into()));
-        assert!(matches!(r.recv("bad", UNANNOUNCED_GRACE).await, Err(Error::FailedPrecondition(m)) if m.contains("3:0")));
+        assert!(
+            matches!(r.recv("bad", UNANNOUNCED_GRACE).await, Err(Error::FailedPrecondition(m)) if m.contains("3:0"))
+        );
         r.announce("later");
         let pull = tokio::spawn({
             let r = r.clone();
@@ -204,13 +220,18 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(20)).await;
         r.close("context 7 was reclaimed");
         assert!(matches!(pull.await.unwrap(), Err(Error::ContextGone(_))));
-        assert!(matches!(r.recv("x", UNANNOUNCED_GRACE).await, Err(Error::ContextGone(m)) if m.contains("reclaimed")));
+        assert!(
+            matches!(r.recv("x", UNANNOUNCED_GRACE).await, Err(Error::ContextGone(m)) if m.contains("reclaimed"))
+        );
     }
 
     #[tokio::test]
     async fn a_pull_nobody_announced_fails_after_the_grace_period() {
         let r = Rendezvous::default();
-        let err = r.recv("never", Duration::from_millis(30)).await.unwrap_err();
+        let err = r
+            .recv("never", Duration::from_millis(30))
+            .await
+            .unwrap_err();
         assert!(matches!(err, Error::InvalidArgument(m) if m.contains("never")));
         assert_eq!(r.pending(), 0);
     }

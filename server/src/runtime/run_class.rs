@@ -88,14 +88,24 @@ impl MemoryEstimate {
     /// Salus's margins (+10% persistent, +5% ephemeral) on what the job
     /// declares and what was measured; hints override. Without a measurement
     /// yet, the ephemeral need defaults to the persistent one.
-    pub fn new(declared_persistent: u64, persistent_source: &'static str, measured_ephemeral: u64, hints: &Hints) -> Self {
+    pub fn new(
+        declared_persistent: u64,
+        persistent_source: &'static str,
+        measured_ephemeral: u64,
+        hints: &Hints,
+    ) -> Self {
         let (persistent, persistent_source) = match hints.persistent_bytes {
             Some(bytes) => (bytes, "hint"),
-            None => (declared_persistent.saturating_mul(11) / 10, persistent_source),
+            None => (
+                declared_persistent.saturating_mul(11) / 10,
+                persistent_source,
+            ),
         };
         let (ephemeral, ephemeral_source) = match hints.ephemeral_bytes {
             Some(bytes) => (bytes, "hint"),
-            None if measured_ephemeral > 0 => (measured_ephemeral.saturating_mul(21) / 20, "measured"),
+            None if measured_ephemeral > 0 => {
+                (measured_ephemeral.saturating_mul(21) / 20, "measured")
+            }
             None => (persistent, "default"),
         };
         MemoryEstimate {
@@ -134,7 +144,10 @@ mod tests {
     fn estimates_take_margins_and_hints() {
         let e = MemoryEstimate::new(1000, "variables", 0, &Hints::default());
         assert_eq!((e.need.persistent, e.need.ephemeral), (1100, 1100));
-        assert_eq!((e.persistent_source, e.ephemeral_source), ("variables", "default"));
+        assert_eq!(
+            (e.persistent_source, e.ephemeral_source),
+            ("variables", "default")
+        );
         let e = MemoryEstimate::new(1000, "variables", 2000, &Hints::default());
         assert_eq!((e.need.ephemeral, e.ephemeral_source), (2100, "measured"));
         let hints = Hints {

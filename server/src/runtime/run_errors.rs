@@ -40,7 +40,8 @@ mod tests {
         record(TfCode::InvalidArgument);
         let after = snapshot();
         let delta = |code: TfCode| {
-            let find = |s: &[(TfCode, u64)]| s.iter().find(|(c, _)| *c == code).map_or(0, |(_, n)| *n);
+            let find =
+                |s: &[(TfCode, u64)]| s.iter().find(|(c, _)| *c == code).map_or(0, |(_, n)| *n);
             find(&after) - find(&before)
         };
         assert!(delta(TfCode::ResourceExhausted) >= 2);

@@ -67,7 +67,10 @@ mod tests {
         stats.count_cheap_run(JobId(1));
         stats.count_cheap_run(JobId(1));
         stats.count_cheap_run(JobId(2));
-        assert_eq!((stats.cheap_runs(JobId(1)), stats.cheap_runs(JobId(2))), (2, 1));
+        assert_eq!(
+            (stats.cheap_runs(JobId(1)), stats.cheap_runs(JobId(2))),
+            (2, 1)
+        );
         stats.forget(JobId(1));
         assert_eq!(stats.cheap_runs(JobId(1)), 0);
     }

@@ -124,7 +124,11 @@ impl ServerState {
 
     /// A graph session (`eager: false`) or eager context was reclaimed.
     pub fn count_reclaimed(&self, eager: bool) {
-        let counter = if eager { &self.reclaimed_contexts } else { &self.reclaimed_sessions };
+        let counter = if eager {
+            &self.reclaimed_contexts
+        } else {
+            &self.reclaimed_sessions
+        };
         counter.fetch_add(1, Ordering::Relaxed);
     }
 

@@ -212,7 +212,10 @@ mod tests {
         msg.extend_from_slice(&[0x1a, second.len() as u8]);
         msg.extend_from_slice(&second);
         msg.extend_from_slice(&[0x0a, 0x01, b'x']);
-        let out = rewrite_nested_fields(&msg, 3, 4, &mut |v| (v == b"dev").then(|| b"local".to_vec())).unwrap();
+        let out = rewrite_nested_fields(&msg, 3, 4, &mut |v| {
+            (v == b"dev").then(|| b"local".to_vec())
+        })
+        .unwrap();
         let first_out = [0x0a, 0x01, b'n', 0x22, 0x05, b'l', b'o', b'c', b'a', b'l'];
         let mut expected = vec![0x1a, first_out.len() as u8];
         expected.extend_from_slice(&first_out);
@@ -220,7 +223,10 @@ mod tests {
         expected.extend_from_slice(&second);
         expected.extend_from_slice(&[0x0a, 0x01, b'x']);
         assert_eq!(out, expected);
-        assert_eq!(rewrite_nested_fields(&msg, 3, 4, &mut |_| None).unwrap(), msg);
+        assert_eq!(
+            rewrite_nested_fields(&msg, 3, 4, &mut |_| None).unwrap(),
+            msg
+        );
         assert_eq!(
             rewrite_nested_fields(&[0x1a, 0x03, 0x22, 0x05, b'a'], 3, 4, &mut |_| None),
             Err(WireError::Truncated)

@@ -308,10 +308,28 @@ mod tests {
     #[test]
     fn eager_paths_are_confined_like_graph_paths() {
         let dir = "/srv/ckpt/job";
-        assert_eq!(confined_path(dir, "model").as_deref(), Some("/srv/ckpt/job/model"));
-        assert_eq!(confined_path(dir, "a/b_temp/part-0").as_deref(), Some("/srv/ckpt/job/a/b_temp/part-0"));
-        assert_eq!(confined_path(dir, "/srv/ckpt/job/x").as_deref(), Some("/srv/ckpt/job/x"));
-        for escape in ["/etc/passwd", "../x", "a/../../x", "", "/srv/ckpt/job", "/srv/ckpt/jobX/y", "a//b", "./a"] {
+        assert_eq!(
+            confined_path(dir, "model").as_deref(),
+            Some("/srv/ckpt/job/model")
+        );
+        assert_eq!(
+            confined_path(dir, "a/b_temp/part-0").as_deref(),
+            Some("/srv/ckpt/job/a/b_temp/part-0")
+        );
+        assert_eq!(
+            confined_path(dir, "/srv/ckpt/job/x").as_deref(),
+            Some("/srv/ckpt/job/x")
+        );
+        for escape in [
+            "/etc/passwd",
+            "../x",
+            "a/../../x",
+            "",
+            "/srv/ckpt/job",
+            "/srv/ckpt/jobX/y",
+            "a//b",
+            "./a",
+        ] {
             assert_eq!(confined_path(dir, escape), None, "{escape:?}");
         }
         assert_eq!(confined_path(dir, "file:///etc/x").as_deref(), None);

@@ -112,7 +112,8 @@ impl TenantRules {
 }
 
 /// What an eager job's checkpoint ops inside functions are refused with.
-const EAGER_CHECKPOINT_REFUSAL: &str = "checkpoint ops inside functions are refused, since their paths cannot be \
+const EAGER_CHECKPOINT_REFUSAL: &str =
+    "checkpoint ops inside functions are refused, since their paths cannot be \
      confined there; run them eagerly (tf.train.Checkpoint does on one server)";
 
 impl TenantRules {
@@ -123,7 +124,11 @@ impl TenantRules {
     }
 
     /// Checks the ops of a function an eager client registers.
-    pub fn check_function<'a>(&self, function: &str, ops: impl IntoIterator<Item = &'a str>) -> Result<()> {
+    pub fn check_function<'a>(
+        &self,
+        function: &str,
+        ops: impl IntoIterator<Item = &'a str>,
+    ) -> Result<()> {
         for op in ops {
             self.ops
                 .check([op])

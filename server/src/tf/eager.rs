@@ -20,8 +20,12 @@ const INVALID_ARGUMENT: i32 = 3;
 const MAX_OUTPUTS: usize = 4096;
 
 fn c_string(what: &str, value: &str) -> Result<CString, TfError> {
-    CString::new(value)
-        .map_err(|_| TfError::new(INVALID_ARGUMENT, format!("{what} {value:?} contains a NUL byte")))
+    CString::new(value).map_err(|_| {
+        TfError::new(
+            INVALID_ARGUMENT,
+            format!("{what} {value:?} contains a NUL byte"),
+        )
+    })
 }
 
 /// Output slots for [`EagerContext::execute`], allocated once per thread that
@@ -131,7 +135,13 @@ impl EagerContext {
             let attr = c_string("attribute name", attr)?;
             // SAFETY: op is live; TF parses and copies the proto bytes.
             with_status(|s| unsafe {
-                ffi::TFE_OpSetAttrValueProto(op.0, attr.as_ptr(), value.as_ptr().cast(), value.len(), s)
+                ffi::TFE_OpSetAttrValueProto(
+                    op.0,
+                    attr.as_ptr(),
+                    value.as_ptr().cast(),
+                    value.len(),
+                    s,
+                )
             })?;
         }
         let retvals = &mut slots.0;
@@ -143,7 +153,9 @@ impl EagerContext {
             .iter_mut()
             // SAFETY: each returned handle is new and owned by the caller; the
             // slot is cleared so it is taken once.
-            .filter_map(|h| unsafe { TensorHandle::from_raw(std::mem::replace(h, std::ptr::null_mut())) })
+            .filter_map(|h| unsafe {
+                TensorHandle::from_raw(std::mem::replace(h, std::ptr::null_mut()))
+            })
             .collect())
     }
 }
@@ -216,7 +228,9 @@ impl TensorHandle {
             return Ok(String::new());
         }
         // SAFETY: non-null, NUL-terminated, owned by the live handle.
-        Ok(unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned())
+        Ok(unsafe { CStr::from_ptr(name) }
+            .to_string_lossy()
+            .into_owned())
     }
 
     /// The value, copied to host memory if it lives on a device.
@@ -224,11 +238,16 @@ impl TensorHandle {
         // SAFETY: the handle is live; the returned tensor is owned by the caller.
         let t = with_status(|s| unsafe { ffi::TFE_TensorHandleResolve(self.as_ptr(), s) })?;
         // SAFETY: t is a new tensor owned by nobody else.
-        unsafe { Tensor::from_raw(t) }.ok_or_else(|| TfError::new(13, "TFE_TensorHandleResolve returned no tensor"))
+        unsafe { Tensor::from_raw(t) }
+            .ok_or_else(|| TfError::new(13, "TFE_TensorHandleResolve returned no tensor"))
     }
 
     /// A copy of this handle's value on `device` of `ctx`.
-    pub fn copy_to_device(&self, ctx: &EagerContext, device: &str) -> Result<TensorHandle, TfError> {
+    pub fn copy_to_device(
+        &self,
+        ctx: &EagerContext,
+        device: &str,
+    ) -> Result<TensorHandle, TfError> {
         let device = c_string("device", device)?;
         // SAFETY: handle and context are live; the new handle is owned by the caller.
         let h = with_status(|s| unsafe {

@@ -95,8 +95,10 @@ pub mod eager {
         );
         pub fn TFE_ContextHasFunction(ctx: *mut TFE_Context, name: *const c_char) -> c_uchar;
 
-        pub fn TFE_NewTensorHandle(t: *const TF_Tensor, status: *mut TF_Status)
-            -> *mut TFE_TensorHandle;
+        pub fn TFE_NewTensorHandle(
+            t: *const TF_Tensor,
+            status: *mut TF_Status,
+        ) -> *mut TFE_TensorHandle;
         pub fn TFE_DeleteTensorHandle(h: *mut TFE_TensorHandle);
         #[link_name = "TFE_TensorHandleDataType"]
         pub fn TFE_TensorHandleDataTypeRaw(h: *mut TFE_TensorHandle) -> c_int;
@@ -110,8 +112,10 @@ pub mod eager {
             h: *mut TFE_TensorHandle,
             status: *mut TF_Status,
         ) -> *const c_char;
-        pub fn TFE_TensorHandleResolve(h: *mut TFE_TensorHandle, status: *mut TF_Status)
-            -> *mut TF_Tensor;
+        pub fn TFE_TensorHandleResolve(
+            h: *mut TFE_TensorHandle,
+            status: *mut TF_Status,
+        ) -> *mut TF_Tensor;
         pub fn TFE_TensorHandleCopyToDevice(
             h: *mut TFE_TensorHandle,
             ctx: *mut TFE_Context,
@@ -126,7 +130,11 @@ pub mod eager {
         ) -> *mut TFE_Op;
         pub fn TFE_DeleteOp(op: *mut TFE_Op);
         pub fn TFE_OpSetDevice(op: *mut TFE_Op, device_name: *const c_char, status: *mut TF_Status);
-        pub fn TFE_OpAddInput(op: *mut TFE_Op, input: *mut TFE_TensorHandle, status: *mut TF_Status);
+        pub fn TFE_OpAddInput(
+            op: *mut TFE_Op,
+            input: *mut TFE_TensorHandle,
+            status: *mut TF_Status,
+        );
         pub fn TFE_OpSetAttrValueProto(
             op: *const TFE_Op,
             attr_name: *const c_char,

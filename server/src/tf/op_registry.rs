@@ -43,7 +43,13 @@ mod tests {
 
     #[test]
     fn knows_which_ops_have_no_outputs() {
-        for op in ["SaveV2", "MergeV2Checkpoints", "AssignVariableOp", "WriteFile", "NoOp"] {
+        for op in [
+            "SaveV2",
+            "MergeV2Checkpoints",
+            "AssignVariableOp",
+            "WriteFile",
+            "NoOp",
+        ] {
             assert!(has_no_outputs(op), "{op}");
         }
         for op in ["MatMul", "ReadFile", "RestoreV2", "VarHandleOp", "NotAnOp"] {

@@ -23,7 +23,9 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::error::{Error, Result};
 use crate::runtime::eager_devices::DeviceNames;
-use crate::runtime::eager_job::{EagerJob, EagerJobSpec, Item, ItemOutput, Scheduling, StreamState};
+use crate::runtime::eager_job::{
+    EagerJob, EagerJobSpec, Item, ItemOutput, Scheduling, StreamState,
+};
 use crate::runtime::exec;
 use crate::runtime::rendezvous::UNANNOUNCED_GRACE;
 use crate::runtime::session_config::session_config;
@@ -50,7 +52,10 @@ impl Eager {
 }
 
 /// The server's devices as `names` shows them to the client.
-fn device_attributes(devices: &[DeviceInfo], rename: impl Fn(&str) -> String) -> Vec<DeviceAttributes> {
+fn device_attributes(
+    devices: &[DeviceInfo],
+    rename: impl Fn(&str) -> String,
+) -> Vec<DeviceAttributes> {
     devices
         .iter()
         .map(|d| DeviceAttributes {
@@ -91,10 +96,15 @@ impl EagerService for Eager {
         }
         if req.clear_existing_contexts {
             // Other tenants' contexts are not the client's to clear.
-            tracing::info!(context = req.context_id, "ignoring clear_existing_contexts on a shared server");
+            tracing::info!(
+                context = req.context_id,
+                "ignoring clear_existing_contexts on a shared server"
+            );
         }
-        let (config, metadata_name) =
-            session_config(&server_def.default_session_config, self.state.session_defaults)?;
+        let (config, metadata_name) = session_config(
+            &server_def.default_session_config,
+            self.state.session_defaults,
+        )?;
         let hints = Hints::parse(&metadata_name).map_err(Error::from)?;
         if self.state.open_jobs() >= self.state.max_sessions {
             return Err(Error::ResourceExhausted(format!(
@@ -109,9 +119,18 @@ impl EagerService for Eager {
             .map(|c| c.job.iter().map(|j| j.name.clone()).collect())
             .unwrap_or_default();
         // GPU lanes: the job's GPU ops run on the virtual GPU of the roomiest lane.
-        let gpu_lane = self.state.admission.as_ref().and_then(|a| a.lane_for_new_graph());
-        let devices = DeviceNames::new(&server_def.job_name, server_def.replica, server_def.task_index, other_jobs)
-            .with_gpu_lane(gpu_lane.map(|l| l.0));
+        let gpu_lane = self
+            .state
+            .admission
+            .as_ref()
+            .and_then(|a| a.lane_for_new_graph());
+        let devices = DeviceNames::new(
+            &server_def.job_name,
+            server_def.replica,
+            server_def.task_index,
+            other_jobs,
+        )
+        .with_gpu_lane(gpu_lane.map(|l| l.0));
         let (id, _) = self.state.sessions.next_job();
         let spec = EagerJobSpec {
             id,
@@ -119,7 +138,8 @@ impl EagerService for Eager {
             hints: hints.clone(),
             config,
             devices: devices.clone(),
-            keep_alive: (req.keep_alive_secs > 0).then(|| Duration::from_secs(req.keep_alive_secs as u64)),
+            keep_alive: (req.keep_alive_secs > 0)
+                .then(|| Duration::from_secs(req.keep_alive_secs as u64)),
             context_view_id: req.context_view_id,
             max_tensor_bytes: self.state.settings.max_tensor_bytes,
             tenant: self.state.tenant.clone(),
@@ -135,11 +155,11 @@ impl EagerService for Eager {
             },
         };
         let job = Arc::new(exec::blocking(move || EagerJob::create(spec)).await?);
-        if let Err(err) = self
-            .state
-            .contexts
-            .insert(job.clone(), self.state.sessions.len(), self.state.max_sessions)
-        {
+        if let Err(err) = self.state.contexts.insert(
+            job.clone(),
+            self.state.sessions.len(),
+            self.state.max_sessions,
+        ) {
             let _ = exec::blocking(move || {
                 drop(job);
                 Ok(())
@@ -154,7 +174,9 @@ impl EagerService for Eager {
         // With memory lanes, jobs join the scheduler when they are admitted.
         if self.state.admission.is_none() {
             if let Err(err) = self.state.executor.add_job(id, LaneId(0), hints.clone()) {
-                self.state.close_context(job, "it could not join the scheduler").await;
+                self.state
+                    .close_context(job, "it could not join the scheduler")
+                    .await;
                 return Err(err.into());
             }
         }
@@ -185,7 +207,10 @@ impl EagerService for Eager {
         .into())
     }
 
-    async fn enqueue(&self, request: Request<EnqueueRequest>) -> Result<Response<EnqueueResponse>, Status> {
+    async fn enqueue(
+        &self,
+        request: Request<EnqueueRequest>,
+    ) -> Result<Response<EnqueueResponse>, Status> {
         let req = request.into_inner();
         let job = self.state.contexts.get(req.context_id)?;
         let items = queue_items(req.queue)?;
@@ -194,13 +219,17 @@ impl EagerService for Eager {
             // ignores the answer: queue it in order, answer at once.
             let count = items.len();
             drop(job.submit(items, None)?);
-            return Ok(Response::new(enqueue_response(vec![ItemOutput::default(); count])));
+            return Ok(Response::new(enqueue_response(vec![
+                ItemOutput::default();
+                count
+            ])));
         }
         let outputs = job.run(items).await?;
         Ok(Response::new(enqueue_response(outputs)))
     }
 
-    type StreamingEnqueueStream = Pin<Box<dyn Stream<Item = Result<EnqueueResponse, Status>> + Send>>;
+    type StreamingEnqueueStream =
+        Pin<Box<dyn Stream<Item = Result<EnqueueResponse, Status>> + Send>>;
 
     async fn streaming_enqueue(
         &self,
@@ -210,7 +239,12 @@ impl EagerService for Eager {
         let (out_tx, out_rx) = mpsc::channel(256);
         let (pending_tx, pending_rx) = mpsc::unbounded_channel::<PendingReply>();
         let stream = Arc::new(StreamState::default());
-        let reader = tokio::spawn(read_stream(self.state.clone(), inbound, pending_tx, stream.clone()));
+        let reader = tokio::spawn(read_stream(
+            self.state.clone(),
+            inbound,
+            pending_tx,
+            stream.clone(),
+        ));
         let state = self.state.clone();
         tokio::spawn(async move {
             let closed = out_tx.clone();
@@ -260,7 +294,10 @@ impl EagerService for Eager {
         .into())
     }
 
-    async fn keep_alive(&self, request: Request<KeepAliveRequest>) -> Result<Response<KeepAliveResponse>, Status> {
+    async fn keep_alive(
+        &self,
+        request: Request<KeepAliveRequest>,
+    ) -> Result<Response<KeepAliveResponse>, Status> {
         let job = self.state.contexts.get(request.into_inner().context_id)?;
         Ok(Response::new(KeepAliveResponse {
             context_view_id: job.context_view_id,
@@ -298,23 +335,23 @@ async fn read_stream(
             return (job, false);
         }
         let submitted = (|| {
-            let current = match &job {
-                Some(j) if j.context_id == req.context_id => {
-                    j.touch();
-                    j.clone()
-                }
-                Some(_) => {
-                    return Err(Error::InvalidArgument(
-                        "StreamingEnqueue: every request of one stream must name the same context".into(),
-                    ))
-                }
-                None => {
-                    let j = state.contexts.get(req.context_id)?;
-                    j.stream_opened();
-                    job = Some(j.clone());
-                    j
-                }
-            };
+            let current =
+                match &job {
+                    Some(j) if j.context_id == req.context_id => {
+                        j.touch();
+                        j.clone()
+                    }
+                    Some(_) => return Err(Error::InvalidArgument(
+                        "StreamingEnqueue: every request of one stream must name the same context"
+                            .into(),
+                    )),
+                    None => {
+                        let j = state.contexts.get(req.context_id)?;
+                        j.stream_opened();
+                        job = Some(j.clone());
+                        j
+                    }
+                };
             current.submit(queue_items(req.queue)?, Some(stream.clone()))
         })();
         let stop = submitted.is_err();
@@ -333,7 +370,9 @@ async fn write_stream(
     while let Some(reply) = pending.recv().await {
         let outcome = match reply {
             Ok(rx) => rx.await.unwrap_or_else(|_| {
-                Err(Error::ContextGone("eager context not found: it was closed while the request ran".into()))
+                Err(Error::ContextGone(
+                    "eager context not found: it was closed while the request ran".into(),
+                ))
             }),
             Err(err) => Err(err),
         };
@@ -381,14 +420,20 @@ impl Worker {
 
 #[tonic::async_trait]
 impl WorkerService for Worker {
-    async fn get_status(&self, _: Request<GetStatusRequest>) -> Result<Response<GetStatusResponse>, Status> {
+    async fn get_status(
+        &self,
+        _: Request<GetStatusRequest>,
+    ) -> Result<Response<GetStatusResponse>, Status> {
         // Local names; the client renames them after the task it asked.
         Ok(Response::new(GetStatusResponse {
             device_attributes: device_attributes(&self.state.devices, str::to_string),
         }))
     }
 
-    async fn recv_tensor(&self, request: Request<RecvTensorRequest>) -> Result<Response<RecvTensorResponse>, Status> {
+    async fn recv_tensor(
+        &self,
+        request: Request<RecvTensorRequest>,
+    ) -> Result<Response<RecvTensorResponse>, Status> {
         let req = request.into_inner();
         // Remote-eager pulls carry the context id as their step id.
         let job = self.state.contexts.get(req.step_id as u64)?;
@@ -406,7 +451,8 @@ impl WorkerService for Worker {
 /// TensorFlow's job names: a letter, then letters, digits and '_'.
 fn is_job_name(name: &str) -> bool {
     let mut chars = name.chars();
-    chars.next().is_some_and(|c| c.is_ascii_alphabetic()) && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 /// The tensor name of a rendezvous key
@@ -429,7 +475,9 @@ mod tests {
     #[test]
     fn job_names_follow_tensorflow() {
         assert!(is_job_name("worker") && is_job_name("job_2"));
-        assert!(!is_job_name("") && !is_job_name("a/b") && !is_job_name("2x") && !is_job_name("a:b"));
+        assert!(
+            !is_job_name("") && !is_job_name("a/b") && !is_job_name("2x") && !is_job_name("a:b")
+        );
     }
 
     #[test]

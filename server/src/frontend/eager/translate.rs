@@ -10,13 +10,21 @@ use crate::tf::tensor::shape_proto;
 
 /// The runtime items of one request, in order.
 pub fn queue_items(queue: Vec<QueueItem>) -> Result<Vec<Item>> {
-    queue.into_iter().enumerate().map(|(i, item)| queue_item(i, item)).collect()
+    queue
+        .into_iter()
+        .enumerate()
+        .map(|(i, item)| queue_item(i, item))
+        .collect()
 }
 
 fn queue_item(index: usize, item: QueueItem) -> Result<Item> {
     use queue_item::Item as Q;
     Ok(match item.item {
-        None => return Err(Error::InvalidArgument(format!("queue item {index} is empty"))),
+        None => {
+            return Err(Error::InvalidArgument(format!(
+                "queue item {index} is empty"
+            )))
+        }
         Some(Q::Operation(op)) => Item::Execute(op_request(op)?),
         Some(Q::HandleToDecref(h)) => Item::Decref {
             op_id: h.op_id,
@@ -34,19 +42,20 @@ fn queue_item(index: usize, item: QueueItem) -> Result<Item> {
         Some(Q::RemoveFunction(remove)) => Item::RemoveFunction(remove.function_name),
         Some(Q::CleanupFunction(_)) => Item::CleanupFunction,
         Some(Q::SyncRemoteExecutorForStream(_)) => Item::Sync,
-        Some(Q::SendPackedHandle(_)) => {
-            return Err(Error::Unimplemented(
-                "send_packed_handle (packed variables of multi-device functions, e.g. TPU replicas) \
+        Some(Q::SendPackedHandle(_)) => return Err(Error::Unimplemented(
+            "send_packed_handle (packed variables of multi-device functions, e.g. TPU replicas) \
                  is not served by Salus"
-                    .into(),
-            ))
-        }
+                .into(),
+        )),
     })
 }
 
 fn op_request(op: Operation) -> Result<OpRequest> {
     if op.name.is_empty() {
-        return Err(Error::InvalidArgument(format!("operation {} has no name", op.id)));
+        return Err(Error::InvalidArgument(format!(
+            "operation {} has no name",
+            op.id
+        )));
     }
     let inputs = op
         .op_inputs

@@ -42,7 +42,11 @@ impl Master {
         T: Send + 'static,
         F: FnOnce() -> Result<T> + Send + 'static,
     {
-        if self.state.draining.load(std::sync::atomic::Ordering::SeqCst) {
+        if self
+            .state
+            .draining
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
             // Shutdown: eager clients still fetch results; graph runs start no more.
             return Err(Error::ShuttingDown);
         }
@@ -219,14 +223,12 @@ impl MasterService for Master {
         if self.state.admission.is_none() {
             self.state.executor.add_job(id, LaneId(0), hints.clone())?;
         }
-        if let Err(err) = self
-            .state
-            .sessions
-            .insert(
-                Arc::new(job),
-                self.state.max_sessions.saturating_sub(self.state.contexts.len()),
-            )
-        {
+        if let Err(err) = self.state.sessions.insert(
+            Arc::new(job),
+            self.state
+                .max_sessions
+                .saturating_sub(self.state.contexts.len()),
+        ) {
             self.state.executor.remove_job(id);
             return Err(err.into());
         }

@@ -78,14 +78,25 @@ fn job_rows(jobs: &[JobInfo]) -> Vec<(Labels, JobRow)> {
         if n < MAX_JOB_SERIES {
             let mut row = JobRow::default();
             row.add(job);
-            let labels = vec![("job_id", job.id.to_string()), ("job_name", job.name.clone()), ("kind", kind)];
+            let labels = vec![
+                ("job_id", job.id.to_string()),
+                ("job_name", job.name.clone()),
+                ("kind", kind),
+            ];
             rows.push((labels, row));
         } else {
             other.entry(kind).or_default().add(job);
         }
     }
     rows.extend(other.into_iter().map(|(kind, row)| {
-        (vec![("job_id", "other".to_string()), ("job_name", "other".to_string()), ("kind", kind)], row)
+        (
+            vec![
+                ("job_id", "other".to_string()),
+                ("job_name", "other".to_string()),
+                ("kind", kind),
+            ],
+            row,
+        )
     }));
     rows
 }
@@ -94,7 +105,12 @@ fn job_rows(jobs: &[JobInfo]) -> Vec<(Labels, JobRow)> {
 /// API's power-of-two microsecond buckets: bucket i holds samples below 2^i us.
 fn seconds_buckets(l: &LatencySummary) -> Vec<(f64, u64)> {
     (0..EXPORTED_BUCKETS)
-        .map(|i| ((1u64 << i) as f64 * 1e-6, l.buckets.get(i).copied().unwrap_or(0)))
+        .map(|i| {
+            (
+                (1u64 << i) as f64 * 1e-6,
+                l.buckets.get(i).copied().unwrap_or(0),
+            )
+        })
         .collect()
 }
 
@@ -106,7 +122,12 @@ fn gauge(enc: &mut DescriptorEncoder, name: &str, help: &str, value: f64) -> std
     ConstGauge::new(value).encode(enc.encode_descriptor(name, help, None, MetricType::Gauge)?)
 }
 
-fn gauges(enc: &mut DescriptorEncoder, name: &str, help: &str, rows: &[(Labels, f64)]) -> std::fmt::Result {
+fn gauges(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: &[(Labels, f64)],
+) -> std::fmt::Result {
     let mut family = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
     for (labels, value) in rows {
         ConstGauge::new(*value).encode(family.encode_family(labels)?)?;
@@ -114,7 +135,12 @@ fn gauges(enc: &mut DescriptorEncoder, name: &str, help: &str, rows: &[(Labels, 
     Ok(())
 }
 
-fn counters(enc: &mut DescriptorEncoder, name: &str, help: &str, rows: &[(Labels, f64)]) -> std::fmt::Result {
+fn counters(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: &[(Labels, f64)],
+) -> std::fmt::Result {
     let mut family = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
     for (labels, value) in rows {
         ConstCounter::new(*value).encode(family.encode_family(labels)?)?;
@@ -122,7 +148,12 @@ fn counters(enc: &mut DescriptorEncoder, name: &str, help: &str, rows: &[(Labels
     Ok(())
 }
 
-fn histogram(enc: &mut DescriptorEncoder, name: &str, help: &str, l: Option<&LatencySummary>) -> std::fmt::Result {
+fn histogram(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    l: Option<&LatencySummary>,
+) -> std::fmt::Result {
     let empty = LatencySummary::default();
     let l = l.unwrap_or(&empty);
     let mut metric = enc.encode_descriptor(name, help, None, MetricType::Histogram)?;
@@ -145,14 +176,24 @@ impl Scrape {
                 1.0,
             )],
         )?;
-        gauge(enc, "salus_uptime_seconds", "Seconds since the server started.", info.uptime_seconds)?;
+        gauge(
+            enc,
+            "salus_uptime_seconds",
+            "Seconds since the server started.",
+            info.uptime_seconds,
+        )?;
         gauge(
             enc,
             "salus_heap_in_use_bytes",
             "Bytes of the server's heap in live blocks (mallinfo2).",
             info.heap_in_use_bytes as f64,
         )?;
-        counter(enc, "salus_sessions_created", "Graph sessions created since start.", info.sessions_created)?;
+        counter(
+            enc,
+            "salus_sessions_created",
+            "Graph sessions created since start.",
+            info.sessions_created,
+        )?;
         counters(
             enc,
             "salus_jobs_reclaimed",
@@ -173,7 +214,12 @@ impl Scrape {
             "Failed graph runs and eager requests by TensorFlow error code.",
             &errors,
         )?;
-        counter(enc, "salus_admission_waits", "Memory admission requests that had to wait for memory.", info.admission_waits)?;
+        counter(
+            enc,
+            "salus_admission_waits",
+            "Memory admission requests that had to wait for memory.",
+            info.admission_waits,
+        )?;
         counter(
             enc,
             "salus_admission_refusals",
@@ -187,48 +233,106 @@ impl Scrape {
             info.admission_timeouts,
         )?;
         if info.memory_capacity_bytes > 0 {
-            gauge(enc, "salus_memory_capacity_bytes", "Memory the jobs share (admission on).", info.memory_capacity_bytes as f64)?;
-            gauge(enc, "salus_memory_free_bytes", "Capacity not held by admitted jobs (admission on).", info.memory_free_bytes as f64)?;
+            gauge(
+                enc,
+                "salus_memory_capacity_bytes",
+                "Memory the jobs share (admission on).",
+                info.memory_capacity_bytes as f64,
+            )?;
+            gauge(
+                enc,
+                "salus_memory_free_bytes",
+                "Capacity not held by admitted jobs (admission on).",
+                info.memory_free_bytes as f64,
+            )?;
         }
         let lane = |l: u32| vec![("lane", l.to_string())];
         let lanes = &info.memory_lanes;
         let rows = |f: &dyn Fn(&salus_proto::salus::v1::MemoryLane) -> f64| -> Vec<(Labels, f64)> {
             lanes.iter().map(|l| (lane(l.lane), f(l))).collect()
         };
-        gauges(enc, "salus_lane_capacity_bytes", "A memory lane's size.", &rows(&|l| l.size_bytes as f64))?;
+        gauges(
+            enc,
+            "salus_lane_capacity_bytes",
+            "A memory lane's size.",
+            &rows(&|l| l.size_bytes as f64),
+        )?;
         gauges(
             enc,
             "salus_lane_used_bytes",
             "A memory lane's use: its jobs' persistent memory plus the largest ephemeral need.",
             &rows(&|l| l.used_bytes as f64),
         )?;
-        gauges(enc, "salus_lane_jobs", "Jobs admitted to a memory lane.", &rows(&|l| l.jobs.len() as f64))?;
+        gauges(
+            enc,
+            "salus_lane_jobs",
+            "Jobs admitted to a memory lane.",
+            &rows(&|l| l.jobs.len() as f64),
+        )?;
         Ok(())
     }
 
     fn encode_scheduler(&self, enc: &mut DescriptorEncoder) -> std::fmt::Result {
         let s = &self.stats;
-        counter(enc, "salus_iterations", "Main iterations finished (scheduled on lanes).", s.iterations_total)?;
-        counter(enc, "salus_cheap_runs", "Runs and function calls that bypassed the scheduler as cheap.", s.cheap_runs_total)?;
+        counter(
+            enc,
+            "salus_iterations",
+            "Main iterations finished (scheduled on lanes).",
+            s.iterations_total,
+        )?;
+        counter(
+            enc,
+            "salus_cheap_runs",
+            "Runs and function calls that bypassed the scheduler as cheap.",
+            s.cheap_runs_total,
+        )?;
         counter(
             enc,
             "salus_dropped_iterations",
             "Queued iterations dropped without running (client gone, deadline passed, job closed).",
             s.dropped_iterations,
         )?;
-        gauge(enc, "salus_queued_iterations", "Main iterations waiting for their lane.", s.queued as f64)?;
+        gauge(
+            enc,
+            "salus_queued_iterations",
+            "Main iterations waiting for their lane.",
+            s.queued as f64,
+        )?;
         let lane = |l: u32| vec![("lane", l.to_string())];
-        let queued: Vec<(Labels, f64)> = s.lanes.iter().map(|l| (lane(l.lane), l.queued as f64)).collect();
-        let running: Vec<(Labels, f64)> = s.lanes.iter().map(|l| (lane(l.lane), l.running as f64)).collect();
-        gauges(enc, "salus_lane_queued_iterations", "Main iterations waiting, per scheduler lane.", &queued)?;
-        gauges(enc, "salus_lane_running_iterations", "Main iterations running, per scheduler lane.", &running)?;
+        let queued: Vec<(Labels, f64)> = s
+            .lanes
+            .iter()
+            .map(|l| (lane(l.lane), l.queued as f64))
+            .collect();
+        let running: Vec<(Labels, f64)> = s
+            .lanes
+            .iter()
+            .map(|l| (lane(l.lane), l.running as f64))
+            .collect();
+        gauges(
+            enc,
+            "salus_lane_queued_iterations",
+            "Main iterations waiting, per scheduler lane.",
+            &queued,
+        )?;
+        gauges(
+            enc,
+            "salus_lane_running_iterations",
+            "Main iterations running, per scheduler lane.",
+            &running,
+        )?;
         histogram(
             enc,
             "salus_switch_latency_seconds",
             "Time from one job's iteration end to another job's iteration start on a lane, when the other was waiting.",
             s.switch_latency.as_ref(),
         )?;
-        histogram(enc, "salus_iteration_duration_seconds", "Device time of main iterations.", s.iteration_time.as_ref())?;
+        histogram(
+            enc,
+            "salus_iteration_duration_seconds",
+            "Device time of main iterations.",
+            s.iteration_time.as_ref(),
+        )?;
         histogram(
             enc,
             "salus_queue_wait_seconds",
@@ -246,24 +350,54 @@ impl Scrape {
                     .iter()
                     .filter(|j| label_value(&j.kind) == kind && label_value(&j.state) == state)
                     .count();
-                by_state.push((vec![("state", state.into()), ("kind", kind.into())], count as f64));
+                by_state.push((
+                    vec![("state", state.into()), ("kind", kind.into())],
+                    count as f64,
+                ));
             }
         }
-        gauges(enc, "salus_jobs", "Open jobs by state and kind (graph: TF1 session, eager: TF2 context).", &by_state)?;
+        gauges(
+            enc,
+            "salus_jobs",
+            "Open jobs by state and kind (graph: TF1 session, eager: TF2 context).",
+            &by_state,
+        )?;
         let rows = job_rows(&self.jobs);
         let column = |f: &dyn Fn(&JobRow) -> f64| -> Vec<(Labels, f64)> {
-            rows.iter().map(|(labels, row)| (labels.clone(), f(row))).collect()
+            rows.iter()
+                .map(|(labels, row)| (labels.clone(), f(row)))
+                .collect()
         };
-        counters(enc, "salus_job_iterations", "Main iterations a job finished.", &column(&|r| r.iterations as f64))?;
-        counters(enc, "salus_job_cheap_runs", "A job's cheap runs (bypassing the scheduler).", &column(&|r| r.cheap_runs as f64))?;
-        counters(enc, "salus_job_runs_failed", "A job's failed runs or eager requests.", &column(&|r| r.runs_failed as f64))?;
+        counters(
+            enc,
+            "salus_job_iterations",
+            "Main iterations a job finished.",
+            &column(&|r| r.iterations as f64),
+        )?;
+        counters(
+            enc,
+            "salus_job_cheap_runs",
+            "A job's cheap runs (bypassing the scheduler).",
+            &column(&|r| r.cheap_runs as f64),
+        )?;
+        counters(
+            enc,
+            "salus_job_runs_failed",
+            "A job's failed runs or eager requests.",
+            &column(&|r| r.runs_failed as f64),
+        )?;
         counters(
             enc,
             "salus_job_device_seconds",
             "Device time of a job's main iterations.",
             &column(&|r| r.device_seconds),
         )?;
-        gauges(enc, "salus_job_queued_iterations", "A job's main iterations waiting.", &column(&|r| r.queued as f64))?;
+        gauges(
+            enc,
+            "salus_job_queued_iterations",
+            "A job's main iterations waiting.",
+            &column(&|r| r.queued as f64),
+        )?;
         gauges(
             enc,
             "salus_job_persistent_estimate_bytes",
@@ -319,7 +453,10 @@ mod tests {
     fn value(text: &str, series: &str) -> f64 {
         let line = text
             .lines()
-            .find(|l| l.strip_prefix(series).is_some_and(|rest| rest.starts_with(' ')))
+            .find(|l| {
+                l.strip_prefix(series)
+                    .is_some_and(|rest| rest.starts_with(' '))
+            })
             .unwrap_or_else(|| panic!("no sample {series} in\n{text}"));
         line.rsplit(' ').next().unwrap().parse().unwrap()
     }
@@ -339,16 +476,28 @@ mod tests {
                 policy: "pack".into(),
                 memory_capacity_bytes: 4096,
                 memory_free_bytes: 1024,
-                memory_lanes: vec![MemoryLane { lane: 3, size_bytes: 3072, used_bytes: 2000, jobs: vec![1, 2] }],
+                memory_lanes: vec![MemoryLane {
+                    lane: 3,
+                    size_bytes: 3072,
+                    used_bytes: 2000,
+                    jobs: vec![1, 2],
+                }],
                 admission_waits: 4,
-                run_errors: vec![ErrorCount { code: "RESOURCE_EXHAUSTED".into(), count: 5 }],
+                run_errors: vec![ErrorCount {
+                    code: "RESOURCE_EXHAUSTED".into(),
+                    count: 5,
+                }],
                 eager_contexts_reclaimed: 6,
                 ..Default::default()
             },
             jobs,
             stats: SchedulerStats {
                 iterations_total: 42,
-                lanes: vec![LaneQueue { lane: 3, queued: 1, running: 1 }],
+                lanes: vec![LaneQueue {
+                    lane: 3,
+                    queued: 1,
+                    running: 1,
+                }],
                 switch_latency: Some(latency),
                 ..Default::default()
             },
@@ -362,68 +511,147 @@ mod tests {
             job(1, "resnet", "graph", "running", 7),
             job(2, "bert \"big\"", "eager", "waiting for memory", 0),
         ]);
-        assert!(text.contains("# TYPE salus_iterations_total counter\n"), "{text}");
+        assert!(
+            text.contains("# TYPE salus_iterations_total counter\n"),
+            "{text}"
+        );
         assert_eq!(value(&text, "salus_iterations_total"), 42.0);
         assert_eq!(
-            value(&text, r#"salus_server_info{version="0.1.0",tensorflow_version="2.21.0",policy="pack"}"#),
+            value(
+                &text,
+                r#"salus_server_info{version="0.1.0",tensorflow_version="2.21.0",policy="pack"}"#
+            ),
             1.0
         );
-        assert_eq!(value(&text, r#"salus_jobs{state="running",kind="graph"}"#), 1.0);
-        assert_eq!(value(&text, r#"salus_jobs{state="waiting_for_memory",kind="eager"}"#), 1.0);
-        assert_eq!(value(&text, r#"salus_jobs{state="idle",kind="eager"}"#), 0.0);
-        assert_eq!(value(&text, r#"salus_job_iterations_total{job_id="1",job_name="resnet",kind="graph"}"#), 7.0);
+        assert_eq!(
+            value(&text, r#"salus_jobs{state="running",kind="graph"}"#),
+            1.0
+        );
+        assert_eq!(
+            value(
+                &text,
+                r#"salus_jobs{state="waiting_for_memory",kind="eager"}"#
+            ),
+            1.0
+        );
+        assert_eq!(
+            value(&text, r#"salus_jobs{state="idle",kind="eager"}"#),
+            0.0
+        );
+        assert_eq!(
+            value(
+                &text,
+                r#"salus_job_iterations_total{job_id="1",job_name="resnet",kind="graph"}"#
+            ),
+            7.0
+        );
         // Label values are escaped.
         assert_eq!(
-            value(&text, r#"salus_job_cheap_runs_total{job_id="2",job_name="bert \"big\"",kind="eager"}"#),
+            value(
+                &text,
+                r#"salus_job_cheap_runs_total{job_id="2",job_name="bert \"big\"",kind="eager"}"#
+            ),
             2.0
         );
         assert_eq!(value(&text, r#"salus_lane_used_bytes{lane="3"}"#), 2000.0);
         assert_eq!(value(&text, r#"salus_lane_jobs{lane="3"}"#), 2.0);
-        assert_eq!(value(&text, r#"salus_lane_running_iterations{lane="3"}"#), 1.0);
+        assert_eq!(
+            value(&text, r#"salus_lane_running_iterations{lane="3"}"#),
+            1.0
+        );
         assert_eq!(value(&text, "salus_memory_free_bytes"), 1024.0);
         assert_eq!(value(&text, "salus_admission_waits_total"), 4.0);
-        assert_eq!(value(&text, r#"salus_run_errors_total{code="RESOURCE_EXHAUSTED"}"#), 5.0);
-        assert_eq!(value(&text, r#"salus_jobs_reclaimed_total{kind="eager"}"#), 6.0);
+        assert_eq!(
+            value(
+                &text,
+                r#"salus_run_errors_total{code="RESOURCE_EXHAUSTED"}"#
+            ),
+            5.0
+        );
+        assert_eq!(
+            value(&text, r#"salus_jobs_reclaimed_total{kind="eager"}"#),
+            6.0
+        );
     }
 
     #[test]
     fn histograms_are_cumulative_in_seconds() {
         let text = scrape(vec![]);
-        assert!(text.contains("# TYPE salus_switch_latency_seconds histogram\n"), "{text}");
-        assert_eq!(value(&text, r#"salus_switch_latency_seconds_bucket{le="1e-06"}"#), 1.0);
-        assert_eq!(value(&text, r#"salus_switch_latency_seconds_bucket{le="2e-06"}"#), 1.0);
-        assert_eq!(value(&text, r#"salus_switch_latency_seconds_bucket{le="4e-06"}"#), 3.0);
-        assert_eq!(value(&text, r#"salus_switch_latency_seconds_bucket{le="+Inf"}"#), 3.0);
+        assert!(
+            text.contains("# TYPE salus_switch_latency_seconds histogram\n"),
+            "{text}"
+        );
+        assert_eq!(
+            value(&text, r#"salus_switch_latency_seconds_bucket{le="1e-06"}"#),
+            1.0
+        );
+        assert_eq!(
+            value(&text, r#"salus_switch_latency_seconds_bucket{le="2e-06"}"#),
+            1.0
+        );
+        assert_eq!(
+            value(&text, r#"salus_switch_latency_seconds_bucket{le="4e-06"}"#),
+            3.0
+        );
+        assert_eq!(
+            value(&text, r#"salus_switch_latency_seconds_bucket{le="+Inf"}"#),
+            3.0
+        );
         assert_eq!(value(&text, "salus_switch_latency_seconds_count"), 3.0);
         assert_eq!(value(&text, "salus_switch_latency_seconds_sum"), 7.5e-6);
         // Histograms with no samples yet still have every bucket.
-        assert_eq!(value(&text, r#"salus_queue_wait_seconds_bucket{le="+Inf"}"#), 0.0);
-        let buckets = text.lines().filter(|l| l.starts_with("salus_queue_wait_seconds_bucket")).count();
+        assert_eq!(
+            value(&text, r#"salus_queue_wait_seconds_bucket{le="+Inf"}"#),
+            0.0
+        );
+        let buckets = text
+            .lines()
+            .filter(|l| l.starts_with("salus_queue_wait_seconds_bucket"))
+            .count();
         assert_eq!(buckets, EXPORTED_BUCKETS + 1);
     }
 
     #[test]
     fn job_series_are_capped_and_the_rest_folded_per_kind() {
         let jobs: Vec<JobInfo> = (1..=MAX_JOB_SERIES as u64 + 5)
-            .map(|id| job(id, "same-name", if id % 2 == 0 { "eager" } else { "graph" }, "idle", id))
+            .map(|id| {
+                job(
+                    id,
+                    "same-name",
+                    if id % 2 == 0 { "eager" } else { "graph" },
+                    "idle",
+                    id,
+                )
+            })
             .collect();
         let text = scrape(jobs);
         let own = text
             .lines()
-            .filter(|l| l.starts_with("salus_job_iterations_total{") && !l.contains(r#"job_id="other""#))
+            .filter(|l| {
+                l.starts_with("salus_job_iterations_total{") && !l.contains(r#"job_id="other""#)
+            })
             .count();
         assert_eq!(own, MAX_JOB_SERIES);
         // Jobs 101..=105 fold: 101, 103, 105 are graph jobs, 102, 104 eager.
         assert_eq!(
-            value(&text, r#"salus_job_iterations_total{job_id="other",job_name="other",kind="graph"}"#),
+            value(
+                &text,
+                r#"salus_job_iterations_total{job_id="other",job_name="other",kind="graph"}"#
+            ),
             (101 + 103 + 105) as f64
         );
         assert_eq!(
-            value(&text, r#"salus_job_persistent_estimate_bytes{job_id="other",job_name="other",kind="eager"}"#),
+            value(
+                &text,
+                r#"salus_job_persistent_estimate_bytes{job_id="other",job_name="other",kind="eager"}"#
+            ),
             2000.0
         );
         assert_eq!(
-            value(&text, r#"salus_job_iterations_total{job_id="100",job_name="same-name",kind="eager"}"#),
+            value(
+                &text,
+                r#"salus_job_iterations_total{job_id="100",job_name="same-name",kind="eager"}"#
+            ),
             100.0
         );
     }

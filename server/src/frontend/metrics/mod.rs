@@ -48,7 +48,8 @@ pub async fn serve(listener: TcpListener, state: Arc<ServerState>) {
         };
         let state = state.clone();
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |request| respond(request, state.clone()));
+            let service =
+                hyper::service::service_fn(move |request| respond(request, state.clone()));
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEADER_TIMEOUT)
@@ -62,10 +63,15 @@ pub async fn serve(listener: TcpListener, state: Arc<ServerState>) {
     }
 }
 
-async fn respond(request: Request<Incoming>, state: Arc<ServerState>) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn respond(
+    request: Request<Incoming>,
+    state: Arc<ServerState>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
     if request.method() != Method::GET && request.method() != Method::HEAD {
         let mut response = text(StatusCode::METHOD_NOT_ALLOWED, "only GET and HEAD\n".into());
-        response.headers_mut().insert(ALLOW, "GET, HEAD".parse().expect("a valid header value"));
+        response
+            .headers_mut()
+            .insert(ALLOW, "GET, HEAD".parse().expect("a valid header value"));
         return Ok(response);
     }
     let response = match request.uri().path() {
@@ -82,11 +88,17 @@ async fn respond(request: Request<Incoming>, state: Arc<ServerState>) -> Result<
             }
             Err(err) => {
                 tracing::error!(cause = %err, "metrics scrape failed");
-                text(StatusCode::INTERNAL_SERVER_ERROR, format!("scrape failed: {err}\n"))
+                text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("scrape failed: {err}\n"),
+                )
             }
         },
         "/" => text(StatusCode::OK, "salus-server: metrics at /metrics\n".into()),
-        _ => text(StatusCode::NOT_FOUND, "not found: metrics are at /metrics\n".into()),
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "not found: metrics are at /metrics\n".into(),
+        ),
     };
     Ok(response)
 }
@@ -94,9 +106,12 @@ async fn respond(request: Request<Incoming>, state: Arc<ServerState>) -> Result<
 fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, "text/plain; charset=utf-8".parse().expect("a valid header value"));
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        "text/plain; charset=utf-8"
+            .parse()
+            .expect("a valid header value"),
+    );
     response
 }
 
@@ -109,7 +124,8 @@ async fn scrape(state: Arc<ServerState>) -> crate::error::Result<String> {
             jobs: admin.jobs(),
             stats: admin.scheduler_stats(),
         };
-        collector::encode(scrape).map_err(|_| crate::error::Error::Internal("cannot encode the metrics".into()))
+        collector::encode(scrape)
+            .map_err(|_| crate::error::Error::Internal("cannot encode the metrics".into()))
     })
     .await
 }
@@ -161,22 +177,44 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let server = tokio::spawn(serve(listener, state()));
 
-        let ok = exchange(addr, b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await;
+        let ok = exchange(
+            addr,
+            b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        .await;
         assert!(ok.starts_with("HTTP/1.1 200 OK\r\n"), "{ok}");
-        assert!(ok.contains("content-type: text/plain; version=0.0.4; charset=utf-8\r\n"), "{ok}");
+        assert!(
+            ok.contains("content-type: text/plain; version=0.0.4; charset=utf-8\r\n"),
+            "{ok}"
+        );
         assert!(ok.contains("salus_server_info{version=\""), "{ok}");
         assert!(ok.contains("policy=\"fair\"} 1"), "{ok}");
         assert!(ok.contains("\nsalus_iterations_total 0\n"), "{ok}");
 
-        let post = exchange(addr, b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").await;
+        let post = exchange(
+            addr,
+            b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        )
+        .await;
         assert!(post.starts_with("HTTP/1.1 405 "), "{post}");
         assert!(post.contains("allow: GET, HEAD\r\n"), "{post}");
-        let missing = exchange(addr, b"GET /other HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await;
+        let missing = exchange(
+            addr,
+            b"GET /other HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        .await;
         assert!(missing.starts_with("HTTP/1.1 404 "), "{missing}");
         // Garbage is answered with 400 (or the connection closed), and the listener keeps serving.
         let garbage = exchange(addr, b"\x00\xffNOT HTTP AT ALL\r\n\r\n").await;
-        assert!(garbage.is_empty() || garbage.starts_with("HTTP/1.1 400 "), "{garbage}");
-        let again = exchange(addr, b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await;
+        assert!(
+            garbage.is_empty() || garbage.starts_with("HTTP/1.1 400 "),
+            "{garbage}"
+        );
+        let again = exchange(
+            addr,
+            b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        .await;
         assert!(again.starts_with("HTTP/1.1 200 OK\r\n"), "{again}");
         server.abort();
     }
