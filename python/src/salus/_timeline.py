@@ -7,6 +7,8 @@ server's "now", so the chart's axis runs from -S to 0 whatever the clocks of cli
 from __future__ import annotations
 
 NO_LANE = "no lane"
+# Jobs named in the legend, the busiest first; the rest are counted in one entry.
+LEGEND_JOBS = 12
 
 
 def _lane_key(lane):
@@ -81,7 +83,13 @@ def draw_png(t: dict, path: str) -> None:
     colours = plt.get_cmap("tab10" if len(jobs) <= 10 else "tab20").colors
     colour = {job: colours[i % len(colours)] for i, job in enumerate(sorted(jobs))}
 
-    fig, ax = plt.subplots(figsize=(12, 1.2 + 0.9 * len(lanes)), dpi=110)
+    busy: dict = {}
+    for s in spans:
+        busy[s["job"]] = busy.get(s["job"], 0.0) + s["start_ago_s"] - s["end_ago_s"]
+    named = sorted(jobs, key=lambda j: (-busy.get(j, 0.0), j))[:LEGEND_JOBS]
+    legend_rows = len(named) + 3
+    # Tall enough for the lanes and for the legend beside them.
+    fig, ax = plt.subplots(figsize=(12, max(1.2 + 0.9 * len(lanes), 0.8 + 0.19 * legend_rows)), dpi=110)
     # Offsets from a row's centre; the y axis runs downwards (lane 0 on top), so the cheap strip is under
     # the main bar.
     for job in sorted(jobs):
@@ -104,13 +112,16 @@ def draw_png(t: dict, path: str) -> None:
     ax.set_xlabel("seconds before now (server clock)")
     ax.grid(axis="x", linestyle=":", linewidth=0.6)
     ax.set_title(f"salus timeline: {len(spans)} runs in the last {window:.1f} s", loc="left")
-    handles = [Patch(facecolor=colour[j], label=jobs[j]) for j in sorted(jobs)]
+    handles = [Patch(facecolor=colour[j], label=jobs[j]) for j in sorted(named)]
+    if len(jobs) > len(named):
+        handles.append(Patch(facecolor="white", edgecolor="0.6",
+                             label=f"+{len(jobs) - len(named)} less busy jobs (colours repeat)"))
     handles += [Patch(facecolor="0.6", label="main iteration (tall bar)"),
                 Patch(facecolor="0.8", hatch="////", label="cheap run (thin strip)")]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, fontsize=8,
               frameon=False)
     if not spans:
         ax.text(0.5, 0.5, "no runs in this window", transform=ax.transAxes, ha="center", va="center")
-    fig.tight_layout()
-    fig.savefig(path)
+    # The legend sits outside the axes: let the saved image grow to hold it.
+    fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
