@@ -216,6 +216,10 @@ impl StreamState {
     }
 }
 
+/// How long after a failed stream's status went out its unsent sends' pulls
+/// are failed (see `Worker::fail_unsent_pulls`); only failed requests pay it.
+const STREAM_END_GRACE: Duration = Duration::from_millis(100);
+
 /// How the client set up the context.
 pub struct EagerJobSpec {
     pub id: JobId,
@@ -615,6 +619,10 @@ impl Worker {
         }
         if let Some(stream) = stream {
             stream.wait_until_status_sent(Duration::from_secs(2));
+            // "Sent" is the server's side: the client takes the stream's end
+            // and the pull's answer on threads of its own, so give the end a
+            // head start (seen in CI: without it, one failure was reported twice).
+            std::thread::sleep(STREAM_END_GRACE);
         }
         for (name, message) in self.unsent.drain(..) {
             self.shared.rendezvous.deliver(&name, Err(message));
