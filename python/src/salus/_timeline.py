@@ -111,7 +111,7 @@ def draw_png(t: dict, path: str) -> None:
     ax.set_xlim(-max(window, 1e-3), 0)
     ax.set_xlabel("seconds before now (server clock)")
     ax.grid(axis="x", linestyle=":", linewidth=0.6)
-    ax.set_title(f"salus timeline: {len(spans)} runs in the last {window:.1f} s", loc="left")
+    ax.set_title(f"salus timeline: {len(spans)} runs in the last {window:.3g} s", loc="left")
     handles = [Patch(facecolor=colour[j], label=jobs[j]) for j in sorted(named)]
     if len(jobs) > len(named):
         handles.append(Patch(facecolor="white", edgecolor="0.6",

@@ -120,7 +120,7 @@ def cmd_timeline(args) -> int:
             raise CliError(str(e)) from None
         except OSError as e:
             raise CliError(f"cannot write {args.png}: {e}") from None
-        sys.stdout.write(f"{args.png}: {len(t['spans'])} runs in the last {_timeline.window_of(t):.1f} s\n")
+        sys.stdout.write(f"{args.png}: {len(t['spans'])} runs in the last {_timeline.window_of(t):.3g} s\n")
         return 0
     sys.stdout.write(_timeline.summary_text(t))
     return 0
