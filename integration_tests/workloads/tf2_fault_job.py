@@ -71,6 +71,23 @@ def error_of(e: Exception) -> dict:
     return {"ok": False, "error": type(e).__name__, "message": str(getattr(e, "message", e))[-3000:]}
 
 
+def settle_after_error() -> None:
+    """Lets TensorFlow's client finish recording a failed remote op before the next call.
+
+    TF's remote-eager client (against any server, TensorFlow's own too) wakes the caller waiting on a failed op's
+    outputs before it marks its executor failed; the next op clears the executor's error when it starts, so if the
+    caller gets there first, the mark lands after the clearing and that next op fails with the old error (seen once
+    on a loaded machine: the OOM reported again by the following good call). Waiting for the executor's pending
+    nodes and clearing its error closes that window; in-process it does nothing.
+    """
+    from tensorflow.python.eager import context
+    try:
+        context.async_wait()
+    except tf.errors.OpError:
+        pass
+    context.async_clear_error()
+
+
 class Mlp:
     """x -> relu(x W1 + b1) W2, softmax cross-entropy, momentum SGD by hand; everything from numpy(seed)."""
 
@@ -117,6 +134,7 @@ def kernel_sequence() -> list[dict]:
             outcomes.append({"ok": True, "value": float(add(tf.constant(x, tf.float32)).numpy())})
         except tf.errors.OpError as e:
             outcomes.append(error_of(e))
+            settle_after_error()
     outcomes.append({"ok": True, "total": float(total.numpy())})
     return outcomes
 
@@ -137,6 +155,7 @@ def oom_sequence() -> list[dict]:
             out = {"ok": True, "value": float(add(tf.constant(shape, tf.int64)).numpy())}
         except tf.errors.OpError as e:
             out = error_of(e)
+            settle_after_error()
         outcomes.append({**out, "seconds": time.monotonic() - t0})
     return outcomes
 

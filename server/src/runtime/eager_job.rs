@@ -105,6 +105,22 @@ pub enum Item {
 }
 
 impl Item {
+    /// A short description for trace logs.
+    pub fn label(&self) -> String {
+        match self {
+            Item::Execute(op) => match op.send_tensor_name() {
+                Some(name) => format!("send {name}"),
+                None => format!("execute {} #{}", op.name, op.id),
+            },
+            Item::RegisterFunction { .. } => "register function".into(),
+            Item::SendTensors { op_id, .. } => format!("push #{op_id}"),
+            Item::Decref { op_id, output } => format!("decref #{op_id}:{output}"),
+            Item::RemoveFunction(name) => format!("remove function {name}"),
+            Item::CleanupFunction => "cleanup function".into(),
+            Item::Sync => "sync".into(),
+        }
+    }
+
     fn send_tensor_name(&self) -> Option<String> {
         match self {
             Item::Execute(op) => op.send_tensor_name(),
@@ -183,6 +199,8 @@ struct Batch {
 /// What the requests of one StreamingEnqueue stream share.
 #[derive(Default)]
 pub struct StreamState {
+    /// Numbers the server's streams, for logs.
+    pub id: u64,
     /// Set once a request failed: later ones are refused, as TensorFlow's
     /// worker ends the stream at the first error.
     pub failed: AtomicBool,
@@ -198,6 +216,14 @@ pub struct StreamState {
 }
 
 impl StreamState {
+    pub fn new() -> StreamState {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        StreamState {
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
+            ..Default::default()
+        }
+    }
+
     /// Called by the stream's writer when it ended the stream with an error.
     pub fn mark_status_sent(&self) {
         *lock(&self.status_sent.0) = true;
@@ -215,10 +241,6 @@ impl StreamState {
             .map_err(|e| e.into_inner());
     }
 }
-
-/// How long after a failed stream's status went out its unsent sends' pulls
-/// are failed (see `Worker::fail_unsent_pulls`); only failed requests pay it.
-const STREAM_END_GRACE: Duration = Duration::from_millis(100);
 
 /// How the client set up the context.
 pub struct EagerJobSpec {
@@ -619,10 +641,6 @@ impl Worker {
         }
         if let Some(stream) = stream {
             stream.wait_until_status_sent(Duration::from_secs(2));
-            // "Sent" is the server's side: the client takes the stream's end
-            // and the pull's answer on threads of its own, so give the end a
-            // head start (seen in CI: without it, one failure was reported twice).
-            std::thread::sleep(STREAM_END_GRACE);
         }
         for (name, message) in self.unsent.drain(..) {
             self.shared.rendezvous.deliver(&name, Err(message));

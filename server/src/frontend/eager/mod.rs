@@ -238,7 +238,7 @@ impl EagerService for Eager {
         let inbound = request.into_inner();
         let (out_tx, out_rx) = mpsc::channel(256);
         let (pending_tx, pending_rx) = mpsc::unbounded_channel::<PendingReply>();
-        let stream = Arc::new(StreamState::default());
+        let stream = Arc::new(StreamState::new());
         let reader = tokio::spawn(read_stream(
             self.state.clone(),
             inbound,
@@ -332,6 +332,11 @@ async fn read_stream(
             Ok(None) | Err(_) => return (job, true),
         };
         if stream.failed.load(Ordering::SeqCst) {
+            tracing::trace!(
+                context = req.context_id,
+                stream = stream.id,
+                "a request after the stream failed: not run"
+            );
             return (job, false);
         }
         let submitted = (|| {
@@ -352,7 +357,10 @@ async fn read_stream(
                         j
                     }
                 };
-            current.submit(queue_items(req.queue)?, Some(stream.clone()))
+            let items = queue_items(req.queue)?;
+            tracing::trace!(context = req.context_id, stream = stream.id,
+                            items = ?items.iter().map(Item::label).collect::<Vec<_>>(), "stream request");
+            current.submit(items, Some(stream.clone()))
         })();
         let stop = submitted.is_err();
         if pending.send(submitted).is_err() || stop {
@@ -438,7 +446,15 @@ impl WorkerService for Worker {
         // Remote-eager pulls carry the context id as their step id.
         let job = self.state.contexts.get(req.step_id as u64)?;
         let name = tensor_name(&req.rendezvous_key)?;
-        let sent = job.recv(name, UNANNOUNCED_GRACE).await?;
+        tracing::trace!(context = req.step_id as u64, name, "pull");
+        let sent = job.recv(name, UNANNOUNCED_GRACE).await;
+        tracing::trace!(
+            context = req.step_id as u64,
+            name,
+            ok = sent.is_ok(),
+            "pull answered"
+        );
+        let sent = sent?;
         Ok(Response::new(RecvTensorResponse {
             tensor: Some(sent.tensor),
             is_dead: false,
