@@ -27,6 +27,18 @@ def attempt(name, fn):
     except tf.errors.OpError as e:
         outcomes[name] = type(e).__name__
         outcomes[name + "_message"] = e.message[:300]
+        _settle()
+
+
+def _settle():
+    """TF's remote client marks its executor failed only after it woke the caller of a failed op, so the next
+    attempt could meet that late mark and fail with the old error: wait for the executor, then clear its error."""
+    from tensorflow.python.eager import context
+    try:
+        context.async_wait()
+    except tf.errors.OpError:
+        pass
+    context.async_clear_error()
 
 
 attempt("read_eager", lambda: tf.io.read_file("/etc/hostname").numpy())
