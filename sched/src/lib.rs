@@ -89,6 +89,8 @@ struct JobState<W> {
     outside_service: Nanos,
     fair_offset: Nanos,
     iterations: u64,
+    /// The job's fastest main iteration so far.
+    fastest: Option<Nanos>,
     running: usize,
     last_end: Option<Nanos>,
     queue: VecDeque<Pending<W>>,
@@ -107,6 +109,7 @@ impl<W> JobState<W> {
             outside_service: 0,
             fair_offset,
             iterations: 0,
+            fastest: None,
             running: 0,
             last_end: None,
             queue: VecDeque::new(),
@@ -123,6 +126,22 @@ impl<W> JobState<W> {
     /// Device time used, in main iterations and outside the scheduler.
     fn service(&self) -> Nanos {
         self.attained.saturating_add(self.outside_service)
+    }
+
+    /// Service without contention's stretching: every iteration at the
+    /// fastest one's time.
+    fn work(&self) -> Nanos {
+        let fastest = self.fastest.unwrap_or(0);
+        let main = fastest.saturating_mul(self.iterations).min(self.attained);
+        main.saturating_add(self.outside_service)
+    }
+
+    fn record_iterations(&mut self, device_time: Nanos, count: u64, now: Nanos) {
+        let each = device_time / count.max(1);
+        self.fastest = Some(self.fastest.map_or(each, |f| f.min(each)));
+        self.attained += device_time;
+        self.iterations += count;
+        self.last_end = Some(now);
     }
 
     fn mean_iteration(&self) -> Option<Nanos> {
@@ -147,6 +166,7 @@ impl<W> JobState<W> {
             arrival: self.arrival,
             attained: self.service(),
             fair_attained: self.service() + self.fair_offset,
+            work: self.work(),
             iterations: self.iterations,
             priority: self.hints.priority,
             remaining: self.remaining(),
@@ -481,9 +501,7 @@ impl<W> Scheduler<W> {
         if let Some(state) = self.jobs.get_mut(&job) {
             state.running = state.running.saturating_sub(1);
             if let Some(t) = device_time {
-                state.attained += t;
-                state.iterations += 1;
-                state.last_end = Some(now);
+                state.record_iterations(t, 1, now);
             }
             self.rekey(job);
         }
@@ -510,9 +528,7 @@ impl<W> Scheduler<W> {
         if count == 0 {
             return;
         }
-        state.attained += device_time;
-        state.iterations += count;
-        state.last_end = Some(now);
+        state.record_iterations(device_time, count, now);
         self.rekey(job);
     }
 

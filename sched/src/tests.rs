@@ -329,3 +329,31 @@ fn cheap_runs_count_as_service_and_yield_to_jobs_ranked_ahead() {
     s.submit(b, "b", now).unwrap();
     assert!(!s.outranked(a));
 }
+
+#[test]
+fn work_counts_every_iteration_at_the_fastest_ones_time() {
+    let mut s = sched("fifo");
+    let a = JobId(1);
+    s.add_job(a, L, Hints::default(), 0).unwrap();
+    let mut now = 0;
+    // Stretched by contention: 30 ms, then 10 ms alone, then 20 ms.
+    for cost in [30 * MS, 10 * MS, 20 * MS] {
+        s.submit(a, "a", now).unwrap();
+        assert_eq!(run_next(&mut s, &mut now, cost), Some("a"));
+    }
+    s.charge_outside_run(a, 5 * MS);
+    let view = s.jobs[&a].view(a);
+    assert_eq!(view.attained, 65 * MS, "wall time of the runs");
+    assert_eq!(
+        view.work,
+        35 * MS,
+        "3 iterations at 10 ms, plus the cheap runs"
+    );
+    // Back-to-back iterations handed over at once count at their mean.
+    s.submit(a, "a", now).unwrap();
+    let Decision::Run(d) = s.next(L, now) else {
+        panic!("a runs")
+    };
+    s.finish_repeated(d.job, 40 * MS, 8, now + 40 * MS);
+    assert_eq!(s.jobs[&a].view(a).work, 11 * 5 * MS + 5 * MS);
+}

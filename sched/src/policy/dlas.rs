@@ -88,7 +88,7 @@ impl Policy for Dlas {
 
     fn key(&self, job: &JobView) -> SortKey {
         let first = self.thresholds.first().copied().unwrap_or(Nanos::MAX);
-        let service = self.promotions.service_since_promotion(job, first);
+        let service = self.promotions.service_since_promotion(job, first).attained;
         SortKey::new(job, self.queue_of(service) as i128, 0)
     }
 
@@ -104,7 +104,15 @@ impl Policy for Dlas {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Counts {
     attained: Nanos,
+    work: Nanos,
     waited: Nanos,
+}
+
+/// A job's service since its last promotion (or its start), in both measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Since {
+    pub attained: Nanos,
+    pub work: Nanos,
 }
 
 /// Tiresias' starvation guard, shared by `dlas` and `gittins`: per job, its
@@ -131,7 +139,7 @@ impl Promotions {
     /// The job's service since its last promotion, as its rank should see
     /// it. A job with at least `eligible_from` of it that has waited `knob`
     /// times as long is promoted now: its counts restart, and it is 0.
-    pub(super) fn service_since_promotion(&self, job: &JobView, eligible_from: Nanos) -> Nanos {
+    pub(super) fn service_since_promotion(&self, job: &JobView, eligible_from: Nanos) -> Since {
         let mut promoted_at = self
             .promoted_at
             .lock()
@@ -145,12 +153,19 @@ impl Promotions {
                 job.id,
                 Counts {
                     attained: job.attained,
+                    work: job.work,
                     waited: job.waited,
                 },
             );
-            return 0;
+            return Since {
+                attained: 0,
+                work: 0,
+            };
         }
-        service
+        Since {
+            attained: service,
+            work: job.work.saturating_sub(since.work),
+        }
     }
 
     pub(super) fn forget(&self, id: u64) {

@@ -2,14 +2,14 @@
 //! (Tiresias' second policy, Gu et al., NSDI'19; Gittins, 1989), for jobs
 //! that give no length hint.
 //!
-//! A job that has attained `a` of device time gets the index
+//! A job that has done `a` of work gets the index
 //!
 //! ```text
 //!   G(a) = max over Δ > 0 of  P(S − a ≤ Δ | S > a) / E[min(S − a, Δ) | S > a]
 //! ```
 //!
-//! where S is a job's total service, drawn from the distribution of the
-//! finished jobs' services: the best rate at which running the job for a
+//! where S is a job's total work, drawn from the distribution of the
+//! finished jobs' work: the best rate at which running the job for a
 //! while more finishes it. The highest index runs; ties go by arrival, so
 //! equals do not time-share. It is the optimal order without length
 //! knowledge for a single server (mean response time), and it adapts to the
@@ -20,6 +20,12 @@
 //! - a few typical lengths (the 1/5/10-minute trace): a job past one typical
 //!   length is promised the next one and keeps running, as under FIFO, while
 //!   newcomers still get their first minute ahead of it.
+//!
+//! Work is service as if every iteration had run as fast as the job's fastest
+//! one ([`JobView::work`]): the wall time of iterations that shared the device
+//! with other lanes is stretched, and learnt lengths measured that way came out
+//! smeared (a 1/5/10-minute trace's finished jobs spread over 1-50 minutes),
+//! which made the index time-share jobs that FIFO runs to the end.
 //!
 //! Until [`MIN_SAMPLES`] jobs have finished there is no distribution to speak
 //! of, and jobs are ranked by `dlas`; a job that outlived every finished job
@@ -85,17 +91,21 @@ impl Policy for Gittins {
     }
 
     fn key(&self, job: &JobView) -> SortKey {
+        // Work, not wall time: the finished jobs' lengths and this job's
+        // progress in the same unstretched measure (see `JobView::work`).
         let service = self
             .promotions
-            .service_since_promotion(job, super::dlas::QUEUE_THRESHOLDS[0]);
+            .service_since_promotion(job, super::dlas::QUEUE_THRESHOLDS[0])
+            .work;
         match self.index(service) {
             // Higher index first; the scale keeps indexes of jobs with hours
             // of service (~1e-13 per ns) distinct in an integer key.
             Some(Some(index)) => SortKey::new(job, 1 - (index * 1e27) as i128, 0),
             // Older than every finished job: the data says nothing about its
-            // length, so it ranks after the jobs it does, by dlas (FIFO within
-            // a queue, not LAS's time-sharing of equals).
-            Some(None) => SortKey::new(job, 1, self.before_samples.key(job).primary),
+            // length, so it ranks after the jobs it does (whose keys are at
+            // most 1), by dlas queue (FIFO within a queue, not LAS's
+            // time-sharing of equals). One level, so `srtf` can nest the key.
+            Some(None) => SortKey::new(job, 2 + self.before_samples.key(job).primary, 0),
             None => self.before_samples.key(job),
         }
     }
@@ -107,7 +117,7 @@ impl Policy for Gittins {
     }
 
     fn forget(&self, job: &JobView) {
-        self.record(job.attained);
+        self.record(job.work);
         self.promotions.forget(job.id);
         self.before_samples.forget(job);
     }
@@ -197,6 +207,7 @@ mod tests {
             arrival,
             attained,
             fair_attained: attained,
+            work: attained,
             iterations: 1,
             priority: 0,
             remaining: None,
@@ -278,5 +289,27 @@ mod tests {
         let after = p.index(0).unwrap().unwrap();
         assert!((after * MIN as f64 - 1.0).abs() < 1e-9);
         assert!(before < after);
+    }
+
+    #[test]
+    fn lengths_and_progress_are_unstretched_work() {
+        let p = with_lengths(&[MIN, 5 * MIN, 10 * MIN].repeat(3));
+        // A 1-minute job that contention stretched to 4 minutes of wall time
+        // is learnt as 1 minute.
+        p.forget(&JobView {
+            work: MIN,
+            ..view(9, 0, 4 * MIN)
+        });
+        assert_eq!(p.lock().recent.back(), Some(&MIN));
+        // A job with 2 minutes of work ranks by it, not by its 6 stretched
+        // minutes (past every 5-minute job, only 10-minute ones remain).
+        let stretched = JobView {
+            work: 2 * MIN,
+            ..view(1, 0, 6 * MIN)
+        };
+        let by_work = p.key(&stretched);
+        let by_wall = p.key(&view(1, 0, 6 * MIN));
+        assert_ne!(by_work, by_wall);
+        assert_eq!(by_work, p.key(&view(1, 0, 2 * MIN)));
     }
 }

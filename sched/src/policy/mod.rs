@@ -5,7 +5,7 @@
 //! | name | rule |
 //! |---|---|
 //! | `fifo` | earliest-admitted job first, and no other job runs while it lives |
-//! | `srtf` | least remaining time (hints + measured iteration time); `dlas` without hints |
+//! | `srtf` | least remaining time (hints + measured iteration time); `gittins` without hints |
 //! | `pack` | arrival order, work-conserving (Salus's default) |
 //! | `fair` | least attained device time, newcomers start at the lane's minimum |
 //! | `rr` | fewest finished iterations |
@@ -49,6 +49,11 @@ pub struct JobView {
     /// `attained` plus the lane's minimum at admission: equalises service
     /// among the jobs present without crediting newcomers with a head start.
     pub fair_attained: Nanos,
+    /// `attained` as if every iteration had run as fast as the job's fastest
+    /// one (plus its cheap runs): its service without the stretching that
+    /// sharing the device with other lanes adds, for policies that learn
+    /// lengths from finished jobs.
+    pub work: Nanos,
     pub iterations: u64,
     pub priority: i32,
     /// Expected remaining device time, when hints allow an estimate.

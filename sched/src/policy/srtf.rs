@@ -4,15 +4,15 @@
 //! A shorter newcomer takes over at the next iteration boundary; a newcomer with
 //! an `iterations` hint but no measured iteration yet counts as 0 remaining, so
 //! it is measured at once. Jobs without any hint rank after those with one, by
-//! discretized LAS (`dlas`): with no length known, its queues by attained
-//! service are the best guess at shortest-first, without plain LAS's
-//! time-sharing of equals.
+//! the `gittins` index (discretized LAS until enough jobs finished): with no
+//! length known, the finished jobs' lengths are the best guess at
+//! shortest-first, without plain LAS's time-sharing of equals.
 
-use super::{Dlas, JobView, Nanos, Policy, SortKey};
+use super::{Gittins, JobView, Nanos, Policy, SortKey};
 
 #[derive(Default)]
 pub struct Srtf {
-    without_hints: Dlas,
+    without_hints: Gittins,
 }
 
 impl Policy for Srtf {

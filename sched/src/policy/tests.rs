@@ -15,6 +15,7 @@ fn job(
         arrival,
         attained,
         fair_attained: attained,
+        work: attained,
         iterations,
         priority,
         remaining,
@@ -69,7 +70,8 @@ fn ties_break_by_arrival() {
 const MINUTE: Nanos = 60_000_000_000;
 
 #[test]
-fn srtf_without_estimates_is_dlas_after_hinted_jobs() {
+fn srtf_without_estimates_is_gittins_after_hinted_jobs() {
+    // No job finished yet: gittins ranks as dlas.
     // 1 is in a lower queue than 2; 3 is below the first threshold, older than 2.
     let jobs = [
         job(1, 0, 30 * MINUTE, 5, 0, None),
