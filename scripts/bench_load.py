@@ -19,7 +19,8 @@ jobs. Under the default policy, fair, every job of a lane gets the same device t
 sessions' fast repeated steps) included: they skip the queue only while no job ranked ahead waits. Under
 --policy pack a lane runs the earliest-arrived job that has an iteration ready, so later jobs wait while earlier
 ones keep it busy, and the steps per session spread widely.
-Printed: steps and steps/s, per-session spread (per class: TF1 main, TF1 other, TF2), errors (zero expected),
+Printed: steps and steps/s, per-session spread (per class: TF1 main, TF1 other, TF2) and the same spread in device
+time (the server's `service_s` per job: main iterations and brief runs), errors (zero expected),
 step latency at the clients after the warm-up (p50, p99, max; also per class), the server's resident memory
 (VmRSS from /proc/PID/status) after the warm-up and at the end with the growth in % (target <= 10%), its threads
 and open file descriptors, graph sessions and eager contexts open, and the scheduler's own stats
@@ -408,7 +409,8 @@ def phase_load(args, tmp: Path) -> bool:
                 prev = (t, done if done is not None else prev[1])
                 next_print += 30.0
         end_status = proc_status(server.pid)
-        jobs_open = len(ctl_json(server.address, "jobs"))
+        jobs_end = ctl_json(server.address, "jobs")
+        jobs_open = len(jobs_end)
         info_end = server_info(server.address)
         stats = ctl_json(server.address, "stats")
         for w, out in workers:
@@ -494,6 +496,16 @@ def phase_load(args, tmp: Path) -> bool:
     print(f"  starvation: per-session steps max/min {spread:.2f}x (target <= {SPREAD_TARGET:g}x: "
           f"{'met' if ok_spread else 'MISSED'}); longest client step {longest_s:.3f} s (target <= "
           f"{LONGEST_WAIT_TARGET_S:g} s: {'met' if ok_wait else 'MISSED'})")
+    # The same spread in device time, fair's own measure (main iterations and brief runs, from the server).
+    service = {k: sorted(j["service_s"] for j in jobs_end if j["kind"] == k) for k in ("graph", "eager")}
+    every = sorted(service["graph"] + service["eager"])
+    if every and every[0] > 0:
+        line = f"  device time per session (server's count, a few s before the end): max/min {every[-1] / every[0]:.2f}x"
+        for kind, label in (("graph", "TF1"), ("eager", "TF2")):
+            if service[kind]:
+                v = service[kind]
+                line += f"; {label} min {v[0]:.1f} s, median {statistics.median(v):.1f} s, max {v[-1]:.1f} s"
+        print(line)
     warm = next((s for t, s, _ in samples if t >= args.warmup_s), samples[0][1] if samples else end_status)
     growth = (end_status["rss_mib"] - warm["rss_mib"]) / warm["rss_mib"] * 100
     ok_rss = growth <= RSS_GROWTH_TARGET_PCT

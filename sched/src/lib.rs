@@ -214,7 +214,11 @@ pub struct JobStatus {
     pub lane: LaneId,
     pub hints: Hints,
     pub arrival: Nanos,
+    /// Device time of main iterations.
     pub attained: Nanos,
+    /// Device time of main iterations and of runs outside the scheduler
+    /// (cheap runs): what share-by-service policies compare.
+    pub service: Nanos,
     pub iterations: u64,
     pub mean_iteration: Option<Nanos>,
     pub remaining: Option<Nanos>,
@@ -597,6 +601,7 @@ impl<W> Scheduler<W> {
             hints: j.hints.clone(),
             arrival: j.arrival,
             attained: j.attained,
+            service: j.service(),
             iterations: j.iterations,
             mean_iteration: j.mean_iteration(),
             remaining: j.remaining(),

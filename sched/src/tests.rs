@@ -323,6 +323,7 @@ fn cheap_runs_count_as_service_and_yield_to_jobs_ranked_ahead() {
     // The charge is service, not an iteration: srtf-style means stay clean.
     let status = s.status(a).unwrap();
     assert_eq!((status.attained, status.iterations), (0, 0));
+    assert_eq!(status.service, 50 * MS, "service counts it");
     // Once b has had more service than a, a's runs go first again.
     let mut now = 0;
     assert_eq!(run_next(&mut s, &mut now, 60 * MS), Some("b"));

@@ -187,6 +187,7 @@ pub fn job_json(j: &JobInfo) -> Value {
         "policy": j.policy,
         "iterations": j.iterations,
         "attained_s": j.attained_seconds,
+        "service_s": j.service_seconds,
         "mean_iteration_ms": j.mean_iteration_ms,
         "queue_wait_s": j.queue_wait_seconds,
         "queued": j.queued,

@@ -592,6 +592,10 @@ async fn main_iterations_are_scheduled_and_visible_in_the_admin_api() {
     assert_eq!(job.name, "trainer");
     assert_eq!(job.iterations, 3, "{job:?}");
     assert!(job.attained_seconds > 0.0);
+    assert!(
+        job.service_seconds >= job.attained_seconds,
+        "service counts main iterations and cheap runs: {job:?}"
+    );
     assert_eq!(job.hints.as_ref().unwrap().priority, 3);
     assert_eq!(job.hints.as_ref().unwrap().expected_iterations, 50);
     assert_eq!(job.policy, "fair");

@@ -115,6 +115,7 @@ def job_json(job: dict) -> dict:
         "policy": job["policy"],
         "iterations": job["iterations"],
         "attained_s": job["attained_seconds"],
+        "service_s": job["service_seconds"],
         "mean_iteration_ms": job["mean_iteration_ms"],
         "queue_wait_s": job["queue_wait_seconds"],
         "queued": job["queued"],

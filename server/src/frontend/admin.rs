@@ -159,6 +159,7 @@ impl AdminService {
             policy: policy.into(),
             iterations: s.map_or(0, |s| s.iterations),
             attained_seconds: s.map_or(0.0, |s| s.attained as f64 / 1e9),
+            service_seconds: s.map_or(0.0, |s| s.service as f64 / 1e9),
             mean_iteration_ms: s
                 .and_then(|s| s.mean_iteration)
                 .map_or(0.0, |m| m as f64 / 1e6),
@@ -236,6 +237,7 @@ impl AdminService {
             policy: policy.into(),
             iterations: s.map_or(0, |s| s.iterations),
             attained_seconds: s.map_or(0.0, |s| s.attained as f64 / 1e9),
+            service_seconds: s.map_or(0.0, |s| s.service as f64 / 1e9),
             mean_iteration_ms: s
                 .and_then(|s| s.mean_iteration)
                 .map_or(0.0, |m| m as f64 / 1e6),
