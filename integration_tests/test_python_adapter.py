@@ -27,9 +27,9 @@ from conftest import REPO, WORKLOADS, child_env, last_json_line, venv_python
 
 PACKAGE = REPO / "python"
 ADMIN = "/salus.v1.Admin/"
-JOB_JSON_KEYS = {"id", "handle", "name", "state", "lane", "policy", "iterations", "attained_s", "mean_iteration_ms",
-                 "queue_wait_s", "queued", "priority", "expected_iterations", "expected_seconds", "note",
-                 "graph_version", "graph_nodes", "runs_completed", "runs_failed", "age_s", "idle_s"}
+JOB_JSON_KEYS = {"id", "handle", "name", "state", "lane", "policy", "iterations", "attained_s", "service_s",
+                 "mean_iteration_ms", "queue_wait_s", "queued", "priority", "expected_iterations", "expected_seconds",
+                 "note", "graph_version", "graph_nodes", "runs_completed", "runs_failed", "age_s", "idle_s"}
 TF_TIMEOUT = 180
 
 

@@ -38,7 +38,7 @@ TRIO = {"long": dict(seed=1, steps=600), "medium": dict(seed=2, steps=300), "sho
 ADMIN_JOBS = {"alpha": dict(seed=1, steps=400, hints="priority=3&iterations=400"),
               "beta": dict(seed=2, steps=400, hints="iterations=400&seconds=5")}
 ARRIVAL_GAP_S = 1.0
-JOB_ROW_KEYS = {"id", "handle", "name", "state", "lane", "policy", "iterations", "attained_s",
+JOB_ROW_KEYS = {"id", "handle", "name", "state", "lane", "policy", "iterations", "attained_s", "service_s",
                 "mean_iteration_ms", "queue_wait_s", "queued", "priority", "expected_iterations",
                 "expected_seconds", "note"}
 
@@ -206,6 +206,7 @@ def test_ctl_jobs_stats_hints_and_bad_policy(references, tmp_path):
             for key, row in rows.items():
                 assert JOB_ROW_KEYS <= set(row), f"missing keys {JOB_ROW_KEYS - set(row)} in {row}"
                 assert row["state"] in ("running", "queued", "idle"), row
+                assert row["service_s"] >= row["attained_s"], f"service counts main iterations and cheap runs: {row}"
                 assert row["lane"] == 0 and row["policy"] == "fair", row
                 assert row["mean_iteration_ms"] > 1.0, f"steps of several ms measured as {row}"
                 assert isinstance(row["id"], int) and row["handle"], row
