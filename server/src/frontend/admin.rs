@@ -155,16 +155,6 @@ impl AdminService {
             } else {
                 state.into()
             },
-            lane: s.map_or(0, |s| s.lane.0),
-            policy: policy.into(),
-            iterations: s.map_or(0, |s| s.iterations),
-            attained_seconds: s.map_or(0.0, |s| s.attained as f64 / 1e9),
-            service_seconds: s.map_or(0.0, |s| s.service as f64 / 1e9),
-            mean_iteration_ms: s
-                .and_then(|s| s.mean_iteration)
-                .map_or(0.0, |m| m as f64 / 1e6),
-            queue_wait_seconds: s.map_or(0.0, |s| s.total_wait as f64 / 1e9),
-            queued: s.map_or(0, |s| s.queued as u64),
             hints: s.map(|s| hints_to_proto(&s.hints)),
             note: waiting_note.unwrap_or_else(|| s.map(|s| note(policy, s)).unwrap_or_default()),
             graph_version: job.graph_version(),
@@ -174,8 +164,12 @@ impl AdminService {
             age_seconds: job.created.elapsed().as_secs_f64(),
             idle_seconds: job.idle_seconds(),
             kind: "graph".into(),
-            cheap_runs: self.state.executor.cheap_runs(job.id),
-            ..memory_fields(variables, &estimate, memory_state)
+            ..self.scheduler_fields(
+                job.id,
+                s,
+                policy,
+                memory_fields(variables, &estimate, memory_state),
+            )
         }
     }
 
@@ -233,16 +227,6 @@ impl AdminService {
             handle: job.handle.clone(),
             name: job.name.clone(),
             state: state.into(),
-            lane: s.map_or(0, |s| s.lane.0),
-            policy: policy.into(),
-            iterations: s.map_or(0, |s| s.iterations),
-            attained_seconds: s.map_or(0.0, |s| s.attained as f64 / 1e9),
-            service_seconds: s.map_or(0.0, |s| s.service as f64 / 1e9),
-            mean_iteration_ms: s
-                .and_then(|s| s.mean_iteration)
-                .map_or(0.0, |m| m as f64 / 1e6),
-            queue_wait_seconds: s.map_or(0.0, |s| s.total_wait as f64 / 1e9),
-            queued: s.map_or(0, |s| s.queued as u64),
             hints: Some(hints_to_proto(
                 &s.map_or_else(|| job.hints.clone(), |s| s.hints.clone()),
             )),
@@ -255,8 +239,37 @@ impl AdminService {
             age_seconds: job.created.elapsed().as_secs_f64(),
             idle_seconds: job.idle_for().as_secs_f64(),
             kind: "eager".into(),
-            cheap_runs: self.state.executor.cheap_runs(job.id),
-            ..memory_fields(variables, &estimate, memory_state)
+            ..self.scheduler_fields(
+                job.id,
+                s,
+                policy,
+                memory_fields(variables, &estimate, memory_state),
+            )
+        }
+    }
+
+    /// The scheduler's columns of a job's row, graph or eager, over `rest`
+    /// (zero for a job the scheduler does not know yet).
+    fn scheduler_fields(
+        &self,
+        job: JobId,
+        s: Option<&JobStatus>,
+        policy: &str,
+        rest: JobInfo,
+    ) -> JobInfo {
+        JobInfo {
+            lane: s.map_or(0, |s| s.lane.0),
+            policy: policy.into(),
+            iterations: s.map_or(0, |s| s.iterations),
+            attained_seconds: s.map_or(0.0, |s| s.attained as f64 / 1e9),
+            service_seconds: s.map_or(0.0, |s| s.service as f64 / 1e9),
+            mean_iteration_ms: s
+                .and_then(|s| s.mean_iteration)
+                .map_or(0.0, |m| m as f64 / 1e6),
+            queue_wait_seconds: s.map_or(0.0, |s| s.total_wait as f64 / 1e9),
+            queued: s.map_or(0, |s| s.queued as u64),
+            cheap_runs: self.state.executor.cheap_runs(job),
+            ..rest
         }
     }
 }
