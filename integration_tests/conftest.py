@@ -54,6 +54,30 @@ def child_env(**extra: str) -> dict:
     return env
 
 
+# TensorFlow turns its oneDNN CPU kernels and allocator on or off by CPU (on with AVX-512 VNNI/BF16 or AMX, off on
+# e.g. AVX2-only AMD EPYC); TF_ENABLE_ONEDNN_OPTS overrides it. Memory accounting and kernels differ between the
+# two, so the tests that depend on them run under both, whatever this machine's default is.
+ONEDNN_SETTINGS = {"onednn-off": "0", "onednn-on": "1"}
+
+
+def onednn_env(setting: str) -> dict:
+    """The environment (for a server and its reference runs alike) that fixes TensorFlow's oneDNN setting."""
+    return {"TF_ENABLE_ONEDNN_OPTS": setting}
+
+
+@pytest.fixture(params=sorted(ONEDNN_SETTINGS), scope="module")
+def onednn(request) -> dict:
+    """Each oneDNN setting in turn (module-scoped, so a module's servers for one setting can be shared)."""
+    return onednn_env(ONEDNN_SETTINGS[request.param])
+
+
+# TensorFlow's default CPU allocator keeps statistics (`get_memory_info`, RunMetadata's allocator_bytes_in_use)
+# only with oneDNN on; its BFC CPU allocator keeps them under both settings. A reference run that reads
+# TensorFlow's own accounting uses it, so the reference exists on every CPU (allocations are the kernels' own
+# requests either way; BFC rounds each up to 256 bytes).
+ALLOCATOR_STATS_ENV = {"TF_CPU_ALLOCATOR_USE_BFC": "true"}
+
+
 class SalusProcess:
     """A salus-server child started on a free port; stopped by its own PID only."""
 

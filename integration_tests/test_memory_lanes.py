@@ -12,7 +12,8 @@ job builds its graph, touches its ready file and waits for its go file (arrival 
    --admission-timeout fails with RESOURCE_EXHAUSTED naming its need; the server keeps serving.
 3. A SIGKILLed client's lane share is freed after --idle-timeout and the waiting job is admitted.
 4. Without hints, the server's estimates for a 784-512-10 Adam MLP (batch 256) are within 20% of TensorFlow's
-   own numbers (variable bytes; rise of allocator_bytes_in_use over a FULL_TRACE step + fed bytes).
+   own numbers (variable bytes; rise of allocator_bytes_in_use over a FULL_TRACE step + fed bytes), with
+   TensorFlow's oneDNN kernels off and on (server and reference alike).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import pytest
 import salus_wire as w
 from gated_jobs import GatedJob, GatedJobs
 from server_ctl import ctl_json, jobs_by_name, require_server_flag, stop_cleanly, wait_state
-from conftest import WORKLOADS, SalusProcess, last_json_line, venv_python, wait_until
+from conftest import ALLOCATOR_STATS_ENV, WORKLOADS, SalusProcess, last_json_line, venv_python, wait_until
 
 pytestmark = pytest.mark.skipif(
     bool(os.environ.get("SALUS_TEST_TARGET")),
@@ -229,16 +230,19 @@ def test_killed_client_lane_is_freed_after_idle_timeout(tiny_reference, tmp_path
 
 # --- 4. estimates vs TensorFlow -------------------------------------------------------------------------
 
-def tf_numbers_in_fresh_process(model: str) -> dict:
+def tf_numbers_in_fresh_process(model: str, onednn: dict) -> dict:
     """TensorFlow's own numbers from a process of their own: allocator_bytes_in_use is process-wide, so in the
-    test runner (which has run other TensorFlow work) a traced step's rise also counts unrelated allocations."""
-    out = subprocess.run([venv_python(), str(JOB_SCRIPT), "--model", model, "--tf-numbers"], capture_output=True,
-                         text=True, timeout=300, check=True).stdout
-    return last_json_line(out)
+    test runner (which has run other TensorFlow work) a traced step's rise also counts unrelated allocations.
+    Same oneDNN setting as the server's; an allocator that keeps statistics under either (ALLOCATOR_STATS_ENV)."""
+    proc = subprocess.run([venv_python(), str(JOB_SCRIPT), "--model", model, "--tf-numbers"], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, **onednn, **ALLOCATOR_STATS_ENV})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return last_json_line(proc.stdout)
 
 
-def test_estimates_match_tensorflows_own_numbers(tmp_path):
-    server = SalusProcess(tmp_path / "salus-server.stderr.log", extra_args=("--memory-capacity", "8GiB"))
+def test_estimates_match_tensorflows_own_numbers(tmp_path, onednn):
+    server = SalusProcess(tmp_path / "salus-server.stderr.log", extra_args=("--memory-capacity", "8GiB"),
+                          env=onednn)
     try:
         with MemJobs(tmp_path) as jobs:
             job = jobs.start("adam", name="adam", model="mlp_adam", steps=15)
@@ -253,10 +257,10 @@ def test_estimates_match_tensorflows_own_numbers(tmp_path):
     finally:
         server.kill()
 
-    tf_nums = tf_numbers_in_fresh_process("mlp_adam")
+    tf_nums = tf_numbers_in_fresh_process("mlp_adam", onednn)
     p_est, e_est = row["persistent_estimate_bytes"], row["ephemeral_estimate_bytes"]
     p_tf, e_tf = tf_nums["variable_bytes"], tf_nums["ephemeral_bytes"]
-    print(f"persistent: salus {p_est} vs TF {p_tf} ({p_est / p_tf:.3f}x); "
+    print(f"{onednn}: persistent: salus {p_est} vs TF {p_tf} ({p_est / p_tf:.3f}x); "
           f"ephemeral: salus {e_est} vs TF {e_tf} ({e_est / e_tf:.3f}x; TF rise {tf_nums['trace_rise_bytes']} "
           f"+ fed {tf_nums['fed_bytes']})")
     assert admitted(row), row

@@ -7,25 +7,28 @@ larger than the device gets RESOURCE_EXHAUSTED at once while single eager ops of
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import grpc
 import pytest
 
-from conftest import WORKLOADS, SalusProcess, last_json_line, venv_python, wait_until
+from conftest import TESTS, WORKLOADS, SalusProcess, last_json_line, venv_python, wait_until
 from server_ctl import ctl_json
 from tf2_common import SERVER_JOB, tf2_env
 
 SCRIPT = WORKLOADS / "tf2_steps.py"
+C_PROGRAMS = TESTS / "c_programs"
 
 
 class Job:
     """tf2_steps.py against a server; HOLD lines and the JSON outcome are read on a thread."""
 
-    def __init__(self, address: str, name: str, steps: int, hold_after: int | str = -1):
-        env = tf2_env(SALUS_SERVER=address, SALUS_JOB_NAME=name)
+    def __init__(self, address: str, name: str, steps: int, hold_after: int | str = -1, env: dict | None = None):
+        env = tf2_env(SALUS_SERVER=address, SALUS_JOB_NAME=name, **(env or {}))
         self.proc = subprocess.Popen([venv_python(), str(SCRIPT), str(steps), str(hold_after)], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True)
@@ -87,16 +90,13 @@ def test_policy_orders_tf2_jobs(tmp_path, policy, short_first):
         server.stop()
 
 
-def test_tf2_ephemeral_memory_is_measured_like_tensorflows_own(tmp_path):
-    """With --memory-capacity, the server measures an eager job's per-call memory (its heap's rise during sampled
-    function calls; TF 2.21 keeps no memory records for eager calls) and it agrees with TensorFlow's own accounting
-    of the same step in-process (its CPU allocator's peak, `get_memory_info`)."""
-    reference = subprocess.run([venv_python(), str(SCRIPT), "12"], env=tf2_env(TF2_STEPS_MEMORY="1"),
-                               capture_output=True, text=True, timeout=180)
-    tf_peak = last_json_line(reference.stdout)["step_peak_bytes"]
-    assert tf_peak >= 2 * 512 * 512 * 4, reference.stdout  # two 1 MiB intermediates live at once
-    server = SalusProcess(tmp_path / "server.log", ("--memory-capacity", "8GiB"))
-    job = Job(server.address, "tf2-measured", 20, hold_after=15)
+@pytest.fixture(scope="module")
+def measured_job(onednn, tmp_path_factory) -> dict:
+    """The admin row of a tf2_steps.py job that the server measured (--memory-capacity 8GiB), under one oneDNN
+    setting: its ephemeral need depends on TensorFlow's kernels, so the admission test sizes its device from it."""
+    tmp = tmp_path_factory.mktemp("tf2-measured")
+    server = SalusProcess(tmp / "server.log", ("--memory-capacity", "8GiB"), env=onednn)
+    job = Job(server.address, "tf2-measured", 20, hold_after=15, env=onednn)
     try:
         assert job.held.wait(180), "".join(job.lines)
         r = row(server.address, "tf2-measured")
@@ -105,29 +105,73 @@ def test_tf2_ephemeral_memory_is_measured_like_tensorflows_own(tmp_path):
     finally:
         job.kill()
         server.stop()
+    assert r["ephemeral_source"] == "measured" and r["persistent_source"] == "variables", r
+    return r
+
+
+@pytest.fixture(scope="module")
+def heap_peak_lib(tmp_path_factory) -> Path:
+    """integration_tests/c_programs/heap_peak.c built as an LD_PRELOAD library (cc, under a second)."""
+    cc = shutil.which("cc")
+    if cc is None:
+        pytest.fail("no C compiler (cc) on PATH: the eager memory reference is a small preloaded C library")
+    lib = tmp_path_factory.mktemp("heap_peak") / "heap_peak.so"
+    cmd = [cc, "-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-o", str(lib), str(C_PROGRAMS / "heap_peak.c")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stderr[-4000:]}"
+    return lib
+
+
+# The server's own process settings (server/src/tf_env.rs): oneDNN's allocator hands every block to malloc, and
+# glibc keeps blocks up to 1 GiB on its heap. The in-process reference runs with the same, so both heaps see the
+# same blocks.
+SERVER_ALLOCATOR_ENV = {"TF_ONEDNN_USE_SYSTEM_ALLOCATOR": "true", "MALLOC_MMAP_THRESHOLD_": str(1 << 30),
+                        "MALLOC_TRIM_THRESHOLD_": str(2**31 - 1)}
+
+
+def test_tf2_ephemeral_memory_is_measured_like_tensorflows_own(measured_job, onednn, heap_peak_lib):
+    """With --memory-capacity, the server measures an eager job's per-call memory (its heap's rise during sampled
+    function calls; TF 2.21 keeps no memory records for eager calls), and it agrees with the same step measured
+    the same way in TensorFlow's own process, under both oneDNN settings. TensorFlow's allocator statistics are no
+    reference here: they exist only with oneDNN on (or the BFC CPU allocator), and they miss the kernels' own
+    scratch (Eigen's matmul buffers: 5.0 MB of heap against 3 MiB in the BFC allocator with oneDNN off)."""
+    reference = subprocess.run([venv_python(), str(SCRIPT), "12"],
+                               env=tf2_env(TF2_STEPS_MEMORY="heap", LD_PRELOAD=str(heap_peak_lib), **onednn,
+                                           **SERVER_ALLOCATOR_ENV),
+                               capture_output=True, text=True, timeout=180)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    tf_peak = last_json_line(reference.stdout)["step_heap_peak_bytes"]
+    assert tf_peak >= 2 * 512 * 512 * 4, reference.stdout  # two 1 MiB intermediates live at once
+    r = measured_job
     measured = r["ephemeral_estimate_bytes"] * 20 / 21  # the estimate adds Salus's 5% margin
-    print(f"ephemeral: salus measured {measured:.0f} vs TensorFlow in-process {tf_peak} ({measured / tf_peak:.3f}x)")
-    assert r["ephemeral_source"] == "measured", r
+    print(f"{onednn}: ephemeral: salus measured {measured:.0f} vs the same step in-process {tf_peak} "
+          f"({measured / tf_peak:.3f}x)")
     assert abs(measured - tf_peak) <= 0.25 * tf_peak, (r, tf_peak)
 
 
-def test_tf2_memory_admission_waits_and_refuses(tmp_path):
-    """Capacity for one job (each needs about 3.5 MB: a 1 MiB variable +10%, and its calls' measured 2.2 MB +5%;
-    a second job could share the first one's lane if the pool had room for its variable, 1.2 MB): the second waits, shown as "waiting for memory", and runs once the first is gone; a 64 KiB server refuses the
-    job with RESOURCE_EXHAUSTED naming its need, and still runs single eager ops."""
-    server = SalusProcess(tmp_path / "server.log", ("--memory-capacity", "4MiB"))
+def test_tf2_memory_admission_waits_and_refuses(tmp_path, measured_job, onednn):
+    """Capacity for one job and half a variable more (each job needs its 1 MiB variable +10% and its calls'
+    measured need +5%, which TensorFlow's kernels decide: about 2.2 MB with oneDNN, more without, so the capacity
+    comes from the same job measured under the same setting): the second cannot even share the first one's lane
+    (that needs room for its variable), so it waits, shown as "waiting for memory", and runs once the first is
+    gone; a 64 KiB server refuses the job with RESOURCE_EXHAUSTED naming its need, and still runs single eager
+    ops."""
+    variable = 512 * 512 * 4
+    need = measured_job["persistent_estimate_bytes"] + measured_job["ephemeral_estimate_bytes"]
+    capacity = need + variable // 2
+    server = SalusProcess(tmp_path / "server.log", ("--memory-capacity", str(capacity)), env=onednn)
     jobs = []
     try:
-        first = Job(server.address, "tf2-mem-first", 20, hold_after=5)
+        first = Job(server.address, "tf2-mem-first", 20, hold_after=5, env=onednn)
         jobs.append(first)
         assert first.held.wait(180), "".join(first.lines)
         r = row(server.address, "tf2-mem-first")
-        assert r["memory_state"] == "admitted" and r["persistent_source"] == "variables", r
-        assert r["variable_bytes"] == 512 * 512 * 4 and r["persistent_estimate_bytes"] == 512 * 512 * 4 * 11 // 10, r
-        second = Job(server.address, "tf2-mem-second", 10)
+        assert r["memory_state"] == "admitted" and r["persistent_source"] == "variables", (r, capacity)
+        assert r["variable_bytes"] == variable and r["persistent_estimate_bytes"] == variable * 11 // 10, r
+        second = Job(server.address, "tf2-mem-second", 10, env=onednn)
         jobs.append(second)
         assert wait_until(lambda: (row(server.address, "tf2-mem-second") or {}).get("state") == "waiting for memory",
-                          timeout=120), row(server.address, "tf2-mem-second")
+                          timeout=120), (row(server.address, "tf2-mem-second"), r, capacity)
         assert "waiting for memory" in row(server.address, "tf2-mem-second")["note"]
         first.release()
         assert "error" not in first.result(), first.lines
@@ -139,10 +183,10 @@ def test_tf2_memory_admission_waits_and_refuses(tmp_path):
             job.kill()
         server.stop()
 
-    tiny = SalusProcess(tmp_path / "tiny.log", ("--memory-capacity", "64KiB"))
+    tiny = SalusProcess(tmp_path / "tiny.log", ("--memory-capacity", "64KiB"), env=onednn)
     try:
         started = time.monotonic()
-        job = Job(tiny.address, "tf2-too-big", 5)
+        job = Job(tiny.address, "tf2-too-big", 5, env=onednn)
         result = job.result()
         assert result.get("error") == "ResourceExhaustedError", result
         assert "65536" in result["message"] and "needs" in result["message"], result

@@ -38,30 +38,32 @@ def salus_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("salus:")]
 
 
-def _compare(a, b, path: str, inexact: list[str]) -> None:
+def _compare(a, b, path: str, inexact: list[str], rel_tol: float, abs_tol: float) -> None:
     if isinstance(a, dict):
         assert isinstance(b, dict) and set(a) == set(b), f"{path}: keys {sorted(a)} != {sorted(b)}"
         for k in a:
-            _compare(a[k], b[k], f"{path}.{k}", inexact)
+            _compare(a[k], b[k], f"{path}.{k}", inexact, rel_tol, abs_tol)
     elif isinstance(a, list):
         assert isinstance(b, list) and len(a) == len(b), f"{path}: lengths {len(a)} != {len(b)}"
         for i, (x, y) in enumerate(zip(a, b)):
-            _compare(x, y, f"{path}[{i}]", inexact)
+            _compare(x, y, f"{path}[{i}]", inexact, rel_tol, abs_tol)
     elif isinstance(a, float) and isinstance(b, (int, float)) and not isinstance(b, bool):
         if a != b and not (math.isnan(a) and math.isnan(b)):
-            assert math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9), f"{path}: in-process {a!r} != remote {b!r}"
+            assert math.isclose(a, b, rel_tol=rel_tol, abs_tol=abs_tol), \
+                f"{path}: in-process {a!r} != remote {b!r} (rel_tol {rel_tol}, abs_tol {abs_tol})"
             inexact.append(f"{path}: {a!r} vs {b!r}")
     else:
         assert a == b, f"{path}: in-process {a!r} != remote {b!r}"
 
 
-def assert_same_numbers(local: dict, remote: dict, ignore=("devices",)) -> None:
-    """Every number equal to 1e-6 relative; a warning lists those that are not bitwise equal."""
+def assert_same_numbers(local: dict, remote: dict, ignore=("devices",), rel_tol: float = 1e-6,
+                        abs_tol: float = 1e-9) -> None:
+    """Every number equal to 1e-6 relative (or the tolerance given); a warning lists those not bitwise equal."""
     inexact: list[str] = []
     _compare({k: v for k, v in local.items() if k not in ignore},
-             {k: v for k, v in remote.items() if k not in ignore}, "result", inexact)
+             {k: v for k, v in remote.items() if k not in ignore}, "result", inexact, rel_tol, abs_tol)
     if inexact:
-        warnings.warn(f"{len(inexact)} numbers equal to 1e-6 but not bitwise: {inexact[:5]}")
+        warnings.warn(f"{len(inexact)} numbers within rel_tol {rel_tol} but not bitwise: {inexact[:5]}")
 
 
 def assert_devices(result: dict, prefix: str) -> None:

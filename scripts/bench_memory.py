@@ -264,6 +264,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench_memory.") as d:
         tmp = Path(d)
         est = measure_estimates(models, tmp)
+        # TensorFlow's default CPU allocator keeps statistics only with oneDNN on (which TensorFlow turns on by
+        # CPU); its BFC CPU allocator keeps them either way. Set for this process only, after the servers ran.
+        os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
         from workloads import mem_job  # TensorFlow in this process only now, after the children are done
         tf_nums = {m: mem_job.tf_numbers(m) for m in models}
 

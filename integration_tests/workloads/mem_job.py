@@ -136,6 +136,10 @@ def tf_numbers(model: str, seed: int = 1, warmup: int = 2) -> dict:
                         in_use.setdefault(mem.allocator_name, []).append(mem.allocator_bytes_in_use)
             rises.append(sum(max(v) - min(v) for v in in_use.values() if v))
         rise = min(rises)
+        if rise <= 0:
+            # TensorFlow's default CPU allocator keeps no statistics with oneDNN off: no reference, not a zero.
+            raise SystemExit(f"mem_job: allocators {sorted(in_use)} report no bytes in use; run with "
+                             "TF_CPU_ALLOCATOR_USE_BFC=true (or oneDNN on) for TensorFlow's own accounting")
         fed = sum(v.nbytes for v in m.feeds.values())
         return {"model": model, "variable_bytes": int(var_bytes), "variables": len(variables),
                 "trace_rise_bytes": int(rise), "fed_bytes": int(fed), "ephemeral_bytes": int(rise + fed),

@@ -3,8 +3,9 @@
 argv: STEPS [HOLD_AFTER]. After HOLD_AFTER steps (default: never) it prints HOLD and waits for a line on stdin;
 HOLD_AFTER "start" holds after `import tensorflow` but before the first eager op, so before the client's eager
 context exists on the server (the adapter connects at the first eager op).
-With the environment variable TF2_STEPS_MEMORY=1 (in-process runs), the JSON line also has "step_peak_bytes":
-TensorFlow's own accounting (its CPU allocator's peak) of one more step, measured after the others.
+With the environment variable TF2_STEPS_MEMORY=heap (in-process runs, integration_tests/c_programs/heap_peak.c
+preloaded), the JSON line also has "step_heap_peak_bytes": the peak rise of the process's heap during one more
+step, measured after the others: the quantity salus-server measures for an eager call.
 Prints one JSON line at the end: {"steps", "start", "end", "values": [...first 3...], "device"}; if a step fails,
 {"error": class name, "message": ...} instead.
 """
@@ -47,9 +48,12 @@ except tf.errors.OpError as e:
     print(json.dumps({"error": type(e).__name__, "message": e.message[:2000], "after": len(values)}), flush=True)
     sys.exit(0)
 result = {"steps": steps, "start": start, "end": time.time(), "values": values[:3], "device": w.handle.device}
-if os.environ.get("TF2_STEPS_MEMORY") == "1":
-    tf.config.experimental.reset_memory_stats("CPU:0")
-    before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+if os.environ.get("TF2_STEPS_MEMORY") == "heap":
+    import ctypes
+
+    meter = ctypes.CDLL(None)  # integration_tests/c_programs/heap_peak.c, LD_PRELOADed
+    meter.salus_heap_meter_stop.restype = ctypes.c_long
+    meter.salus_heap_meter_start()
     step(x).numpy()
-    result["step_peak_bytes"] = tf.config.experimental.get_memory_info("CPU:0")["peak"] - before
+    result["step_heap_peak_bytes"] = meter.salus_heap_meter_stop()
 print(json.dumps(result), flush=True)
