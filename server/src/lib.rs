@@ -38,7 +38,9 @@
 //!   - [`runtime::exec`]: runs TensorFlow work off the async runtime.
 //! - [`tenant`]: the tenant boundary: checkpoint directories and limits;
 //!   [`tenant::op_policy`] (refused ops) and [`tenant::checkpoint_guard`]
-//!   (checkpoint paths confined to the job's directory).
+//!   (checkpoint paths confined to the job's directory); [`tenant::peer_uid`]
+//!   (the Unix user of a loopback client, from the kernel's sock_diag; not yet
+//!   used by the server: groundwork for per-tenant identity).
 //! - [`sched`] (crate `salus-sched`): the scheduler core and memory lanes.
 //! - [`tf`]: safe wrappers over TensorFlow's C API.
 //! - `gpu` (feature `cuda`): GPU memory from the CUDA driver, loaded at run time.

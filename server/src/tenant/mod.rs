@@ -1,8 +1,10 @@
 //! What a tenant's job may do on the server: which ops its graphs may use,
-//! where its checkpoints go, and how large its graphs may be.
+//! where its checkpoints go, and how large its graphs may be; and who a
+//! loopback client is ([`peer_uid`], groundwork for per-tenant identity).
 
 pub mod checkpoint_guard;
 pub mod op_policy;
+pub mod peer_uid;
 
 use std::path::{Path, PathBuf};
 
