@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -54,8 +55,8 @@ def child_env(**extra: str) -> dict:
     return env
 
 
-# TensorFlow turns its oneDNN CPU kernels and allocator on or off by CPU (on with AVX-512 VNNI/BF16 or AMX, off on
-# e.g. AVX2-only AMD EPYC); TF_ENABLE_ONEDNN_OPTS overrides it. Memory accounting and kernels differ between the
+# TensorFlow turns its oneDNN CPU kernels and allocator on or off by CPU (measured: on for an AMD EPYC with AVX-512
+# VNNI and BF16, off for an AMD EPYC with AVX2 only); TF_ENABLE_ONEDNN_OPTS overrides it. Memory accounting and kernels differ between the
 # two, so the tests that depend on them run under both, whatever this machine's default is.
 ONEDNN_SETTINGS = {"onednn-off": "0", "onednn-on": "1"}
 
@@ -76,6 +77,18 @@ def onednn(request) -> dict:
 # TensorFlow's own accounting uses it, so the reference exists on every CPU (allocations are the kernels' own
 # requests either way; BFC rounds each up to 256 bytes).
 ALLOCATOR_STATS_ENV = {"TF_CPU_ALLOCATOR_USE_BFC": "true"}
+
+
+def compile_c(source: Path, output: Path, *flags: str, libs: tuple[str, ...] = ()) -> Path:
+    """`cc -Wall -Werror FLAGS -o OUTPUT SOURCE LIBS` (a test's own C program or preload library; libraries after
+    the source, as the linker needs them); fails the test with the compiler's message."""
+    cc = shutil.which("cc")
+    if cc is None:
+        pytest.fail(f"no C compiler (cc) on PATH: the test builds {source.name} with it")
+    cmd = [cc, "-Wall", "-Werror", *flags, "-o", str(output), str(source), *libs]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stderr[-4000:]}"
+    return output
 
 
 class SalusProcess:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import queue
-import shutil
 import socket
 import struct
 import subprocess
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TESTS, child_env, last_json_line, run_python, server_bin
+from conftest import TESTS, child_env, compile_c, last_json_line, run_python, server_bin
 from server_ctl import jobs_by_name
 
 C_PROGRAMS = TESTS / "c_programs"
@@ -65,20 +64,11 @@ def shim() -> Path:
 @pytest.fixture(scope="module")
 def programs(tmp_path_factory) -> dict[str, Path]:
     """train and serve, compiled against the wheel's C API (rpath to its libraries)."""
-    cc = shutil.which("cc")
-    if cc is None:
-        pytest.fail("no C compiler (cc) on PATH: the C-API shim tests build their programs with it")
     out = tmp_path_factory.mktemp("c_programs")
     lib = tf_dir()
-    built = {}
-    for name in ("train", "serve"):
-        exe = out / name
-        cmd = [cc, "-O1", "-Wall", "-Werror", "-o", str(exe), str(C_PROGRAMS / f"{name}.c"), f"-I{lib / 'include'}",
-               f"-L{lib}", "-l:libtensorflow_cc.so.2", "-l:libtensorflow_framework.so.2", f"-Wl,-rpath,{lib}"]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stderr[-4000:]}"
-        built[name] = exe
-    return built
+    return {name: compile_c(C_PROGRAMS / f"{name}.c", out / name, "-O1", f"-I{lib / 'include'}", f"-L{lib}",
+                            f"-Wl,-rpath,{lib}", libs=("-l:libtensorflow_cc.so.2", "-l:libtensorflow_framework.so.2"))
+            for name in ("train", "serve")}
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ larger than the device gets RESOURCE_EXHAUSTED at once while single eager ops of
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import threading
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from conftest import TESTS, WORKLOADS, SalusProcess, last_json_line, venv_python, wait_until
+from conftest import TESTS, WORKLOADS, SalusProcess, compile_c, last_json_line, venv_python, wait_until
 from server_ctl import ctl_json
 from tf2_common import SERVER_JOB, tf2_env
 
@@ -112,14 +111,8 @@ def measured_job(onednn, tmp_path_factory) -> dict:
 @pytest.fixture(scope="module")
 def heap_peak_lib(tmp_path_factory) -> Path:
     """integration_tests/c_programs/heap_peak.c built as an LD_PRELOAD library (cc, under a second)."""
-    cc = shutil.which("cc")
-    if cc is None:
-        pytest.fail("no C compiler (cc) on PATH: the eager memory reference is a small preloaded C library")
-    lib = tmp_path_factory.mktemp("heap_peak") / "heap_peak.so"
-    cmd = [cc, "-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-o", str(lib), str(C_PROGRAMS / "heap_peak.c")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stderr[-4000:]}"
-    return lib
+    return compile_c(C_PROGRAMS / "heap_peak.c", tmp_path_factory.mktemp("heap_peak") / "heap_peak.so",
+                     "-shared", "-fPIC", "-O2")
 
 
 # The server's own process settings (server/src/tf_env.rs): oneDNN's allocator hands every block to malloc, and
