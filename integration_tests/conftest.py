@@ -251,3 +251,67 @@ def wait_until(pred, timeout: float, interval: float = 0.05) -> bool:
             return True
         time.sleep(interval)
     return pred()
+
+
+# --- real Unix users as tenants -------------------------------------------------------------------------
+
+TEST_USERS = ("salus-ta", "salus-tb")
+
+
+def _made_traversable(paths) -> list[tuple[str, int]]:
+    """Adds o+x (search, not read) to every ancestor directory of `paths` that lacks it, so other users can
+    reach the interpreter and the venv (pyenv's Python lives under /root, mode 0700, on these machines).
+    Returns what was changed, for `_restore_modes`."""
+    changed = []
+    for path in paths:
+        p = Path(path).resolve()
+        for directory in [*reversed(p.parents)]:
+            mode = directory.stat().st_mode
+            if not mode & 0o001:
+                os.chmod(directory, mode | 0o001)
+                changed.append((str(directory), mode & 0o7777))
+    return changed
+
+
+def _restore_modes(changed) -> None:
+    for directory, mode in reversed(changed):
+        os.chmod(directory, mode)
+
+
+@pytest.fixture(scope="session")
+def unix_users():
+    """Two real Unix users with home directories (0700), created for the test session and removed after
+    it: {name: pwd entry}. Needs root (CI runs as root); the interpreter and the venv are made reachable
+    for them (o+x on their ancestors) while the session runs, and the modes restored after."""
+    import pwd
+    if os.geteuid() != 0:
+        pytest.fail("the tenant tests create Unix users and need root (CI runs as root)")
+    if shutil.which("useradd") is None:
+        pytest.fail("useradd is missing (Debian: apt-get install passwd)")
+    for name in TEST_USERS:  # left over by a run that was killed
+        subprocess.run(["userdel", "-r", name], capture_output=True)
+    users = {}
+    for name in TEST_USERS:
+        subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", "--user-group", name],
+                       check=True, capture_output=True)
+        entry = pwd.getpwnam(name)
+        os.chmod(entry.pw_dir, 0o700)
+        users[name] = entry
+    python = Path(venv_python())
+    changed = _made_traversable([python.resolve(), python.parent, TESTS])
+    try:
+        yield users
+    finally:
+        _restore_modes(changed)
+        for name in TEST_USERS:
+            subprocess.run(["userdel", "-r", name], capture_output=True)
+
+
+def run_as(user, cmd: list[str], env: dict | None = None, timeout: float = 240, **kwargs):
+    """Runs `cmd` as `user` (a pwd entry): its uid, primary group and no supplementary groups, in its home
+    directory with HOME set, as a login would."""
+    full_env = {**os.environ, **(env or {}), "HOME": user.pw_dir, "USER": user.pw_name,
+                "LOGNAME": user.pw_name}
+    return subprocess.run(cmd, user=user.pw_uid, group=user.pw_gid, extra_groups=[], env=full_env,
+                          cwd=kwargs.pop("cwd", user.pw_dir), capture_output=True, text=True,
+                          timeout=timeout, **kwargs)

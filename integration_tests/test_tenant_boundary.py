@@ -1,6 +1,8 @@
-"""The tenant boundary, with stock TF1 clients: ops that reach the server's machine are refused with an error
-naming the op (also inside functions), checkpoint paths are confined to the job's directory, and the session
-and graph-size limits hold. Every refusal leaves the server serving (checked by a small run after each)."""
+"""The tenant boundary, with stock TF1 clients, for tenants whose computation runs with permissions not their own
+(here `--auth off`: every client is the anonymous tenant): ops that reach the server's machine are refused with an
+error naming the op (also inside functions), checkpoint paths are confined to the job's directory, and the session
+and graph-size limits hold. Every refusal leaves the server serving (checked by a small run after each). A tenant
+that is the server's own Unix user gets its own permissions instead (test_tenant_identity.py)."""
 
 from __future__ import annotations
 
@@ -36,25 +38,39 @@ def saver_graph():
     return g, v, init, saver
 
 
+@pytest.fixture(scope="module")
+def confined_target(tmp_path_factory):
+    """This module's own server: anonymous tenants (--auth off), checkpoints confined under pytest's base."""
+    external = os.environ.get("SALUS_TEST_TARGET")
+    if external:  # a server the tests did not start: used as it is
+        yield external
+        return
+    root = str(tmp_path_factory.getbasetemp())
+    server = SalusProcess(tmp_path_factory.mktemp("confined") / "salus-server.stderr.log",
+                          ("--auth", "off", "--checkpoint-root", root))
+    yield server.target
+    assert server.stop() == 0
+
+
 def named_config(name: str) -> config_pb2.ConfigProto:
     config = config_pb2.ConfigProto()
     config.experimental.session_metadata.name = name
     return config
 
 
-def test_a_file_reading_op_is_refused_by_name(salus_target, is_salus):
+def test_a_file_reading_op_is_refused_by_name(confined_target, is_salus):
     if not is_salus:
         pytest.skip("TensorFlow's own server has no tenant boundary")
     g = tf.Graph()
     with g.as_default():
         content = tf.io.read_file("/etc/hostname")
-    with tf.compat.v1.Session(salus_target, graph=g) as sess:
+    with tf.compat.v1.Session(confined_target, graph=g) as sess:
         with pytest.raises(tf.errors.PermissionDeniedError, match="op ReadFile is not allowed"):
             sess.run(content)
-    run_small(salus_target)
+    run_small(confined_target)
 
 
-def test_ops_inside_functions_are_checked_too(salus_target, is_salus):
+def test_ops_inside_functions_are_checked_too(confined_target, is_salus):
     if not is_salus:
         pytest.skip("TensorFlow's own server has no tenant boundary")
     g = tf.Graph()
@@ -64,18 +80,18 @@ def test_ops_inside_functions_are_checked_too(salus_target, is_salus):
             return tf.strings.length(tf.io.read_file(path))
 
         n = length_of(tf.constant("/etc/hostname"))
-    with tf.compat.v1.Session(salus_target, graph=g) as sess:
+    with tf.compat.v1.Session(confined_target, graph=g) as sess:
         with pytest.raises(tf.errors.PermissionDeniedError, match="function library.*ReadFile"):
             sess.run(n)
-    run_small(salus_target)
+    run_small(confined_target)
 
 
-def test_checkpoints_inside_the_root_work_and_outside_fail_the_step(salus_target, is_salus, tmp_path):
+def test_checkpoints_inside_the_root_work_and_outside_fail_the_step(confined_target, is_salus, tmp_path):
     if not is_salus:
         pytest.skip("TensorFlow's own server has no tenant boundary")
     g, v, init, saver = saver_graph()
     escape = f"/tmp/salus_escape_{os.getpid()}"
-    with tf.compat.v1.Session(salus_target, graph=g) as sess:
+    with tf.compat.v1.Session(confined_target, graph=g) as sess:
         sess.run(init)
         path = saver.save(sess, str(tmp_path / "inside"), write_state=False)
         assert os.path.exists(path + ".index")
@@ -94,7 +110,7 @@ def test_checkpoints_inside_the_root_work_and_outside_fail_the_step(salus_target
         saver.restore(sess, path)
         np.testing.assert_allclose(sess.run(v), [1.0, 2.0, 3.0])
     assert not any(name.startswith(os.path.basename(escape)) for name in os.listdir("/tmp"))
-    run_small(salus_target)
+    run_small(confined_target)
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +119,7 @@ def limited_server(tmp_path_factory):
     sessions, graphs of at most 64 KiB."""
     home = tmp_path_factory.mktemp("limited")
     server = SalusProcess(home / "salus-server.stderr.log",
-                          ("--max-sessions", "2", "--max-graph-bytes", "64KiB"), cwd=home)
+                          ("--auth", "off", "--max-sessions", "2", "--max-graph-bytes", "64KiB"), cwd=home)
     yield server, home
     assert server.stop() == 0
 

@@ -1,4 +1,4 @@
-"""The tenant boundary for TF2 jobs: an unmodified TF2 script's reads, writes and listings of the server's files
+"""The tenant boundary for TF2 jobs of a tenant running with permissions not its own (`--auth off`): an unmodified TF2 script's reads, writes and listings of the server's files
 are refused (eagerly and inside a tf.function) with PERMISSION_DENIED while the job goes on; tf.train.Checkpoint
 writes land in the job's checkpoint directory on the server, a path outside it fails, and restoring from that
 directory (same machine) gives the saved values back.
@@ -16,7 +16,7 @@ from tf2_common import SERVER_JOB, tf2_env
 def test_tf2_script_cannot_touch_server_files_and_checkpoints_are_confined(tmp_path):
     workdir = tmp_path / "server-cwd"
     workdir.mkdir()
-    server = SalusProcess(tmp_path / "server.log", cwd=workdir)
+    server = SalusProcess(tmp_path / "server.log", ("--auth", "off"), cwd=workdir)
     try:
         job_dir = workdir / "salus-checkpoints" / "tf2-tenant"
         proc = subprocess.run([venv_python(), str(WORKLOADS / "tf2_tenant.py"), str(job_dir)],

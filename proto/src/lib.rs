@@ -31,4 +31,11 @@ pub mod salus {
     pub mod v1 {
         tonic::include_proto!("salus.v1");
     }
+
+    /// The supervisor <-> executor seam (not a gRPC service: framed messages on a socketpair).
+    pub mod seam {
+        pub mod v1 {
+            tonic::include_proto!("salus.seam.v1");
+        }
+    }
 }

@@ -9,6 +9,7 @@ use clap::Parser;
 use crate::runtime::session_config::SessionDefaults;
 use crate::sched::lanes::LaneRule;
 use crate::sched::{policy, SchedConfig};
+use crate::tenant::identity::{AuthMode, TenantsFile};
 use crate::tenant::op_policy::OpPolicy;
 use crate::tenant::{absolute, default_checkpoint_base, CheckpointRoot, TenantRules};
 pub use crate::units::parse_size;
@@ -159,6 +160,39 @@ pub struct Args {
     #[arg(long, env = "SALUS_TIMELINE_CAPACITY", default_value_t = crate::runtime::timeline::DEFAULT_CAPACITY)]
     pub timeline_capacity: usize,
 
+    /// Which identities tenants are accepted with: `uid` (a loopback client's
+    /// Unix user, looked up once per connection), `token` (a token the client
+    /// carries, SALUS_TOKEN in its environment, listed in --tenants-file),
+    /// `both` (a token when the client carries one, else its Unix user), or
+    /// `off` (every client is one anonymous tenant). A request that cannot be
+    /// attributed gets UNAUTHENTICATED saying what to set.
+    #[arg(long, env = "SALUS_AUTH", default_value = "both", value_parser = parse_auth)]
+    pub auth: AuthMode,
+
+    /// The tenants that may connect with a token: one a line, `NAME SHA256 RUN-AS`,
+    /// where SHA256 is the token's (`printf %s TOKEN | sha256sum`) and RUN-AS a
+    /// user name, a uid or `-` (a tenant that is no Unix user); `#` comments.
+    #[arg(long, env = "SALUS_TENANTS_FILE")]
+    pub tenants_file: Option<std::path::PathBuf>,
+
+    /// How tenants are kept apart: `tenant` runs each tenant's jobs in an
+    /// executor process of its own (as its Unix user when the server runs as
+    /// root), so a crash or a runaway ends only that tenant's jobs; `none`
+    /// runs every job in this process (one trusted user; the most sharing).
+    #[arg(long, env = "SALUS_ISOLATION", default_value = "tenant", value_parser = ["tenant", "none"])]
+    pub isolation: String,
+
+    /// Memory limit of each tenant's executor process (its data segment,
+    /// RLIMIT_DATA), e.g. 16GiB: an allocation beyond it fails and ends that
+    /// tenant's executor only. Unset: no limit. Needs --isolation tenant.
+    #[arg(long, env = "SALUS_EXECUTOR_MEMORY_LIMIT", value_parser = parse_size)]
+    pub executor_memory: Option<u64>,
+
+    /// Seconds an executor process with no open job and no request lives on
+    /// before it is stopped (its tenant's next request starts a new one).
+    #[arg(long, env = "SALUS_EXECUTOR_IDLE_TIMEOUT", default_value_t = 60)]
+    pub executor_idle_timeout: u64,
+
     /// More output: -v adds TensorFlow's own logs and debug logs, -vv trace logs.
     /// RUST_LOG overrides the log filter.
     #[arg(short, long, env = "SALUS_VERBOSE", action = clap::ArgAction::Count)]
@@ -169,6 +203,9 @@ pub struct Args {
 pub enum Command {
     /// Talk to a running server's admin API: jobs, stats, policy, hints, timeline.
     Ctl(crate::ctl::CtlArgs),
+    /// A tenant's executor process: started by the server itself, not by users.
+    #[command(hide = true)]
+    Executor,
 }
 
 /// Validated settings of one server.
@@ -198,6 +235,13 @@ pub struct Config {
     pub max_sessions: usize,
     /// Spans the run timeline keeps.
     pub timeline_capacity: usize,
+    /// Which identities are accepted, and the tenants with tokens.
+    pub auth: AuthMode,
+    pub tenants: TenantsFile,
+    /// One executor process per tenant (true) or one process for all.
+    pub isolate_tenants: bool,
+    pub executor_memory: Option<u64>,
+    pub executor_idle_timeout: Duration,
 }
 
 impl Default for Config {
@@ -221,6 +265,11 @@ impl Default for Config {
             tenant: TenantRules::default(),
             max_sessions: 1024,
             timeline_capacity: crate::runtime::timeline::DEFAULT_CAPACITY,
+            auth: AuthMode::Both,
+            tenants: TenantsFile::default(),
+            isolate_tenants: true,
+            executor_memory: None,
+            executor_idle_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -253,6 +302,18 @@ impl TryFrom<Args> for Config {
             .find(|op| op.is_empty() || op.contains(char::is_whitespace))
         {
             return Err(format!("--allow-ops/--deny-ops: {op:?} is not an op name"));
+        }
+        let tenants = match &args.tenants_file {
+            Some(path) => TenantsFile::load(path)?,
+            None => TenantsFile::default(),
+        };
+        if args.auth == AuthMode::Token && tenants.is_empty() {
+            return Err(
+                "--auth token needs --tenants-file listing at least one tenant's token".into(),
+            );
+        }
+        if args.executor_memory.is_some() && args.isolation == "none" {
+            return Err("--executor-memory needs --isolation tenant (there are no executor processes with none)".into());
         }
         if args.lane_concurrency == 0 {
             return Err("--lane-concurrency must be at least 1".into());
@@ -290,11 +351,26 @@ impl TryFrom<Args> for Config {
                 max_graph_bytes: args.max_graph_bytes,
                 max_context_handles: args.max_context_handles,
                 max_context_functions: args.max_context_functions,
+                confined: true,
             },
             max_sessions: args.max_sessions,
             timeline_capacity: args.timeline_capacity,
+            auth: args.auth,
+            tenants,
+            isolate_tenants: args.isolation == "tenant",
+            executor_memory: args.executor_memory,
+            executor_idle_timeout: Duration::from_secs(args.executor_idle_timeout),
         })
     }
+}
+
+fn parse_auth(text: &str) -> Result<AuthMode, String> {
+    AuthMode::parse(text).ok_or_else(|| {
+        format!(
+            "unknown --auth {text:?}: choose one of {}",
+            AuthMode::NAMES.join(", ")
+        )
+    })
 }
 
 #[cfg(test)]

@@ -54,12 +54,15 @@
 pub mod config;
 pub mod ctl;
 pub mod error;
+pub mod executor;
 pub mod frontend;
 #[cfg(feature = "cuda")]
 pub mod gpu;
 pub mod heap_meter;
 pub mod runtime;
+pub mod seam;
 pub mod server;
+pub mod supervisor;
 pub mod tenant;
 pub mod tf;
 pub mod tf_env;

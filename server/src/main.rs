@@ -5,7 +5,9 @@ use std::io::{IsTerminal, Write};
 use anyhow::Context;
 use clap::Parser;
 use salus_server::config::{Args, Command, Config};
-use salus_server::server::Server;
+use salus_server::frontend::admin::AdminService;
+use salus_server::server::{Role, Server};
+use salus_server::supervisor::executors::ExecutorSpec;
 use tracing_subscriber::EnvFilter;
 
 mod malloc_hooks;
@@ -20,6 +22,14 @@ static EARLY_REDIRECT: unsafe extern "C" fn(
 ) = salus_server::tf_log::early_redirect;
 
 fn main() -> anyhow::Result<()> {
+    // A tenant's executor becomes its tenant's user before anything else runs.
+    let executor = salus_server::executor::is_executor_invocation();
+    if executor {
+        if let Err(err) = salus_server::executor::drop_privileges() {
+            eprintln!("salus-server executor: {err}");
+            std::process::exit(1);
+        }
+    }
     salus_server::tf_env::prepare();
     // fd 2 may be a filtered pipe now: messages printed right before exiting go
     // to the real stderr directly, or the filter thread could lose them.
@@ -51,6 +61,7 @@ fn main() -> anyhow::Result<()> {
             std::process::exit(err.exit_code());
         }
     };
+    let executor = executor && matches!(args.command, Some(Command::Executor));
     if let Some(Command::Ctl(ctl)) = args.command.take() {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -84,6 +95,13 @@ fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    if executor {
+        if let Err(err) = runtime.block_on(salus_server::executor::run(config, shutdown_signal())) {
+            let _ = writeln!(stderr, "salus-server executor: {err}");
+            std::process::exit(1);
+        }
+        return Ok(());
+    }
     if let Err(err) = runtime.block_on(run(config)) {
         let _ = writeln!(stderr, "salus-server: {err:#}");
         std::process::exit(1);
@@ -108,11 +126,17 @@ fn init_logging(verbose: u8, stderr: std::fs::File) {
 async fn run(config: Config) -> anyhow::Result<()> {
     let listen = config.listen;
     let metrics_listen = config.metrics_listen;
-    let server = Server::start(config).await?;
+    let role = if config.isolate_tenants {
+        Role::Supervisor
+    } else {
+        Role::Single
+    };
+    let server = Server::start_as(config, role).await?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
     let addr = listener.local_addr()?;
+    let mut metrics_later = None;
     let metrics = match metrics_listen {
         Some(at) => Some(
             tokio::net::TcpListener::bind(at)
@@ -123,17 +147,38 @@ async fn run(config: Config) -> anyhow::Result<()> {
     };
     // Tests and scripts wait for this exact line.
     println!("salus-server listening on {addr}");
+    let isolate = server.config().isolate_tenants;
+    let executors = isolate.then(|| ExecutorSpec {
+        exe: std::path::PathBuf::from("/proc/self/exe"),
+        args: std::env::args_os().skip(1).collect(),
+        memory_limit: server.config().executor_memory,
+        idle_timeout: server.config().executor_idle_timeout,
+        start_timeout: std::time::Duration::from_secs(120),
+    });
     if let Some(metrics) = metrics {
         // A line of its own, after the first one, for tests and scripts too.
         println!("salus-server metrics on {}", metrics.local_addr()?);
-        tokio::spawn(salus_server::frontend::metrics::serve(
-            metrics,
-            server.state().clone(),
-        ));
+        // Under tenant isolation the supervisor's admin API gathers the
+        // executors' jobs; the metrics are that API's view.
+        let admin = match &executors {
+            Some(_) => None,
+            None => Some(AdminService::new(server.state().clone())),
+        };
+        if let Some(admin) = admin {
+            tokio::spawn(salus_server::frontend::metrics::serve(metrics, admin));
+        } else {
+            metrics_later = Some(metrics);
+        }
     }
     std::io::stdout().flush()?;
-    tracing::info!(%addr, "serving tensorflow.MasterService, tensorflow.eager.EagerService, tensorflow.WorkerService (GetStatus, RecvTensor) and salus.v1.Admin");
-    server.serve(listener, shutdown_signal()).await?;
+    tracing::info!(%addr, isolation = if isolate { "tenant" } else { "none" }, "serving tensorflow.MasterService, tensorflow.eager.EagerService, tensorflow.WorkerService (GetStatus, RecvTensor) and salus.v1.Admin");
+    match executors {
+        Some(spec) => {
+            salus_server::supervisor::serve(server, listener, spec, metrics_later, shutdown_signal())
+                .await?
+        }
+        None => server.serve(listener, shutdown_signal()).await?,
+    }
     tracing::info!("stopped");
     Ok(())
 }

@@ -17,6 +17,8 @@ use crate::config::Config;
 use crate::error::Error;
 use crate::frontend::admin::AdminService;
 use crate::frontend::eager::{Eager, Worker};
+use crate::frontend::identify::{IdentifiedStream, IdentifyLayer};
+use crate::tenant::identity::Identifier;
 use crate::frontend::master::Master;
 use crate::runtime::admission::Admission;
 use crate::runtime::exec;
@@ -25,6 +27,7 @@ use crate::runtime::graph_job::JobSettings;
 use crate::runtime::session_config::{session_config, GpuLanes};
 use crate::runtime::state::ServerState;
 use crate::runtime::timeline::Timeline;
+use crate::seam::client::SeamClient;
 use crate::sched::lanes::LaneManager;
 use crate::sched::policy;
 use crate::tf::{self, Graph, Session};
@@ -37,6 +40,19 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
 }
 
+/// What this process is: the whole server (`--isolation none`), the
+/// supervisor of tenants' executor processes, or one tenant's executor.
+#[derive(Clone)]
+pub enum Role {
+    Single,
+    Supervisor,
+    Executor {
+        seam: Arc<SeamClient>,
+        /// The first job id of this executor.
+        job_base: u64,
+    },
+}
+
 /// A started server: TensorFlow initialised, devices known.
 pub struct Server {
     config: Config,
@@ -45,7 +61,13 @@ pub struct Server {
 
 impl Server {
     /// Initialises TensorFlow and lists the devices every session will see.
-    pub async fn start(mut config: Config) -> Result<Server, ServeError> {
+    pub async fn start(config: Config) -> Result<Server, ServeError> {
+        Server::start_as(config, Role::Single).await
+    }
+
+    /// [`Server::start`] for a process of the given role: an executor's
+    /// scheduling and memory admission are the supervisor's, over the seam.
+    pub async fn start_as(mut config: Config, role: Role) -> Result<Server, ServeError> {
         let capacity = memory_capacity(&config);
         let gpu_lanes = gpu_lanes(&config, capacity)?;
         config.session_defaults.gpu_lanes = gpu_lanes;
@@ -80,8 +102,14 @@ impl Server {
             "scheduler"
         );
         let timeline = Arc::new(Timeline::new(config.timeline_capacity));
-        let executor = Executor::with_timeline(policy, config.sched, timeline);
+        let executor = match &role {
+            Role::Executor { seam, .. } => Executor::remote(policy, config.sched, seam.clone()),
+            _ => Executor::with_timeline(policy, config.sched, timeline),
+        };
         let admission = capacity.map(|capacity| {
+            if let Role::Executor { seam, .. } = &role {
+                return Admission::remote(seam.clone(), executor.clone());
+            }
             let lanes = match gpu_lanes {
                 Some(gpu) => LaneManager::fixed(&vec![gpu.lane_bytes; gpu.count as usize]),
                 None => LaneManager::with_rule(capacity, config.lane_rule),
@@ -101,7 +129,7 @@ impl Server {
             cheap_below: config.cheap_below,
             measure_memory: admission.is_some(),
         };
-        let state = Arc::new(ServerState::new(
+        let mut state = ServerState::new(
             executor,
             admission,
             settings,
@@ -110,12 +138,22 @@ impl Server {
             config.max_sessions,
             devices,
             version,
-        ));
-        Ok(Server { config, state })
+        );
+        if let Role::Executor { job_base, .. } = role {
+            state.sessions.set_id_base(job_base);
+        }
+        Ok(Server {
+            config,
+            state: Arc::new(state),
+        })
     }
 
     pub fn state(&self) -> &Arc<ServerState> {
         &self.state
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
     }
 
     /// Serves on `listener` until `shutdown` resolves, lets in-flight requests
@@ -125,6 +163,48 @@ impl Server {
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), ServeError> {
+        let identifier = Arc::new(Identifier::new(self.config.auth, self.config.tenants.clone()));
+        tracing::info!(auth = %self.config.auth, token_tenants = self.config.tenants.len(), "tenant identity");
+        let accepting = identifier.clone();
+        // Small RunSteps are latency-bound: disable Nagle on every connection.
+        let incoming = TcpListenerStream::new(listener).map(move |stream| {
+            stream.map(|stream| {
+                let _ = stream.set_nodelay(true);
+                IdentifiedStream::accept(stream, &accepting)
+            })
+        });
+        self.serve_incoming(incoming, identifier, shutdown).await
+    }
+
+    /// An executor process: serves its tenant's calls, relayed by the
+    /// supervisor over one HTTP/2 connection on `stream`.
+    pub async fn serve_executor(
+        self,
+        stream: tokio::net::UnixStream,
+        tenant: Arc<crate::tenant::identity::Tenant>,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), ServeError> {
+        let incoming = tokio_stream::once(Ok::<_, std::io::Error>(stream))
+            .chain(tokio_stream::pending());
+        self.serve_incoming(incoming, Arc::new(Identifier::fixed(tenant)), shutdown)
+            .await
+    }
+
+    async fn serve_incoming<IO, S>(
+        self,
+        incoming: S,
+        identifier: Arc<Identifier>,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), ServeError>
+    where
+        S: tokio_stream::Stream<Item = std::io::Result<IO>> + Send + 'static,
+        IO: tonic::transport::server::Connected
+            + tokio::io::AsyncRead
+            + tokio::io::AsyncWrite
+            + Unpin
+            + Send
+            + 'static,
+    {
         let limit = self.config.max_message_size;
         let master = MasterServiceServer::new(Master::new(self.state.clone()))
             .max_decoding_message_size(limit)
@@ -141,17 +221,15 @@ impl Server {
         health.set_serving::<EagerServiceServer<Eager>>().await;
         health.set_serving::<AdminServer<AdminService>>().await;
 
-        // Small RunSteps are latency-bound: disable Nagle on every connection.
-        let incoming = TcpListenerStream::new(listener).map(|stream| {
-            if let Ok(stream) = &stream {
-                let _ = stream.set_nodelay(true);
-            }
-            stream
-        });
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let grace = self.config.shutdown_grace;
         let draining = self.state.clone();
         let router = tonic::transport::Server::builder()
+            // An executor's one connection carries all of its tenant's calls.
+            .max_concurrent_streams(Some(100_000))
+            .initial_stream_window_size(Some(16 << 20))
+            .initial_connection_window_size(Some(64 << 20))
+            .layer(IdentifyLayer::new(identifier))
             .add_service(health_service)
             .add_service(master)
             .add_service(eager)
@@ -256,7 +334,7 @@ async fn reap_idle_sessions(state: Arc<ServerState>, timeout: std::time::Duratio
             if busy || job.is_busy() || job.idle_seconds() < timeout.as_secs_f64() {
                 continue;
             }
-            if let Ok(job) = state.sessions.remove(&job.handle) {
+            if let Some(job) = state.sessions.remove_any(&job.handle) {
                 tracing::warn!(session = %job.handle, name = %job.name, idle_s = job.idle_seconds(), "closing idle session");
                 state.count_reclaimed(false);
                 state.executor.remove_job(job.id);

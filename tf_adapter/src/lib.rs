@@ -7,6 +7,10 @@
 //! call is forwarded untouched. A SavedModel is restored on the client (its files are
 //! there) and its variables' values are shipped into the server's session.
 //!
+//! With `SALUS_TOKEN` set, the tenant token is added to `TF_GRPC_DEFAULT_OPTIONS` when the
+//! library is loaded (`token.rs`), so every gRPC call TensorFlow makes carries it in its
+//! user agent, whether or not SALUS_SERVER is set (a program may name the server itself).
+//!
 //! Every exported function is a panic boundary: a panic becomes a TF_Status error (or a
 //! plain forward where the function has no status), never an unwind into C.
 
@@ -20,9 +24,11 @@ mod redirect;
 mod saved_model;
 mod settings;
 mod tf;
+mod token;
 mod wire;
 
 use std::ffi::{c_char, c_int, c_void, CStr};
+use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::LazyLock;
 
@@ -31,6 +37,23 @@ use redirect::{plan, Redirect, Refusal, RemoteOptions};
 use tf::{real, TF_Buffer, TF_Graph, TF_Session, TF_SessionOptions, TF_Status};
 
 static OPTIONS: LazyLock<OptionsTable> = LazyLock::new(OptionsTable::default);
+
+/// Run by the dynamic loader when the library is loaded: for a preloaded library, before `main`
+/// and before the program has other threads (setenv is not safe once they run), and so before
+/// TensorFlow can create its first gRPC channel and read `TF_GRPC_DEFAULT_OPTIONS`.
+#[used]
+#[link_section = ".init_array"]
+static APPLY_TOKEN_AT_LOAD: extern "C" fn() = apply_token_at_load;
+
+extern "C" fn apply_token_at_load() {
+    if catch_unwind(token::apply_env).is_err() {
+        // Not eprintln!: nothing may unwind out of a constructor.
+        let _ = writeln!(
+            std::io::stderr(),
+            "salus: internal error applying SALUS_TOKEN; not sent"
+        );
+    }
+}
 
 /// Reports a refusal to the program: on stderr (a C program may print only the code) and in its status.
 fn refuse(status: *mut TF_Status, refusal: &Refusal) {

@@ -105,8 +105,9 @@ def server_device(server: str | None) -> str:
     if server:
         try:
             import grpc
-            from . import _proto
-            with grpc.insecure_channel(server) as channel:
+            from . import _proto, _token
+            # The tenant token in the user agent, as on TensorFlow's own channels to the server.
+            with grpc.insecure_channel(server, options=_token.grpc_options()) as channel:
                 raw = channel.unary_unary("/tensorflow.WorkerService/GetStatus")(b"", timeout=5)
             devices = _proto.decode("GetStatusResponse", raw)["device_attributes"]
             if any(d["device_type"] == "GPU" for d in devices):

@@ -1,7 +1,8 @@
 """The startup hook: waits for TensorFlow to be imported, then routes its work to the server.
 
-salus_tf.pth (top of site-packages) calls install_from_env() only when SALUS_SERVER is set. This module
-never imports TensorFlow: a meta-path finder watches for two modules and acts right after each has run:
+salus_tf.pth (top of site-packages) calls install_from_env() only when SALUS_SERVER is set (before it, with
+SALUS_TOKEN set, _token.apply_env(), whether or not SALUS_SERVER is). This module never imports TensorFlow: a
+meta-path finder watches for two modules and acts right after each has run:
 
 - `tensorflow.python.client.session` (every way of importing TensorFlow or tf-keras loads it): BaseSession
   is patched so graph sessions go to the master front end (_patch);

@@ -16,18 +16,117 @@ use crate::runtime::latency::LatencySnapshot;
 use crate::runtime::run_class::MemoryEstimate;
 use crate::runtime::state::ServerState;
 use crate::sched::{Hints, JobId, JobStatus};
+use crate::seam::msg as seam_msg;
+use crate::supervisor::executors::Executors;
 
+#[derive(Clone)]
 pub struct AdminService {
     state: Arc<ServerState>,
+    /// Under `--isolation tenant`, the jobs live in the tenants' executor
+    /// processes: rows and counters come from their reports, the scheduler's
+    /// columns from this process.
+    executors: Option<Arc<Executors>>,
 }
+
+/// How long the admin API waits for an executor's report.
+const REPORT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl AdminService {
     pub fn new(state: Arc<ServerState>) -> AdminService {
-        AdminService { state }
+        AdminService {
+            state,
+            executors: None,
+        }
+    }
+
+    /// The supervisor's admin API, over the tenants' executors.
+    pub fn with_executors(state: Arc<ServerState>, executors: Arc<Executors>) -> AdminService {
+        AdminService {
+            state,
+            executors: Some(executors),
+        }
+    }
+
+    /// The executors' reports (blocks: call it off the async runtime).
+    fn reports(&self) -> Vec<seam_msg::Report> {
+        let Some(executors) = &self.executors else {
+            return Vec::new();
+        };
+        executors
+            .running()
+            .iter()
+            .filter_map(|h| h.link.report(REPORT_TIMEOUT))
+            .collect()
+    }
+
+    /// This process's jobs and counters, as an executor reports them to the supervisor.
+    pub fn executor_report(&self) -> seam_msg::Report {
+        let info = self.server_info();
+        let (sessions_reclaimed, eager_contexts_reclaimed) = self.state.reclaimed();
+        seam_msg::Report {
+            id: 0,
+            jobs: self.jobs(),
+            open_sessions: info.open_sessions,
+            open_eager_contexts: info.open_eager_contexts,
+            sessions_created: info.sessions_created,
+            runs_completed: info.runs_completed,
+            heap_in_use_bytes: info.heap_in_use_bytes,
+            sessions_reclaimed,
+            eager_contexts_reclaimed,
+            run_errors: info.run_errors,
+        }
+    }
+
+    /// An executor's row with this process's view of the scheduler and memory.
+    fn with_scheduler_view(&self, mut row: JobInfo) -> JobInfo {
+        let id = JobId(row.id);
+        let policy = self.state.executor.policy_name();
+        let status = self.state.executor.job_status(id);
+        let s = status.as_ref();
+        let memory = self.memory_state(id);
+        let busy_there = row.state == "running";
+        row.state = match s {
+            _ if memory.waiting => "waiting for memory",
+            Some(s) if s.running > 0 => "running",
+            Some(s) if s.queued > 0 => "queued",
+            _ if busy_there => "running",
+            _ => "idle",
+        }
+        .into();
+        if let Some(s) = s {
+            row.hints = Some(hints_to_proto(&s.hints));
+        }
+        row.note = memory
+            .note
+            .unwrap_or_else(|| s.map(|s| note(policy, s)).unwrap_or_default());
+        if self.state.admission.is_some() {
+            row.memory_state = memory.label;
+        }
+        self.scheduler_fields(id, s, policy, row)
     }
 
     /// Version, devices and server-wide counters (`GetServerInfo`; `/metrics` reads it too).
     pub fn server_info(&self) -> ServerInfo {
+        let mut info = self.own_server_info();
+        for report in self.reports() {
+            info.open_sessions += report.open_sessions;
+            info.open_eager_contexts += report.open_eager_contexts;
+            info.sessions_created += report.sessions_created;
+            info.runs_completed += report.runs_completed;
+            info.heap_in_use_bytes += report.heap_in_use_bytes;
+            info.sessions_reclaimed += report.sessions_reclaimed;
+            info.eager_contexts_reclaimed += report.eager_contexts_reclaimed;
+            for count in report.run_errors {
+                match info.run_errors.iter_mut().find(|c| c.code == count.code) {
+                    Some(c) => c.count += count.count,
+                    None => info.run_errors.push(count),
+                }
+            }
+        }
+        info
+    }
+
+    fn own_server_info(&self) -> ServerInfo {
         let s = &self.state;
         let admission = s.admission.as_ref().map(|a| a.counts()).unwrap_or_default();
         let (sessions_reclaimed, eager_contexts_reclaimed) = s.reclaimed();
@@ -83,6 +182,16 @@ impl AdminService {
     /// Every open job, by id (`ListJobs`; `/metrics` reads it too). Walks
     /// graphs under TF's lock: call it off the async runtime.
     pub fn jobs(&self) -> Vec<JobInfo> {
+        if self.executors.is_some() {
+            let mut jobs: Vec<JobInfo> = self
+                .reports()
+                .into_iter()
+                .flat_map(|r| r.jobs)
+                .map(|row| self.with_scheduler_view(row))
+                .collect();
+            jobs.sort_by_key(|j| j.id);
+            return jobs;
+        }
         let mut jobs: Vec<JobInfo> = self
             .state
             .sessions
@@ -335,22 +444,73 @@ fn hints_to_proto(h: &Hints) -> JobHints {
     }
 }
 
+impl AdminService {
+    /// `SetJobHints` for a job in an executor process: found by id, handle or
+    /// name in the executors' reports; the hints are the scheduler's, here.
+    async fn set_executor_job_hints(&self, req: SetJobHintsRequest) -> Result<JobInfo, Status> {
+        let this = self.clone();
+        let rows = crate::runtime::exec::blocking(move || {
+            Ok(this.reports().into_iter().flat_map(|r| r.jobs).collect::<Vec<_>>())
+        })
+        .await?;
+        let key_id = req.job.parse::<u64>().ok();
+        let row = rows
+            .into_iter()
+            .find(|j| Some(j.id) == key_id || j.handle == req.job || j.name == req.job)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!("no job has id, handle or name {:?}", req.job))
+            })?;
+        let id = JobId(row.id);
+        let hints = hints_from_request(&req, row.name.clone(), &self.state, id)?;
+        self.state.executor.set_hints(id, hints.clone())?;
+        tracing::info!(job = id.0, ?hints, "job hints changed");
+        Ok(self.with_scheduler_view(row))
+    }
+}
+
+/// The hints a SetJobHints request gives `id` (memory hints kept).
+fn hints_from_request(
+    req: &SetJobHintsRequest,
+    name: String,
+    state: &ServerState,
+    id: JobId,
+) -> Result<Hints, Status> {
+    let given = req.hints.clone().unwrap_or_default();
+    if given.expected_seconds < 0.0 || !given.expected_seconds.is_finite() {
+        return Err(Error::InvalidArgument(
+            "expected_seconds must be a finite number >= 0 (0: none)".into(),
+        )
+        .into());
+    }
+    Ok(Hints {
+        name,
+        priority: given.priority,
+        expected_iterations: (given.expected_iterations > 0).then_some(given.expected_iterations),
+        expected_seconds: (given.expected_seconds > 0.0).then_some(given.expected_seconds),
+        ..state
+            .executor
+            .job_status(id)
+            .map(|s| s.hints)
+            .unwrap_or_default()
+    })
+}
+
 #[tonic::async_trait]
 impl Admin for AdminService {
     async fn get_server_info(
         &self,
         _: Request<GetServerInfoRequest>,
     ) -> Result<Response<ServerInfo>, Status> {
-        Ok(Response::new(self.server_info()))
+        let this = self.clone();
+        let info = crate::runtime::exec::blocking(move || Ok(this.server_info())).await?;
+        Ok(Response::new(info))
     }
 
     async fn list_jobs(
         &self,
         _: Request<ListJobsRequest>,
     ) -> Result<Response<ListJobsResponse>, Status> {
-        let this = AdminService {
-            state: self.state.clone(),
-        };
+        let this = self.clone();
         let jobs = crate::runtime::exec::blocking(move || Ok(this.jobs())).await?;
         Ok(Response::new(ListJobsResponse { jobs }))
     }
@@ -380,6 +540,9 @@ impl Admin for AdminService {
         request: Request<SetJobHintsRequest>,
     ) -> Result<Response<JobInfo>, Status> {
         let req = request.into_inner();
+        if self.executors.is_some() {
+            return self.set_executor_job_hints(req).await.map(Response::new);
+        }
         let (id, name, eager) = match self.state.sessions.find(&req.job) {
             Ok(job) => (job.id, job.name.clone(), None),
             Err(err) => match self.state.contexts.find(&req.job) {
@@ -387,32 +550,10 @@ impl Admin for AdminService {
                 None => return Err(err.into()),
             },
         };
-        let given = req.hints.unwrap_or_default();
-        if given.expected_seconds < 0.0 || !given.expected_seconds.is_finite() {
-            return Err(Error::InvalidArgument(
-                "expected_seconds must be a finite number >= 0 (0: none)".into(),
-            )
-            .into());
-        }
-        let hints = Hints {
-            name,
-            priority: given.priority,
-            expected_iterations: (given.expected_iterations > 0)
-                .then_some(given.expected_iterations),
-            expected_seconds: (given.expected_seconds > 0.0).then_some(given.expected_seconds),
-            // Memory hints are not part of this request: keep them.
-            ..self
-                .state
-                .executor
-                .job_status(id)
-                .map(|s| s.hints)
-                .unwrap_or_default()
-        };
+        let hints = hints_from_request(&req, name, &self.state, id)?;
         self.state.executor.set_hints(id, hints.clone())?;
         tracing::info!(job = id.0, ?hints, "job hints changed");
-        let this = AdminService {
-            state: self.state.clone(),
-        };
+        let this = self.clone();
         let info = match eager {
             Some(job) => this.eager_job_info(&job),
             None => {

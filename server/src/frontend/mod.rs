@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod eager;
+pub mod identify;
 pub mod master;
 /// `/metrics` for Prometheus (HTTP, `--metrics-listen`), a view of the admin API.
 pub mod metrics;

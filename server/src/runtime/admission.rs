@@ -24,6 +24,8 @@ use tokio::sync::oneshot;
 
 use crate::error::{Error, Result};
 use crate::runtime::executor::Executor;
+use crate::seam::client::SeamClient;
+use crate::seam::msg as seam_msg;
 use crate::sched::lanes::{LaneError, LaneManager, LaneRule, LaneStatus, MemoryNeed, Placement};
 use crate::sched::{Hints, JobId, LaneId};
 
@@ -131,6 +133,7 @@ impl Shared {
             shared: self.clone(),
             job: id,
             lane,
+            remote: None,
         });
         for reply in replies {
             match reply.send(reservation.take().expect("one reservation")) {
@@ -147,11 +150,16 @@ pub struct LaneReservation {
     shared: Arc<Shared>,
     job: JobId,
     lane: LaneId,
+    /// In an executor process: the supervisor holds the share.
+    remote: Option<Arc<SeamClient>>,
 }
 
 impl LaneReservation {
     /// The job's lane now (a merge may have moved it since it was admitted).
     pub fn lane(&self) -> LaneId {
+        if self.remote.is_some() {
+            return self.lane;
+        }
         self.shared
             .lock()
             .lanes
@@ -162,7 +170,12 @@ impl LaneReservation {
 
 impl Drop for LaneReservation {
     fn drop(&mut self) {
-        self.shared.release(self.job);
+        match &self.remote {
+            Some(seam) => seam.send(seam_msg::to_supervisor::Msg::Release(seam_msg::Release {
+                job: self.job.0,
+            })),
+            None => self.shared.release(self.job),
+        }
     }
 }
 
@@ -174,17 +187,28 @@ pub enum MemoryState {
     NotRequested,
 }
 
-/// Memory admission for the whole server; cheap to clone.
+/// Memory admission for the whole server; cheap to clone. In a tenant's
+/// executor process it is remote: the supervisor's admission decides.
 #[derive(Clone)]
 pub struct Admission {
     shared: Arc<Shared>,
+    remote: Option<Arc<SeamClient>>,
 }
 
 impl Admission {
     /// Admission over `lanes` (dynamic: [`LaneManager::new`]; GPU lanes:
     /// [`LaneManager::fixed`]).
+    /// The admission of an executor process: the supervisor's, over `seam`.
+    pub fn remote(seam: Arc<SeamClient>, executor: Executor) -> Admission {
+        Admission {
+            remote: Some(seam),
+            ..Admission::new(LaneManager::new(0), Duration::ZERO, executor)
+        }
+    }
+
     pub fn new(lanes: LaneManager, timeout: Duration, executor: Executor) -> Admission {
         Admission {
+            remote: None,
             shared: Arc::new(Shared {
                 state: Mutex::new(State {
                     lanes,
@@ -221,6 +245,9 @@ impl Admission {
     /// With fixed (GPU) lanes, the lane a job whose graph is about to be
     /// placed should be bound to: the one with the most room now.
     pub fn lane_for_new_graph(&self) -> Option<LaneId> {
+        if let Some(seam) = &self.remote {
+            return seam.lane_for_new_graph();
+        }
         self.shared.lock().lanes.roomiest_lane()
     }
 
@@ -240,6 +267,12 @@ impl Admission {
 
     /// Forgets a job's waiting request, if any (its session closed).
     pub fn withdraw(&self, job: JobId) {
+        if let Some(seam) = &self.remote {
+            seam.send(seam_msg::to_supervisor::Msg::Withdraw(seam_msg::Withdraw {
+                job: job.0,
+            }));
+            return;
+        }
         let waiting = self.shared.lock().waiting.remove(&job).is_some();
         if waiting {
             self.shared.release(job);
@@ -256,6 +289,15 @@ impl Admission {
         pinned: Option<LaneId>,
         hints: Hints,
     ) -> Result<LaneReservation> {
+        if let Some(seam) = &self.remote {
+            let lane = seam.admit(job, need, pinned, &hints).await?;
+            return Ok(LaneReservation {
+                shared: self.shared.clone(),
+                job,
+                lane,
+                remote: Some(seam.clone()),
+            });
+        }
         // Ranked before taking the admission lock: the executor has its own.
         let rank = self.shared.executor.rank_new(job, &hints);
         let rx = {
@@ -286,6 +328,7 @@ impl Admission {
                             shared: self.shared.clone(),
                             job,
                             lane,
+                            remote: None,
                         };
                         scheduled?;
                         return Ok(reservation);

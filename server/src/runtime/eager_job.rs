@@ -833,7 +833,8 @@ impl Worker {
     /// directory: relative paths are placed in it, a path outside fails the op
     /// with INVALID_ARGUMENT (the rule graph jobs' guards enforce).
     fn confine_checkpoint_paths(&self, op: &OpRequest) -> Result<HashMap<usize, TensorHandle>> {
-        let Some(indices) = checkpoint_path_inputs(&op.name) else {
+        let Some(indices) = checkpoint_path_inputs(&op.name).filter(|_| self.shared.tenant.confined)
+        else {
             return Ok(HashMap::new());
         };
         let dir = self.shared.checkpoint_dir.to_str().ok_or_else(|| {

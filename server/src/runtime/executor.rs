@@ -21,7 +21,9 @@ use crate::error::{Error, Result};
 use crate::runtime::latency::{LatencyRecorder, LatencySnapshot};
 use crate::runtime::run_class::RunClass;
 use crate::runtime::run_stats::{RunStats, RunStatsSnapshot};
-use crate::runtime::timeline::Timeline;
+use crate::runtime::timeline::{JobKind, Timeline};
+use crate::seam::client::SeamClient;
+use crate::seam::{hints_to_msg, msg as seam_msg};
 use crate::sched::policy::{self, Policy};
 use crate::sched::{
     Decision, Hints, JobId, JobStatus, LaneId, Nanos, SchedConfig, SchedError, Scheduler, SortKey,
@@ -66,6 +68,27 @@ impl<T: Send + 'static, F: FnOnce() -> T + Send> Task for Reply<T, F> {
         Box::new(move || {
             let _ = tx.send(outcome);
         })
+    }
+}
+
+/// A main iteration another process runs (a tenant's executor, through the
+/// seam): the lane thread calls `run` when the scheduler picks it, and `run`
+/// returns once the iteration ended there. Dropped without running when its
+/// requester is gone, its deadline passed or its job left.
+pub trait RemoteIteration: Send {
+    fn requester_gone(&self) -> bool;
+    fn run(self: Box<Self>);
+}
+
+struct Remote(Box<dyn RemoteIteration>);
+
+impl Task for Remote {
+    fn client_gone(&self) -> bool {
+        self.0.requester_gone()
+    }
+    fn run(self: Box<Self>) -> Box<dyn FnOnce() + Send> {
+        self.0.run();
+        Box::new(|| {})
     }
 }
 
@@ -119,9 +142,15 @@ impl Shared {
 }
 
 /// Cheap handle to the executor.
+///
+/// In a tenant's executor process (`--isolation tenant`) the handle is
+/// remote: the scheduler core runs in the supervisor, and the methods a job
+/// uses (join, leave, take a main iteration, report a cheap run, rank a brief
+/// one) cross the seam; the local core stays empty.
 #[derive(Clone)]
 pub struct Executor {
     shared: Arc<Shared>,
+    remote: Option<Arc<SeamClient>>,
 }
 
 impl Executor {
@@ -130,12 +159,26 @@ impl Executor {
     }
 
     /// An executor that records its runs in `timeline`.
+    /// The executor of a tenant's executor process: decisions by the supervisor over `seam`.
+    pub fn remote(policy: Box<dyn Policy>, config: SchedConfig, seam: Arc<SeamClient>) -> Executor {
+        Executor {
+            remote: Some(seam),
+            ..Executor::new(policy, config)
+        }
+    }
+
+    /// The seam, in an executor process.
+    pub fn seam(&self) -> Option<&Arc<SeamClient>> {
+        self.remote.as_ref()
+    }
+
     pub fn with_timeline(
         policy: Box<dyn Policy>,
         config: SchedConfig,
         timeline: Arc<Timeline>,
     ) -> Executor {
         Executor {
+            remote: None,
             shared: Arc::new(Shared {
                 inner: Mutex::new(Inner {
                     sched: Scheduler::new(policy, config),
@@ -158,6 +201,14 @@ impl Executor {
     }
 
     pub fn add_job(&self, id: JobId, lane: LaneId, hints: Hints) -> Result<()> {
+        if let Some(seam) = &self.remote {
+            seam.send(seam_msg::to_supervisor::Msg::AddJob(seam_msg::AddJob {
+                job: id.0,
+                lane: lane.0,
+                hints: Some(hints_to_msg(&hints)),
+            }));
+            return Ok(());
+        }
         let now = self.shared.now();
         let mut inner = self.shared.lock();
         inner
@@ -206,6 +257,12 @@ impl Executor {
 
     /// Forgets a job; its queued iterations are dropped (their clients get an error).
     pub fn remove_job(&self, id: JobId) {
+        if let Some(seam) = &self.remote {
+            seam.send(seam_msg::to_supervisor::Msg::RemoveJob(
+                seam_msg::RemoveJob { job: id.0 },
+            ));
+            return;
+        }
         let dropped = {
             let mut inner = self.shared.lock();
             let dropped = inner.sched.remove_job(id).unwrap_or_default();
@@ -224,6 +281,19 @@ impl Executor {
         T: Send + 'static,
         F: FnOnce() -> Result<T> + Send + 'static,
     {
+        if let Some(seam) = &self.remote {
+            let seam = seam.clone();
+            // Waits for the supervisor's go-ahead on a blocking thread, runs
+            // the iteration there, and ends the turn when the guard drops.
+            return crate::runtime::exec::blocking(move || {
+                let _turn = seam.take_turn(job, deadline)?;
+                match catch_unwind(AssertUnwindSafe(f)) {
+                    Ok(result) => result,
+                    Err(_panic) => Err(Error::Internal("the iteration panicked".into())),
+                }
+            })
+            .await;
+        }
         let (tx, rx) = oneshot::channel();
         let work = Work {
             deadline,
@@ -256,10 +326,46 @@ impl Executor {
         }
     }
 
+    /// Queues a main iteration of `job` that another process runs (see
+    /// [`RemoteIteration`]); an unknown job or a stopping executor refuses it.
+    pub fn submit_remote(
+        &self,
+        job: JobId,
+        deadline: Option<Instant>,
+        iteration: Box<dyn RemoteIteration>,
+    ) -> Result<()> {
+        let work = Work {
+            deadline,
+            task: Box::new(Remote(iteration)),
+        };
+        {
+            let now = self.shared.now();
+            let mut inner = self.shared.lock();
+            if inner.stopping {
+                return Err(Error::ShuttingDown);
+            }
+            inner.sched.submit(job, work, now).map_err(|err| match err {
+                SchedError::UnknownJob(_) => {
+                    Error::IterationDropped("the job's session was closed".into())
+                }
+                other => sched_error(other),
+            })?;
+        }
+        self.shared.wake.notify_all();
+        Ok(())
+    }
+
     /// Whether a run goes at once (`Cheap`) or through the scheduler (`Main`):
     /// a [`RunClass::Brief`] run queues when another job's queued iteration
     /// ranks ahead of `job`.
     pub fn resolve(&self, job: JobId, class: RunClass) -> RunClass {
+        if let Some(seam) = &self.remote {
+            return match class {
+                RunClass::Brief if seam.outranked(job) => RunClass::Main,
+                RunClass::Brief => RunClass::Cheap,
+                other => other,
+            };
+        }
         match class {
             RunClass::Brief if self.shared.lock().sched.outranked(job) => RunClass::Main,
             RunClass::Brief => RunClass::Cheap,
@@ -271,6 +377,15 @@ impl Executor {
     /// service (which policies that share by service then see), and puts it on
     /// the timeline, on the job's lane (none before the job joined the scheduler).
     pub fn record_cheap_run(&self, job: JobId, started: Instant, ended: Instant) {
+        if let Some(seam) = &self.remote {
+            let now = Instant::now();
+            seam.send(seam_msg::to_supervisor::Msg::CheapRun(seam_msg::CheapRun {
+                job: job.0,
+                started_ago_ns: now.saturating_duration_since(started).as_nanos() as u64,
+                ended_ago_ns: now.saturating_duration_since(ended).as_nanos() as u64,
+            }));
+            return;
+        }
         let elapsed = ended.saturating_duration_since(started);
         let lane = {
             let mut inner = self.shared.lock();
@@ -289,6 +404,19 @@ impl Executor {
     /// Cheap runs of an open job so far.
     pub fn cheap_runs(&self, job: JobId) -> u64 {
         self.shared.lock().run_stats.cheap_runs(job)
+    }
+
+    /// A job opened: its label on the timeline (the supervisor's, in an executor process).
+    pub fn open_job(&self, job: JobId, name: &str, kind: JobKind) {
+        if let Some(seam) = &self.remote {
+            seam.send(seam_msg::to_supervisor::Msg::OpenJob(seam_msg::OpenJob {
+                job: job.0,
+                name: name.to_string(),
+                eager: kind == JobKind::Eager,
+            }));
+            return;
+        }
+        self.shared.timeline.open_job(job, name, kind);
     }
 
     /// The ring of recent runs (the admin API's timeline).
@@ -314,6 +442,13 @@ impl Executor {
     }
 
     pub fn set_hints(&self, id: JobId, hints: Hints) -> Result<()> {
+        if let Some(seam) = &self.remote {
+            seam.send(seam_msg::to_supervisor::Msg::SetHints(seam_msg::SetHints {
+                job: id.0,
+                hints: Some(hints_to_msg(&hints)),
+            }));
+            return Ok(());
+        }
         self.shared
             .lock()
             .sched

@@ -1,5 +1,10 @@
 //! The tables of open jobs: graph sessions keyed by handle, eager contexts
 //! keyed by the client's context id. Both share one id space and one limit.
+//!
+//! Every job has an owner, the tenant that created it, and a lookup names the
+//! tenant asking: another tenant's handle or context id is not found, exactly
+//! like one that never existed, and each tenant has its own context-id space
+//! (context ids are chosen by clients).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher, RandomState};
@@ -10,13 +15,22 @@ use crate::error::{Error, Result};
 use crate::runtime::eager_job::EagerJob;
 use crate::runtime::graph_job::Job;
 use crate::sched::JobId;
+use crate::tenant::identity::{Tenant, TenantKey};
+
+/// A job and the tenant that owns it.
+struct Owned<J> {
+    owner: Arc<Tenant>,
+    job: Arc<J>,
+}
 
 /// Open jobs. The std mutex is never held across an `.await` or a TF call:
 /// lookups clone the `Arc<Job>` and release it at once.
 #[derive(Default)]
 pub struct SessionTable {
-    jobs: Mutex<HashMap<String, Arc<Job>>>,
+    jobs: Mutex<HashMap<String, Owned<Job>>>,
     created: AtomicU64,
+    /// The first job id: executor processes of one server get disjoint ranges.
+    id_base: u64,
     closing: AtomicBool,
     /// Random per process, so a handle from an earlier server process never
     /// names a session of this one.
@@ -31,13 +45,18 @@ impl SessionTable {
         }
     }
 
-    fn jobs(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Job>>> {
+    fn jobs(&self) -> std::sync::MutexGuard<'_, HashMap<String, Owned<Job>>> {
         self.jobs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Job ids start at `base` (before the table is shared).
+    pub fn set_id_base(&mut self, base: u64) {
+        self.id_base = base;
     }
 
     /// A new job id and its unique session handle.
     pub fn next_job(&self) -> (JobId, String) {
-        let n = self.created.fetch_add(1, Ordering::Relaxed);
+        let n = self.id_base + self.created.fetch_add(1, Ordering::Relaxed);
         let mut h = RandomState::new().build_hasher();
         h.write_u64(n ^ self.salt);
         (
@@ -49,11 +68,12 @@ impl SessionTable {
     /// Finds a job by id (decimal), handle, or name.
     pub fn find(&self, key: &str) -> Result<Arc<Job>> {
         let jobs = self.jobs();
-        if let Some(job) = jobs.get(key) {
-            return Ok(job.clone());
+        if let Some(entry) = jobs.get(key) {
+            return Ok(entry.job.clone());
         }
         let id = key.parse::<u64>().ok();
         jobs.values()
+            .map(|e| &e.job)
             .find(|j| Some(j.id.0) == id || j.name == key)
             .cloned()
             .ok_or_else(|| Error::InvalidArgument(format!("no job has id, handle or name {key:?}")))
@@ -61,7 +81,7 @@ impl SessionTable {
 
     /// Adds a job unless the table already holds `max` (checked under the
     /// table's lock, so concurrent creations cannot overshoot).
-    pub fn insert(&self, job: Arc<Job>, max: usize) -> Result<()> {
+    pub fn insert(&self, owner: Arc<Tenant>, job: Arc<Job>, max: usize) -> Result<()> {
         if self.closing.load(Ordering::SeqCst) {
             return Err(Error::ShuttingDown);
         }
@@ -72,30 +92,58 @@ impl SessionTable {
                  close sessions you no longer use"
             )));
         }
-        jobs.insert(job.handle.clone(), job);
+        jobs.insert(job.handle.clone(), Owned { owner, job });
         Ok(())
     }
 
-    pub fn get(&self, handle: &str) -> Result<Arc<Job>> {
+    /// `tenant`'s session `handle`, marked as used now.
+    pub fn get(&self, handle: &str, tenant: &TenantKey) -> Result<Arc<Job>> {
         let job = self
             .jobs()
             .get(handle)
-            .cloned()
+            .filter(|e| e.owner.key == *tenant)
+            .map(|e| e.job.clone())
             .ok_or_else(|| Error::SessionNotFound(handle.to_string()))?;
         job.touch();
         Ok(job)
     }
 
-    pub fn remove(&self, handle: &str) -> Result<Arc<Job>> {
-        self.jobs()
-            .remove(handle)
-            .ok_or_else(|| Error::SessionNotFound(handle.to_string()))
+    /// Removes `tenant`'s session `handle`.
+    pub fn remove(&self, handle: &str, tenant: &TenantKey) -> Result<Arc<Job>> {
+        let mut jobs = self.jobs();
+        match jobs.get(handle) {
+            Some(e) if e.owner.key == *tenant => Ok(jobs.remove(handle).map(|e| e.job).unwrap()),
+            _ => Err(Error::SessionNotFound(handle.to_string())),
+        }
+    }
+
+    /// Removes a session whoever owns it (the server's own reclaiming).
+    pub fn remove_any(&self, handle: &str) -> Option<Arc<Job>> {
+        self.jobs().remove(handle).map(|e| e.job)
     }
 
     pub fn all(&self) -> Vec<Arc<Job>> {
-        let mut jobs: Vec<_> = self.jobs().values().cloned().collect();
-        jobs.sort_by_key(|j| j.created);
+        self.all_owned().into_iter().map(|(_, job)| job).collect()
+    }
+
+    /// Every session with its owner, oldest first.
+    pub fn all_owned(&self) -> Vec<(Arc<Tenant>, Arc<Job>)> {
+        let mut jobs: Vec<_> = self
+            .jobs()
+            .values()
+            .map(|e| (e.owner.clone(), e.job.clone()))
+            .collect();
+        jobs.sort_by_key(|(_, j)| j.created);
         jobs
+    }
+
+    /// `tenant`'s sessions.
+    pub fn of_tenant(&self, tenant: &TenantKey) -> Vec<Arc<Job>> {
+        self.all_owned()
+            .into_iter()
+            .filter(|(owner, _)| owner.key == *tenant)
+            .map(|(_, job)| job)
+            .collect()
     }
 
     pub fn len(&self) -> usize {
@@ -118,30 +166,37 @@ impl SessionTable {
     /// Refuses new sessions and hands back every open one, for shutdown.
     pub fn drain(&self) -> Vec<Arc<Job>> {
         self.refuse_new();
-        self.jobs().drain().map(|(_, job)| job).collect()
+        self.jobs().drain().map(|(_, e)| e.job).collect()
     }
 }
 
-/// Open eager contexts (remote-eager jobs), keyed by context id.
+/// Open eager contexts (remote-eager jobs), keyed by owner and context id.
 #[derive(Default)]
 pub struct ContextTable {
-    jobs: Mutex<HashMap<u64, Arc<EagerJob>>>,
+    jobs: Mutex<HashMap<(TenantKey, u64), Owned<EagerJob>>>,
     closing: AtomicBool,
 }
 
 impl ContextTable {
-    fn jobs(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<EagerJob>>> {
+    fn jobs(&self) -> std::sync::MutexGuard<'_, HashMap<(TenantKey, u64), Owned<EagerJob>>> {
         self.jobs.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Adds a context unless its id is taken or `open_elsewhere` plus the
     /// contexts already open reach `max` (checked under the table's lock).
-    pub fn insert(&self, job: Arc<EagerJob>, open_elsewhere: usize, max: usize) -> Result<()> {
+    pub fn insert(
+        &self,
+        owner: Arc<Tenant>,
+        job: Arc<EagerJob>,
+        open_elsewhere: usize,
+        max: usize,
+    ) -> Result<()> {
         if self.closing.load(Ordering::SeqCst) {
             return Err(Error::ShuttingDown);
         }
         let mut jobs = self.jobs();
-        if jobs.contains_key(&job.context_id) {
+        let key = (owner.key.clone(), job.context_id);
+        if jobs.contains_key(&key) {
             return Err(Error::InvalidArgument(format!(
                 "EagerService:CreateContext failed: context id <{}> already exists",
                 job.context_id
@@ -152,20 +207,20 @@ impl ContextTable {
                 "the server already holds its maximum of {max} sessions and eager contexts (--max-sessions)"
             )));
         }
-        jobs.insert(job.context_id, job);
+        jobs.insert(key, Owned { owner, job });
         Ok(())
     }
 
-    pub fn contains(&self, context_id: u64) -> bool {
-        self.jobs().contains_key(&context_id)
+    pub fn contains(&self, tenant: &TenantKey, context_id: u64) -> bool {
+        self.jobs().contains_key(&(tenant.clone(), context_id))
     }
 
-    /// The context, marked as used now.
-    pub fn get(&self, context_id: u64) -> Result<Arc<EagerJob>> {
+    /// `tenant`'s context, marked as used now.
+    pub fn get(&self, tenant: &TenantKey, context_id: u64) -> Result<Arc<EagerJob>> {
         let job = self
             .jobs()
-            .get(&context_id)
-            .cloned()
+            .get(&(tenant.clone(), context_id))
+            .map(|e| e.job.clone())
             .ok_or(Error::ContextNotFound(context_id))?;
         job.touch();
         Ok(job)
@@ -176,31 +231,42 @@ impl ContextTable {
         let id = key.parse::<u64>().ok();
         self.jobs()
             .values()
+            .map(|e| &e.job)
             .find(|j| Some(j.id.0) == id || j.handle == key || j.name == key)
             .cloned()
     }
 
-    pub fn remove(&self, context_id: u64) -> Option<Arc<EagerJob>> {
-        self.jobs().remove(&context_id)
+    pub fn remove(&self, tenant: &TenantKey, context_id: u64) -> Option<Arc<EagerJob>> {
+        self.jobs()
+            .remove(&(tenant.clone(), context_id))
+            .map(|e| e.job)
     }
 
-    /// Removes `job` if it is still the table's entry for its id.
+    /// Whether `job` is still in the table.
+    pub fn holds(&self, job: &Arc<EagerJob>) -> bool {
+        self.jobs().values().any(|e| Arc::ptr_eq(&e.job, job))
+    }
+
+    /// Removes `job` if it is still in the table.
     pub fn remove_job(&self, job: &Arc<EagerJob>) -> bool {
         let mut jobs = self.jobs();
-        if jobs
-            .get(&job.context_id)
-            .is_some_and(|j| Arc::ptr_eq(j, job))
-        {
-            jobs.remove(&job.context_id);
-            true
-        } else {
-            false
-        }
+        let before = jobs.len();
+        jobs.retain(|_, e| !Arc::ptr_eq(&e.job, job));
+        jobs.len() != before
     }
 
     pub fn all(&self) -> Vec<Arc<EagerJob>> {
-        let mut jobs: Vec<_> = self.jobs().values().cloned().collect();
-        jobs.sort_by_key(|j| j.created);
+        self.all_owned().into_iter().map(|(_, job)| job).collect()
+    }
+
+    /// Every context with its owner, oldest first.
+    pub fn all_owned(&self) -> Vec<(Arc<Tenant>, Arc<EagerJob>)> {
+        let mut jobs: Vec<_> = self
+            .jobs()
+            .values()
+            .map(|e| (e.owner.clone(), e.job.clone()))
+            .collect();
+        jobs.sort_by_key(|(_, j)| j.created);
         jobs
     }
 
@@ -220,7 +286,7 @@ impl ContextTable {
     /// Refuses new contexts and hands back every open one, for shutdown.
     pub fn drain(&self) -> Vec<Arc<EagerJob>> {
         self.refuse_new();
-        self.jobs().drain().map(|(_, job)| job).collect()
+        self.jobs().drain().map(|(_, e)| e.job).collect()
     }
 }
 
@@ -242,9 +308,10 @@ mod tests {
     #[test]
     fn unknown_handles_are_not_found() {
         let table = SessionTable::new();
-        assert!(matches!(table.get("nope"), Err(Error::SessionNotFound(h)) if h == "nope"));
+        let anyone = TenantKey::Anonymous;
+        assert!(matches!(table.get("nope", &anyone), Err(Error::SessionNotFound(h)) if h == "nope"));
         assert!(matches!(
-            table.remove("nope"),
+            table.remove("nope", &anyone),
             Err(Error::SessionNotFound(_))
         ));
     }

@@ -11,6 +11,7 @@ use crate::runtime::executor::Executor;
 use crate::runtime::graph_job::JobSettings;
 use crate::runtime::jobs::{ContextTable, SessionTable};
 use crate::runtime::session_config::SessionDefaults;
+use crate::tenant::identity::Tenant;
 use crate::tenant::TenantRules;
 use crate::tf::DeviceInfo;
 
@@ -24,6 +25,8 @@ pub struct ServerState {
     pub settings: JobSettings,
     pub session_defaults: SessionDefaults,
     pub tenant: Arc<TenantRules>,
+    /// The same rules unconfined, for tenants whose user is this process's.
+    own_user_rules: Arc<TenantRules>,
     pub max_sessions: usize,
     /// The server's devices, listed once at start-up.
     pub devices: Vec<DeviceInfo>,
@@ -57,6 +60,7 @@ impl ServerState {
             admission,
             settings,
             session_defaults,
+            own_user_rules: Arc::new(tenant.for_own_user()),
             tenant,
             max_sessions,
             devices,
@@ -66,6 +70,18 @@ impl ServerState {
             runs_completed: AtomicU64::new(0),
             reclaimed_sessions: AtomicU64::new(0),
             reclaimed_contexts: AtomicU64::new(0),
+        }
+    }
+
+    /// The rules `tenant`'s jobs are held to here: unconfined when its
+    /// computation runs with its own permissions (its Unix user is this
+    /// process's effective user), else the deny list and checkpoint confinement.
+    pub fn rules_for(&self, tenant: &Tenant) -> Arc<TenantRules> {
+        // SAFETY: geteuid cannot fail.
+        if tenant.uid == Some(unsafe { libc::geteuid() }) {
+            self.own_user_rules.clone()
+        } else {
+            self.tenant.clone()
         }
     }
 

@@ -22,7 +22,9 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::error::{Error, Result};
+use crate::frontend::identify::tenant_of;
 use crate::runtime::eager_devices::DeviceNames;
+use crate::tenant::identity::Tenant;
 use crate::runtime::eager_job::{
     EagerJob, EagerJobSpec, Item, ItemOutput, Scheduling, StreamState,
 };
@@ -77,6 +79,7 @@ impl EagerService for Eager {
         &self,
         request: Request<CreateContextRequest>,
     ) -> Result<Response<CreateContextResponse>, Status> {
+        let tenant = tenant_of(&request);
         let req = request.into_inner();
         let server_def = req.server_def.unwrap_or_default();
         if !is_job_name(&server_def.job_name) {
@@ -87,7 +90,7 @@ impl EagerService for Eager {
             ))
             .into());
         }
-        if self.state.contexts.contains(req.context_id) {
+        if self.state.contexts.contains(&tenant.key, req.context_id) {
             return Err(Error::InvalidArgument(format!(
                 "EagerService:CreateContext failed: context id <{}> already exists",
                 req.context_id
@@ -142,7 +145,7 @@ impl EagerService for Eager {
                 .then(|| Duration::from_secs(req.keep_alive_secs as u64)),
             context_view_id: req.context_view_id,
             max_tensor_bytes: self.state.settings.max_tensor_bytes,
-            tenant: self.state.tenant.clone(),
+            tenant: self.state.rules_for(&tenant),
             checkpoint_dir: self.state.tenant.checkpoints.dir_for(&hints.name, id),
             scheduling: Scheduling {
                 executor: self.state.executor.clone(),
@@ -156,6 +159,7 @@ impl EagerService for Eager {
         };
         let job = Arc::new(exec::blocking(move || EagerJob::create(spec)).await?);
         if let Err(err) = self.state.contexts.insert(
+            tenant.clone(),
             job.clone(),
             self.state.sessions.len(),
             self.state.max_sessions,
@@ -169,7 +173,6 @@ impl EagerService for Eager {
         }
         self.state
             .executor
-            .timeline()
             .open_job(id, &hints.name, JobKind::Eager);
         // With memory lanes, jobs join the scheduler when they are admitted.
         if self.state.admission.is_none() {
@@ -184,6 +187,7 @@ impl EagerService for Eager {
             context = req.context_id,
             job = id.0,
             name = %hints.name,
+            tenant = %tenant,
             server = %devices.client_prefix(),
             ?hints,
             "eager context created"
@@ -197,8 +201,9 @@ impl EagerService for Eager {
         &self,
         request: Request<UpdateContextRequest>,
     ) -> Result<Response<UpdateContextResponse>, Status> {
+        let tenant = tenant_of(&request);
         let req = request.into_inner();
-        self.state.contexts.get(req.context_id)?;
+        self.state.contexts.get(&tenant.key, req.context_id)?;
         Err(Error::Unimplemented(
             "UpdateContext: a Salus server is one task and keeps a context's cluster fixed; \
              reconnect with a new context instead of updating the cluster"
@@ -211,8 +216,9 @@ impl EagerService for Eager {
         &self,
         request: Request<EnqueueRequest>,
     ) -> Result<Response<EnqueueResponse>, Status> {
+        let tenant = tenant_of(&request);
         let req = request.into_inner();
-        let job = self.state.contexts.get(req.context_id)?;
+        let job = self.state.contexts.get(&tenant.key, req.context_id)?;
         let items = queue_items(req.queue)?;
         if items.iter().all(|i| matches!(i, Item::Decref { .. })) {
             // The client sends each released handle in a request of its own and
@@ -235,12 +241,14 @@ impl EagerService for Eager {
         &self,
         request: Request<Streaming<EnqueueRequest>>,
     ) -> Result<Response<Self::StreamingEnqueueStream>, Status> {
+        let tenant = tenant_of(&request);
         let inbound = request.into_inner();
         let (out_tx, out_rx) = mpsc::channel(256);
         let (pending_tx, pending_rx) = mpsc::unbounded_channel::<PendingReply>();
         let stream = Arc::new(StreamState::new());
         let reader = tokio::spawn(read_stream(
             self.state.clone(),
+            tenant,
             inbound,
             pending_tx,
             stream.clone(),
@@ -271,8 +279,9 @@ impl EagerService for Eager {
         &self,
         request: Request<WaitQueueDoneRequest>,
     ) -> Result<Response<WaitQueueDoneResponse>, Status> {
+        let tenant = tenant_of(&request);
         let req = request.into_inner();
-        let job = self.state.contexts.get(req.context_id)?;
+        let job = self.state.contexts.get(&tenant.key, req.context_id)?;
         // Requests run in order: a sync item answers once everything before it ran.
         job.run(vec![Item::Sync]).await?;
         Ok(Response::new(WaitQueueDoneResponse {}))
@@ -282,8 +291,9 @@ impl EagerService for Eager {
         &self,
         request: Request<RunComponentFunctionRequest>,
     ) -> Result<Response<RunComponentFunctionResponse>, Status> {
+        let tenant = tenant_of(&request);
         let req = request.into_inner();
-        self.state.contexts.get(req.context_id)?;
+        self.state.contexts.get(&tenant.key, req.context_id)?;
         let name = req.operation.map(|o| o.name).unwrap_or_default();
         Err(Error::Unimplemented(format!(
             "RunComponentFunction ({name}): this function was split between the client's devices and the Salus \
@@ -298,7 +308,11 @@ impl EagerService for Eager {
         &self,
         request: Request<KeepAliveRequest>,
     ) -> Result<Response<KeepAliveResponse>, Status> {
-        let job = self.state.contexts.get(request.into_inner().context_id)?;
+        let tenant = tenant_of(&request);
+        let job = self
+            .state
+            .contexts
+            .get(&tenant.key, request.into_inner().context_id)?;
         Ok(Response::new(KeepAliveResponse {
             context_view_id: job.context_view_id,
         }))
@@ -309,7 +323,12 @@ impl EagerService for Eager {
         request: Request<CloseContextRequest>,
     ) -> Result<Response<CloseContextResponse>, Status> {
         // Closing an unknown context succeeds, as in TensorFlow's worker.
-        if let Some(job) = self.state.contexts.remove(request.into_inner().context_id) {
+        let tenant = tenant_of(&request);
+        if let Some(job) = self
+            .state
+            .contexts
+            .remove(&tenant.key, request.into_inner().context_id)
+        {
             self.state.close_context(job, "the client closed it").await;
         }
         Ok(Response::new(CloseContextResponse {}))
@@ -321,6 +340,7 @@ impl EagerService for Eager {
 /// and whether the client ended the stream.
 async fn read_stream(
     state: Arc<ServerState>,
+    tenant: Arc<Tenant>,
     mut inbound: Streaming<EnqueueRequest>,
     pending: mpsc::UnboundedSender<PendingReply>,
     stream: Arc<StreamState>,
@@ -351,7 +371,7 @@ async fn read_stream(
                             .into(),
                     )),
                     None => {
-                        let j = state.contexts.get(req.context_id)?;
+                        let j = state.contexts.get(&tenant.key, req.context_id)?;
                         j.stream_opened();
                         job = Some(j.clone());
                         j
@@ -404,7 +424,7 @@ async fn write_stream(
 async fn reclaim_when_abandoned(state: Arc<ServerState>, job: Arc<EagerJob>) {
     loop {
         tokio::time::sleep(STREAM_END_GRACE).await;
-        if job.open_streams() > 0 || !state.contexts.contains(job.context_id) {
+        if job.open_streams() > 0 || !state.contexts.holds(&job) {
             return;
         }
         if job.idle_for() >= STREAM_END_GRACE && !job.is_busy() {
@@ -442,9 +462,11 @@ impl WorkerService for Worker {
         &self,
         request: Request<RecvTensorRequest>,
     ) -> Result<Response<RecvTensorResponse>, Status> {
+        let tenant = tenant_of(&request);
         let req = request.into_inner();
-        // Remote-eager pulls carry the context id as their step id.
-        let job = self.state.contexts.get(req.step_id as u64)?;
+        // Remote-eager pulls carry the context id as their step id; another
+        // tenant's context is not found, so neither are its tensors.
+        let job = self.state.contexts.get(&tenant.key, req.step_id as u64)?;
         let name = tensor_name(&req.rendezvous_key)?;
         tracing::trace!(context = req.step_id as u64, name, "pull");
         let sent = job.recv(name, UNANNOUNCED_GRACE).await;

@@ -11,6 +11,7 @@ use salus_proto::tensorflow::*;
 use tonic::{Request, Response, Status};
 
 use crate::error::{Error, Result};
+use crate::frontend::identify::tenant_of;
 use crate::runtime::admission::Admission;
 use crate::runtime::exec;
 use crate::runtime::graph_job::{Job, RunClass, RunKey};
@@ -184,6 +185,7 @@ impl MasterService for Master {
         &self,
         request: Request<CreateSessionRequest>,
     ) -> Result<Response<CreateSessionResponse>, Status> {
+        let tenant = tenant_of(&request);
         let req = request.into_inner();
         let (config, metadata_name) = session_config(&req.config, self.state.session_defaults)?;
         let hints = Hints::parse(&metadata_name).map_err(Error::from)?;
@@ -204,7 +206,7 @@ impl MasterService for Master {
             let handle = handle.clone();
             let hints = hints.clone();
             let settings = self.state.settings;
-            let tenant = self.state.tenant.clone();
+            let rules = self.state.rules_for(&tenant);
             exec::blocking(move || {
                 Job::create(
                     id,
@@ -214,7 +216,7 @@ impl MasterService for Master {
                     &config,
                     settings,
                     gpu_lane,
-                    tenant,
+                    rules,
                 )
             })
             .await?
@@ -224,6 +226,7 @@ impl MasterService for Master {
             self.state.executor.add_job(id, LaneId(0), hints.clone())?;
         }
         if let Err(err) = self.state.sessions.insert(
+            tenant.clone(),
             Arc::new(job),
             self.state
                 .max_sessions
@@ -234,9 +237,8 @@ impl MasterService for Master {
         }
         self.state
             .executor
-            .timeline()
             .open_job(id, &hints.name, JobKind::Graph);
-        tracing::info!(session = %handle, job = id.0, name = %hints.name, ?hints, "session created");
+        tracing::info!(session = %handle, job = id.0, name = %hints.name, tenant = %tenant, ?hints, "session created");
         Ok(Response::new(CreateSessionResponse {
             session_handle: handle,
             graph_version: 0,
@@ -247,8 +249,9 @@ impl MasterService for Master {
         &self,
         request: Request<ExtendSessionRequest>,
     ) -> Result<Response<ExtendSessionResponse>, Status> {
+        let tenant = tenant_of(&request);
         let req = request.into_inner();
-        let job = self.state.sessions.get(&req.session_handle)?;
+        let job = self.state.sessions.get(&req.session_handle, &tenant.key)?;
         let new_graph_version =
             exec::blocking(move || job.extend(&req.graph_def, req.current_graph_version)).await?;
         Ok(Response::new(ExtendSessionResponse { new_graph_version }))
@@ -258,8 +261,9 @@ impl MasterService for Master {
         &self,
         request: Request<PartialRunSetupRequest>,
     ) -> Result<Response<PartialRunSetupResponse>, Status> {
+        let tenant = tenant_of(&request);
         let req = request.into_inner();
-        let job = self.state.sessions.get(&req.session_handle)?;
+        let job = self.state.sessions.get(&req.session_handle, &tenant.key)?;
         let partial_run_handle =
             exec::blocking(move || job.partial_run_setup(&req.feed, &req.fetch, &req.target))
                 .await?;
@@ -273,9 +277,10 @@ impl MasterService for Master {
         request: Request<RunStepRequest>,
     ) -> Result<Response<RunStepResponse>, Status> {
         let deadline = grpc_deadline(request.metadata());
+        let tenant = tenant_of(&request);
         let req = request.into_inner();
         let store_errors = req.store_errors_in_response_body;
-        let result = match self.state.sessions.get(&req.session_handle) {
+        let result = match self.state.sessions.get(&req.session_handle, &tenant.key) {
             Ok(job) => {
                 let _busy = job.busy();
                 let feed_names: Vec<&str> = req.feed.iter().map(|f| f.name.as_str()).collect();
@@ -311,8 +316,9 @@ impl MasterService for Master {
         &self,
         request: Request<CloseSessionRequest>,
     ) -> Result<Response<CloseSessionResponse>, Status> {
+        let tenant = tenant_of(&request);
         let handle = request.into_inner().session_handle;
-        let job = self.state.sessions.remove(&handle)?;
+        let job = self.state.sessions.remove(&handle, &tenant.key)?;
         self.state.executor.remove_job(job.id);
         if let Some(admission) = &self.state.admission {
             admission.withdraw(job.id);
@@ -331,9 +337,10 @@ impl MasterService for Master {
         &self,
         request: Request<ListDevicesRequest>,
     ) -> Result<Response<ListDevicesResponse>, Status> {
+        let tenant = tenant_of(&request);
         let handle = request.into_inner().session_handle;
         if !handle.is_empty() {
-            self.state.sessions.get(&handle)?;
+            self.state.sessions.get(&handle, &tenant.key)?;
         }
         let local_device = self
             .state
@@ -357,12 +364,15 @@ impl MasterService for Master {
         &self,
         request: Request<ResetRequest>,
     ) -> Result<Response<ResetResponse>, Status> {
+        let tenant = tenant_of(&request);
         let req = request.into_inner();
         if !req.device_filters.is_empty() {
             tracing::warn!(filters = ?req.device_filters, "Reset ignores device_filters: containers are cleared on every device");
         }
-        tracing::info!(containers = ?req.container, "resetting resource containers of every open session");
-        let jobs = self.state.sessions.all();
+        // Reset clears the containers of the caller's own sessions: other
+        // tenants' state is not theirs to clear.
+        tracing::info!(containers = ?req.container, tenant = %tenant, "resetting resource containers of the tenant's open sessions");
+        let jobs = self.state.sessions.of_tenant(&tenant.key);
         exec::blocking(move || {
             for job in jobs {
                 let kept = job.reset_containers(&req.container)?;
@@ -380,8 +390,9 @@ impl MasterService for Master {
         &self,
         request: Request<MakeCallableRequest>,
     ) -> Result<Response<MakeCallableResponse>, Status> {
+        let tenant = tenant_of(&request);
         let req = request.into_inner();
-        let job = self.state.sessions.get(&req.session_handle)?;
+        let job = self.state.sessions.get(&req.session_handle, &tenant.key)?;
         let options = req.options.unwrap_or_default();
         let handle = exec::blocking(move || job.make_callable(&options)).await?;
         Ok(Response::new(MakeCallableResponse { handle }))
@@ -392,8 +403,9 @@ impl MasterService for Master {
         request: Request<RunCallableRequest>,
     ) -> Result<Response<RunCallableResponse>, Status> {
         let deadline = grpc_deadline(request.metadata());
+        let tenant = tenant_of(&request);
         let req = request.into_inner();
-        let job = self.state.sessions.get(&req.session_handle)?;
+        let job = self.state.sessions.get(&req.session_handle, &tenant.key)?;
         let _busy = job.busy();
         let class = job.classify_callable(req.handle);
         let state = self.state.clone();
@@ -426,8 +438,9 @@ impl MasterService for Master {
         &self,
         request: Request<ReleaseCallableRequest>,
     ) -> Result<Response<ReleaseCallableResponse>, Status> {
+        let tenant = tenant_of(&request);
         let req = request.into_inner();
-        let job = self.state.sessions.get(&req.session_handle)?;
+        let job = self.state.sessions.get(&req.session_handle, &tenant.key)?;
         job.release_callable(req.handle)?;
         Ok(Response::new(ReleaseCallableResponse {}))
     }

@@ -22,6 +22,7 @@ use tokio::sync::Semaphore;
 
 use crate::frontend::admin::AdminService;
 use crate::runtime::exec;
+#[cfg(test)]
 use crate::runtime::state::ServerState;
 use collector::Scrape;
 
@@ -31,7 +32,8 @@ const MAX_CONNECTIONS: usize = 32;
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Serves `/metrics` on `listener` until the task is dropped.
-pub async fn serve(listener: TcpListener, state: Arc<ServerState>) {
+/// `admin` is the admin API whose messages the metrics show.
+pub async fn serve(listener: TcpListener, admin: AdminService) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let Ok(permit) = slots.clone().acquire_owned().await else {
@@ -46,10 +48,10 @@ pub async fn serve(listener: TcpListener, state: Arc<ServerState>) {
                 continue;
             }
         };
-        let state = state.clone();
+        let admin = admin.clone();
         tokio::spawn(async move {
             let service =
-                hyper::service::service_fn(move |request| respond(request, state.clone()));
+                hyper::service::service_fn(move |request| respond(request, admin.clone()));
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEADER_TIMEOUT)
@@ -65,7 +67,7 @@ pub async fn serve(listener: TcpListener, state: Arc<ServerState>) {
 
 async fn respond(
     request: Request<Incoming>,
-    state: Arc<ServerState>,
+    admin: AdminService,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     if request.method() != Method::GET && request.method() != Method::HEAD {
         let mut response = text(StatusCode::METHOD_NOT_ALLOWED, "only GET and HEAD\n".into());
@@ -75,7 +77,7 @@ async fn respond(
         return Ok(response);
     }
     let response = match request.uri().path() {
-        "/metrics" => match scrape(state).await {
+        "/metrics" => match scrape(admin).await {
             Ok(body) => {
                 let mut response = text(StatusCode::OK, body);
                 response.headers_mut().insert(
@@ -116,9 +118,8 @@ fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
 }
 
 /// One scrape: the admin API's view now, encoded.
-async fn scrape(state: Arc<ServerState>) -> crate::error::Result<String> {
+async fn scrape(admin: AdminService) -> crate::error::Result<String> {
     exec::blocking(move || {
-        let admin = AdminService::new(state);
         let scrape = Scrape {
             info: admin.server_info(),
             jobs: admin.jobs(),
@@ -175,7 +176,7 @@ mod tests {
     async fn serves_metrics_and_refuses_everything_else() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let server = tokio::spawn(serve(listener, state()));
+        let server = tokio::spawn(serve(listener, AdminService::new(state())));
 
         let ok = exchange(
             addr,

@@ -1,0 +1,181 @@
+//! A tenant's executor process (`salus-server ... executor`, started by the
+//! supervisor, not by users): the whole job runtime and TensorFlow for one
+//! tenant, serving the calls the supervisor relays on fd 3 and asking the
+//! supervisor's scheduler and admission over the seam on fd 4.
+//!
+//! [`drop_privileges`] runs first thing in `main`, before any thread: the
+//! process becomes the tenant's user (its groups, no capabilities, no new
+//! privileges, its home as working directory) and takes its memory limit.
+
+use std::ffi::CString;
+use std::os::fd::FromRawFd;
+use std::sync::Arc;
+
+use crate::config::Config;
+use crate::frontend::admin::AdminService;
+use crate::seam::client::SeamClient;
+use crate::seam::msg;
+use crate::server::{Role, ServeError, Server};
+use crate::supervisor::executors::{env, H2_FD, SEAM_FD};
+use crate::tenant::identity::{Tenant, TenantKey};
+
+/// Whether this process was started as an executor (its last argument).
+pub fn is_executor_invocation() -> bool {
+    std::env::args_os().last().is_some_and(|a| a == "executor")
+}
+
+/// Becomes the tenant's user and takes the memory limit, as the supervisor
+/// asked in the environment. Must run before any other thread starts.
+pub fn drop_privileges() -> Result<(), String> {
+    if let Ok(bytes) = std::env::var(env::MEMORY) {
+        let bytes: u64 = bytes
+            .parse()
+            .map_err(|_| format!("{}={bytes:?} is not a byte count", env::MEMORY))?;
+        let limit = libc::rlimit {
+            rlim_cur: bytes,
+            rlim_max: bytes,
+        };
+        // RLIMIT_DATA covers the heap and private anonymous mappings: what a
+        // runaway allocation grows. An allocation beyond it fails (TensorFlow
+        // then aborts: the tenant's executor, not the server).
+        // SAFETY: plain syscall with a valid struct.
+        if unsafe { libc::setrlimit(libc::RLIMIT_DATA, &limit) } != 0 {
+            return Err(format!(
+                "cannot set the executor's memory limit: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+    }
+    let Ok(spec) = std::env::var(env::RUN_AS) else {
+        return Ok(());
+    };
+    let fields: Vec<&str> = spec.splitn(4, ':').collect();
+    let [uid, gid, groups, home] = fields[..] else {
+        return Err(format!("{}={spec:?} is malformed", env::RUN_AS));
+    };
+    let number = |s: &str| s.parse::<u32>().map_err(|_| format!("{}: {s:?} is not a number", env::RUN_AS));
+    let uid = number(uid)?;
+    let gid = number(gid)?;
+    let groups: Vec<libc::gid_t> = groups
+        .split(',')
+        .filter(|g| !g.is_empty())
+        .map(number)
+        .collect::<Result<_, _>>()?;
+    let os_error = |what: &str| format!("{what} failed: {}", std::io::Error::last_os_error());
+    // SAFETY: plain syscalls with valid arguments; the order (groups, gid,
+    // then uid) is the only one that works once root is given up.
+    unsafe {
+        if libc::setgroups(groups.len(), groups.as_ptr()) != 0 {
+            return Err(os_error("setgroups"));
+        }
+        if libc::setresgid(gid, gid, gid) != 0 {
+            return Err(os_error("setresgid"));
+        }
+        if libc::setresuid(uid, uid, uid) != 0 {
+            return Err(os_error("setresuid"));
+        }
+        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+            return Err(os_error("prctl(PR_SET_NO_NEW_PRIVS)"));
+        }
+        if libc::getuid() != uid || libc::geteuid() != uid || libc::getegid() != gid {
+            return Err("the user switch did not take effect".into());
+        }
+        if uid != 0 && libc::setuid(0) == 0 {
+            return Err("root could be regained after the user switch".into());
+        }
+    }
+    let home_c = CString::new(home).map_err(|_| "home directory with a NUL".to_string())?;
+    // SAFETY: valid C string.
+    let at_home = unsafe { libc::chdir(home_c.as_ptr()) } == 0;
+    if !at_home {
+        // SAFETY: as above.
+        unsafe { libc::chdir(c"/".as_ptr()) };
+    }
+    // Single-threaded still: setting the environment is safe.
+    std::env::set_var("HOME", home);
+    if let Some(account) = crate::tenant::users::Account::by_uid(uid) {
+        std::env::set_var("USER", &account.name);
+        std::env::set_var("LOGNAME", &account.name);
+    }
+    Ok(())
+}
+
+fn tenant_from_env() -> Result<Tenant, String> {
+    let name = std::env::var(env::TENANT_NAME).map_err(|_| {
+        "the executor subcommand is started by salus-server itself (--isolation tenant), not by users"
+            .to_string()
+    })?;
+    let key = std::env::var(env::TENANT_KEY).unwrap_or_default();
+    let (key, uid) = if let Some(uid) = key.strip_prefix("uid:") {
+        let uid: u32 = uid.parse().map_err(|_| format!("bad tenant key {key:?}"))?;
+        (TenantKey::Uid(uid), Some(uid))
+    } else if let Some(named) = key.strip_prefix("name:") {
+        (TenantKey::Named(named.to_string()), None)
+    } else {
+        (TenantKey::Anonymous, None)
+    };
+    Ok(Tenant { key, name, uid })
+}
+
+fn socket_fd(fd: i32) -> Result<(), String> {
+    // SAFETY: fstat on an fd number with a valid out-parameter.
+    let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(fd, &mut stat) } != 0 || stat.st_mode & libc::S_IFMT != libc::S_IFSOCK {
+        return Err(format!(
+            "fd {fd} is not a socket: the executor subcommand is started by salus-server itself, not by users"
+        ));
+    }
+    Ok(())
+}
+
+/// Runs the executor until `shutdown` (SIGTERM from the supervisor) or until
+/// the supervisor is gone.
+pub async fn run(
+    config: Config,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), String> {
+    let tenant = Arc::new(tenant_from_env()?);
+    let job_base: u64 = std::env::var(env::JOB_BASE)
+        .ok()
+        .and_then(|b| b.parse().ok())
+        .unwrap_or(0);
+    socket_fd(H2_FD)?;
+    socket_fd(SEAM_FD)?;
+    // SAFETY: both fds are sockets the supervisor handed over, owned by nobody else here.
+    let (h2, seam) = unsafe {
+        (
+            std::os::unix::net::UnixStream::from_raw_fd(H2_FD),
+            std::os::unix::net::UnixStream::from_raw_fd(SEAM_FD),
+        )
+    };
+    let seam = SeamClient::start(seam, || {
+        // The supervisor is gone: nobody can reach this process any more.
+        std::process::exit(0);
+    })
+    .map_err(|e| format!("cannot read the seam: {e}"))?;
+    let server = Server::start_as(
+        config,
+        Role::Executor {
+            seam: seam.clone(),
+            job_base,
+        },
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    let admin = AdminService::new(server.state().clone());
+    seam.set_reporter(Box::new(move || admin.executor_report()));
+    h2.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let h2 = tokio::net::UnixStream::from_std(h2).map_err(|e| e.to_string())?;
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    tracing::info!(tenant = %tenant, uid, "executor serving");
+    seam.send(msg::to_supervisor::Msg::Hello(msg::Hello {
+        version: env!("CARGO_PKG_VERSION").into(),
+        pid: std::process::id(),
+        uid,
+    }));
+    server
+        .serve_executor(h2, tenant, shutdown)
+        .await
+        .map_err(|e: ServeError| e.to_string())
+}

@@ -1,0 +1,273 @@
+//! The executor's end of the seam: what the runtime's `Executor` and
+//! `Admission` become in a tenant's executor process. Scheduling and memory
+//! decisions are the supervisor's; this side asks and waits.
+//!
+//! One writer lock (frames are written whole) and one reader thread, which
+//! routes each answer to the waiting caller. Waits for a turn happen on
+//! blocking threads, never on the async runtime; an admission waits as a future.
+
+use std::collections::HashMap;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+use crate::error::{Error, Result};
+use crate::seam::frame::{read_frame, write_frame};
+use crate::seam::msg::{self, to_executor, to_supervisor};
+use crate::seam::hints_to_msg;
+use crate::sched::lanes::MemoryNeed;
+use crate::sched::{Hints, JobId, LaneId};
+use crate::tf::TfError;
+
+/// What the supervisor said of a wanted turn.
+enum TurnOutcome {
+    Go,
+    Dropped(String),
+}
+
+/// Builds the executor's report (its jobs and counters) for the admin API.
+pub type Reporter = Box<dyn Fn() -> msg::Report + Send + Sync>;
+
+pub struct SeamClient {
+    writer: Mutex<UnixStream>,
+    next_id: AtomicU64,
+    turns: Mutex<HashMap<u64, mpsc::SyncSender<TurnOutcome>>>,
+    answers: Mutex<HashMap<u64, mpsc::SyncSender<msg::Answer>>>,
+    admissions: Mutex<HashMap<u64, oneshot::Sender<msg::Admitted>>>,
+    closed: AtomicBool,
+    reporter: OnceLock<Reporter>,
+}
+
+/// How long a query (brief-run ranking, GPU lane choice) waits for its answer
+/// before the executor decides alone (the supervisor is stalled or gone).
+const QUERY_TIMEOUT: Duration = Duration::from_secs(2);
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl SeamClient {
+    /// Starts the reader thread on `stream`; `on_close` runs on it once the
+    /// supervisor's end is gone (the executor process exits then).
+    pub fn start(
+        stream: UnixStream,
+        on_close: impl FnOnce() + Send + 'static,
+    ) -> std::io::Result<Arc<SeamClient>> {
+        let reader = stream.try_clone()?;
+        let client = Arc::new(SeamClient {
+            writer: Mutex::new(stream),
+            next_id: AtomicU64::new(1),
+            turns: Mutex::new(HashMap::new()),
+            answers: Mutex::new(HashMap::new()),
+            admissions: Mutex::new(HashMap::new()),
+            closed: AtomicBool::new(false),
+            reporter: OnceLock::new(),
+        });
+        let weak = Arc::downgrade(&client);
+        std::thread::Builder::new()
+            .name("salus-seam".into())
+            .spawn(move || {
+                let mut reader = reader;
+                loop {
+                    let message = match read_frame::<_, msg::ToExecutor>(&mut reader) {
+                        Ok(Some(m)) => m,
+                        Ok(None) => break,
+                        Err(err) => {
+                            tracing::error!(cause = %err, "the seam to the supervisor failed");
+                            break;
+                        }
+                    };
+                    let Some(client) = weak.upgrade() else { break };
+                    client.dispatch(message);
+                }
+                if let Some(client) = weak.upgrade() {
+                    client.close();
+                }
+                on_close();
+            })?;
+        Ok(client)
+    }
+
+    /// Sets what answers the supervisor's report requests (once the
+    /// executor's state exists).
+    pub fn set_reporter(&self, reporter: Reporter) {
+        let _ = self.reporter.set(reporter);
+    }
+
+    fn dispatch(self: &Arc<Self>, message: msg::ToExecutor) {
+        match message.msg {
+            Some(to_executor::Msg::Go(go)) => {
+                if let Some(tx) = lock(&self.turns).remove(&go.turn) {
+                    let _ = tx.send(TurnOutcome::Go);
+                } else {
+                    // Nobody waits any more: give the lane back at once.
+                    self.send(to_supervisor::Msg::Done(msg::Done { turn: go.turn }));
+                }
+            }
+            Some(to_executor::Msg::Dropped(dropped)) => {
+                if let Some(tx) = lock(&self.turns).remove(&dropped.turn) {
+                    let _ = tx.send(TurnOutcome::Dropped(dropped.reason));
+                }
+            }
+            Some(to_executor::Msg::Answer(answer)) => {
+                if let Some(tx) = lock(&self.answers).remove(&answer.id) {
+                    let _ = tx.send(answer);
+                }
+            }
+            Some(to_executor::Msg::Admitted(admitted)) => {
+                if let Some(tx) = lock(&self.admissions).remove(&admitted.id) {
+                    let _ = tx.send(admitted);
+                }
+            }
+            Some(to_executor::Msg::ReportRequest(request)) => {
+                // Walks graphs under TensorFlow's locks: not on the reader thread.
+                let client = self.clone();
+                let _ = std::thread::Builder::new()
+                    .name("salus-report".into())
+                    .spawn(move || {
+                        let mut report = client
+                            .reporter
+                            .get()
+                            .map(|r| r())
+                            .unwrap_or_default();
+                        report.id = request.id;
+                        client.send(to_supervisor::Msg::Report(report));
+                    });
+            }
+            None => {}
+        }
+    }
+
+    /// The supervisor is gone: every waiter gets an error.
+    fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        lock(&self.turns).clear();
+        lock(&self.answers).clear();
+        lock(&self.admissions).clear();
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    /// Sends one message; a closed seam drops it (the process is ending).
+    pub fn send(&self, message: to_supervisor::Msg) {
+        let frame = msg::ToSupervisor { msg: Some(message) };
+        let mut writer = lock(&self.writer);
+        if let Err(err) = write_frame(&mut *writer, &frame) {
+            if !self.closed.swap(true, Ordering::SeqCst) {
+                tracing::error!(cause = %err, "cannot write to the supervisor");
+            }
+        }
+    }
+
+    fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Waits (blocking: call it off the async runtime) until the supervisor's
+    /// scheduler gives `job` a main iteration; the returned guard ends it.
+    pub fn take_turn(self: &Arc<Self>, job: JobId, deadline: Option<Instant>) -> Result<Turn> {
+        if self.is_closed() {
+            return Err(Error::ShuttingDown);
+        }
+        let turn = self.next_id();
+        let (tx, rx) = mpsc::sync_channel(1);
+        lock(&self.turns).insert(turn, tx);
+        let deadline_ms = deadline.map_or(0, |d| {
+            d.saturating_duration_since(Instant::now()).as_millis().max(1) as u64
+        });
+        self.send(to_supervisor::Msg::Want(msg::Want {
+            turn,
+            job: job.0,
+            deadline_ms,
+        }));
+        match rx.recv() {
+            Ok(TurnOutcome::Go) => Ok(Turn {
+                seam: self.clone(),
+                turn,
+            }),
+            Ok(TurnOutcome::Dropped(reason)) => Err(Error::IterationDropped(reason)),
+            Err(_) => Err(Error::ShuttingDown),
+        }
+    }
+
+    /// Whether another job's queued iteration ranks ahead of `job` (false when
+    /// the supervisor does not answer in time).
+    pub fn outranked(&self, job: JobId) -> bool {
+        self.query(msg::query::What::Outranked(job.0))
+            .is_some_and(|a| a.yes)
+    }
+
+    /// With fixed (GPU) lanes, the lane for a new graph.
+    pub fn lane_for_new_graph(&self) -> Option<LaneId> {
+        self.query(msg::query::What::LaneForNewGraph(true))
+            .and_then(|a| a.lane)
+            .map(LaneId)
+    }
+
+    fn query(&self, what: msg::query::What) -> Option<msg::Answer> {
+        if self.is_closed() {
+            return None;
+        }
+        let id = self.next_id();
+        let (tx, rx) = mpsc::sync_channel(1);
+        lock(&self.answers).insert(id, tx);
+        self.send(to_supervisor::Msg::Query(msg::Query {
+            id,
+            what: Some(what),
+        }));
+        let answer = rx.recv_timeout(QUERY_TIMEOUT).ok();
+        lock(&self.answers).remove(&id);
+        answer
+    }
+
+    /// Memory admission by the supervisor; the lane granted.
+    pub async fn admit(
+        &self,
+        job: JobId,
+        need: MemoryNeed,
+        pinned: Option<LaneId>,
+        hints: &Hints,
+    ) -> Result<LaneId> {
+        if self.is_closed() {
+            return Err(Error::ShuttingDown);
+        }
+        let id = self.next_id();
+        let (tx, rx) = oneshot::channel();
+        lock(&self.admissions).insert(id, tx);
+        self.send(to_supervisor::Msg::Admit(msg::Admit {
+            id,
+            job: job.0,
+            persistent: need.persistent,
+            ephemeral: need.ephemeral,
+            pinned_lane: pinned.map(|l| l.0),
+            hints: Some(hints_to_msg(hints)),
+        }));
+        let admitted = rx.await.map_err(|_| Error::ShuttingDown)?;
+        match admitted.outcome {
+            Some(msg::admitted::Outcome::Lane(lane)) => Ok(LaneId(lane)),
+            Some(msg::admitted::Outcome::Error(err)) => {
+                Err(Error::Tensorflow(TfError::new(err.code, err.message)))
+            }
+            None => Err(Error::Internal("the supervisor's admission answer was empty".into())),
+        }
+    }
+}
+
+/// A main iteration in progress; dropping it tells the supervisor it ended.
+pub struct Turn {
+    seam: Arc<SeamClient>,
+    turn: u64,
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        self.seam
+            .send(to_supervisor::Msg::Done(msg::Done { turn: self.turn }));
+    }
+}

@@ -1,0 +1,614 @@
+//! The tenants' executor processes: started at a tenant's first request, as
+//! that tenant's Unix user where the server can switch users; watched, reaped
+//! and replaced after a crash; stopped when idle, or with the server.
+//!
+//! An executor is this same binary (`salus-server ... executor`), given two
+//! sockets of socketpairs as fds 3 (HTTP/2: the relayed gRPC calls) and 4 (the
+//! seam), and its tenant and credentials in `SALUS_EXECUTOR_*` variables. It
+//! drops privileges first thing in `main`, before any thread starts (see
+//! `crate::executor`): the binary and TensorFlow's libraries are loaded by
+//! then, so a tenant needs no access to the install.
+
+use std::collections::{HashMap, VecDeque};
+use std::ffi::OsString;
+use std::io::{BufRead, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use hyper::client::conn::http2::SendRequest;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+
+use crate::runtime::admission::Admission;
+use crate::runtime::executor::Executor;
+use crate::supervisor::link::Link;
+use crate::supervisor::relay::RelayRequestBody;
+use crate::tenant::identity::{Tenant, TenantKey};
+use crate::tenant::users::Account;
+
+/// The environment an executor process reads its tenant and credentials from.
+pub mod env {
+    pub const TENANT_NAME: &str = "SALUS_EXECUTOR_TENANT";
+    /// `uid:N`, `name:NAME` or `anonymous`.
+    pub const TENANT_KEY: &str = "SALUS_EXECUTOR_TENANT_KEY";
+    /// `UID:GID:G1,G2,...:HOME` when the executor must switch users.
+    pub const RUN_AS: &str = "SALUS_EXECUTOR_RUN_AS";
+    /// Bytes of data segment (RLIMIT_DATA) the executor may use.
+    pub const MEMORY: &str = "SALUS_EXECUTOR_MEMORY";
+    /// The first job id of this executor (ids are unique across executors).
+    pub const JOB_BASE: &str = "SALUS_EXECUTOR_JOB_BASE";
+    pub const ALL: [&str; 5] = [TENANT_NAME, TENANT_KEY, RUN_AS, MEMORY, JOB_BASE];
+}
+
+/// The fds an executor finds its sockets on.
+pub const H2_FD: i32 = 3;
+pub const SEAM_FD: i32 = 4;
+
+/// How executors are started.
+#[derive(Clone, Debug)]
+pub struct ExecutorSpec {
+    pub exe: PathBuf,
+    /// The server's own arguments; `executor` is appended.
+    pub args: Vec<OsString>,
+    /// `--executor-memory`.
+    pub memory_limit: Option<u64>,
+    /// An executor with no open job and no request this long is stopped.
+    pub idle_timeout: Duration,
+    /// Longest wait for a new executor to start serving.
+    pub start_timeout: Duration,
+}
+
+/// What the supervisor knows of a finished executor.
+#[derive(Default)]
+pub struct DeathNote {
+    message: OnceLock<String>,
+    notify: tokio::sync::Notify,
+}
+
+impl DeathNote {
+    fn record(&self, message: String) {
+        if self.message.set(message).is_ok() {
+            self.notify.notify_waiters();
+        }
+    }
+
+    pub fn get(&self) -> Option<&str> {
+        self.message.get().map(String::as_str)
+    }
+
+    /// The message, waiting up to `limit` for it (a closed socket is seen a
+    /// moment before the process is reaped).
+    pub async fn wait(&self, limit: Duration) -> Option<String> {
+        let notified = self.notify.notified();
+        if let Some(m) = self.get() {
+            return Some(m.to_string());
+        }
+        let _ = tokio::time::timeout(limit, notified).await;
+        self.get().map(str::to_string)
+    }
+}
+
+/// One running executor.
+pub struct ExecutorHandle {
+    pub tenant: Arc<Tenant>,
+    pub pid: u32,
+    /// The uid it runs as.
+    pub uid: u32,
+    pub sender: SendRequest<RelayRequestBody>,
+    pub link: Arc<Link>,
+    pub death: Arc<DeathNote>,
+    pub started_in: Duration,
+    in_flight: AtomicUsize,
+    last_active: Mutex<Instant>,
+}
+
+impl ExecutorHandle {
+    pub fn is_dead(&self) -> bool {
+        self.death.get().is_some() || self.link.is_dead()
+    }
+
+    pub fn begin_request(&self) {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+    }
+
+    pub fn end_request(&self) {
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        *self.last_active.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+    }
+
+    fn idle_for(&self) -> Option<Duration> {
+        if self.in_flight.load(Ordering::SeqCst) > 0 || self.link.open_jobs() > 0 {
+            return None;
+        }
+        Some(
+            self.last_active
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .elapsed(),
+        )
+    }
+
+    /// Why requests to this executor fail, once it is gone.
+    pub async fn failure(&self) -> String {
+        self.death
+            .wait(Duration::from_secs(2))
+            .await
+            .unwrap_or_else(|| {
+                format!(
+                    "the executor process of tenant {} (pid {}) stopped answering",
+                    self.tenant, self.pid
+                )
+            })
+    }
+}
+
+#[derive(Default)]
+struct Slot {
+    cell: tokio::sync::OnceCell<Arc<ExecutorHandle>>,
+}
+
+/// Counters for the admin API and /metrics.
+#[derive(Default)]
+pub struct ExecutorCounts {
+    pub started: AtomicU64,
+    pub failed: AtomicU64,
+    pub stopped_idle: AtomicU64,
+}
+
+pub struct Executors {
+    spec: ExecutorSpec,
+    executor: Executor,
+    admission: Option<Admission>,
+    runtime: tokio::runtime::Handle,
+    slots: Mutex<HashMap<TenantKey, Arc<Slot>>>,
+    serial: AtomicU64,
+    pub counts: ExecutorCounts,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Executors {
+    pub fn new(
+        spec: ExecutorSpec,
+        executor: Executor,
+        admission: Option<Admission>,
+        runtime: tokio::runtime::Handle,
+    ) -> Arc<Executors> {
+        Arc::new(Executors {
+            spec,
+            executor,
+            admission,
+            runtime,
+            slots: Mutex::new(HashMap::new()),
+            serial: AtomicU64::new(0),
+            counts: ExecutorCounts::default(),
+        })
+    }
+
+    /// The running executors.
+    pub fn running(&self) -> Vec<Arc<ExecutorHandle>> {
+        lock(&self.slots)
+            .values()
+            .filter_map(|s| s.cell.get().cloned())
+            .filter(|h| !h.is_dead())
+            .collect()
+    }
+
+    /// `tenant`'s executor, started if it has none (or its last one died).
+    pub async fn get(self: &Arc<Self>, tenant: &Arc<Tenant>) -> Result<Arc<ExecutorHandle>, String> {
+        for _ in 0..2 {
+            let slot = lock(&self.slots)
+                .entry(tenant.key.clone())
+                .or_default()
+                .clone();
+            let handle = slot
+                .cell
+                .get_or_try_init(|| self.start(tenant.clone()))
+                .await?
+                .clone();
+            if !handle.is_dead() {
+                return Ok(handle);
+            }
+            self.forget_slot(&tenant.key, &slot);
+        }
+        Err(format!(
+            "the executor process of tenant {tenant} died as it started; see the server's log"
+        ))
+    }
+
+    fn forget_slot(&self, key: &TenantKey, slot: &Arc<Slot>) {
+        let mut slots = lock(&self.slots);
+        if slots.get(key).is_some_and(|s| Arc::ptr_eq(s, slot)) {
+            slots.remove(key);
+        }
+    }
+
+    fn forget_handle(&self, handle: &Arc<ExecutorHandle>) {
+        let mut slots = lock(&self.slots);
+        if slots
+            .get(&handle.tenant.key)
+            .and_then(|s| s.cell.get())
+            .is_some_and(|h| Arc::ptr_eq(h, handle))
+        {
+            slots.remove(&handle.tenant.key);
+        }
+    }
+
+    /// Who `tenant`'s executor runs as: that user when the server runs as
+    /// root; `nobody` for a tenant that is no user; the server's own user
+    /// when it cannot switch. None: no switch.
+    fn credentials(&self, tenant: &Tenant) -> Result<Option<(Account, Vec<u32>)>, String> {
+        // SAFETY: geteuid cannot fail.
+        let euid = unsafe { libc::geteuid() };
+        if euid != 0 || tenant.uid == Some(euid) {
+            return Ok(None);
+        }
+        let account = match tenant.uid {
+            Some(uid) => Account::by_uid(uid).ok_or_else(|| {
+                format!("tenant {tenant}: uid {uid} has no entry in the user database, so its executor cannot run as it")
+            })?,
+            None => Account::by_name("nobody").unwrap_or(Account {
+                name: "nobody".into(),
+                uid: 65534,
+                gid: 65534,
+                home: PathBuf::from("/"),
+            }),
+        };
+        let groups = account.groups();
+        Ok(Some((account, groups)))
+    }
+
+    async fn start(self: &Arc<Self>, tenant: Arc<Tenant>) -> Result<Arc<ExecutorHandle>, String> {
+        let began = Instant::now();
+        let serial = self.serial.fetch_add(1, Ordering::Relaxed) + 1;
+        let credentials = self.credentials(&tenant)?;
+        let (h2_ours, h2_theirs) =
+            UnixStream::pair().map_err(|e| format!("cannot make a socketpair: {e}"))?;
+        let (seam_ours, seam_theirs) =
+            UnixStream::pair().map_err(|e| format!("cannot make a socketpair: {e}"))?;
+        let mut command = Command::new(&self.spec.exe);
+        command
+            .args(&self.spec.args)
+            .arg("executor")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .env(env::TENANT_NAME, &tenant.name)
+            .env(
+                env::TENANT_KEY,
+                match &tenant.key {
+                    TenantKey::Anonymous => "anonymous".to_string(),
+                    TenantKey::Uid(uid) => format!("uid:{uid}"),
+                    TenantKey::Named(name) => format!("name:{name}"),
+                },
+            )
+            .env(env::JOB_BASE, (serial << 32).to_string());
+        if let Some(limit) = self.spec.memory_limit {
+            command.env(env::MEMORY, limit.to_string());
+        }
+        let uid = match &credentials {
+            Some((account, groups)) => {
+                let groups: Vec<String> = groups.iter().map(u32::to_string).collect();
+                command.env(
+                    env::RUN_AS,
+                    format!(
+                        "{}:{}:{}:{}",
+                        account.uid,
+                        account.gid,
+                        groups.join(","),
+                        account.home.display()
+                    ),
+                );
+                account.uid
+            }
+            // SAFETY: geteuid cannot fail.
+            None => unsafe { libc::geteuid() },
+        };
+        let h2_fd = h2_theirs.as_raw_fd();
+        let seam_fd = seam_theirs.as_raw_fd();
+        // SAFETY: only async-signal-safe calls (fcntl, dup2) between fork and exec.
+        unsafe {
+            command.pre_exec(move || {
+                // Out of the way first, so neither target fd clobbers the other.
+                let h2 = libc::fcntl(h2_fd, libc::F_DUPFD_CLOEXEC, 10);
+                let seam = libc::fcntl(seam_fd, libc::F_DUPFD_CLOEXEC, 10);
+                if h2 < 0 || seam < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // dup2 clears close-on-exec on the new fd.
+                if libc::dup2(h2, H2_FD) < 0 || libc::dup2(seam, SEAM_FD) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = command
+            .spawn()
+            .map_err(|e| format!("cannot start an executor for tenant {tenant}: {e}"))?;
+        drop(h2_theirs);
+        drop(seam_theirs);
+        let pid = child.id();
+        let label = format!("{}:{pid}", tenant.name);
+        let last_lines = Arc::new(Mutex::new(VecDeque::new()));
+        if let Some(stderr) = child.stderr.take() {
+            forward_stderr(stderr, label.clone(), last_lines.clone());
+        }
+        let (link, hello) = Link::start(
+            seam_ours,
+            self.executor.clone(),
+            self.admission.clone(),
+            self.runtime.clone(),
+            label.clone(),
+        )
+        .map_err(|e| format!("cannot watch the executor of tenant {tenant}: {e}"))?;
+        let death = Arc::new(DeathNote::default());
+        // Reaps the process whenever it ends.
+        let (exited_tx, mut exited_rx) = tokio::sync::watch::channel(false);
+        {
+            let death = death.clone();
+            let link = link.clone();
+            let tenant = tenant.clone();
+            let executors = Arc::downgrade(self);
+            std::thread::Builder::new()
+                .name(format!("salus-reap-{pid}"))
+                .spawn(move || {
+                    let status = child.wait();
+                    let message = death_message(&tenant, pid, status, &last_lines);
+                    link.die();
+                    death.record(message.clone());
+                    let _ = exited_tx.send(true);
+                    if let Some(executors) = executors.upgrade() {
+                        executors.reaped(&tenant, pid, &message);
+                    }
+                })
+                .map_err(|e| format!("cannot start a reaper thread: {e}"))?;
+        }
+        let started = tokio::select! {
+            hello = hello => hello.map_err(|_| ()),
+            _ = exited_rx.wait_for(|exited| *exited) => Err(()),
+            () = tokio::time::sleep(self.spec.start_timeout) => {
+                // SAFETY: signalling our own child.
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                Err(())
+            }
+        };
+        if started.is_err() {
+            self.counts.failed.fetch_add(1, Ordering::Relaxed);
+            let why = death
+                .wait(Duration::from_secs(5))
+                .await
+                .unwrap_or_else(|| "it did not start in time".into());
+            return Err(format!("the executor process for tenant {tenant} did not start: {why}"));
+        }
+        h2_ours
+            .set_nonblocking(true)
+            .map_err(|e| format!("socket setup failed: {e}"))?;
+        let io = tokio::net::UnixStream::from_std(h2_ours)
+            .map_err(|e| format!("socket setup failed: {e}"))?;
+        let (sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+            .initial_stream_window_size(16 << 20)
+            .initial_connection_window_size(64 << 20)
+            .max_frame_size(1 << 20)
+            .handshake(TokioIo::new(io))
+            .await
+            .map_err(|e| format!("cannot talk to the executor of tenant {tenant}: {e}"))?;
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        self.counts.started.fetch_add(1, Ordering::Relaxed);
+        let started_in = began.elapsed();
+        tracing::info!(tenant = %tenant, pid, uid, started_ms = started_in.as_millis() as u64, "executor started");
+        Ok(Arc::new(ExecutorHandle {
+            tenant,
+            pid,
+            uid,
+            sender,
+            link,
+            death,
+            started_in,
+            in_flight: AtomicUsize::new(0),
+            last_active: Mutex::new(Instant::now()),
+        }))
+    }
+
+    fn reaped(&self, tenant: &Arc<Tenant>, pid: u32, message: &str) {
+        let mut slots = lock(&self.slots);
+        let ours = slots
+            .get(&tenant.key)
+            .and_then(|s| s.cell.get())
+            .is_some_and(|h| h.pid == pid);
+        if ours {
+            slots.remove(&tenant.key);
+        }
+        drop(slots);
+        if message.contains("exited with status 0") {
+            tracing::info!(tenant = %tenant, pid, "executor stopped");
+        } else {
+            self.counts.failed.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(tenant = %tenant, pid, "executor failed: {message}");
+        }
+    }
+
+    /// Stops executors idle longer than the spec allows (checked every few seconds).
+    pub async fn stop_idle(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(Duration::from_secs(2));
+        loop {
+            tick.tick().await;
+            for handle in self.running() {
+                if handle
+                    .idle_for()
+                    .is_some_and(|idle| idle >= self.spec.idle_timeout)
+                {
+                    tracing::info!(tenant = %handle.tenant, pid = handle.pid, "stopping an idle executor");
+                    self.forget_handle(&handle);
+                    self.counts.stopped_idle.fetch_add(1, Ordering::Relaxed);
+                    // SAFETY: signalling our own child.
+                    unsafe { libc::kill(handle.pid as i32, libc::SIGTERM) };
+                }
+            }
+        }
+    }
+
+    /// Asks every executor to stop (they finish what they serve) and waits up
+    /// to `limit` for them; then kills what is left.
+    pub async fn stop_all(&self, limit: Duration) {
+        let handles: Vec<Arc<ExecutorHandle>> = lock(&self.slots)
+            .drain()
+            .filter_map(|(_, s)| s.cell.get().cloned())
+            .collect();
+        for h in &handles {
+            // SAFETY: signalling our own children.
+            unsafe { libc::kill(h.pid as i32, libc::SIGTERM) };
+        }
+        let deadline = Instant::now() + limit;
+        for h in &handles {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if h.death.wait(left).await.is_none() {
+                tracing::warn!(tenant = %h.tenant, pid = h.pid, "executor did not stop in time: killing it");
+                // SAFETY: as above.
+                unsafe { libc::kill(h.pid as i32, libc::SIGKILL) };
+                h.death.wait(Duration::from_secs(5)).await;
+            }
+        }
+    }
+}
+
+/// Copies an executor's stderr to the server's, each line marked with the
+/// executor, and keeps the last lines for the message of its death.
+fn forward_stderr(
+    stderr: std::process::ChildStderr,
+    label: String,
+    last: Arc<Mutex<VecDeque<String>>>,
+) {
+    let _ = std::thread::Builder::new()
+        .name("salus-exec-log".into())
+        .spawn(move || {
+            let reader = std::io::BufReader::new(stderr);
+            for line in reader.split(b'\n') {
+                let Ok(line) = line else { break };
+                let line = String::from_utf8_lossy(&line).into_owned();
+                let _ = writeln!(std::io::stderr(), "[executor {label}] {line}");
+                let mut last = lock(&last);
+                if last.len() == 40 {
+                    last.pop_front();
+                }
+                last.push_back(line);
+            }
+        });
+}
+
+/// "killed by signal 11 (SIGSEGV)" and what the executor said last that
+/// explains it (TensorFlow's fatal log lines, an uncaught C++ exception).
+fn death_message(
+    tenant: &Tenant,
+    pid: u32,
+    status: std::io::Result<std::process::ExitStatus>,
+    last_lines: &Mutex<VecDeque<String>>,
+) -> String {
+    // The forwarding thread may still be reading the last lines.
+    std::thread::sleep(Duration::from_millis(50));
+    let how = match status {
+        Ok(status) => match (status.code(), status.signal()) {
+            (Some(code), _) => format!("exited with status {code}"),
+            (None, Some(signal)) => format!(
+                "was killed by signal {signal} ({}){}",
+                signal_name(signal),
+                if signal == libc::SIGKILL {
+                    ": the server's memory limit for executors (--executor-memory), the kernel's OOM killer, or an operator"
+                } else {
+                    ""
+                }
+            ),
+            _ => "ended".to_string(),
+        },
+        Err(err) => format!("could not be waited for ({err})"),
+    };
+    let last = lock(last_lines);
+    let telling: Vec<&str> = last
+        .iter()
+        .map(String::as_str)
+        .filter(|l| is_fatal_line(l))
+        .collect();
+    let said = match telling.as_slice() {
+        [] => String::new(),
+        lines => format!(
+            "; it said: {}",
+            lines[lines.len().saturating_sub(3)..].join(" | ")
+        ),
+    };
+    format!(
+        "the executor process of tenant {tenant} (pid {pid}) {how}{said}. Its sessions and eager contexts \
+         are lost; other tenants are not affected, and this tenant's next request starts a new executor"
+    )
+}
+
+fn is_fatal_line(line: &str) -> bool {
+    let mut chars = line.chars();
+    let absl_fatal = chars.next() == Some('F') && chars.next().is_some_and(|c| c.is_ascii_digit());
+    absl_fatal
+        || line.contains("Check failed")
+        || line.contains("terminate called")
+        || line.contains("what():")
+        || line.contains("panicked")
+        || line.contains("Fatal")
+        || line.contains("double free")
+        || line.contains("corrupted")
+        || line.contains("memory allocation")
+}
+
+fn signal_name(signal: i32) -> &'static str {
+    match signal {
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGILL => "SIGILL",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGSYS => "SIGSYS",
+        _ => "a signal",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fatal_lines_are_recognised() {
+        assert!(is_fatal_line("F0000 00:00:1796189037.291926 14062 tensor_shape.cc:1 Check failed: x"));
+        assert!(is_fatal_line("terminate called after throwing an instance of 'std::bad_alloc'"));
+        assert!(is_fatal_line("  what():  std::bad_alloc"));
+        assert!(!is_fatal_line("I0000 00:00:1 port.cc:153] oneDNN custom operations are on"));
+        assert!(!is_fatal_line("Found 3 files"));
+    }
+
+    #[test]
+    fn deaths_say_how_and_why() {
+        let tenant = Tenant::from_uid(0);
+        let lines = Mutex::new(VecDeque::from(vec![
+            "I0000 something".to_string(),
+            "F0000 00:00:1.0 1 op.cc:9] Check failed: dims >= 0".to_string(),
+        ]));
+        let status = std::process::ExitStatus::from_raw(libc::SIGABRT);
+        let message = death_message(&tenant, 42, Ok(status), &lines);
+        assert!(message.contains("pid 42) was killed by signal 6 (SIGABRT)"), "{message}");
+        assert!(message.contains("Check failed: dims >= 0"), "{message}");
+        assert!(!message.contains("I0000"), "{message}");
+        let killed = death_message(
+            &tenant,
+            7,
+            Ok(std::process::ExitStatus::from_raw(libc::SIGKILL)),
+            &Mutex::new(VecDeque::new()),
+        );
+        assert!(killed.contains("--executor-memory"), "{killed}");
+    }
+}

@@ -1,0 +1,333 @@
+//! The supervisor's end of one executor's seam: its requests go to the one
+//! scheduler core and the one memory admission (the runtime's `Executor` and
+//! `Admission`, as in a single-process server), and the answers go back.
+//!
+//! A reader thread per executor handles its messages in order. A wanted main
+//! iteration is queued in the core as a [`RemoteIteration`]: when the core
+//! picks it, the lane thread sends Go and waits for Done, so the lane is held
+//! for exactly the iteration, in whichever process it runs. When the executor
+//! dies, [`Link::die`] forgets its jobs, returns their memory and wakes every
+//! lane thread waiting on it.
+
+use std::collections::{HashMap, HashSet};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+use crate::runtime::admission::{Admission, LaneReservation};
+use crate::runtime::executor::{Executor, RemoteIteration};
+use crate::runtime::run_class::RunClass;
+use crate::runtime::timeline::JobKind;
+use crate::sched::lanes::MemoryNeed;
+use crate::sched::{JobId, LaneId};
+use crate::seam::frame::{read_frame, write_frame};
+use crate::seam::hints_from_msg;
+use crate::seam::msg::{self, to_executor, to_supervisor};
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub struct Link {
+    writer: Mutex<UnixStream>,
+    executor: Executor,
+    admission: Option<Admission>,
+    runtime: tokio::runtime::Handle,
+    /// Lane threads waiting for an iteration's Done, by turn.
+    running: Mutex<HashMap<u64, mpsc::SyncSender<()>>>,
+    /// The executor's jobs the core knows.
+    jobs: Mutex<HashSet<JobId>>,
+    reservations: Mutex<HashMap<JobId, LaneReservation>>,
+    reports: Mutex<HashMap<u64, mpsc::SyncSender<msg::Report>>>,
+    next_report: std::sync::atomic::AtomicU64,
+    hello: Mutex<Option<oneshot::Sender<msg::Hello>>>,
+    dead: AtomicBool,
+}
+
+impl Link {
+    /// Starts the reader thread; `hello` receives the executor's Hello (it is
+    /// serving). The thread ends, and the link dies, when the executor's end closes.
+    pub fn start(
+        stream: UnixStream,
+        executor: Executor,
+        admission: Option<Admission>,
+        runtime: tokio::runtime::Handle,
+        label: String,
+    ) -> std::io::Result<(Arc<Link>, oneshot::Receiver<msg::Hello>)> {
+        let reader = stream.try_clone()?;
+        let (hello_tx, hello_rx) = oneshot::channel();
+        let link = Arc::new(Link {
+            writer: Mutex::new(stream),
+            executor,
+            admission,
+            runtime,
+            running: Mutex::new(HashMap::new()),
+            jobs: Mutex::new(HashSet::new()),
+            reservations: Mutex::new(HashMap::new()),
+            reports: Mutex::new(HashMap::new()),
+            next_report: std::sync::atomic::AtomicU64::new(1),
+            hello: Mutex::new(Some(hello_tx)),
+            dead: AtomicBool::new(false),
+        });
+        let reading = link.clone();
+        std::thread::Builder::new()
+            .name(format!("salus-link-{label}"))
+            .spawn(move || {
+                let mut reader = reader;
+                loop {
+                    match read_frame::<_, msg::ToSupervisor>(&mut reader) {
+                        Ok(Some(message)) => reading.handle(message),
+                        Ok(None) => break,
+                        Err(err) => {
+                            tracing::error!(executor = %label, cause = %err, "the seam to an executor failed");
+                            break;
+                        }
+                    }
+                }
+                reading.die();
+            })?;
+        Ok((link, hello_rx))
+    }
+
+    pub fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::SeqCst)
+    }
+
+    /// Open jobs of this executor the scheduler knows.
+    pub fn open_jobs(&self) -> usize {
+        lock(&self.jobs).len()
+    }
+
+    fn send(&self, message: to_executor::Msg) {
+        if self.is_dead() {
+            return;
+        }
+        let frame = msg::ToExecutor { msg: Some(message) };
+        if write_frame(&mut *lock(&self.writer), &frame).is_err() {
+            // The reader sees the end too and cleans up.
+            self.dead.store(true, Ordering::SeqCst);
+        }
+    }
+
+    fn handle(self: &Arc<Self>, message: msg::ToSupervisor) {
+        let Some(message) = message.msg else { return };
+        match message {
+            to_supervisor::Msg::Hello(hello) => {
+                if let Some(tx) = lock(&self.hello).take() {
+                    let _ = tx.send(hello);
+                }
+            }
+            to_supervisor::Msg::AddJob(add) => {
+                let job = JobId(add.job);
+                lock(&self.jobs).insert(job);
+                if let Err(err) =
+                    self.executor
+                        .add_job(job, LaneId(add.lane), hints_from_msg(add.hints))
+                {
+                    tracing::warn!(job = add.job, cause = %err, "an executor's job could not join the scheduler");
+                }
+            }
+            to_supervisor::Msg::OpenJob(open) => {
+                let job = JobId(open.job);
+                lock(&self.jobs).insert(job);
+                let kind = if open.eager {
+                    JobKind::Eager
+                } else {
+                    JobKind::Graph
+                };
+                self.executor.open_job(job, &open.name, kind);
+            }
+            to_supervisor::Msg::RemoveJob(remove) => self.forget(JobId(remove.job)),
+            to_supervisor::Msg::Want(want) => {
+                let deadline = (want.deadline_ms > 0)
+                    .then(|| Instant::now() + Duration::from_millis(want.deadline_ms));
+                let iteration = Box::new(Turn {
+                    link: self.clone(),
+                    turn: want.turn,
+                    ran: false,
+                });
+                // On refusal the iteration is dropped, which tells the executor.
+                let _ = self
+                    .executor
+                    .submit_remote(JobId(want.job), deadline, iteration);
+            }
+            to_supervisor::Msg::Done(done) => {
+                if let Some(tx) = lock(&self.running).remove(&done.turn) {
+                    let _ = tx.send(());
+                }
+            }
+            to_supervisor::Msg::CheapRun(run) => {
+                let now = Instant::now();
+                let ago = |ns: u64| now.checked_sub(Duration::from_nanos(ns)).unwrap_or(now);
+                self.executor.record_cheap_run(
+                    JobId(run.job),
+                    ago(run.started_ago_ns),
+                    ago(run.ended_ago_ns),
+                );
+            }
+            to_supervisor::Msg::Query(query) => {
+                let answer = match query.what {
+                    Some(msg::query::What::Outranked(job)) => msg::Answer {
+                        id: query.id,
+                        yes: self.executor.resolve(JobId(job), RunClass::Brief) == RunClass::Main,
+                        lane: None,
+                    },
+                    Some(msg::query::What::LaneForNewGraph(_)) => msg::Answer {
+                        id: query.id,
+                        yes: false,
+                        lane: self
+                            .admission
+                            .as_ref()
+                            .and_then(Admission::lane_for_new_graph)
+                            .map(|l| l.0),
+                    },
+                    None => msg::Answer {
+                        id: query.id,
+                        ..Default::default()
+                    },
+                };
+                self.send(to_executor::Msg::Answer(answer));
+            }
+            to_supervisor::Msg::Admit(admit) => self.admit(admit),
+            to_supervisor::Msg::Withdraw(withdraw) => {
+                if let Some(admission) = &self.admission {
+                    admission.withdraw(JobId(withdraw.job));
+                }
+            }
+            to_supervisor::Msg::Release(release) => {
+                lock(&self.reservations).remove(&JobId(release.job));
+            }
+            to_supervisor::Msg::SetHints(set) => {
+                let _ = self
+                    .executor
+                    .set_hints(JobId(set.job), hints_from_msg(set.hints));
+            }
+            to_supervisor::Msg::Report(report) => {
+                if let Some(tx) = lock(&self.reports).remove(&report.id) {
+                    let _ = tx.send(report);
+                }
+            }
+        }
+    }
+
+    fn admit(self: &Arc<Self>, admit: msg::Admit) {
+        let link = self.clone();
+        let Some(admission) = self.admission.clone() else {
+            self.send(to_executor::Msg::Admitted(msg::Admitted {
+                id: admit.id,
+                outcome: Some(msg::admitted::Outcome::Error(msg::AdmitError {
+                    code: salus_proto::tensorflow::error::Code::FailedPrecondition as i32,
+                    message: "this server has no memory capacity (--memory-capacity)".into(),
+                })),
+            }));
+            return;
+        };
+        self.runtime.spawn(async move {
+            let job = JobId(admit.job);
+            let need = MemoryNeed {
+                persistent: admit.persistent,
+                ephemeral: admit.ephemeral,
+            };
+            let outcome = admission
+                .admit(job, need, admit.pinned_lane.map(LaneId), hints_from_msg(admit.hints))
+                .await;
+            let outcome = match outcome {
+                Ok(reservation) => {
+                    let lane = reservation.lane();
+                    if link.is_dead() {
+                        return; // dropping the reservation returns the memory
+                    }
+                    lock(&link.reservations).insert(job, reservation);
+                    msg::admitted::Outcome::Lane(lane.0)
+                }
+                Err(err) => msg::admitted::Outcome::Error(msg::AdmitError {
+                    code: err.code() as i32,
+                    message: err.to_string(),
+                }),
+            };
+            link.send(to_executor::Msg::Admitted(msg::Admitted {
+                id: admit.id,
+                outcome: Some(outcome),
+            }));
+        });
+    }
+
+    /// A job left: out of the scheduler, its waiting admission withdrawn, its memory back.
+    fn forget(&self, job: JobId) {
+        lock(&self.jobs).remove(&job);
+        self.executor.remove_job(job);
+        if let Some(admission) = &self.admission {
+            admission.withdraw(job);
+        }
+        lock(&self.reservations).remove(&job);
+    }
+
+    /// The executor is gone: all its jobs leave, lane threads waiting on it wake.
+    pub fn die(&self) {
+        self.dead.store(true, Ordering::SeqCst);
+        let jobs: Vec<JobId> = lock(&self.jobs).iter().copied().collect();
+        for job in jobs {
+            self.forget(job);
+        }
+        lock(&self.running).clear();
+        lock(&self.reports).clear();
+        lock(&self.reservations).clear();
+        lock(&self.hello).take();
+    }
+
+    /// The executor's jobs and counters, for the admin API (None: it did not
+    /// answer in time, or it is gone). Blocks: call it off the async runtime.
+    pub fn report(&self, timeout: Duration) -> Option<msg::Report> {
+        if self.is_dead() {
+            return None;
+        }
+        let id = self
+            .next_report
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (tx, rx) = mpsc::sync_channel(1);
+        lock(&self.reports).insert(id, tx);
+        self.send(to_executor::Msg::ReportRequest(msg::ReportRequest { id }));
+        let report = rx.recv_timeout(timeout).ok();
+        lock(&self.reports).remove(&id);
+        report
+    }
+}
+
+/// One wanted iteration, queued in the core.
+struct Turn {
+    link: Arc<Link>,
+    turn: u64,
+    ran: bool,
+}
+
+impl RemoteIteration for Turn {
+    fn requester_gone(&self) -> bool {
+        self.link.is_dead()
+    }
+
+    fn run(mut self: Box<Self>) {
+        self.ran = true;
+        let (tx, rx) = mpsc::sync_channel(1);
+        lock(&self.link.running).insert(self.turn, tx);
+        self.link.send(to_executor::Msg::Go(msg::Go { turn: self.turn }));
+        // Done, or the executor's death (which drops the sender).
+        let _ = rx.recv();
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        if !self.ran {
+            self.link.send(to_executor::Msg::Dropped(msg::Dropped {
+                turn: self.turn,
+                reason: "the iteration was dropped before it ran: its session closed, its \
+                         deadline passed, or the server is stopping"
+                    .into(),
+            }));
+        }
+    }
+}

@@ -1,0 +1,91 @@
+//! The supervisor (`--isolation tenant`, the default): the process users
+//! start. It keeps the listener, tenant identity, the one scheduler core and
+//! memory admission, the admin API and metrics, and runs no TensorFlow on
+//! anything a tenant sent: each tenant's calls are relayed ([`relay`]) to that
+//! tenant's executor process ([`executors`]), whose scheduling requests come
+//! back over the seam ([`link`]).
+
+pub mod executors;
+pub mod link;
+pub mod relay;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use salus_proto::salus::v1::admin_server::AdminServer;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::StreamExt;
+
+use crate::frontend::admin::AdminService;
+use crate::frontend::identify::{IdentifiedStream, IdentifyLayer};
+use crate::server::{ServeError, Server};
+use crate::supervisor::executors::{ExecutorSpec, Executors};
+use crate::supervisor::relay::Relay;
+use crate::tenant::identity::Identifier;
+
+/// Serves `listener` as the supervisor until `shutdown`: stops taking calls,
+/// lets the executors finish theirs (up to the grace period) and stops them.
+pub async fn serve(
+    server: Server,
+    listener: TcpListener,
+    spec: ExecutorSpec,
+    metrics: Option<TcpListener>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let config = server.config().clone();
+    let state = server.state().clone();
+    let executors = Executors::new(
+        spec,
+        state.executor.clone(),
+        state.admission.clone(),
+        tokio::runtime::Handle::current(),
+    );
+    let identifier = Arc::new(Identifier::new(config.auth, config.tenants.clone()));
+    tracing::info!(auth = %config.auth, token_tenants = config.tenants.len(), "tenant identity; isolation: one executor process per tenant");
+    let accepting = identifier.clone();
+    let incoming = TcpListenerStream::new(listener).map(move |stream| {
+        stream.map(|stream| {
+            let _ = stream.set_nodelay(true);
+            IdentifiedStream::accept(stream, &accepting)
+        })
+    });
+    let admin = AdminService::with_executors(state.clone(), executors.clone());
+    if let Some(metrics) = metrics {
+        tokio::spawn(crate::frontend::metrics::serve(metrics, admin.clone()));
+    }
+    let admin = AdminServer::new(admin);
+    let (health, health_service) = tonic_health::server::health_reporter();
+    for service in [
+        "tensorflow.MasterService",
+        "tensorflow.eager.EagerService",
+        "salus.v1.Admin",
+    ] {
+        health
+            .set_service_status(service, tonic_health::ServingStatus::Serving)
+            .await;
+    }
+    let routes = tonic::service::Routes::new(health_service).add_service(admin);
+    let routes = tonic::service::Routes::from(
+        routes
+            .into_axum_router()
+            .fallback_service(Relay::new(executors.clone())),
+    );
+    let idle = tokio::spawn(executors.clone().stop_idle());
+    let grace = config.shutdown_grace;
+    let stopping = executors.clone();
+    tonic::transport::Server::builder()
+        .initial_stream_window_size(Some(16 << 20))
+        .initial_connection_window_size(Some(64 << 20))
+        .layer(IdentifyLayer::new(identifier))
+        .add_routes(routes)
+        .serve_with_incoming_shutdown(incoming, async move {
+            shutdown.await;
+            tracing::info!("shutting down: executors finish their tenants' requests");
+            idle.abort();
+            stopping.stop_all(grace + std::time::Duration::from_secs(5)).await;
+        })
+        .await?;
+    state.executor.stop();
+    Ok(())
+}

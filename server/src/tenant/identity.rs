@@ -1,0 +1,518 @@
+//! Who a request comes from: a loopback client's Unix user (found once per
+//! connection, [`super::peer_uid`]), or a token the client carries in its
+//! `user-agent` (`salus1.TOKEN`, set through `TF_GRPC_DEFAULT_OPTIONS` by the
+//! adapter and the C shim from `SALUS_TOKEN`) and the operator's tenants file
+//! maps to a tenant. `--auth` chooses which of the two are accepted.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+
+/// The prefix of a token in the `user-agent` header.
+pub const TOKEN_PREFIX: &str = "salus1.";
+
+/// What `--auth` accepts as a tenant's identity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuthMode {
+    /// Every request is one anonymous tenant (the server's behaviour before tenants).
+    Off,
+    /// A loopback client's Unix user; tokens are ignored.
+    Uid,
+    /// A token from the tenants file; the peer's user is not consulted.
+    Token,
+    /// A token when the client carries one, else the loopback client's user.
+    Both,
+}
+
+impl AuthMode {
+    pub const NAMES: [&'static str; 4] = ["uid", "token", "both", "off"];
+
+    pub fn parse(name: &str) -> Option<AuthMode> {
+        match name {
+            "off" => Some(AuthMode::Off),
+            "uid" => Some(AuthMode::Uid),
+            "token" => Some(AuthMode::Token),
+            "both" => Some(AuthMode::Both),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            AuthMode::Off => "off",
+            AuthMode::Uid => "uid",
+            AuthMode::Token => "token",
+            AuthMode::Both => "both",
+        }
+    }
+
+    fn accepts_uid(self) -> bool {
+        matches!(self, AuthMode::Uid | AuthMode::Both)
+    }
+
+    fn accepts_token(self) -> bool {
+        matches!(self, AuthMode::Token | AuthMode::Both)
+    }
+}
+
+impl fmt::Display for AuthMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One tenant. Two requests belong to the same tenant exactly when their
+/// [`TenantKey`]s are equal; jobs are owned by a key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tenant {
+    pub key: TenantKey,
+    /// For logs and the admin API: the user's name, or the tenants file's name.
+    pub name: String,
+    /// The Unix user the tenant's computation may run as, when it is one.
+    pub uid: Option<u32>,
+}
+
+/// What makes tenants distinct: a Unix user is one tenant however it is
+/// identified (its loopback connections and a token bound to it); a token
+/// without a user is a tenant of its own; `Anonymous` is everyone under `--auth off`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TenantKey {
+    Anonymous,
+    Uid(u32),
+    Named(String),
+}
+
+impl Tenant {
+    pub fn anonymous() -> Tenant {
+        Tenant {
+            key: TenantKey::Anonymous,
+            name: "anonymous".into(),
+            uid: None,
+        }
+    }
+
+    pub fn from_uid(uid: u32) -> Tenant {
+        Tenant {
+            key: TenantKey::Uid(uid),
+            name: user_name(uid).unwrap_or_else(|| format!("uid {uid}")),
+            uid: Some(uid),
+        }
+    }
+}
+
+impl fmt::Display for Tenant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.uid {
+            Some(uid) if self.name != format!("uid {uid}") => write!(f, "{} (uid {uid})", self.name),
+            _ => f.write_str(&self.name),
+        }
+    }
+}
+
+/// Why a request has no tenant; the message tells the client what to set.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum IdentityError {
+    #[error(
+        "this server (--auth {mode}) identifies tenants by a token, and the request carries none: \
+         set SALUS_TOKEN in the client's environment to a token the server's tenants file lists \
+         (the Salus adapter and C shim send it; or set TF_GRPC_DEFAULT_OPTIONS='grpc.primary_user_agent=\"salus1.TOKEN\"' \
+         before TensorFlow starts)"
+    )]
+    NoToken { mode: AuthMode },
+    #[error("the token in the request's user-agent is not in the server's tenants file: check SALUS_TOKEN")]
+    UnknownToken,
+    #[error(
+        "the request's token belongs to tenant {tenant}, bound to uid {bound}, but it comes from a \
+         process of uid {peer} on this machine: a token is only valid from its own user"
+    )]
+    TokenOfAnotherUser {
+        tenant: String,
+        bound: u32,
+        peer: u32,
+    },
+    #[error(
+        "this server (--auth {mode}) could not tell which Unix user the connection belongs to \
+         ({why}): connect over loopback (127.0.0.1 or ::1) from this machine, or set SALUS_TOKEN to a \
+         token the server's tenants file lists"
+    )]
+    NoPeerUser { mode: AuthMode, why: String },
+    #[error(
+        "this server (--auth uid) identifies tenants by their Unix user only and could not find it \
+         ({why}): connect over loopback (127.0.0.1 or ::1) from this machine"
+    )]
+    UidOnly { why: String },
+}
+
+/// A tenants file entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct TokenEntry {
+    name: String,
+    token_sha256: [u8; 32],
+    uid: Option<u32>,
+}
+
+/// The operator's tenants file: one tenant a line, `NAME SHA256-OF-TOKEN RUN-AS`,
+/// where RUN-AS is a user name, a uid, or `-` for none; `#` starts a comment.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TenantsFile {
+    entries: Vec<TokenEntry>,
+}
+
+impl TenantsFile {
+    pub fn load(path: &Path) -> Result<TenantsFile, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read the tenants file {}: {e}", path.display()))?;
+        TenantsFile::parse(&text).map_err(|e| format!("tenants file {}: {e}", path.display()))
+    }
+
+    pub fn parse(text: &str) -> Result<TenantsFile, String> {
+        let mut entries: Vec<TokenEntry> = Vec::new();
+        for (number, line) in text.lines().enumerate() {
+            let line = line.split('#').next().unwrap_or("").trim();
+            if line.is_empty() {
+                continue;
+            }
+            let at = |msg: String| format!("line {}: {msg}", number + 1);
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let [name, hash, run_as] = fields[..] else {
+                return Err(at(format!(
+                    "expected three fields, NAME SHA256-OF-TOKEN RUN-AS (a user, a uid or -), found {}",
+                    fields.len()
+                )));
+            };
+            let token_sha256 = parse_sha256(hash).ok_or_else(|| {
+                at("the second field must be the token's SHA-256 as 64 hex digits \
+                    (printf %s TOKEN | sha256sum)"
+                    .into())
+            })?;
+            let uid = match run_as {
+                "-" => None,
+                user => Some(resolve_user(user).ok_or_else(|| {
+                    at(format!("no Unix user {user:?} on this machine (use - for a tenant that is no user)"))
+                })?),
+            };
+            if entries.iter().any(|e| e.name == name) {
+                return Err(at(format!("tenant {name:?} is listed twice")));
+            }
+            if entries.iter().any(|e| e.token_sha256 == token_sha256) {
+                return Err(at(format!("tenant {name:?} has the same token as an earlier tenant")));
+            }
+            entries.push(TokenEntry {
+                name: name.to_string(),
+                token_sha256,
+                uid,
+            });
+        }
+        Ok(TenantsFile { entries })
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    fn find(&self, token: &str) -> Option<&TokenEntry> {
+        let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        // Every entry is compared whole, so the time taken says nothing about
+        // how close a wrong token came.
+        let mut found = None;
+        for entry in &self.entries {
+            let diff = entry
+                .token_sha256
+                .iter()
+                .zip(digest.iter())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+            if diff == 0 {
+                found = Some(entry);
+            }
+        }
+        found
+    }
+}
+
+/// What the server knows about a connection when it is accepted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PeerUser {
+    /// A loopback client's Unix user.
+    Uid(u32),
+    /// Not found, and why (not loopback, closed meanwhile, another network namespace...).
+    Unknown(String),
+}
+
+/// Resolves requests to tenants under one `--auth` mode.
+#[derive(Debug)]
+pub struct Identifier {
+    mode: AuthMode,
+    tenants: TenantsFile,
+    anonymous: Arc<Tenant>,
+    by_uid: std::sync::Mutex<HashMap<u32, Arc<Tenant>>>,
+}
+
+impl Identifier {
+    pub fn new(mode: AuthMode, tenants: TenantsFile) -> Identifier {
+        Identifier {
+            mode,
+            tenants,
+            anonymous: Arc::new(Tenant::anonymous()),
+            by_uid: std::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Every request is `tenant`'s: an executor process serves one tenant,
+    /// whom the supervisor identified.
+    pub fn fixed(tenant: Arc<Tenant>) -> Identifier {
+        Identifier {
+            mode: AuthMode::Off,
+            tenants: TenantsFile::default(),
+            anonymous: tenant,
+            by_uid: std::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn mode(&self) -> AuthMode {
+        self.mode
+    }
+
+    /// Whether identifying needs the peer's user (a sock_diag lookup per connection).
+    pub fn wants_peer_user(&self) -> bool {
+        // A tenants file with tokens bound to users needs the peer's user to
+        // refuse a token presented by another user.
+        self.mode.accepts_uid() || (self.mode.accepts_token() && !self.tenants.is_empty())
+    }
+
+    /// The tenant of a request from `peer` whose `user-agent` header is `user_agent`.
+    pub fn identify(
+        &self,
+        peer: &PeerUser,
+        user_agent: Option<&str>,
+    ) -> Result<Arc<Tenant>, IdentityError> {
+        if self.mode == AuthMode::Off {
+            return Ok(self.anonymous.clone());
+        }
+        let token = user_agent.and_then(token_in_user_agent);
+        if self.mode.accepts_token() {
+            if let Some(token) = token {
+                let entry = self.tenants.find(token).ok_or(IdentityError::UnknownToken)?;
+                if let (Some(bound), PeerUser::Uid(peer)) = (entry.uid, peer) {
+                    if bound != *peer {
+                        return Err(IdentityError::TokenOfAnotherUser {
+                            tenant: entry.name.clone(),
+                            bound,
+                            peer: *peer,
+                        });
+                    }
+                }
+                return Ok(match entry.uid {
+                    Some(uid) => self.tenant_of_uid(uid),
+                    None => Arc::new(Tenant {
+                        key: TenantKey::Named(entry.name.clone()),
+                        name: entry.name.clone(),
+                        uid: None,
+                    }),
+                });
+            }
+        }
+        match (self.mode, peer) {
+            (AuthMode::Token, _) => Err(IdentityError::NoToken { mode: self.mode }),
+            (_, PeerUser::Uid(uid)) => Ok(self.tenant_of_uid(*uid)),
+            (AuthMode::Uid, PeerUser::Unknown(why)) => Err(IdentityError::UidOnly { why: why.clone() }),
+            (mode, PeerUser::Unknown(why)) => Err(IdentityError::NoPeerUser {
+                mode,
+                why: why.clone(),
+            }),
+        }
+    }
+
+    fn tenant_of_uid(&self, uid: u32) -> Arc<Tenant> {
+        let mut known = self.by_uid.lock().unwrap_or_else(|e| e.into_inner());
+        known
+            .entry(uid)
+            .or_insert_with(|| Arc::new(Tenant::from_uid(uid)))
+            .clone()
+    }
+}
+
+/// The token in a `user-agent` header, a word of its own wherever it stands:
+/// TensorFlow's gRPC puts it after its own name (`grpc-c++/1.74.0 salus1.TOKEN
+/// grpc-c/49.0.0 (linux; chttp2)`, measured with 2.21 and 2.16), grpcio first.
+pub fn token_in_user_agent(user_agent: &str) -> Option<&str> {
+    user_agent
+        .split_ascii_whitespace()
+        .find_map(|part| part.strip_prefix(TOKEN_PREFIX))
+        .filter(|token| !token.is_empty())
+}
+
+fn parse_sha256(hex: &str) -> Option<[u8; 32]> {
+    if hex.len() != 64 || !hex.is_ascii() {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
+}
+
+/// A user name or a numeric uid.
+fn resolve_user(user: &str) -> Option<u32> {
+    if let Ok(uid) = user.parse::<u32>() {
+        return Some(uid);
+    }
+    crate::tenant::users::Account::by_name(user).map(|a| a.uid)
+}
+
+fn user_name(uid: u32) -> Option<String> {
+    crate::tenant::users::Account::by_uid(uid).map(|a| a.name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sha(token: &str) -> String {
+        Sha256::digest(token.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
+    fn file() -> TenantsFile {
+        TenantsFile::parse(&format!(
+            "# name hash run-as\nalice {} 1001\n\nbot {} -  # a robot\nroot-ish {} root\n",
+            sha("alice-token"),
+            sha("bot-token"),
+            sha("root-token")
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn tenants_file_lines() {
+        let file = file();
+        assert_eq!(file.len(), 3);
+        assert_eq!(file.find("alice-token").unwrap().uid, Some(1001));
+        assert_eq!(file.find("bot-token").unwrap().uid, None);
+        assert_eq!(file.find("root-token").unwrap().uid, Some(0));
+        assert!(file.find("alice-token ").is_none());
+        assert!(file.find("").is_none());
+    }
+
+    #[test]
+    fn tenants_file_errors_name_the_line() {
+        let err = TenantsFile::parse("alice abc 1001").unwrap_err();
+        assert!(err.contains("line 1") && err.contains("SHA-256"), "{err}");
+        let err = TenantsFile::parse(&format!("a {} 1\nb {} no-such-user-here", sha("x"), sha("y")))
+            .unwrap_err();
+        assert!(err.contains("line 2") && err.contains("no-such-user-here"), "{err}");
+        let err = TenantsFile::parse(&format!("a {} 1\na {} 2", sha("x"), sha("y"))).unwrap_err();
+        assert!(err.contains("twice"), "{err}");
+        let err = TenantsFile::parse(&format!("a {} 1\nb {} 2", sha("x"), sha("x"))).unwrap_err();
+        assert!(err.contains("same token"), "{err}");
+        let err = TenantsFile::parse("a b").unwrap_err();
+        assert!(err.contains("three fields"), "{err}");
+    }
+
+    #[test]
+    fn token_is_found_in_grpc_user_agents() {
+        assert_eq!(
+            token_in_user_agent("grpc-c++/1.74.0 salus1.abc grpc-c/49.0.0 (linux; chttp2)"),
+            Some("abc")
+        );
+        assert_eq!(token_in_user_agent("salus1.t0k grpc-python/1.85.3"), Some("t0k"));
+        assert_eq!(token_in_user_agent("grpc-c++/1.62.2 (linux; chttp2)"), None);
+        assert_eq!(token_in_user_agent("salus1. grpc-c++"), None);
+        assert_eq!(token_in_user_agent(""), None);
+    }
+
+    #[test]
+    fn modes() {
+        let ua = |t: &str| format!("salus1.{t} grpc-c++/1.62.2");
+        let root = PeerUser::Uid(0);
+        let alice = PeerUser::Uid(1001);
+        let remote = PeerUser::Unknown("not a loopback connection".into());
+
+        let off = Identifier::new(AuthMode::Off, file());
+        assert_eq!(off.identify(&remote, None).unwrap().key, TenantKey::Anonymous);
+        assert_eq!(
+            off.identify(&alice, Some(&ua("bot-token"))).unwrap().key,
+            TenantKey::Anonymous
+        );
+
+        let uid = Identifier::new(AuthMode::Uid, file());
+        assert_eq!(uid.identify(&alice, None).unwrap().key, TenantKey::Uid(1001));
+        // Tokens are not consulted: the user decides.
+        assert_eq!(
+            uid.identify(&alice, Some(&ua("bot-token"))).unwrap().key,
+            TenantKey::Uid(1001)
+        );
+        assert!(matches!(
+            uid.identify(&remote, Some(&ua("bot-token"))),
+            Err(IdentityError::UidOnly { .. })
+        ));
+
+        let token = Identifier::new(AuthMode::Token, file());
+        assert_eq!(
+            token.identify(&remote, Some(&ua("bot-token"))).unwrap().key,
+            TenantKey::Named("bot".into())
+        );
+        assert_eq!(
+            token.identify(&remote, Some(&ua("alice-token"))).unwrap().key,
+            TenantKey::Uid(1001)
+        );
+        assert!(matches!(
+            token.identify(&alice, None),
+            Err(IdentityError::NoToken { .. })
+        ));
+        assert_eq!(
+            token.identify(&alice, Some(&ua("wrong"))),
+            Err(IdentityError::UnknownToken)
+        );
+        // A loopback client presenting a token bound to another user.
+        assert_eq!(
+            token.identify(&root, Some(&ua("alice-token"))),
+            Err(IdentityError::TokenOfAnotherUser {
+                tenant: "alice".into(),
+                bound: 1001,
+                peer: 0
+            })
+        );
+
+        let both = Identifier::new(AuthMode::Both, file());
+        assert_eq!(both.identify(&root, None).unwrap().key, TenantKey::Uid(0));
+        assert_eq!(
+            both.identify(&alice, Some(&ua("alice-token"))).unwrap().key,
+            TenantKey::Uid(1001)
+        );
+        assert_eq!(
+            both.identify(&root, Some(&ua("bot-token"))).unwrap().key,
+            TenantKey::Named("bot".into())
+        );
+        assert!(matches!(
+            both.identify(&remote, None),
+            Err(IdentityError::NoPeerUser { .. })
+        ));
+        assert_eq!(
+            both.identify(&alice, Some(&ua("wrong"))),
+            Err(IdentityError::UnknownToken)
+        );
+        // One Arc per user: cheap to compare and to hold per job.
+        let a = both.identify(&alice, None).unwrap();
+        let b = both.identify(&alice, None).unwrap();
+        assert!(Arc::ptr_eq(&a, &b));
+    }
+
+    #[test]
+    fn root_tenant_is_named() {
+        let root = Tenant::from_uid(0);
+        assert_eq!(root.name, "root");
+        assert_eq!(root.to_string(), "root (uid 0)");
+        let unknown = Tenant::from_uid(4_000_000_000);
+        assert_eq!(unknown.to_string(), "uid 4000000000");
+    }
+}
