@@ -315,3 +315,13 @@ def run_as(user, cmd: list[str], env: dict | None = None, timeout: float = 240, 
     return subprocess.run(cmd, user=user.pw_uid, group=user.pw_gid, extra_groups=[], env=full_env,
                           cwd=kwargs.pop("cwd", user.pw_dir), capture_output=True, text=True,
                           timeout=timeout, **kwargs)
+
+
+def reachable_tmpdir(prefix: str) -> Path:
+    """A fresh directory under /tmp that other users can pass through (0711, its ancestors are /tmp and /):
+    for a server whose per-job checkpoint directories an executor running as another user (an anonymous
+    tenant's runs as nobody) must reach; pytest's own directories are 0700. The caller removes it."""
+    import tempfile
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    os.chmod(path, 0o711)
+    return path

@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
 
-from conftest import SalusProcess
+from conftest import SalusProcess, reachable_tmpdir
 
 tf.compat.v1.disable_eager_execution()
 
@@ -40,14 +40,17 @@ def saver_graph():
 
 @pytest.fixture(scope="module")
 def confined_target(tmp_path_factory):
-    """This module's own server: anonymous tenants (--auth off), checkpoints confined under pytest's base."""
+    """This module's own server: anonymous tenants (--auth off) in one process, checkpoints confined under
+    pytest's base."""
     external = os.environ.get("SALUS_TEST_TARGET")
     if external:  # a server the tests did not start: used as it is
         yield external
         return
     root = str(tmp_path_factory.getbasetemp())
+    # One process: the shared checkpoint root is pytest's own directory, which only root may write (under
+    # --isolation tenant an anonymous tenant's executor runs as nobody).
     server = SalusProcess(tmp_path_factory.mktemp("confined") / "salus-server.stderr.log",
-                          ("--auth", "off", "--checkpoint-root", root))
+                          ("--isolation", "none", "--auth", "off", "--checkpoint-root", root))
     yield server.target
     assert server.stop() == 0
 
@@ -117,11 +120,14 @@ def test_checkpoints_inside_the_root_work_and_outside_fail_the_step(confined_tar
 def limited_server(tmp_path_factory):
     """No --checkpoint-root (per-job directories under the server's working directory), at most 2
     sessions, graphs of at most 64 KiB."""
-    home = tmp_path_factory.mktemp("limited")
-    server = SalusProcess(home / "salus-server.stderr.log",
+    # The per-job checkpoint directories are below the server's working directory, which the anonymous
+    # tenant's executor (it runs as nobody) must be able to reach.
+    home = reachable_tmpdir("salus-limited-")
+    server = SalusProcess(tmp_path_factory.mktemp("limited") / "salus-server.stderr.log",
                           ("--auth", "off", "--max-sessions", "2", "--max-graph-bytes", "64KiB"), cwd=home)
     yield server, home
     assert server.stop() == 0
+    shutil.rmtree(home, ignore_errors=True)
 
 
 def test_relative_checkpoints_land_in_the_jobs_own_directory(limited_server):

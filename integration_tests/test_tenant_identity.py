@@ -2,7 +2,8 @@
 tenant's handles are worth to another tenant (nothing), and what a tenant may do with files.
 
 Real Unix users (conftest.unix_users) run real TensorFlow clients. One server with the default `--auth both` and a
-tenants file, one with `--auth token`. Costs about 40 s: two servers, seven TensorFlow client processes.
+tenants file, one with `--auth token`, one with `--isolation none`. Costs about 45 s: three servers, seven TensorFlow
+client processes.
 """
 
 from __future__ import annotations
@@ -206,12 +207,17 @@ def test_the_servers_own_user_does_with_files_what_it_does_in_process(server, tm
     assert all(outcome[0] == "ok" for outcome in runs["salus"].values()), runs["salus"]
 
 
-def test_another_users_jobs_on_one_process_server_are_confined(server, unix_users, user_files):
-    """The server runs as root and in one process (--isolation none, today's only mode): salus-ta's computation
-    would run as root, so file ops are refused and checkpoints confined, as for an anonymous tenant."""
+def test_another_users_jobs_on_one_process_server_are_confined(tmp_path, unix_users, user_files):
+    """A server that runs as root in one process (--isolation none): salus-ta's computation would run as root, so
+    file ops are refused and checkpoints confined, as for an anonymous tenant. (With the default --isolation
+    tenant it runs as salus-ta instead: test_tenant_isolation.py.)"""
+    single = SalusProcess(tmp_path / "server.log", ("--isolation", "none"))
     ta = unix_users["salus-ta"]
-    out = files_run(ta, server.target, user_files["salus-ta"], user_files["salus-tb"],
-                    os.path.join(ta.pw_dir, "out"), unix_users["salus-tb"].pw_dir)
+    try:
+        out = files_run(ta, single.target, user_files["salus-ta"], user_files["salus-tb"],
+                        os.path.join(ta.pw_dir, "out"), unix_users["salus-tb"].pw_dir)
+    finally:
+        assert single.stop() == 0, single.stderr_tail()
     print(json.dumps(out, indent=1))
     for attempt in ("read_own", "read_other", "write_own", "write_other", "summary", "tfrecord"):
         assert out[attempt][0] == "PermissionDeniedError" and "not allowed on this server" in out[attempt][1], (

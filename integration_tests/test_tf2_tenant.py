@@ -1,4 +1,5 @@
-"""The tenant boundary for TF2 jobs of a tenant running with permissions not its own (`--auth off`): an unmodified TF2 script's reads, writes and listings of the server's files
+"""The tenant boundary for TF2 jobs of a tenant running with permissions not its own (`--auth off`: the anonymous
+tenant, whose executor runs as nobody): an unmodified TF2 script's reads, writes and listings of the server's files
 are refused (eagerly and inside a tf.function) with PERMISSION_DENIED while the job goes on; tf.train.Checkpoint
 writes land in the job's checkpoint directory on the server, a path outside it fails, and restoring from that
 directory (same machine) gives the saved values back.
@@ -7,15 +8,16 @@ directory (same machine) gives the saved values back.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 
-from conftest import WORKLOADS, SalusProcess, last_json_line, venv_python
+from conftest import WORKLOADS, SalusProcess, last_json_line, reachable_tmpdir, venv_python
 from tf2_common import SERVER_JOB, tf2_env
 
 
 def test_tf2_script_cannot_touch_server_files_and_checkpoints_are_confined(tmp_path):
-    workdir = tmp_path / "server-cwd"
-    workdir.mkdir()
+    # The anonymous tenant's executor runs as nobody and must reach the per-job checkpoint directories.
+    workdir = reachable_tmpdir("salus-tf2-tenant-")
     server = SalusProcess(tmp_path / "server.log", ("--auth", "off"), cwd=workdir)
     try:
         job_dir = workdir / "salus-checkpoints" / "tf2-tenant"
@@ -40,3 +42,4 @@ def test_tf2_script_cannot_touch_server_files_and_checkpoints_are_confined(tmp_p
         assert server.proc.poll() is None, "the server died"
     finally:
         server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)

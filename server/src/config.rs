@@ -303,11 +303,14 @@ impl TryFrom<Args> for Config {
         {
             return Err(format!("--allow-ops/--deny-ops: {op:?} is not an op name"));
         }
+        // An executor process serves one tenant the supervisor identified:
+        // it neither reads the tenants file nor could (it runs as the tenant).
+        let executor = matches!(args.command, Some(Command::Executor));
         let tenants = match &args.tenants_file {
-            Some(path) => TenantsFile::load(path)?,
-            None => TenantsFile::default(),
+            Some(path) if !executor => TenantsFile::load(path)?,
+            _ => TenantsFile::default(),
         };
-        if args.auth == AuthMode::Token && tenants.is_empty() {
+        if args.auth == AuthMode::Token && tenants.is_empty() && !executor {
             return Err(
                 "--auth token needs --tenants-file listing at least one tenant's token".into(),
             );

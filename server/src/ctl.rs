@@ -251,6 +251,8 @@ pub fn counters_json(info: &ServerInfo) -> Value {
         "admission_timeouts": info.admission_timeouts,
         "sessions_reclaimed": info.sessions_reclaimed,
         "eager_contexts_reclaimed": info.eager_contexts_reclaimed,
+        "executors_started": info.executors_started,
+        "executors_failed": info.executors_failed,
         "run_errors": info.run_errors.iter().map(|e| (e.code.clone(), Value::from(e.count))).collect::<serde_json::Map<_, _>>(),
     })
 }
@@ -263,12 +265,15 @@ pub fn counters_text(info: &ServerInfo) -> String {
         .map(|e| format!("{} {}", e.code, e.count))
         .collect();
     format!(
-        "admission        {} waited, {} refused, {} timed out\nreclaimed        {} graph sessions, {} eager contexts\nfailed runs      {}\n",
+        "admission        {} waited, {} refused, {} timed out\nreclaimed        {} graph sessions, {} eager contexts\nexecutors        {} running, {} started, {} failed\nfailed runs      {}\n",
         info.admission_waits,
         info.admission_refusals,
         info.admission_timeouts,
         info.sessions_reclaimed,
         info.eager_contexts_reclaimed,
+        info.executors_running,
+        info.executors_started,
+        info.executors_failed,
         if failed.is_empty() { "none".to_string() } else { failed.join(", ") }
     )
 }

@@ -8,6 +8,7 @@ use salus_server::config::{Args, Command, Config};
 use salus_server::frontend::admin::AdminService;
 use salus_server::server::{Role, Server};
 use salus_server::supervisor::executors::ExecutorSpec;
+use salus_server::tenant::CheckpointRoot;
 use tracing_subscriber::EnvFilter;
 
 mod malloc_hooks;
@@ -62,7 +63,15 @@ fn main() -> anyhow::Result<()> {
         }
     };
     let executor = executor && matches!(args.command, Some(Command::Executor));
-    if let Some(Command::Ctl(ctl)) = args.command.take() {
+    let ctl = match args.command.take() {
+        Some(Command::Ctl(ctl)) => Some(ctl),
+        other => {
+            // The executor subcommand stays: the config reads it.
+            args.command = other;
+            None
+        }
+    };
+    if let Some(ctl) = ctl {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -150,10 +159,19 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let isolate = server.config().isolate_tenants;
     let executors = isolate.then(|| ExecutorSpec {
         exe: std::path::PathBuf::from("/proc/self/exe"),
+        checkpoint_base: match &server.config().tenant.checkpoints {
+            CheckpointRoot::PerJob(base) => Some(base.clone()),
+            CheckpointRoot::Shared(_) => None,
+        },
+        checkpoint_root: match &server.config().tenant.checkpoints {
+            CheckpointRoot::Shared(dir) => Some(dir.clone()),
+            CheckpointRoot::PerJob(_) => None,
+        },
         args: std::env::args_os().skip(1).collect(),
         memory_limit: server.config().executor_memory,
         idle_timeout: server.config().executor_idle_timeout,
         start_timeout: std::time::Duration::from_secs(120),
+        verbose: server.config().verbose > 0,
     });
     if let Some(metrics) = metrics {
         // A line of its own, after the first one, for tests and scripts too.

@@ -17,6 +17,7 @@ use crate::seam::client::SeamClient;
 use crate::seam::msg;
 use crate::server::{Role, ServeError, Server};
 use crate::supervisor::executors::{env, H2_FD, SEAM_FD};
+use crate::tenant::CheckpointRoot;
 use crate::tenant::identity::{Tenant, TenantKey};
 
 /// Whether this process was started as an executor (its last argument).
@@ -131,10 +132,18 @@ fn socket_fd(fd: i32) -> Result<(), String> {
 /// Runs the executor until `shutdown` (SIGTERM from the supervisor) or until
 /// the supervisor is gone.
 pub async fn run(
-    config: Config,
+    mut config: Config,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), String> {
     let tenant = Arc::new(tenant_from_env()?);
+    // Relative paths in the flags meant the server's working directory, not
+    // this process's (its user's home): the supervisor sends them absolute.
+    if let Ok(base) = std::env::var(env::CHECKPOINT_BASE) {
+        config.tenant.checkpoints = CheckpointRoot::PerJob(base.into());
+    }
+    if let Ok(root) = std::env::var(env::CHECKPOINT_ROOT) {
+        config.tenant.checkpoints = CheckpointRoot::Shared(root.into());
+    }
     let job_base: u64 = std::env::var(env::JOB_BASE)
         .ok()
         .and_then(|b| b.parse().ok())

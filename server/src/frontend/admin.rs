@@ -108,6 +108,14 @@ impl AdminService {
     /// Version, devices and server-wide counters (`GetServerInfo`; `/metrics` reads it too).
     pub fn server_info(&self) -> ServerInfo {
         let mut info = self.own_server_info();
+        if let Some(executors) = &self.executors {
+            info.isolation = "tenant".into();
+            info.executors_running = executors.running().len() as u64;
+            info.executors_started = executors.counts.started.load(Ordering::Relaxed);
+            info.executors_failed = executors.counts.failed.load(Ordering::Relaxed);
+        } else {
+            info.isolation = "none".into();
+        }
         for report in self.reports() {
             info.open_sessions += report.open_sessions;
             info.open_eager_contexts += report.open_eager_contexts;
@@ -176,6 +184,8 @@ impl AdminService {
                     count,
                 })
                 .collect(),
+            // Filled in by `server_info`.
+            ..Default::default()
         }
     }
 

@@ -42,7 +42,11 @@ pub mod env {
     pub const MEMORY: &str = "SALUS_EXECUTOR_MEMORY";
     /// The first job id of this executor (ids are unique across executors).
     pub const JOB_BASE: &str = "SALUS_EXECUTOR_JOB_BASE";
-    pub const ALL: [&str; 5] = [TENANT_NAME, TENANT_KEY, RUN_AS, MEMORY, JOB_BASE];
+    /// The tenant's per-job checkpoint base, absolute (the executor's working
+    /// directory is its user's home, not the server's).
+    pub const CHECKPOINT_BASE: &str = "SALUS_EXECUTOR_CHECKPOINT_BASE";
+    /// `--checkpoint-root`, absolute.
+    pub const CHECKPOINT_ROOT: &str = "SALUS_EXECUTOR_CHECKPOINT_ROOT";
 }
 
 /// The fds an executor finds its sockets on.
@@ -53,6 +57,12 @@ pub const SEAM_FD: i32 = 4;
 #[derive(Clone, Debug)]
 pub struct ExecutorSpec {
     pub exe: PathBuf,
+    /// The per-job checkpoint base (`./salus-checkpoints`) when the server
+    /// uses one; a tenant that is no user gets its own directory below it,
+    /// owned by the user its executor runs as.
+    pub checkpoint_base: Option<PathBuf>,
+    /// `--checkpoint-root`, absolute.
+    pub checkpoint_root: Option<PathBuf>,
     /// The server's own arguments; `executor` is appended.
     pub args: Vec<OsString>,
     /// `--executor-memory`.
@@ -61,6 +71,8 @@ pub struct ExecutorSpec {
     pub idle_timeout: Duration,
     /// Longest wait for a new executor to start serving.
     pub start_timeout: Duration,
+    /// `-v`: pass the executors' TensorFlow INFO/WARNING lines on too.
+    pub verbose: bool,
 }
 
 /// What the supervisor knows of a finished executor.
@@ -167,8 +179,13 @@ pub struct Executors {
     runtime: tokio::runtime::Handle,
     slots: Mutex<HashMap<TenantKey, Arc<Slot>>>,
     serial: AtomicU64,
+    /// Set at shutdown: no new executors.
+    closing: std::sync::atomic::AtomicBool,
     pub counts: ExecutorCounts,
 }
+
+/// What a call gets once the server is stopping and its tenant's executor is gone.
+pub const SHUTTING_DOWN: &str = "the server is shutting down";
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -188,6 +205,7 @@ impl Executors {
             runtime,
             slots: Mutex::new(HashMap::new()),
             serial: AtomicU64::new(0),
+            closing: std::sync::atomic::AtomicBool::new(false),
             counts: ExecutorCounts::default(),
         })
     }
@@ -268,7 +286,20 @@ impl Executors {
     async fn start(self: &Arc<Self>, tenant: Arc<Tenant>) -> Result<Arc<ExecutorHandle>, String> {
         let began = Instant::now();
         let serial = self.serial.fetch_add(1, Ordering::Relaxed) + 1;
+        if self.closing.load(Ordering::SeqCst) {
+            return Err(SHUTTING_DOWN.into());
+        }
         let credentials = self.credentials(&tenant)?;
+        let checkpoint_base = self
+            .spec
+            .checkpoint_base
+            .as_ref()
+            .map(|base| base.join(checkpoint_subdir(&tenant)));
+        if let (Some(base), Some((account, groups))) = (&checkpoint_base, &credentials) {
+            if tenant.uid.is_none() {
+                prepare_checkpoint_dir(base, account, groups)?;
+            }
+        }
         let (h2_ours, h2_theirs) =
             UnixStream::pair().map_err(|e| format!("cannot make a socketpair: {e}"))?;
         let (seam_ours, seam_theirs) =
@@ -290,6 +321,12 @@ impl Executors {
                 },
             )
             .env(env::JOB_BASE, (serial << 32).to_string());
+        if let Some(base) = &checkpoint_base {
+            command.env(env::CHECKPOINT_BASE, base);
+        }
+        if let Some(root) = &self.spec.checkpoint_root {
+            command.env(env::CHECKPOINT_ROOT, root);
+        }
         if let Some(limit) = self.spec.memory_limit {
             command.env(env::MEMORY, limit.to_string());
         }
@@ -337,9 +374,10 @@ impl Executors {
         let pid = child.id();
         let label = format!("{}:{pid}", tenant.name);
         let last_lines = Arc::new(Mutex::new(VecDeque::new()));
-        if let Some(stderr) = child.stderr.take() {
-            forward_stderr(stderr, label.clone(), last_lines.clone());
-        }
+        let stderr_ended = child
+            .stderr
+            .take()
+            .map(|stderr| forward_stderr(stderr, label.clone(), last_lines.clone(), self.spec.verbose));
         let (link, hello) = Link::start(
             seam_ours,
             self.executor.clone(),
@@ -360,6 +398,10 @@ impl Executors {
                 .name(format!("salus-reap-{pid}"))
                 .spawn(move || {
                     let status = child.wait();
+                    // The last lines explain the death: wait until they are read.
+                    if let Some(ended) = stderr_ended {
+                        let _ = ended.recv_timeout(Duration::from_secs(2));
+                    }
                     let message = death_message(&tenant, pid, status, &last_lines);
                     link.die();
                     death.record(message.clone());
@@ -458,7 +500,12 @@ impl Executors {
 
     /// Asks every executor to stop (they finish what they serve) and waits up
     /// to `limit` for them; then kills what is left.
+    pub fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::SeqCst)
+    }
+
     pub async fn stop_all(&self, limit: Duration) {
+        self.closing.store(true, Ordering::SeqCst);
         let handles: Vec<Arc<ExecutorHandle>> = lock(&self.slots)
             .drain()
             .filter_map(|(_, s)| s.cell.get().cloned())
@@ -480,13 +527,63 @@ impl Executors {
     }
 }
 
+/// Where a tenant that is no Unix user keeps its jobs' checkpoint directories,
+/// below the per-job base: the anonymous tenant (`--auth off`) the base
+/// itself, a token tenant `tenant-NAME`.
+pub fn checkpoint_subdir(tenant: &Tenant) -> PathBuf {
+    match &tenant.key {
+        TenantKey::Named(name) => PathBuf::from(format!(
+            "tenant-{}",
+            name.replace(|c: char| !(c.is_ascii_alphanumeric() || "-_.".contains(c)), "_")
+        )),
+        _ => PathBuf::new(),
+    }
+}
+
+/// Creates `dir` for an executor that runs as `account` and cannot create it
+/// itself (the base belongs to the server's user).
+fn prepare_checkpoint_dir(
+    dir: &std::path::Path,
+    account: &Account,
+    groups: &[u32],
+) -> Result<(), String> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    for ancestor in dir.ancestors().skip(1) {
+        let Ok(meta) = std::fs::metadata(ancestor) else {
+            continue; // created below, by us
+        };
+        let mode = meta.mode();
+        let searchable = (meta.uid() == account.uid && mode & 0o100 != 0)
+            || (groups.contains(&meta.gid()) && mode & 0o010 != 0)
+            || mode & 0o001 != 0;
+        if !searchable {
+            return Err(format!(
+                "the checkpoint directory {} cannot be reached by user {} (uid {}), whom this tenant's executor \
+                 runs as: {} is not searchable for it (chmod o+x it, or choose another --checkpoint-root)",
+                dir.display(),
+                account.name,
+                account.uid,
+                ancestor.display()
+            ));
+        }
+    }
+    std::fs::create_dir_all(dir)
+        .map_err(|e| format!("cannot create the checkpoint directory {}: {e}", dir.display()))?;
+    std::os::unix::fs::chown(dir, Some(account.uid), Some(account.gid))
+        .and_then(|()| std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)))
+        .map_err(|e| format!("cannot give the checkpoint directory {} to {}: {e}", dir.display(), account.name))
+}
+
 /// Copies an executor's stderr to the server's, each line marked with the
 /// executor, and keeps the last lines for the message of its death.
+/// The returned channel hears when the executor's stderr ended.
 fn forward_stderr(
     stderr: std::process::ChildStderr,
     label: String,
     last: Arc<Mutex<VecDeque<String>>>,
-) {
+    verbose: bool,
+) -> std::sync::mpsc::Receiver<()> {
+    let (ended_tx, ended) = std::sync::mpsc::channel();
     let _ = std::thread::Builder::new()
         .name("salus-exec-log".into())
         .spawn(move || {
@@ -494,14 +591,18 @@ fn forward_stderr(
             for line in reader.split(b'\n') {
                 let Ok(line) = line else { break };
                 let line = String::from_utf8_lossy(&line).into_owned();
-                let _ = writeln!(std::io::stderr(), "[executor {label}] {line}");
+                if verbose || !crate::tf_log::is_tensorflow_noise(&line) {
+                    let _ = writeln!(std::io::stderr(), "[executor {label}] {line}");
+                }
                 let mut last = lock(&last);
                 if last.len() == 40 {
                     last.pop_front();
                 }
                 last.push_back(line);
             }
+            let _ = ended_tx.send(());
         });
+    ended
 }
 
 /// "killed by signal 11 (SIGSEGV)" and what the executor said last that
@@ -512,8 +613,6 @@ fn death_message(
     status: std::io::Result<std::process::ExitStatus>,
     last_lines: &Mutex<VecDeque<String>>,
 ) -> String {
-    // The forwarding thread may still be reading the last lines.
-    std::thread::sleep(Duration::from_millis(50));
     let how = match status {
         Ok(status) => match (status.code(), status.signal()) {
             (Some(code), _) => format!("exited with status {code}"),
@@ -561,6 +660,7 @@ fn is_fatal_line(line: &str) -> bool {
         || line.contains("double free")
         || line.contains("corrupted")
         || line.contains("memory allocation")
+        || line.starts_with("salus-server")
 }
 
 fn signal_name(signal: i32) -> &'static str {

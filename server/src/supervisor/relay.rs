@@ -24,7 +24,7 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
-use crate::supervisor::executors::{ExecutorHandle, Executors};
+use crate::supervisor::executors::{ExecutorHandle, Executors, SHUTTING_DOWN};
 use crate::tenant::identity::Tenant;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -77,6 +77,10 @@ where
     };
     let handle = match executors.get(&tenant).await {
         Ok(handle) => handle,
+        // As a single-process server answers while it stops: clients wait for a server to come back.
+        Err(_) if executors.is_closing() => {
+            return status_response(tonic::Code::Unavailable, SHUTTING_DOWN.into())
+        }
         // INTERNAL, not UNAVAILABLE: a stock TF1 client would retry the latter for a minute.
         Err(why) => return status_response(tonic::Code::Internal, why),
     };
@@ -104,6 +108,9 @@ where
         }),
         Err(err) => {
             drop(guard);
+            if executors.is_closing() {
+                return status_response(tonic::Code::Unavailable, SHUTTING_DOWN.into());
+            }
             let message = if handle.is_dead() || err.is_closed() || err.is_canceled() {
                 handle.failure().await
             } else {

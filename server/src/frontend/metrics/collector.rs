@@ -203,6 +203,22 @@ impl Scrape {
                 (vec![("kind", "eager".into())], info.eager_contexts_reclaimed as f64),
             ],
         )?;
+        counters(
+            enc,
+            "salus_executors",
+            "Tenants' executor processes (--isolation tenant) started since start, and ended other than by being \
+             stopped (crashed, killed, failed to start).",
+            &[
+                (vec![("event", "started".into())], info.executors_started as f64),
+                (vec![("event", "failed".into())], info.executors_failed as f64),
+            ],
+        )?;
+        gauge(
+            enc,
+            "salus_executors_running",
+            "Tenants' executor processes running now.",
+            info.executors_running as f64,
+        )?;
         let errors: Vec<(Labels, f64)> = info
             .run_errors
             .iter()
