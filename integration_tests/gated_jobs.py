@@ -21,13 +21,14 @@ from conftest import child_env, venv_python, wait_until
 class GatedJob:
     """One workload child, started at once, held at its go file until released."""
 
-    def __init__(self, key: str, tmp: Path, argv: list[str]):
+    def __init__(self, key: str, tmp: Path, argv: list[str], env: dict | None = None):
+        """`env`: extra environment variables for the child (e.g. SALUS_TOKEN: a tenant of its own)."""
         self.key = key
         self.ready = tmp / f"{key}.ready"
         self.go_file = tmp / f"{key}.go"
         self.proc = subprocess.Popen(
             [venv_python(), *argv, "--ready-file", str(self.ready), "--go-file", str(self.go_file)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(), stdin=subprocess.DEVNULL)
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(**(env or {})), stdin=subprocess.DEVNULL)
         self.lines: queue.Queue = queue.Queue()
         self.stderr: list[str] = []
         threading.Thread(target=self._pump, daemon=True).start()

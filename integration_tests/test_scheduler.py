@@ -14,6 +14,7 @@ Every job's per-step losses must equal the same job run in-process. Runs in abou
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import time
@@ -34,7 +35,9 @@ pytestmark = pytest.mark.skipif(
 JOB_SCRIPT = WORKLOADS / "sched_job.py"
 POLICIES = ("fifo", "srtf", "pack", "fair", "rr", "priority", "las")
 # Submission order long, medium, short; steps of the same cost (~5-8 ms each on a 2-core machine).
-TRIO = {"long": dict(seed=1, steps=600), "medium": dict(seed=2, steps=300), "short": dict(seed=3, steps=60)}
+# Sized so that SRTF's order does not hang on the step time (3.5-5 ms here): when the medium job arrives it has
+# less left than the long one, and when the short one arrives the medium one has clearly more left than it.
+TRIO = {"long": dict(seed=1, steps=1000), "medium": dict(seed=2, steps=500), "short": dict(seed=3, steps=60)}
 ADMIN_JOBS = {"alpha": dict(seed=1, steps=400, hints="priority=3&iterations=400"),
               "beta": dict(seed=2, steps=400, hints="iterations=400&seconds=5")}
 ARRIVAL_GAP_S = 1.0
@@ -71,9 +74,10 @@ def switch_latency(stats: dict) -> dict:
 class Job(GatedJob):
     """One sched_job.py child."""
 
-    def __init__(self, key: str, tmp: Path, *, seed: int, steps: int, name: str, extra: tuple = ()):
+    def __init__(self, key: str, tmp: Path, *, seed: int, steps: int, name: str, extra: tuple = (),
+                 env: dict | None = None):
         super().__init__(key, tmp, [str(JOB_SCRIPT), "--name", name, "--seed", str(seed), "--steps", str(steps),
-                                    *extra])
+                                    *extra], env=env)
 
 
 class Jobs(GatedJobs):
@@ -101,14 +105,33 @@ def timeline(results: dict) -> str:
 
 # --- finishing order per policy --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("policy", ["fifo", "fair", "srtf"])
-def test_three_jobs_finish_in_policy_order(policy, references, tmp_path):
-    server = SalusProcess(tmp_path / "salus-server.stderr.log", extra_args=("--policy", policy))
+def token_tenants(tmp_path: Path, names) -> tuple[tuple[str, ...], dict]:
+    """Server flags with a tenants file of one token tenant per name (no Unix user: each runs as nobody),
+    and each name's environment carrying its token."""
+    lines, envs = [], {}
+    for name in names:
+        token = f"tok-{name}-{os.getpid()}"
+        lines.append(f"{name} {hashlib.sha256(token.encode()).hexdigest()} -")
+        envs[name] = {"SALUS_TOKEN": token}
+    path = tmp_path / "tenants"
+    path.write_text("\n".join(lines) + "\n")
+    return ("--tenants-file", str(path)), envs
+
+
+@pytest.mark.parametrize("policy,tenants", [("fifo", "one"), ("fair", "one"), ("srtf", "one"),
+                                            ("fifo", "three"), ("fair", "three")])
+def test_three_jobs_finish_in_policy_order(policy, tenants, references, tmp_path):
+    """With tenants="three" each job is a tenant of its own (a token each), so their iterations come from three
+    executor processes and the one scheduler in the supervisor orders them."""
+    flags, envs = token_tenants(tmp_path, TRIO) if tenants == "three" else ((), {})
+    if tenants == "three":
+        flags += ("--isolation", "tenant")
+    server = SalusProcess(tmp_path / "salus-server.stderr.log", extra_args=("--policy", policy, *flags))
     try:
         with Jobs(tmp_path) as jobs:
             for key, cfg in TRIO.items():
                 hints = f"?iterations={cfg['steps']}" if policy == "srtf" else ""
-                jobs.start(key, seed=cfg["seed"], steps=cfg["steps"], name=key + hints)
+                jobs.start(key, seed=cfg["seed"], steps=cfg["steps"], name=key + hints, env=envs.get(key))
             jobs.wait_ready()
             for i, key in enumerate(TRIO):  # long, medium, short, a second apart
                 if i:
@@ -121,7 +144,9 @@ def test_three_jobs_finish_in_policy_order(policy, references, tmp_path):
         server.kill()
 
     when = timeline(results)
-    print(f"{policy}: {when}")
+    print(f"{policy}, {tenants} tenant(s): {when}")
+    if tenants == "three":
+        assert stats["server_counters"]["executors_started"] == 3, stats["server_counters"]
     # The jobs overlapped: the short job arrived while the long one was still training.
     assert results["short"]["go"] < results["long"]["end"], f"no overlap, the test proves nothing: {when}"
     order = finish_order(results)

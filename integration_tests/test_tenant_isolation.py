@@ -6,7 +6,7 @@ its in-process run, salus-ta gets a clear error at once (not a retry), and its n
 operations on the server behave exactly as in its own process: its own files are read and written, checkpoints,
 summaries and TFRecord training work; the other user's 0600 file and 0700 directory are refused by the OS.
 
-Costs about 90 s: one server, two executors at a time, about fifteen TensorFlow client processes.
+Costs about 2 minutes: one server, two executors at a time, about fifteen TensorFlow client processes.
 """
 
 from __future__ import annotations
@@ -22,12 +22,15 @@ import pytest
 from conftest import WORKLOADS, SalusProcess, last_json_line, run_as, venv_python
 from tf2_common import tf2_env
 
-TRAIN_STEPS = "1500"
+# Long enough (about 25 s alone here, more beside the crashes) that salus-ta's three crashes, one after the other
+# (about 20 s: each a TensorFlow import), fall inside it. (Run at once, one crash can kill the executor while
+# another script's adapter connects, and that adapter then runs its eager work in its own process.)
+TRAIN_STEPS = "6000"
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, unix_users):
-    s = SalusProcess(tmp_path_factory.mktemp("isolation") / "salus-server.stderr.log")
+    s = SalusProcess(tmp_path_factory.mktemp("isolation") / "salus-server.stderr.log", ("--isolation", "tenant"))
     yield s
     assert s.stop() == 0, s.stderr_tail()
 

@@ -1,22 +1,35 @@
 #!/usr/bin/env python3
-"""Benchmark: Keras 3 `fit` (TF2 eager) in-process, through TensorFlow's own server, and through salus-server.
+"""Benchmark: Keras 3 `fit` (TF2 eager) in-process, through TensorFlow's own server, and through salus-server in both
+isolation modes (--isolation tenant: a supervisor relaying to the tenant's own executor process; none: one
+process), side by side in one run.
 
 Each target is one long-lived client process running the same unmodified Keras code: "in-process" without
-SALUS_SERVER, "tf-server" and "salus" with SALUS_SERVER pointing at the server, so the adapter's startup hook
-connects the eager context (TensorFlow's remote-eager protocol) exactly as for a user's script. The parent
-starts the servers, then runs interleaved rounds: each round asks every client in turn (the order rotates) for
-a block of training steps; one client works at a time, so machine noise hits them equally. A step's time is
-the gap between consecutive on_train_batch_end callbacks (steps_per_execution=1), after warm-up.
+SALUS_SERVER, "tf-server", "salus-tenant" and "salus-none" with SALUS_SERVER pointing at the server, so the
+adapter's startup hook connects the eager context (TensorFlow's remote-eager protocol) exactly as for a user's
+script. Every client runs as this Unix user, so the tenant-mode server serves its client from one executor. The
+parent starts the servers, then runs interleaved rounds: each round asks every client in turn (the order rotates)
+for a block of training steps; one client works at a time, so machine noise hits them equally. A step's time is the
+gap between consecutive on_train_batch_end callbacks (steps_per_execution=1), after warm-up.
 
 Workloads
   mlp   a small MLP (32 -> 64 -> 64 -> 1), batch 64: protocol + scheduling overhead per step
   cnn   a CNN (4 conv layers, 32-64 filters) on 32x32x3 images, batch 32 (about 50 ms per step in-process on
         a 2-core CPU; at least 20 ms)
 
-  .venv/bin/python scripts/bench_eager.py [--quick] [--repeat N] [--server-bin target/release/salus-server]
+Goals (printed next to the measured ratios; exit status only with --check)
+  TF2 CNN step   salus-tenant / in-process  <= 1.02   (salus-none / in-process <= 1.05)
+  TF2 MLP step   salus-* / tf-server        <= 0.8
+The "isolation" block of the output has one line per ratio, e.g.
+  TF2 CNN step     tenant/in-process  1.010x (tenant 52.100 ms, in-process 51.600 ms)   goal <= 1.02: met
+  TF2 CNN step     tenant/none        1.004x (tenant 52.100 ms, none 51.900 ms)
 
---repeat N runs the whole comparison N times with the same clients and ends with each ratio's min / median /
-max over the runs and in how many runs its goal was met.
+  .venv/bin/python scripts/bench_eager.py [--quick] [--repeat N] [--isolation both|tenant|none]
+                                          [--server-bin target/release/salus-server]
+
+Takes about 1.5 minutes on a 2-core machine (--quick about 45 s; --rounds 1 about 30 s, most of it four client
+processes importing TensorFlow and building their models). --repeat N runs the whole comparison N times
+with the same clients and ends with each ratio's min / median / max over the runs and in how many runs its goal
+was met.
 
 A target that fails (salus-server missing, or its eager front end refusing the context) is reported with its
 error and the others keep going.
@@ -36,8 +49,15 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _bench_tenants as tenants  # noqa: E402
 
-GOALS = {("mlp", "salus", "tf-server"): 0.8, ("cnn", "salus", "in-process"): 1.05}
+T, N = "salus-tenant", "salus-none"  # the two salus-server targets (_bench_tenants.label)
+GOALS = {("mlp", T, "tf-server"): 0.8, ("mlp", N, "tf-server"): 0.8,
+         ("cnn", T, "in-process"): 1.02, ("cnn", N, "in-process"): 1.05}
+PAIRS = [(T, N), (T, "tf-server"), (N, "tf-server"), (T, "in-process"), (N, "in-process"),
+         ("tf-server", "in-process")]
+WHAT = {"mlp": "TF2 MLP step", "cnn": "TF2 CNN step"}
+ISOLATION_LINES = {"mlp": [(T, N)], "cnn": [(T, "in-process"), (T, N), (N, "in-process")]}
 # (steps per block, warm-up steps)
 BLOCKS = {"mlp": (40, 30), "cnn": (10, 5)}
 
@@ -239,18 +259,25 @@ def compare_once(workloads: list[str], clients: dict, addresses: dict, errors: d
 
     print("\nratios (median / median):")
     for w, m in medians.items():
-        for a, b in [("salus", "tf-server"), ("salus", "in-process"), ("tf-server", "in-process")]:
+        for a, b in PAIRS:
+            if a not in addresses or b not in addresses:
+                continue  # a target not asked for (--isolation, --without-salus)
             goal = GOALS.get((w, a, b))
             note = f"   goal <= {goal}" if goal is not None else ""
             if a in m and b in m:
                 ratio = ratios[(w, a, b)] = m[a] / m[b]
                 if goal is not None:
                     note += f": {'met' if ratio <= goal else 'MISSED'}"
-                print(f"  {w:4s} {a:>10s} / {b:<10s} {ratio:6.3f}{note}")
+                print(f"  {w:4s} {a:>12s} / {b:<12s} {ratio:6.3f}{note}")
             elif goal is not None:
                 missing = a if a not in m else b
-                print(f"  {w:4s} {a:>10s} / {b:<10s}    n/a{note}: {missing} failed "
+                print(f"  {w:4s} {a:>12s} / {b:<12s}    n/a{note}: {missing} failed "
                       f"({errors.get(missing, 'no data')[:200]})")
+    lines = [tenants.ratio_line(WHAT[w], a, b, m[a], m[b], GOALS.get((w, a, b)))
+             for w, m in medians.items() for a, b in ISOLATION_LINES[w] if a in m and b in m]
+    if lines:
+        print("\nisolation (salus-server --isolation tenant vs none, and vs in-process; median step):")
+        print("\n".join(lines), flush=True)
     if "cnn" in medians and "in-process" in medians["cnn"] and medians["cnn"]["in-process"] < 0.020:
         print(f"  note: cnn in-process median {fmt_time(medians['cnn']['in-process'])} is under 20 ms on "
               f"this machine; the overhead ratio is stricter than intended")
@@ -264,6 +291,8 @@ def main() -> int:
     ap.add_argument("--server-bin", help="salus-server binary (default $SALUS_SERVER_BIN or "
                                          "target/release/salus-server)")
     ap.add_argument("--without-salus", action="store_true", help="compare in-process and tf-server only")
+    ap.add_argument("--isolation", choices=tenants.ISOLATION_CHOICES, default="both",
+                    help="which salus-server isolation modes to run (default both, side by side)")
     ap.add_argument("--workloads", nargs="+", default=list(BLOCKS), choices=list(BLOCKS))
     ap.add_argument("--repeat", type=int, default=1, help="run the whole comparison N times (same servers and "
                                                           "clients) and print each ratio's min / median / max")
@@ -282,7 +311,8 @@ def main() -> int:
     errors: dict[str, str] = {}
     clients: dict[str, Client] = {}
     try:
-        addresses: dict[str, str | None] = {"in-process": None}
+        # Every target asked for, in column order; None until its server is up (a failed one stays None, in errors).
+        addresses: dict[str, str | None] = {"in-process": None, "tf-server": None}
         try:
             tf_server = start_tf_server()
             servers.append(tf_server)
@@ -290,14 +320,19 @@ def main() -> int:
         except SystemExit as e:
             errors["tf-server"] = str(e)
         if not args.without_salus:
-            try:
-                salus = start_salus()
-                servers.append(salus)
-                addresses["salus"] = salus.address
-            except SystemExit as e:
-                errors["salus"] = str(e)
+            for mode in tenants.modes(args.isolation):
+                name = tenants.label(mode)
+                addresses[name] = None
+                try:
+                    salus = start_salus(mode)
+                    servers.append(salus)
+                    addresses[name] = salus.address
+                except SystemExit as e:
+                    errors[name] = str(e)
         print(f"bench: targets {addresses}; {rounds} rounds; {os.cpu_count()} CPUs", flush=True)
         for name, address in addresses.items():
+            if name in errors:
+                continue
             c = Client(name, address)
             if c.error:
                 errors[name] = c.error
@@ -314,7 +349,8 @@ def main() -> int:
         if args.repeat > 1:
             print_summary(runs, GOALS)
         missed = [f"{w} {a}/{b}" for (w, a, b), goal in GOALS.items()
-                  if w in args.workloads and not goal_held(runs, (w, a, b), goal)]
+                  if w in args.workloads and a in addresses and b in addresses
+                  and not goal_held(runs, (w, a, b), goal)]
         print(f"\nbench: done in {time.monotonic() - t_start:.0f}s", flush=True)
         if args.check and missed:
             print(f"bench: goals missed: {', '.join(missed)}", file=sys.stderr)
@@ -325,8 +361,8 @@ def main() -> int:
             c.close()
         for s in servers:
             code = s.stop()
-            if s.name == "salus" and code not in (0, None):
-                print(f"bench: salus-server exited with {code} on SIGTERM", file=sys.stderr)
+            if s.name.startswith("salus") and code not in (0, None):
+                print(f"bench: {s.name} exited with {code} on SIGTERM", file=sys.stderr)
 
 
 if __name__ == "__main__":

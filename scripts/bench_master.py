@@ -1,24 +1,43 @@
 #!/usr/bin/env python3
-"""Benchmark: the same TF1 client code in-process, through TensorFlow's own server, and through salus-server.
+"""Benchmark: the same TF1 client code in-process, through TensorFlow's own server, and through salus-server in
+both isolation modes (--isolation tenant: a supervisor relaying to the tenant's own executor process; none: one
+process), side by side in one run.
 
-All three targets run in one process, side by side, interleaved in round-robin blocks of steps (the order
-rotates every round) so machine noise hits them equally. Every step is timed on its own; medians are
-reported, and ratios between targets are what to read (absolute numbers on shared machines are noise).
+All targets run in one process, interleaved in round-robin blocks of steps (the order rotates every round) so
+machine noise hits them equally. Every step is timed on its own; medians are reported, and ratios between targets
+are what to read (absolute numbers on shared machines are noise). This process is one tenant (its Unix user), so
+the tenant-mode server serves it from one executor process.
 
 Workloads
   tiny   one RunStep fetching a constant add (protocol + scheduling overhead)
   train  a small MLP training step with SGD, minibatch fed every step
   cnn    a CNN training step on a 32x32x3 batch of 32 (at least 20 ms in-process)
 
-Also prints the servers' resident memory (VmRSS) with no session, with 1 and with 20 idle open sessions.
+Goals (printed next to the measured ratios; exit status only with --check)
+  TF1 tiny step   salus-tenant / salus-none  <= 1.1   (the supervisor's relay + scheduling round trip)
+  TF1 CNN step    salus-tenant / in-process  <= 1.02  (also salus-none / in-process <= 1.02)
+  tiny and train  salus-* / tf-server        <= 0.6
+The "isolation" block of the output has one line per ratio of the two modes, e.g.
+  TF1 tiny step    tenant/none        1.070x (tenant 412.0 us, none 385.0 us)   goal <= 1.1: met
 
-  .venv/bin/python scripts/bench_master.py [--quick] [--repeat N] [--salus-target grpc://127.0.0.1:5501 --salus-pid PID]
+Also prints the servers' resident memory (VmRSS; a tenant-mode server: the supervisor plus its executor processes)
+with no session, with 1 and with 20 idle open sessions, and "first connection of a new tenant (executor start)":
+the wall time of a raw ListDevices call carrying a token the server has not seen yet (a new tenant: the tenant-mode
+server starts its executor), against the second call on the same channel, for --new-tenants fresh tokens (min /
+median / max), on each server started here. The tokens are random, written to a tenants file in a temporary
+directory (RUN_AS "-": when this runs as root their executors run as nobody).
 
---repeat N runs the whole comparison (every workload, same servers) N times and ends with each ratio's
-min / median / max over the runs and in how many runs its goal was met: quote that, not one run.
+  .venv/bin/python scripts/bench_master.py [--quick] [--repeat N] [--isolation both|tenant|none]
+                                           [--salus-target grpc://127.0.0.1:5501 --isolation MODE --salus-pid PID]
 
-salus-server is started on a free port from $SALUS_SERVER_BIN (default target/release/salus-server) unless
---salus-target is given; --without-salus compares in-process with TF's server only.
+Takes about a minute on a 2-core machine (--quick about 30 s; --rounds 1 about 20 s, most of it TensorFlow's
+import and the servers' start); --repeat N runs the whole comparison (every workload, same servers) N times and
+ends with each ratio's min / median / max over the runs and in how many runs its goal was met: quote that, not one
+run.
+
+salus-server is started on a free port from $SALUS_SERVER_BIN (default target/release/salus-server), once per
+--isolation mode (default both), unless --salus-target is given (a running server of the one mode that
+--isolation names; no first-connection numbers then); --without-salus compares in-process with TF's server only.
 """
 
 from __future__ import annotations
@@ -39,13 +58,23 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _bench_tenants as tenants  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 LISTEN_RE = re.compile(r"^salus-server listening on (127\.0\.0\.1:\d+)\s*$")
+T, N = tenants.label("tenant"), tenants.label("none")  # the two salus-server targets
 
-# Goals from the project's issue; printed next to the measured ratios, never asserted unless --check.
-GOALS = {("tiny", "salus", "tf-server"): 0.6, ("train", "salus", "tf-server"): 0.6,
-         ("cnn", "salus", "in-process"): 1.02}
-PAIRS = [("salus", "tf-server"), ("salus", "in-process"), ("tf-server", "in-process")]
+# Goals from the project's issues; printed next to the measured ratios, never asserted unless --check.
+GOALS = {("tiny", T, N): 1.1,
+         ("tiny", T, "tf-server"): 0.6, ("tiny", N, "tf-server"): 0.6,
+         ("train", T, "tf-server"): 0.6, ("train", N, "tf-server"): 0.6,
+         ("cnn", T, "in-process"): 1.02, ("cnn", N, "in-process"): 1.02}
+PAIRS = [(T, N), (T, "tf-server"), (N, "tf-server"), (T, "in-process"), (N, "in-process"),
+         ("tf-server", "in-process")]
+# The "isolation" block: the ratios of the issue on tenant isolation, one line each.
+WHAT = {"tiny": "TF1 tiny step", "train": "TF1 train step", "cnn": "TF1 CNN step"}
+ISOLATION_LINES = {"tiny": [(T, N)], "train": [(T, N)], "cnn": [(T, N), (T, "in-process"), (N, "in-process")]}
 
 
 # --- servers ------------------------------------------------------------------------------------------
@@ -92,22 +121,26 @@ def start_tf_server() -> Child:
     return Child("tf-server", [sys.executable, "-c", code], re.compile(r"^tf-server listening on (\S+)$"))
 
 
-def start_salus() -> Child:
-    binary = Path(os.environ.get("SALUS_SERVER_BIN", REPO / "target" / "release" / "salus-server"))
+def salus_binary() -> Path:
+    return Path(os.environ.get("SALUS_SERVER_BIN", REPO / "target" / "release" / "salus-server"))
+
+
+def start_salus(mode: str | None = None, extra: list[str] | tuple = ()) -> Child:
+    """salus-server on a free port; with `mode`, as --isolation MODE (target name salus-MODE), else its default."""
+    binary = salus_binary()
     if not binary.exists():
         sys.exit(f"bench: {binary} not found; build it, set SALUS_SERVER_BIN, pass --salus-target, "
                  f"or run with --without-salus")
-    return Child("salus", [str(binary), "--listen", "127.0.0.1:0"], LISTEN_RE)
+    if mode and not tenants.server_supports_isolation(binary):
+        sys.exit(f"bench: {binary} has no --isolation flag (built before tenant isolation); rebuild it")
+    flags = tenants.isolation_flags(mode) if mode else []
+    return Child(tenants.label(mode) if mode else "salus",
+                 [str(binary), "--listen", "127.0.0.1:0", *flags, *extra], LISTEN_RE)
 
 
 def vm_rss_mib(pid: int | None) -> float | None:
-    if not pid:
-        return None
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return None
+    """VmRSS of `pid` and its descendants (a tenant-mode salus-server's executor processes)."""
+    return tenants.tree_rss_mib(pid)[0]
 
 
 # --- workloads ---------------------------------------------------------------------------------------
@@ -200,9 +233,10 @@ def bench_workload(name: str, targets: dict[str, str], rounds: int) -> dict[str,
     return times
 
 
-def memory_with_sessions(target: str, pid: int | None, counts=(1, 20)) -> dict[str, float | None]:
-    """Server VmRSS idle, then with N idle open sessions (each holding a small initialised model)."""
-    result = {"no sessions": vm_rss_mib(pid)}
+def memory_with_sessions(target: str, pid: int | None, counts=(1, 20)) -> dict[str, tuple[float | None, int]]:
+    """Server VmRSS idle, then with N idle open sessions (each holding a small initialised model): (MiB of the
+    server and its descendants, how many descendants: a tenant-mode server's executors)."""
+    result = {"no sessions": tenants.tree_rss_mib(pid)}
     graph, init, step = small_train()
     sessions = []
     with graph.as_default():
@@ -214,7 +248,7 @@ def memory_with_sessions(target: str, pid: int | None, counts=(1, 20)) -> dict[s
                     step(s)
                     sessions.append(s)
                 time.sleep(0.5)  # let the server settle before reading its RSS
-                result[f"{n} sessions"] = vm_rss_mib(pid)
+                result[f"{n} sessions"] = tenants.tree_rss_mib(pid)
         finally:
             for s in sessions:
                 s.close()
@@ -237,7 +271,12 @@ def compare_once(workloads: list[str], targets: dict[str, str], rounds: int) -> 
                 ratio = ratios[(name, a, b)] = m[a] / m[b]
                 goal = GOALS.get((name, a, b))
                 note = f"   goal <= {goal}: {'met' if ratio <= goal else 'MISSED'}" if goal is not None else ""
-                print(f"  {name:6s} {a:>10s} / {b:<10s} {ratio:6.3f}{note}")
+                print(f"  {name:6s} {a:>12s} / {b:<12s} {ratio:6.3f}{note}")
+    lines = [tenants.ratio_line(WHAT[name], a, b, m[a], m[b], GOALS.get((name, a, b)))
+             for name, m in medians.items() for a, b in ISOLATION_LINES[name] if a in m and b in m]
+    if lines:
+        print("\nisolation (salus-server --isolation tenant vs none, and vs in-process; median step):")
+        print("\n".join(lines), flush=True)
     if "cnn" in medians and medians["cnn"]["in-process"] < 0.020:
         print(f"  note: cnn in-process median {fmt_time(medians['cnn']['in-process'])} is under 20 ms on "
               f"this machine; the overhead ratio is stricter than intended")
@@ -255,7 +294,7 @@ def print_summary(runs: list[dict[tuple[str, str, str], float]], goals: dict = G
     for key in runs[0]:
         values = sorted(r[key] for r in runs if key in r)
         name, a, b = key
-        line = (f"  {name:6s} {a:>10s} / {b:<10s} {values[0]:6.3f} / {statistics.median(values):6.3f} / "
+        line = (f"  {name:6s} {a:>12s} / {b:<12s} {values[0]:6.3f} / {statistics.median(values):6.3f} / "
                 f"{values[-1]:6.3f}")
         goal = goals.get(key)
         if goal is not None:
@@ -268,10 +307,33 @@ def fmt_time(seconds: float) -> str:
     return f"{seconds * 1e3:8.3f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:8.1f} us"
 
 
+def first_connection(servers: dict[str, str], tokens: list[str]) -> None:
+    """Prints the first-call / second-call wall times of fresh token tenants on each server (address by target)."""
+    print(f"\nfirst connection of a new tenant (executor start): a raw ListDevices carrying a token the server has "
+          f"not seen, on a connected channel, then a second call on it; {len(tokens)} fresh tokens per server "
+          f"(min / median / max):")
+    for target, address in servers.items():
+        try:
+            times = tenants.first_calls(address, tokens)
+        except Exception as e:  # noqa: BLE001 (reported, the rest of the output stands)
+            print(f"  {target:12s} failed: {type(e).__name__}: {' '.join(str(e).split())[:300]}")
+            continue
+        first = tenants.min_med_max([f for f, _ in times])
+        second = tenants.min_med_max([s for _, s in times])
+        print(f"  {target:12s} first call {' / '.join(f'{v * 1e3:.2f}' for v in first)} ms   second call "
+              f"{' / '.join(f'{v * 1e3:.2f}' for v in second)} ms   (first/second median "
+              f"{first[1] / second[1]:.0f}x)", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer rounds (about a third of the time)")
     ap.add_argument("--rounds", type=int, help="round-robin rounds per workload (default 20, quick 5)")
+    ap.add_argument("--isolation", choices=tenants.ISOLATION_CHOICES, default="both",
+                    help="which salus-server isolation modes to run (default both, side by side); with "
+                         "--salus-target: the mode of that server (tenant or none)")
+    ap.add_argument("--new-tenants", type=int, help="fresh tokens for the first-connection numbers (default 5, "
+                                                    "quick 3; 0 skips them)")
     ap.add_argument("--salus-target", help="use a running salus-server instead of starting one")
     ap.add_argument("--salus-pid", type=int, help="its PID, for the memory numbers")
     ap.add_argument("--without-salus", action="store_true", help="compare in-process and tf-server only")
@@ -283,28 +345,36 @@ def main() -> int:
     args = ap.parse_args()
     if args.repeat < 1:
         ap.error("--repeat must be at least 1")
+    if args.salus_target and args.isolation == "both":
+        ap.error("--salus-target: say which mode that server runs in, --isolation tenant or --isolation none")
     rounds = args.rounds or (5 if args.quick else 20)
+    new_tenants = args.new_tenants if args.new_tenants is not None else (3 if args.quick else 5)
 
     t_start = time.monotonic()
     children: list[Child] = []
+    tenants_file = tenants.Tenants([f"new{i}" for i in range(new_tenants)])
     try:
         tf_server = start_tf_server()
         children.append(tf_server)
         targets = {"in-process": "", "tf-server": f"grpc://{tf_server.address}"}
         pids = {"tf-server": tf_server.pid}
+        started: dict[str, str] = {}  # salus targets started here: address (for the first-connection numbers)
         if not args.without_salus:
-            if args.salus_target:
-                targets["salus"] = args.salus_target
-                pids["salus"] = args.salus_pid
-            else:
-                salus = start_salus()
-                children.append(salus)
-                targets["salus"] = f"grpc://{salus.address}"
-                pids["salus"] = salus.pid
+            for mode in tenants.modes(args.isolation):
+                name = tenants.label(mode)
+                if args.salus_target:
+                    targets[name] = args.salus_target
+                    pids[name] = args.salus_pid
+                else:
+                    salus = start_salus(mode, tenants_file.flags())
+                    children.append(salus)
+                    targets[name] = f"grpc://{salus.address}"
+                    pids[name] = salus.pid
+                    started[name] = salus.address
         print(f"bench: targets {targets}; {rounds} rounds; {os.cpu_count()} CPUs", flush=True)
 
         # Memory first, while the servers are fresh (the benchmark's sessions would leave allocator caches).
-        memory = {t: memory_with_sessions(targets[t], pids.get(t)) for t in ("tf-server", "salus") if t in targets}
+        memory = {t: memory_with_sessions(targets[t], pids.get(t)) for t in targets if t != "in-process"}
 
         runs: list[dict[tuple[str, str, str], float]] = []
         for run in range(args.repeat):
@@ -316,10 +386,21 @@ def main() -> int:
         missed = [f"{name} {a}/{b}" for (name, a, b), goal in GOALS.items()
                   if runs and (name, a, b) in runs[0] and not goal_held(runs, (name, a, b), goal)]
 
-        print("\nserver resident memory (VmRSS, MiB; measured first, on the fresh servers):")
+        if new_tenants and started:
+            first_connection(started, list(tenants_file.tokens.values()))
+        elif new_tenants and args.salus_target:
+            print("\nfirst connection of a new tenant: not measured (--salus-target: its tenants file is not ours)")
+
+        print("\nserver resident memory (VmRSS, MiB; measured first, on the fresh servers; salus-tenant: the "
+              "supervisor and its executor processes):")
         for t, mem in memory.items():
-            row = "  ".join(f"{k}: {v:.1f}" if v is not None else f"{k}: n/a" for k, v in mem.items())
-            print(f"  {t:10s} {row}")
+            cols = []
+            for k, (v, kids) in mem.items():
+                col = f"{k}: {v:.1f}" if v is not None else f"{k}: n/a"
+                if t.startswith("salus") and kids:
+                    col += f" ({kids} executor{'s' if kids > 1 else ''})"
+                cols.append(col)
+            print(f"  {t:12s} " + "  ".join(cols))
         print(f"\nbench: done in {time.monotonic() - t_start:.0f}s", flush=True)
         if args.check and missed:
             print(f"bench: goals missed: {', '.join(missed)}", file=sys.stderr)
@@ -328,8 +409,9 @@ def main() -> int:
     finally:
         for child in children:
             code = child.stop()
-            if child.name == "salus" and code not in (0, None):
-                print(f"bench: salus-server exited with {code} on SIGTERM", file=sys.stderr)
+            if child.name.startswith("salus") and code not in (0, None):
+                print(f"bench: {child.name} exited with {code} on SIGTERM", file=sys.stderr)
+        tenants_file.cleanup()
 
 
 if __name__ == "__main__":

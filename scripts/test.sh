@@ -8,7 +8,8 @@ cd "$root"
 # The tests start their own servers and compare with local runs: settings meant
 # for a user's own server or adapter (SALUS_SERVER, SALUS_POLICY, ...) must not leak in.
 for var in $(compgen -e | grep '^SALUS_' || true); do
-    case "$var" in SALUS_TEST_TARGET|SALUS_SERVER_BIN) ;; *) unset "$var" ;; esac
+    # SALUS_ISOLATION=none runs the whole suite against single-process servers (tests that need one mode say so).
+    case "$var" in SALUS_TEST_TARGET|SALUS_SERVER_BIN|SALUS_ISOLATION) ;; *) unset "$var" ;; esac
 done
 
 # The TF2 suites also run a TensorFlow 2.16 client (setup makes .venv-tf2.16 for it).

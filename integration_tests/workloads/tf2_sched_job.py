@@ -107,7 +107,8 @@ def close_remote_context() -> str | None:
     context_id = pywrap_tfe.TFE_GetContextId(context.context()._handle)  # noqa: SLF001 (the id CreateContext sent)
     request = bytes([(1 << 3) | 1]) + context_id.to_bytes(8, "little")
     try:
-        with grpc.insecure_channel(server) as ch:
+        from salus._token import grpc_options  # the tenant's token (SALUS_TOKEN), as TensorFlow's own calls carry it
+        with grpc.insecure_channel(server, options=grpc_options()) as ch:
             ch.unary_unary("/tensorflow.eager.EagerService/CloseContext", request_serializer=None,
                            response_deserializer=None)(request, timeout=30)
     except grpc.RpcError as e:

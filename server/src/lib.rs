@@ -10,7 +10,9 @@
 //! The folders follow the architecture: protocol front ends on top, one job
 //! runtime under them, the tenant boundary and the TensorFlow bindings below.
 //! - [`config`]: command-line flags and the validated [`config::Config`].
-//! - [`server`]: assembles the gRPC services and runs them until shutdown.
+//! - [`server`]: assembles the gRPC services and runs them until shutdown, in
+//!   one of three roles ([`server::Role`]).
+//! - [`frontend::identify`]: each request's tenant, from its connection and headers.
 //! - [`frontend`]: the gRPC services; they translate requests and call the runtime.
 //!   - [`frontend::master`]: `tensorflow.MasterService`, one handler per RPC.
 //!   - [`frontend::eager`]: `tensorflow.eager.EagerService` and the
@@ -36,11 +38,17 @@
 //!   - [`runtime::run_stats`], [`runtime::run_errors`]: iteration histograms and cheap runs
 //!     per job; failed runs by TensorFlow code.
 //!   - [`runtime::exec`]: runs TensorFlow work off the async runtime.
-//! - [`tenant`]: the tenant boundary: checkpoint directories and limits;
-//!   [`tenant::op_policy`] (refused ops) and [`tenant::checkpoint_guard`]
-//!   (checkpoint paths confined to the job's directory); [`tenant::peer_uid`]
-//!   (the Unix user of a loopback client, from the kernel's sock_diag; not yet
-//!   used by the server: groundwork for per-tenant identity).
+//! - [`tenant`]: who a tenant is and what its jobs may do: [`tenant::identity`]
+//!   (`--auth`, tokens, the tenants file), [`tenant::peer_uid`] (the Unix user of
+//!   a loopback client, from the kernel's sock_diag), [`tenant::users`] (passwd
+//!   lookups); [`tenant::op_policy`] (refused ops) and [`tenant::checkpoint_guard`]
+//!   (checkpoint paths confined to the job's directory) for tenants whose
+//!   computation runs with permissions not their own.
+//! - Processes (`--isolation tenant`): [`supervisor`] (the process users start:
+//!   identity, the one scheduler core and admission, admin; relays each tenant's
+//!   calls to its executor), [`executor`] (one tenant's process: front ends,
+//!   runtime and TensorFlow, as that tenant's user), [`seam`] (the protocol
+//!   between them). `--isolation none` runs front ends and runtime in one process.
 //! - [`sched`] (crate `salus-sched`): the scheduler core and memory lanes.
 //! - [`tf`]: safe wrappers over TensorFlow's C API.
 //! - `gpu` (feature `cuda`): GPU memory from the CUDA driver, loaded at run time.

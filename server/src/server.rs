@@ -173,7 +173,7 @@ impl Server {
                 IdentifiedStream::accept(stream, &accepting)
             })
         });
-        self.serve_incoming(incoming, identifier, shutdown).await
+        self.serve_incoming(incoming, identifier, shutdown, || {}).await
     }
 
     /// An executor process: serves its tenant's calls, relayed by the
@@ -186,8 +186,23 @@ impl Server {
     ) -> Result<(), ServeError> {
         let incoming = tokio_stream::once(Ok::<_, std::io::Error>(stream))
             .chain(tokio_stream::pending());
-        self.serve_incoming(incoming, Arc::new(Identifier::fixed(tenant)), shutdown)
-            .await
+        // The supervisor keeps relaying until every executor's eager jobs are
+        // quiet, then stops taking calls itself, which ends the relayed streams.
+        let seam = self.state.executor.seam().cloned();
+        let drained = move || {
+            if let Some(seam) = seam {
+                seam.send(crate::seam::msg::to_supervisor::Msg::Drained(
+                    crate::seam::msg::Drained {},
+                ));
+            }
+        };
+        self.serve_incoming(
+            incoming,
+            Arc::new(Identifier::fixed(tenant)),
+            shutdown,
+            drained,
+        )
+        .await
     }
 
     async fn serve_incoming<IO, S>(
@@ -195,6 +210,7 @@ impl Server {
         incoming: S,
         identifier: Arc<Identifier>,
         shutdown: impl Future<Output = ()> + Send,
+        after_drain: impl FnOnce() + Send,
     ) -> Result<(), ServeError>
     where
         S: tokio_stream::Stream<Item = std::io::Result<IO>> + Send + 'static,
@@ -243,6 +259,7 @@ impl Server {
                 // (_Send, RecvTensor): keep serving those until eager jobs are
                 // quiet, then stop taking requests.
                 draining.drain_contexts(grace).await;
+                after_drain();
             });
         let reaper = self
             .config

@@ -40,7 +40,16 @@ pub struct SeamClient {
     admissions: Mutex<HashMap<u64, oneshot::Sender<msg::Admitted>>>,
     closed: AtomicBool,
     reporter: OnceLock<Reporter>,
+    /// Recent answers to "is this job outranked?", by job: a job doing
+    /// thousands of brief runs a second asks once per [`OUTRANKED_TTL`].
+    outranked: Mutex<HashMap<JobId, (Instant, bool)>>,
 }
+
+/// How long an answer about a job's brief runs stands: a brief run may skip
+/// the queue at most this long after another job's better-ranked iteration
+/// queued (a round trip to the supervisor costs tens of microseconds, a brief
+/// run less than a millisecond).
+const OUTRANKED_TTL: Duration = Duration::from_millis(2);
 
 /// How long a query (brief-run ranking, GPU lane choice) waits for its answer
 /// before the executor decides alone (the supervisor is stalled or gone).
@@ -66,6 +75,7 @@ impl SeamClient {
             admissions: Mutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
             reporter: OnceLock::new(),
+            outranked: Mutex::new(HashMap::new()),
         });
         let weak = Arc::downgrade(&client);
         std::thread::Builder::new()
@@ -199,8 +209,21 @@ impl SeamClient {
     /// Whether another job's queued iteration ranks ahead of `job` (false when
     /// the supervisor does not answer in time).
     pub fn outranked(&self, job: JobId) -> bool {
-        self.query(msg::query::What::Outranked(job.0))
-            .is_some_and(|a| a.yes)
+        let now = Instant::now();
+        if let Some((at, yes)) = lock(&self.outranked).get(&job) {
+            if now.duration_since(*at) < OUTRANKED_TTL {
+                return *yes;
+            }
+        }
+        let yes = self
+            .query(msg::query::What::Outranked(job.0))
+            .is_some_and(|a| a.yes);
+        let mut cache = lock(&self.outranked);
+        if cache.len() > 10_000 {
+            cache.retain(|_, (at, _)| now.duration_since(*at) < OUTRANKED_TTL);
+        }
+        cache.insert(job, (now, yes));
+        yes
     }
 
     /// With fixed (GPU) lanes, the lane for a new graph.

@@ -46,6 +46,8 @@ pub struct Link {
     next_report: std::sync::atomic::AtomicU64,
     hello: Mutex<Option<oneshot::Sender<msg::Hello>>>,
     dead: AtomicBool,
+    /// Set when the executor, shutting down, has drained its eager jobs (or died).
+    drained: tokio::sync::watch::Sender<bool>,
 }
 
 impl Link {
@@ -72,6 +74,7 @@ impl Link {
             next_report: std::sync::atomic::AtomicU64::new(1),
             hello: Mutex::new(Some(hello_tx)),
             dead: AtomicBool::new(false),
+            drained: tokio::sync::watch::Sender::new(false),
         });
         let reading = link.clone();
         std::thread::Builder::new()
@@ -91,6 +94,12 @@ impl Link {
                 reading.die();
             })?;
         Ok((link, hello_rx))
+    }
+
+    /// Waits until the executor drained its eager jobs for shutdown, or died.
+    pub async fn wait_drained(&self) {
+        let mut drained = self.drained.subscribe();
+        let _ = drained.wait_for(|d| *d).await;
     }
 
     pub fn is_dead(&self) -> bool {
@@ -206,6 +215,9 @@ impl Link {
                     .executor
                     .set_hints(JobId(set.job), hints_from_msg(set.hints));
             }
+            to_supervisor::Msg::Drained(_) => {
+                self.drained.send_replace(true);
+            }
             to_supervisor::Msg::Report(report) => {
                 if let Some(tx) = lock(&self.reports).remove(&report.id) {
                     let _ = tx.send(report);
@@ -269,6 +281,7 @@ impl Link {
     /// The executor is gone: all its jobs leave, lane threads waiting on it wake.
     pub fn die(&self) {
         self.dead.store(true, Ordering::SeqCst);
+        self.drained.send_replace(true);
         let jobs: Vec<JobId> = lock(&self.jobs).iter().copied().collect();
         for job in jobs {
             self.forget(job);

@@ -83,9 +83,12 @@ pub async fn serve(
             shutdown.await;
             tracing::info!("shutting down: executors finish their tenants' requests");
             idle.abort();
-            stopping.stop_all(grace + std::time::Duration::from_secs(5)).await;
+            // Relayed eager follow-ups (RecvTensor) are served until the
+            // executors' eager jobs are quiet; then this server stops taking calls.
+            stopping.drain_all(grace).await;
         })
         .await?;
+    executors.stop_all(grace + std::time::Duration::from_secs(5)).await;
     state.executor.stop();
     Ok(())
 }

@@ -13,7 +13,13 @@ pub struct Running {
 }
 
 impl Running {
+    /// The single-process server; its clients (this test process, the server's own user) are the
+    /// anonymous tenant (`--auth off`), held to the op deny list and checkpoint confinement.
     pub async fn start(config: Config) -> Running {
+        let config = Config {
+            auth: salus_server::tenant::identity::AuthMode::Off,
+            ..config
+        };
         let server = Server::start(config).await.expect("server starts");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
