@@ -260,7 +260,7 @@ def test_pth_with_server_and_token_stays_cheap():
              "'grpc' in sys.modules, 'tensorflow' in sys.modules)")
     proc = run_venv(probe, token_env(SALUS_TOKEN="abc123", SALUS_SERVER="127.0.0.1:1"))
     assert proc.stdout.splitlines() == [f"{UA.format('abc123')},{PROXY}",
-                                        "['salus', 'salus._config', 'salus._hook', 'salus._token'] False False"]
+                                        "['salus', 'salus._config', 'salus._hook', 'salus._log', 'salus._token'] False False"]
     assert proc.stderr == ""
 
 

@@ -230,7 +230,7 @@ def test_startup_hook_imports_nothing_without_salus_server():
     # Set: the hook is armed (a few small modules), still neither gRPC nor TensorFlow.
     armed = subprocess.run([venv_python(), "-c", probe], capture_output=True, text=True,
                            env=clean_env(SALUS_SERVER="127.0.0.1:1"), check=True)
-    assert armed.stdout.strip() == "['salus', 'salus._config', 'salus._hook'] False False"
+    assert armed.stdout.strip() == "['salus', 'salus._config', 'salus._hook', 'salus._log'] False False"
     assert armed.stderr == ""
 
 

@@ -110,6 +110,10 @@ def bench_latency(n_jobs: int, policy: str, seconds: float, kinds: list[str] | N
     return {"jobs": n_jobs, "policy": policy, "isolation": isolation or "default", "tenants": len(tokens) or 1,
             "executors": stats.get("server_counters", {}).get("executors_started"),
             "count": lat["count"], "p50": lat["p50"], "p99": lat["p99"],
+            # --isolation tenant: the go-ahead's trip to the executor and its start there, which the switch
+            # latency (measured in the supervisor) does not include; 0 in one process.
+            "handover_p50": stats.get("handover_latency_us", {}).get("p50", 0.0),
+            "handover_p99": stats.get("handover_latency_us", {}).get("p99", 0.0),
             "max": lat["max"], "iterations_total": stats["iterations_total"], "client_steps": steps,
             "step_ms_median": statistics.median(r["step_ms_median"] for r in results.values()),
             "step_ms_by_kind": {k: statistics.median(r["step_ms_median"] for r in results.values() if r["kind"] == k)
@@ -340,7 +344,11 @@ def main() -> None:
     t_start = time.monotonic()
 
     def ok(r: dict) -> bool:
-        return r["count"] > 0 and r["p50"] <= LATENCY_TARGET_US["p50"] and r["p99"] <= LATENCY_TARGET_US["p99"]
+        # Under tenant isolation a switch also includes the go-ahead's handover to the executor process; the sum
+        # of the two percentiles bounds the whole switch's (the two are measured separately).
+        p50 = r["p50"] + r.get("handover_p50", 0.0)
+        p99 = r["p99"] + r.get("handover_p99", 0.0)
+        return r["count"] > 0 and p50 <= LATENCY_TARGET_US["p50"] and p99 <= LATENCY_TARGET_US["p99"]
 
     def exit_note(r: dict) -> str:
         return "" if r["exit_code"] == 0 else f"  (server exit code {r['exit_code']})"
@@ -399,7 +407,10 @@ def main() -> None:
                         print(f"{policy:8} {r['pair']:8} {mode:9} {r['executors']!s:>4} {r['count']:>8} "
                               f"{r['p50']:>10.1f} {r['p99']:>9.1f} {r['max']:>9.1f} {r['iterations_total']:>7} "
                               f"{step:>11}  {'ok' if ok(r) else 'MISSED'}{exit_note(r)}", flush=True)
-                    cols = [f"{m} {r['p50']:.1f}/{r['p99']:.1f} us ({'ok' if ok(r) else 'MISSED'})"
+                    cols = [f"{m} {r['p50']:.1f}/{r['p99']:.1f} us"
+                            + (f" + handover {r['handover_p50']:.1f}/{r['handover_p99']:.1f} us"
+                               if r["handover_p50"] else "")
+                            + f" ({'ok' if ok(r) else 'MISSED'})"
                             for m, r in by_mode.items()]
                     line = f"{policy:8} {PAIR_LABEL[pair]:8} two tenants: switch median/p99 " + ", ".join(cols)
                     if "tenant" in by_mode and "none" in by_mode and by_mode["none"]["p50"] > 0:

@@ -23,7 +23,9 @@ const PROTOBUF_MAX_BYTES: u64 = 2 << 30;
     version,
     about = "Salus: runs unmodified TensorFlow scripts in one shared server: TF2 eager code, tf.function \
              and Keras 3 over TensorFlow's remote-eager protocol (with the salus-tf adapter: SALUS_SERVER=HOST:PORT), \
-             and TF1 graph sessions (tf.compat.v1.Session(\"grpc://HOST:PORT\")) over its master protocol, on one port."
+             and TF1 graph sessions (tf.compat.v1.Session(\"grpc://HOST:PORT\")) over its master protocol, on one port. \
+             Tenants are Unix users (loopback clients) or tokens (SALUS_TOKEN); each tenant's jobs run in an executor \
+             process of its own, as that user when the server runs as root (--isolation)."
 )]
 pub struct Args {
     #[command(subcommand)]

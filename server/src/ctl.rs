@@ -225,6 +225,7 @@ pub fn stats_json(s: &SchedulerStats) -> Value {
         "switch_latency_us": {"count": l.count, "p50": l.p50_us, "p99": l.p99_us, "max": l.max_us, "buckets": l.buckets},
         "iteration_time_us": latency_json(s.iteration_time.as_ref()),
         "queue_wait_us": latency_json(s.queue_wait.as_ref()),
+        "handover_latency_us": latency_json(s.handover_latency.as_ref()),
         "lanes": s.lanes.iter().map(|q| json!({"lane": q.lane, "queued": q.queued, "running": q.running})).collect::<Vec<_>>(),
     })
 }

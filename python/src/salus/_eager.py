@@ -26,6 +26,7 @@ import sys
 import threading
 
 from . import _config
+from ._log import warn as _warn
 
 SERVER_JOB = "worker"
 LOCAL_JOB = "localhost"
@@ -42,14 +43,6 @@ ENV_DEVICE = "SALUS_EAGER_DEVICE"
 _state = {"mode": None, "server": None, "reason": "", "context": None, "original": None, "thread": None,
           "atexit": False, "warned": False}
 _lock = threading.RLock()
-
-
-def _warn(msg: str) -> None:
-    try:
-        sys.stderr.write(f"salus: {msg}\n")
-        sys.stderr.flush()
-    except Exception:
-        pass
 
 
 def mode() -> str | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import sys
 
 from . import _config
+from ._log import warn as _warn
 
 SESSION_MODULE = "tensorflow.python.client.session"
 TF_MODULE = "tensorflow"
@@ -22,14 +23,6 @@ _WATCHED = (SESSION_MODULE, TF_MODULE)
 
 _installed = False
 _from_env_done = False
-
-
-def _warn(msg: str) -> None:
-    try:
-        sys.stderr.write(f"salus: {msg}\n")
-        sys.stderr.flush()
-    except Exception:
-        pass
 
 
 class _PatchingLoader:

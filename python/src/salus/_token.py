@@ -25,7 +25,8 @@ tf_adapter/src/token_vectors.txt.
 from __future__ import annotations
 
 import os
-import sys
+
+from ._log import warn as _warn
 
 ENV_TOKEN = "SALUS_TOKEN"
 ENV_TF_OPTIONS = "TF_GRPC_DEFAULT_OPTIONS"
@@ -128,14 +129,6 @@ def grpc_options(environ=None) -> list:
     if token is None or token_problem(token) is not None:
         return []
     return [(USER_AGENT_KEY, USER_AGENT_PREFIX + token), (PROXY_KEY, 0)]
-
-
-def _warn(msg: str) -> None:
-    try:
-        sys.stderr.write(f"salus: {msg}\n")
-        sys.stderr.flush()
-    except Exception:
-        pass
 
 
 def apply_env(environ=None) -> bool:

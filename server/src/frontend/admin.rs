@@ -229,6 +229,7 @@ impl AdminService {
             iterations_per_second: stats.iterations_per_second,
             queued: stats.queued,
             switch_latency: Some(latency_summary(&stats.switch_latency)),
+            handover_latency: Some(latency_summary(&stats.handover_latency)),
             lanes: stats
                 .lanes
                 .iter()

@@ -100,6 +100,8 @@ pub struct ExecStats {
     pub iterations_per_second: f64,
     pub queued: u64,
     pub switch_latency: LatencySnapshot,
+    /// Go-ahead to start of iterations run by executor processes.
+    pub handover_latency: LatencySnapshot,
     /// (lane, queued, running)
     pub lanes: Vec<(LaneId, u64, u64)>,
     pub cheap_runs_total: u64,
@@ -112,6 +114,7 @@ struct Inner {
     sched: Scheduler<Work>,
     lanes_with_threads: HashSet<LaneId>,
     switch_latency: LatencyRecorder,
+    handover_latency: LatencyRecorder,
     iterations_total: u64,
     /// (second since epoch, iterations finished in it)
     rate: VecDeque<(u64, u64)>,
@@ -184,6 +187,7 @@ impl Executor {
                     sched: Scheduler::new(policy, config),
                     lanes_with_threads: HashSet::new(),
                     switch_latency: LatencyRecorder::default(),
+                    handover_latency: LatencyRecorder::default(),
                     iterations_total: 0,
                     rate: VecDeque::new(),
                     cheap_runs_total: 0,
@@ -282,17 +286,27 @@ impl Executor {
         F: FnOnce() -> Result<T> + Send + 'static,
     {
         if let Some(seam) = &self.remote {
+            let wanted = seam.want(job, deadline)?;
+            // If this future is dropped (the client left) before the go-ahead,
+            // the supervisor drops the queued iteration, as the local queue
+            // drops one whose reply nobody waits for.
+            let cancel = CancelTurn {
+                seam: seam.clone(),
+                turn: wanted.turn,
+            };
             let seam = seam.clone();
             // Waits for the supervisor's go-ahead on a blocking thread, runs
             // the iteration there, and ends the turn when the guard drops.
-            return crate::runtime::exec::blocking(move || {
-                let _turn = seam.take_turn(job, deadline)?;
+            let result = crate::runtime::exec::blocking(move || {
+                let _turn = seam.take_turn(wanted)?;
                 match catch_unwind(AssertUnwindSafe(f)) {
                     Ok(result) => result,
                     Err(_panic) => Err(Error::Internal("the iteration panicked".into())),
                 }
             })
             .await;
+            std::mem::forget(cancel);
+            return result;
         }
         let (tx, rx) = oneshot::channel();
         let work = Work {
@@ -353,6 +367,12 @@ impl Executor {
         }
         self.shared.wake.notify_all();
         Ok(())
+    }
+
+    /// Records how long an executor process took from a go-ahead to starting
+    /// the iteration (reported with its Done).
+    pub fn record_handover(&self, ns: u64) {
+        self.shared.lock().handover_latency.record(ns);
     }
 
     /// Whether a run goes at once (`Cheap`) or through the scheduler (`Main`):
@@ -507,6 +527,7 @@ impl Executor {
             iterations_per_second: recent as f64 / window,
             queued: inner.sched.queued() as u64,
             switch_latency: inner.switch_latency.snapshot(),
+            handover_latency: inner.handover_latency.snapshot(),
             lanes,
             cheap_runs_total: inner.cheap_runs_total,
             dropped_iterations: inner.dropped,
@@ -518,6 +539,18 @@ impl Executor {
     pub fn stop(&self) {
         self.shared.lock().stopping = true;
         self.shared.wake.notify_all();
+    }
+}
+
+/// Gives up a wanted remote iteration when dropped (see `Executor::run_main`).
+struct CancelTurn {
+    seam: Arc<SeamClient>,
+    turn: u64,
+}
+
+impl Drop for CancelTurn {
+    fn drop(&mut self) {
+        self.seam.cancel(self.turn);
     }
 }
 

@@ -23,6 +23,16 @@ struct Owned<J> {
     job: Arc<J>,
 }
 
+/// Jobs with their owners, sorted by creation.
+fn oldest_first<'a, J: 'a>(
+    entries: impl Iterator<Item = &'a Owned<J>>,
+    created: impl Fn(&J) -> std::time::Instant,
+) -> Vec<(Arc<Tenant>, Arc<J>)> {
+    let mut jobs: Vec<_> = entries.map(|e| (e.owner.clone(), e.job.clone())).collect();
+    jobs.sort_by_key(|(_, j)| created(j));
+    jobs
+}
+
 /// Open jobs. The std mutex is never held across an `.await` or a TF call:
 /// lookups clone the `Arc<Job>` and release it at once.
 #[derive(Default)]
@@ -128,13 +138,7 @@ impl SessionTable {
 
     /// Every session with its owner, oldest first.
     pub fn all_owned(&self) -> Vec<(Arc<Tenant>, Arc<Job>)> {
-        let mut jobs: Vec<_> = self
-            .jobs()
-            .values()
-            .map(|e| (e.owner.clone(), e.job.clone()))
-            .collect();
-        jobs.sort_by_key(|(_, j)| j.created);
-        jobs
+        oldest_first(self.jobs().values(), |j| j.created)
     }
 
     /// `tenant`'s sessions.
@@ -261,13 +265,7 @@ impl ContextTable {
 
     /// Every context with its owner, oldest first.
     pub fn all_owned(&self) -> Vec<(Arc<Tenant>, Arc<EagerJob>)> {
-        let mut jobs: Vec<_> = self
-            .jobs()
-            .values()
-            .map(|e| (e.owner.clone(), e.job.clone()))
-            .collect();
-        jobs.sort_by_key(|(_, j)| j.created);
-        jobs
+        oldest_first(self.jobs().values(), |j| j.created)
     }
 
     pub fn len(&self) -> usize {

@@ -25,7 +25,8 @@ use crate::tf::TfError;
 
 /// What the supervisor said of a wanted turn.
 enum TurnOutcome {
-    Go,
+    /// When the supervisor sent it (CLOCK_MONOTONIC ns).
+    Go(u64),
     Dropped(String),
 }
 
@@ -112,10 +113,13 @@ impl SeamClient {
         match message.msg {
             Some(to_executor::Msg::Go(go)) => {
                 if let Some(tx) = lock(&self.turns).remove(&go.turn) {
-                    let _ = tx.send(TurnOutcome::Go);
+                    let _ = tx.send(TurnOutcome::Go(go.sent_mono_ns));
                 } else {
                     // Nobody waits any more: give the lane back at once.
-                    self.send(to_supervisor::Msg::Done(msg::Done { turn: go.turn }));
+                    self.send(to_supervisor::Msg::Done(msg::Done {
+                        turn: go.turn,
+                        go_delay_ns: 0,
+                    }));
                 }
             }
             Some(to_executor::Msg::Dropped(dropped)) => {
@@ -179,9 +183,9 @@ impl SeamClient {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Waits (blocking: call it off the async runtime) until the supervisor's
-    /// scheduler gives `job` a main iteration; the returned guard ends it.
-    pub fn take_turn(self: &Arc<Self>, job: JobId, deadline: Option<Instant>) -> Result<Turn> {
+    /// Asks the supervisor's scheduler for a main iteration of `job`; wait for
+    /// it with [`SeamClient::take_turn`], or give it up with [`SeamClient::cancel`].
+    pub fn want(&self, job: JobId, deadline: Option<Instant>) -> Result<WantedTurn> {
         if self.is_closed() {
             return Err(Error::ShuttingDown);
         }
@@ -196,13 +200,32 @@ impl SeamClient {
             job: job.0,
             deadline_ms,
         }));
+        Ok(WantedTurn { turn, rx })
+    }
+
+    /// The requester of `turn` is gone: unless the go-ahead came already, the
+    /// supervisor drops the iteration without running it.
+    pub fn cancel(&self, turn: u64) {
+        if lock(&self.turns).remove(&turn).is_some() {
+            self.send(to_supervisor::Msg::Cancel(msg::Cancel { turn }));
+        }
+    }
+
+    /// Waits (blocking: call it off the async runtime) until the scheduler
+    /// gives the wanted iteration its go-ahead; the returned guard ends it.
+    pub fn take_turn(self: &Arc<Self>, wanted: WantedTurn) -> Result<Turn> {
+        let WantedTurn { turn, rx } = wanted;
         match rx.recv() {
-            Ok(TurnOutcome::Go) => Ok(Turn {
+            Ok(TurnOutcome::Go(sent)) => Ok(Turn {
                 seam: self.clone(),
                 turn,
+                go_delay_ns: crate::seam::mono_ns().saturating_sub(sent),
             }),
             Ok(TurnOutcome::Dropped(reason)) => Err(Error::IterationDropped(reason)),
-            Err(_) => Err(Error::ShuttingDown),
+            Err(_) if self.is_closed() => Err(Error::ShuttingDown),
+            Err(_) => Err(Error::IterationDropped(
+                "the iteration was given up before it ran: its client left".into(),
+            )),
         }
     }
 
@@ -282,15 +305,24 @@ impl SeamClient {
     }
 }
 
+/// A main iteration asked for, not yet given its go-ahead.
+pub struct WantedTurn {
+    pub turn: u64,
+    rx: mpsc::Receiver<TurnOutcome>,
+}
+
 /// A main iteration in progress; dropping it tells the supervisor it ended.
 pub struct Turn {
     seam: Arc<SeamClient>,
     turn: u64,
+    go_delay_ns: u64,
 }
 
 impl Drop for Turn {
     fn drop(&mut self) {
-        self.seam
-            .send(to_supervisor::Msg::Done(msg::Done { turn: self.turn }));
+        self.seam.send(to_supervisor::Msg::Done(msg::Done {
+            turn: self.turn,
+            go_delay_ns: self.go_delay_ns,
+        }));
     }
 }

@@ -39,6 +39,8 @@ pub struct Link {
     runtime: tokio::runtime::Handle,
     /// Lane threads waiting for an iteration's Done, by turn.
     running: Mutex<HashMap<u64, mpsc::SyncSender<()>>>,
+    /// Wanted iterations whose requester left before their go-ahead.
+    cancelled: Mutex<HashSet<u64>>,
     /// The executor's jobs the core knows.
     jobs: Mutex<HashSet<JobId>>,
     reservations: Mutex<HashMap<JobId, LaneReservation>>,
@@ -68,6 +70,7 @@ impl Link {
             admission,
             runtime,
             running: Mutex::new(HashMap::new()),
+            cancelled: Mutex::new(HashSet::new()),
             jobs: Mutex::new(HashSet::new()),
             reservations: Mutex::new(HashMap::new()),
             reports: Mutex::new(HashMap::new()),
@@ -165,6 +168,9 @@ impl Link {
                     .submit_remote(JobId(want.job), deadline, iteration);
             }
             to_supervisor::Msg::Done(done) => {
+                if done.go_delay_ns > 0 {
+                    self.executor.record_handover(done.go_delay_ns);
+                }
                 if let Some(tx) = lock(&self.running).remove(&done.turn) {
                     let _ = tx.send(());
                 }
@@ -214,6 +220,9 @@ impl Link {
                 let _ = self
                     .executor
                     .set_hints(JobId(set.job), hints_from_msg(set.hints));
+            }
+            to_supervisor::Msg::Cancel(cancel) => {
+                lock(&self.cancelled).insert(cancel.turn);
             }
             to_supervisor::Msg::Drained(_) => {
                 self.drained.send_replace(true);
@@ -319,14 +328,17 @@ struct Turn {
 
 impl RemoteIteration for Turn {
     fn requester_gone(&self) -> bool {
-        self.link.is_dead()
+        self.link.is_dead() || lock(&self.link.cancelled).contains(&self.turn)
     }
 
     fn run(mut self: Box<Self>) {
         self.ran = true;
         let (tx, rx) = mpsc::sync_channel(1);
         lock(&self.link.running).insert(self.turn, tx);
-        self.link.send(to_executor::Msg::Go(msg::Go { turn: self.turn }));
+        self.link.send(to_executor::Msg::Go(msg::Go {
+            turn: self.turn,
+            sent_mono_ns: crate::seam::mono_ns(),
+        }));
         // Done, or the executor's death (which drops the sender).
         let _ = rx.recv();
     }
@@ -334,6 +346,9 @@ impl RemoteIteration for Turn {
 
 impl Drop for Turn {
     fn drop(&mut self) {
+        if lock(&self.link.cancelled).remove(&self.turn) {
+            return; // the executor gave it up itself
+        }
         if !self.ran {
             self.link.send(to_executor::Msg::Dropped(msg::Dropped {
                 turn: self.turn,
