@@ -185,8 +185,9 @@ pub struct Args {
     pub isolation: String,
 
     /// Memory limit of each tenant's executor process (its data segment,
-    /// RLIMIT_DATA), e.g. 16GiB: an allocation beyond it fails and ends that
-    /// tenant's executor only. Unset: no limit. Needs --isolation tenant.
+    /// RLIMIT_DATA), e.g. 16GiB: an allocation beyond it fails in that
+    /// tenant's executor only (TensorFlow reports RESOURCE_EXHAUSTED, or aborts,
+    /// which ends that executor). Unset: no limit. Needs --isolation tenant.
     #[arg(long, env = "SALUS_EXECUTOR_MEMORY_LIMIT", value_parser = parse_size)]
     pub executor_memory: Option<u64>,
 

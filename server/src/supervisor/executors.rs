@@ -49,6 +49,12 @@ pub mod env {
     pub const CHECKPOINT_ROOT: &str = "SALUS_EXECUTOR_CHECKPOINT_ROOT";
 }
 
+/// Environment variables an executor inherits (besides its own `SALUS_EXECUTOR_*`).
+const PASSED_ENV: [&str; 6] = ["PATH", "LANG", "TZ", "LD_LIBRARY_PATH", "RUST_LOG", "RUST_BACKTRACE"];
+const PASSED_ENV_PREFIXES: [&str; 11] = [
+    "SALUS_", "TF_", "LC_", "CUDA_", "NVIDIA_", "OMP_", "KMP_", "MKL_", "ONEDNN_", "DNNL_", "XLA_",
+];
+
 /// The fds an executor finds its sockets on.
 pub const H2_FD: i32 = 3;
 pub const SEAM_FD: i32 = 4;
@@ -305,6 +311,15 @@ impl Executors {
         let (seam_ours, seam_theirs) =
             UnixStream::pair().map_err(|e| format!("cannot make a socketpair: {e}"))?;
         let mut command = Command::new(&self.spec.exe);
+        // The tenant can read its executor's environment: it gets only what
+        // configures the server and TensorFlow, not the operator's other variables.
+        command.env_clear().envs(std::env::vars_os().filter(|(name, _)| {
+            name.to_str().is_some_and(|name| {
+                name != "SALUS_TOKEN"
+                    && (PASSED_ENV.contains(&name)
+                        || PASSED_ENV_PREFIXES.iter().any(|p| name.starts_with(p)))
+            })
+        }));
         command
             .args(&self.spec.args)
             .arg("executor")
