@@ -59,7 +59,10 @@ mod tests {
             })),
         };
         let done = ToSupervisor {
-            msg: Some(to_supervisor::Msg::Done(Done { turn: 7 })),
+            msg: Some(to_supervisor::Msg::Done(Done {
+                turn: 7,
+                go_delay_ns: 12_345,
+            })),
         };
         write_frame(&mut a, &want).unwrap();
         write_frame(&mut a, &done).unwrap();
