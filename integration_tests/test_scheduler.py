@@ -35,9 +35,12 @@ pytestmark = pytest.mark.skipif(
 JOB_SCRIPT = WORKLOADS / "sched_job.py"
 POLICIES = ("fifo", "srtf", "pack", "fair", "rr", "priority", "las")
 # Submission order long, medium, short; steps of the same cost (~5-8 ms each on a 2-core machine).
-# Sized so that SRTF's order does not hang on the step time (3.5-5 ms here): when the medium job arrives it has
-# less left than the long one, and when the short one arrives the medium one has clearly more left than it.
-TRIO = {"long": dict(seed=1, steps=1000), "medium": dict(seed=2, steps=500), "short": dict(seed=3, steps=60)}
+TRIO = {"long": dict(seed=1, steps=600), "medium": dict(seed=2, steps=300), "short": dict(seed=3, steps=60)}
+# The trio's jobs arrive by progress, not by the clock, so the orders below hold whatever a step takes on this
+# CPU: each next job is released once the server has run this many more iterations. When the medium job arrives
+# the long one has 500 steps left (more than the medium's 300); when the short one arrives, the medium one (under
+# srtf) has about 200 left, more than the short's 60; under fifo the long job is still far from done.
+ARRIVAL_ITERATIONS = 100
 ADMIN_JOBS = {"alpha": dict(seed=1, steps=400, hints="priority=3&iterations=400"),
               "beta": dict(seed=2, steps=400, hints="iterations=400&seconds=5")}
 ARRIVAL_GAP_S = 1.0
@@ -93,6 +96,11 @@ def check_losses(results: dict, configs: dict, references: dict) -> None:
         assert res["losses"] == ref, f"job {key}: per-step losses differ from the same job in-process"
 
 
+def total_iterations(address: str) -> int:
+    """Main iterations the server ran so far, over its open jobs."""
+    return sum(row["iterations"] for row in ctl_json(address, "jobs"))
+
+
 def finish_order(results: dict) -> list[str]:
     return sorted(results, key=lambda k: results[k]["end"])
 
@@ -133,9 +141,11 @@ def test_three_jobs_finish_in_policy_order(policy, tenants, references, tmp_path
                 hints = f"?iterations={cfg['steps']}" if policy == "srtf" else ""
                 jobs.start(key, seed=cfg["seed"], steps=cfg["steps"], name=key + hints, env=envs.get(key))
             jobs.wait_ready()
-            for i, key in enumerate(TRIO):  # long, medium, short, a second apart
+            for i, key in enumerate(TRIO):  # long, medium, short, each after ARRIVAL_ITERATIONS more iterations
                 if i:
-                    time.sleep(ARRIVAL_GAP_S)
+                    target = i * ARRIVAL_ITERATIONS
+                    assert wait_until(lambda: total_iterations(server.address) >= target, timeout=120,
+                                      interval=0.05), f"the server never ran {target} iterations"
                 jobs.jobs[key].release(server.target)
             results = jobs.results()
             stats = ctl_json(server.address, "stats")

@@ -10,14 +10,13 @@ use salus_proto::tensorflow::eager::eager_service_server::EagerServiceServer;
 use salus_proto::tensorflow::master_service_server::MasterServiceServer;
 use salus_proto::tensorflow::worker_service_server::WorkerServiceServer;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::StreamExt;
 
 use crate::config::Config;
 use crate::error::Error;
 use crate::frontend::admin::AdminService;
 use crate::frontend::eager::{Eager, Worker};
-use crate::frontend::identify::{IdentifiedStream, IdentifyLayer};
+use crate::frontend::identify::{identified_incoming, IdentifyLayer};
 use crate::tenant::identity::Identifier;
 use crate::frontend::master::Master;
 use crate::runtime::admission::Admission;
@@ -39,6 +38,11 @@ pub enum ServeError {
     #[error("gRPC transport failed: {0}")]
     Transport(#[from] tonic::transport::Error),
 }
+
+/// HTTP/2 flow-control windows of the gRPC servers and of the supervisor's
+/// connections to executors (one connection carries all of a tenant's calls).
+pub const H2_STREAM_WINDOW: u32 = 16 << 20;
+pub const H2_CONNECTION_WINDOW: u32 = 64 << 20;
 
 /// What this process is: the whole server (`--isolation none`), the
 /// supervisor of tenants' executor processes, or one tenant's executor.
@@ -165,14 +169,7 @@ impl Server {
     ) -> Result<(), ServeError> {
         let identifier = Arc::new(Identifier::new(self.config.auth, self.config.tenants.clone()));
         tracing::info!(auth = %self.config.auth, token_tenants = self.config.tenants.len(), "tenant identity");
-        let accepting = identifier.clone();
-        // Small RunSteps are latency-bound: disable Nagle on every connection.
-        let incoming = TcpListenerStream::new(listener).map(move |stream| {
-            stream.map(|stream| {
-                let _ = stream.set_nodelay(true);
-                IdentifiedStream::accept(stream, &accepting)
-            })
-        });
+        let incoming = identified_incoming(listener, identifier.clone());
         self.serve_incoming(incoming, identifier, shutdown, || {}).await
     }
 
@@ -243,8 +240,8 @@ impl Server {
         let router = tonic::transport::Server::builder()
             // An executor's one connection carries all of its tenant's calls.
             .max_concurrent_streams(Some(100_000))
-            .initial_stream_window_size(Some(16 << 20))
-            .initial_connection_window_size(Some(64 << 20))
+            .initial_stream_window_size(Some(H2_STREAM_WINDOW))
+            .initial_connection_window_size(Some(H2_CONNECTION_WINDOW))
             .layer(IdentifyLayer::new(identifier))
             .add_service(health_service)
             .add_service(master)

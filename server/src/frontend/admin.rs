@@ -84,21 +84,13 @@ impl AdminService {
         let status = self.state.executor.job_status(id);
         let s = status.as_ref();
         let memory = self.memory_state(id);
+        // The executor's own view: an eager job busy there is running.
         let busy_there = row.state == "running";
-        row.state = match s {
-            _ if memory.waiting => "waiting for memory",
-            Some(s) if s.running > 0 => "running",
-            Some(s) if s.queued > 0 => "queued",
-            _ if busy_there => "running",
-            _ => "idle",
-        }
-        .into();
+        row.state = state_label(memory.waiting, s, busy_there).into();
         if let Some(s) = s {
             row.hints = Some(hints_to_proto(&s.hints));
         }
-        row.note = memory
-            .note
-            .unwrap_or_else(|| s.map(|s| note(policy, s)).unwrap_or_default());
+        row.note = row_note(memory.note, policy, s);
         if self.state.admission.is_some() {
             row.memory_state = memory.label;
         }
@@ -259,24 +251,13 @@ impl AdminService {
         );
         let memory = self.memory_state(job.id);
         let memory_state = memory.label.clone();
-        let waiting_note = memory.note;
-        let memory_waiting = memory.waiting;
-        let state = match s {
-            Some(s) if s.running > 0 => "running",
-            Some(s) if s.queued > 0 => "queued",
-            _ => "idle",
-        };
         JobInfo {
             id: job.id.0,
             handle: job.handle.clone(),
             name: job.name.clone(),
-            state: if memory_waiting {
-                "waiting for memory".into()
-            } else {
-                state.into()
-            },
+            state: state_label(memory.waiting, s, false).into(),
             hints: s.map(|s| hints_to_proto(&s.hints)),
-            note: waiting_note.unwrap_or_else(|| s.map(|s| note(policy, s)).unwrap_or_default()),
+            note: row_note(memory.note, policy, s),
             graph_version: job.graph_version(),
             graph_nodes: job.graph_nodes() as u64,
             runs_completed: job.stats.runs_completed.load(Ordering::Relaxed),
@@ -335,24 +316,15 @@ impl AdminService {
             job.memory_estimate(&s.map_or_else(|| job.hints.clone(), |s| s.hints.clone()));
         let memory = self.memory_state(job.id);
         let memory_state = memory.label.clone();
-        let state = match s {
-            _ if memory.waiting => "waiting for memory",
-            Some(s) if s.running > 0 => "running",
-            Some(s) if s.queued > 0 => "queued",
-            _ if job.is_busy() => "running",
-            _ => "idle",
-        };
         JobInfo {
             id: job.id.0,
             handle: job.handle.clone(),
             name: job.name.clone(),
-            state: state.into(),
+            state: state_label(memory.waiting, s, job.is_busy()).into(),
             hints: Some(hints_to_proto(
                 &s.map_or_else(|| job.hints.clone(), |s| s.hints.clone()),
             )),
-            note: memory
-                .note
-                .unwrap_or_else(|| s.map(|s| note(policy, s)).unwrap_or_default()),
+            note: row_note(memory.note, policy, s),
             graph_nodes: stats.functions.load(Ordering::Relaxed),
             runs_completed: stats.ops.load(Ordering::Relaxed),
             runs_failed: stats.failed.load(Ordering::Relaxed),
@@ -420,6 +392,23 @@ struct MemoryRow {
     label: String,
     waiting: bool,
     note: Option<String>,
+}
+
+/// A job row's state: waiting for memory, running, queued (in the scheduler),
+/// running (`busy`: a request of the job is being served outside it), or idle.
+fn state_label(waiting_for_memory: bool, s: Option<&JobStatus>, busy: bool) -> &'static str {
+    match s {
+        _ if waiting_for_memory => "waiting for memory",
+        Some(s) if s.running > 0 => "running",
+        Some(s) if s.queued > 0 => "queued",
+        _ if busy => "running",
+        _ => "idle",
+    }
+}
+
+/// A job row's note: why it waits for memory, else how the policy treats it.
+fn row_note(memory_note: Option<String>, policy: &str, s: Option<&JobStatus>) -> String {
+    memory_note.unwrap_or_else(|| s.map(|s| note(policy, s)).unwrap_or_default())
 }
 
 /// How the current policy treats a job, where that is not obvious.

@@ -103,6 +103,21 @@ impl AsyncWrite for IdentifiedStream {
     }
 }
 
+/// `listener`'s connections, each with its peer's user as `identifier` needs
+/// it, with Nagle off (small RunSteps are latency-bound).
+pub fn identified_incoming(
+    listener: tokio::net::TcpListener,
+    identifier: Arc<Identifier>,
+) -> impl tokio_stream::Stream<Item = io::Result<IdentifiedStream>> {
+    use tokio_stream::StreamExt;
+    tokio_stream::wrappers::TcpListenerStream::new(listener).map(move |stream| {
+        stream.map(|stream| {
+            let _ = stream.set_nodelay(true);
+            IdentifiedStream::accept(stream, &identifier)
+        })
+    })
+}
+
 /// The request's tenant, put there by [`IdentifyLayer`]. A request that did
 /// not pass the layer (a handler called directly, in unit tests) belongs to
 /// the anonymous tenant, as under `--auth off`.

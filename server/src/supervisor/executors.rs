@@ -115,12 +115,9 @@ impl DeathNote {
 pub struct ExecutorHandle {
     pub tenant: Arc<Tenant>,
     pub pid: u32,
-    /// The uid it runs as.
-    pub uid: u32,
     pub sender: SendRequest<RelayRequestBody>,
     pub link: Arc<Link>,
     pub death: Arc<DeathNote>,
-    pub started_in: Duration,
     in_flight: AtomicUsize,
     last_active: Mutex<Instant>,
 }
@@ -175,7 +172,6 @@ struct Slot {
 pub struct ExecutorCounts {
     pub started: AtomicU64,
     pub failed: AtomicU64,
-    pub stopped_idle: AtomicU64,
 }
 
 pub struct Executors {
@@ -413,6 +409,7 @@ impl Executors {
                 .name(format!("salus-reap-{pid}"))
                 .spawn(move || {
                     let status = child.wait();
+                    let clean = status.as_ref().is_ok_and(|s| s.success());
                     // The last lines explain the death: wait until they are read.
                     if let Some(ended) = stderr_ended {
                         let _ = ended.recv_timeout(Duration::from_secs(2));
@@ -422,7 +419,7 @@ impl Executors {
                     death.record(message.clone());
                     let _ = exited_tx.send(true);
                     if let Some(executors) = executors.upgrade() {
-                        executors.reaped(&tenant, pid, &message);
+                        executors.reaped(&tenant, pid, clean, &message);
                     }
                 })
                 .map_err(|e| format!("cannot start a reaper thread: {e}"))?;
@@ -437,7 +434,7 @@ impl Executors {
             }
         };
         if started.is_err() {
-            self.counts.failed.fetch_add(1, Ordering::Relaxed);
+            // The reaper counts the failure: the process is gone, or killed above.
             let why = death
                 .wait(Duration::from_secs(5))
                 .await
@@ -450,8 +447,8 @@ impl Executors {
         let io = tokio::net::UnixStream::from_std(h2_ours)
             .map_err(|e| format!("socket setup failed: {e}"))?;
         let (sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-            .initial_stream_window_size(16 << 20)
-            .initial_connection_window_size(64 << 20)
+            .initial_stream_window_size(crate::server::H2_STREAM_WINDOW)
+            .initial_connection_window_size(crate::server::H2_CONNECTION_WINDOW)
             .max_frame_size(1 << 20)
             .handshake(TokioIo::new(io))
             .await
@@ -465,17 +462,15 @@ impl Executors {
         Ok(Arc::new(ExecutorHandle {
             tenant,
             pid,
-            uid,
             sender,
             link,
             death,
-            started_in,
             in_flight: AtomicUsize::new(0),
             last_active: Mutex::new(Instant::now()),
         }))
     }
 
-    fn reaped(&self, tenant: &Arc<Tenant>, pid: u32, message: &str) {
+    fn reaped(&self, tenant: &Arc<Tenant>, pid: u32, clean: bool, message: &str) {
         let mut slots = lock(&self.slots);
         let ours = slots
             .get(&tenant.key)
@@ -485,7 +480,7 @@ impl Executors {
             slots.remove(&tenant.key);
         }
         drop(slots);
-        if message.contains("exited with status 0") {
+        if clean {
             tracing::info!(tenant = %tenant, pid, "executor stopped");
         } else {
             self.counts.failed.fetch_add(1, Ordering::Relaxed);
@@ -505,7 +500,6 @@ impl Executors {
                 {
                     tracing::info!(tenant = %handle.tenant, pid = handle.pid, "stopping an idle executor");
                     self.forget_handle(&handle);
-                    self.counts.stopped_idle.fetch_add(1, Ordering::Relaxed);
                     // SAFETY: signalling our own child.
                     unsafe { libc::kill(handle.pid as i32, libc::SIGTERM) };
                 }
@@ -526,7 +520,11 @@ impl Executors {
             // SAFETY: signalling our own children.
             unsafe { libc::kill(h.pid as i32, libc::SIGTERM) };
         }
-        let all = futures_join_all(handles.iter().map(|h| h.link.wait_drained()));
+        let all = async {
+            for h in &handles {
+                h.link.wait_drained().await;
+            }
+        };
         if tokio::time::timeout(limit, all).await.is_err() {
             tracing::warn!("executors still draining after the grace period");
         }
@@ -607,13 +605,6 @@ fn prepare_checkpoint_dir(
     std::os::unix::fs::chown(dir, Some(account.uid), Some(account.gid))
         .and_then(|()| std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)))
         .map_err(|e| format!("cannot give the checkpoint directory {} to {}: {e}", dir.display(), account.name))
-}
-
-/// Waits for every future (a plain join, without the futures crate).
-async fn futures_join_all<F: std::future::Future<Output = ()>>(futures: impl Iterator<Item = F>) {
-    for f in futures {
-        f.await;
-    }
 }
 
 /// Copies an executor's stderr to the server's, each line marked with the

@@ -14,12 +14,10 @@ use std::sync::Arc;
 
 use salus_proto::salus::v1::admin_server::AdminServer;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
-use tokio_stream::StreamExt;
 
 use crate::frontend::admin::AdminService;
-use crate::frontend::identify::{IdentifiedStream, IdentifyLayer};
-use crate::server::{ServeError, Server};
+use crate::frontend::identify::{identified_incoming, IdentifyLayer};
+use crate::server::{ServeError, Server, H2_CONNECTION_WINDOW, H2_STREAM_WINDOW};
 use crate::supervisor::executors::{ExecutorSpec, Executors};
 use crate::supervisor::relay::Relay;
 use crate::tenant::identity::Identifier;
@@ -43,13 +41,7 @@ pub async fn serve(
     );
     let identifier = Arc::new(Identifier::new(config.auth, config.tenants.clone()));
     tracing::info!(auth = %config.auth, token_tenants = config.tenants.len(), "tenant identity; isolation: one executor process per tenant");
-    let accepting = identifier.clone();
-    let incoming = TcpListenerStream::new(listener).map(move |stream| {
-        stream.map(|stream| {
-            let _ = stream.set_nodelay(true);
-            IdentifiedStream::accept(stream, &accepting)
-        })
-    });
+    let incoming = identified_incoming(listener, identifier.clone());
     let admin = AdminService::with_executors(state.clone(), executors.clone());
     if let Some(metrics) = metrics {
         tokio::spawn(crate::frontend::metrics::serve(metrics, admin.clone()));
@@ -75,8 +67,8 @@ pub async fn serve(
     let grace = config.shutdown_grace;
     let stopping = executors.clone();
     tonic::transport::Server::builder()
-        .initial_stream_window_size(Some(16 << 20))
-        .initial_connection_window_size(Some(64 << 20))
+        .initial_stream_window_size(Some(H2_STREAM_WINDOW))
+        .initial_connection_window_size(Some(H2_CONNECTION_WINDOW))
         .layer(IdentifyLayer::new(identifier))
         .add_routes(routes)
         .serve_with_incoming_shutdown(incoming, async move {
