@@ -19,7 +19,8 @@ import time
 
 import pytest
 
-from conftest import WORKLOADS, SalusProcess, last_json_line, run_as, venv_python
+from conftest import WORKLOADS, SalusProcess, last_json_line, run_as, venv_python, wait_until
+from server_ctl import jobs_by_name
 from tf2_common import tf2_env
 
 # Long enough (about 25 s alone here, more beside the crashes) that salus-ta's three crashes, one after the other
@@ -35,8 +36,9 @@ def server(tmp_path_factory, unix_users):
     assert s.stop() == 0, s.stderr_tail()
 
 
-def executor_pids(server: SalusProcess) -> dict[str, int]:
-    """The server's executor processes: {tenant name: pid}, from /proc."""
+def executor_pids(server: SalusProcess) -> dict[str, list[int]]:
+    """The server's executor processes: {tenant name: [pid, ...]}, from /proc (a tenant may briefly have two:
+    one stopping, one new)."""
     found = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -52,7 +54,7 @@ def executor_pids(server: SalusProcess) -> dict[str, int]:
             continue
         tenant = env.get(b"SALUS_EXECUTOR_TENANT")
         if tenant:
-            found[tenant.decode()] = int(entry)
+            found.setdefault(tenant.decode(), []).append(int(entry))
     return found
 
 
@@ -123,12 +125,11 @@ def test_an_executor_killed_mid_step_fails_its_tenant_at_once(server, unix_users
     ta = unix_users["salus-ta"]
     victim = start_training(ta, server.target, "ta-victim")
     try:
-        deadline = time.time() + 120
-        while "salus-ta" not in executor_pids(server) and time.time() < deadline:
-            time.sleep(0.2)
-        time.sleep(3)  # training is under way
-        pid = executor_pids(server)["salus-ta"]
-        os.kill(pid, signal.SIGKILL)
+        # Training is under way: the job has run iterations (not a clock guess).
+        assert wait_until(lambda: jobs_by_name(server.address).get("ta-victim", {}).get("iterations", 0) >= 20,
+                          timeout=120, interval=0.2), "the victim never trained"
+        for pid in executor_pids(server)["salus-ta"]:
+            os.kill(pid, signal.SIGKILL)
         killed_at = time.time()
         out, err = victim.communicate(timeout=120)
         gave_up_after = time.time() - killed_at
