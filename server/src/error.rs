@@ -13,6 +13,10 @@ pub enum Error {
     SessionNotFound(String),
     #[error("eager context {0} not found: it was closed, reclaimed after its client went away, or the server restarted; reconnect (tf.config.experimental_connect_to_cluster) or restart the script")]
     ContextNotFound(u64),
+    /// A session or context that died with this tenant's previous executor
+    /// process (INTERNAL, as the calls in flight then: clients give up at once).
+    #[error("{0}")]
+    LostWithExecutor(String),
     /// An eager context ended while a request was using it.
     #[error("{0}")]
     ContextGone(String),
@@ -91,7 +95,7 @@ impl Error {
             Error::FailedPrecondition(_) => TfCode::FailedPrecondition,
             Error::Hints(_) => TfCode::InvalidArgument,
             Error::Tensorflow(err) => TfCode::try_from(err.code).unwrap_or(TfCode::Unknown),
-            Error::Internal(_) => TfCode::Internal,
+            Error::Internal(_) | Error::LostWithExecutor(_) => TfCode::Internal,
         }
     }
 }
@@ -112,6 +116,7 @@ mod tests {
     fn maps_codes_like_tensorflow() {
         let cases: Vec<(Error, tonic::Code)> = vec![
             (Error::SessionNotFound("x".into()), tonic::Code::Aborted),
+            (Error::LostWithExecutor("x".into()), tonic::Code::Internal),
             (
                 Error::InvalidArgument("bad".into()),
                 tonic::Code::InvalidArgument,

@@ -10,7 +10,6 @@ use salus_proto::tensorflow::eager::eager_service_server::EagerServiceServer;
 use salus_proto::tensorflow::master_service_server::MasterServiceServer;
 use salus_proto::tensorflow::worker_service_server::WorkerServiceServer;
 use tokio::net::TcpListener;
-use tokio_stream::StreamExt;
 
 use crate::config::Config;
 use crate::error::Error;
@@ -173,16 +172,16 @@ impl Server {
         self.serve_incoming(incoming, identifier, shutdown, || {}).await
     }
 
-    /// An executor process: serves its tenant's calls, relayed by the
-    /// supervisor over one HTTP/2 connection on `stream`.
+    /// An executor process: serves its tenant's connections (handed over by
+    /// the supervisor) and the calls the supervisor relays.
     pub async fn serve_executor(
         self,
-        stream: tokio::net::UnixStream,
+        incoming: impl tokio_stream::Stream<Item = std::io::Result<crate::executor::incoming::Conn>>
+            + Send
+            + 'static,
         tenant: Arc<crate::tenant::identity::Tenant>,
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), ServeError> {
-        let incoming = tokio_stream::once(Ok::<_, std::io::Error>(stream))
-            .chain(tokio_stream::pending());
         // The supervisor keeps relaying until every executor's eager jobs are
         // quiet, then stops taking calls itself, which ends the relayed streams.
         let seam = self.state.executor.seam().cloned();

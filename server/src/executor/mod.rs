@@ -1,14 +1,17 @@
 //! A tenant's executor process (`salus-server ... executor`, started by the
 //! supervisor, not by users): the whole job runtime and TensorFlow for one
-//! tenant, serving the calls the supervisor relays on fd 3 and asking the
+//! tenant, serving its clients' connections, which the supervisor hands over
+//! on fd 5 ([`incoming`]), and the calls it relays on fd 3, and asking the
 //! supervisor's scheduler and admission over the seam on fd 4.
 //!
 //! [`drop_privileges`] runs first thing in `main`, before any thread: the
 //! process becomes the tenant's user (its groups, no capabilities, no new
 //! privileges, its home as working directory) and takes its memory limit.
 
+pub mod incoming;
+
 use std::ffi::CString;
-use std::os::fd::FromRawFd;
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::Arc;
 
 use crate::config::Config;
@@ -16,7 +19,7 @@ use crate::frontend::admin::AdminService;
 use crate::seam::client::SeamClient;
 use crate::seam::msg;
 use crate::server::{Role, ServeError, Server};
-use crate::supervisor::executors::{env, H2_FD, SEAM_FD};
+use crate::supervisor::executors::{env, H2_FD, HANDOVER_FD, SEAM_FD};
 use crate::tenant::CheckpointRoot;
 use crate::tenant::identity::{Tenant, TenantKey};
 
@@ -148,13 +151,18 @@ pub async fn run(
         .ok()
         .and_then(|b| b.parse().ok())
         .unwrap_or(0);
+    if let Ok(note) = std::env::var(env::PREDECESSOR) {
+        crate::runtime::jobs::note_predecessor_death(note);
+    }
     socket_fd(H2_FD)?;
     socket_fd(SEAM_FD)?;
-    // SAFETY: both fds are sockets the supervisor handed over, owned by nobody else here.
-    let (h2, seam) = unsafe {
+    socket_fd(HANDOVER_FD)?;
+    // SAFETY: the fds are sockets the supervisor handed over, owned by nobody else here.
+    let (h2, seam, handover) = unsafe {
         (
             std::os::unix::net::UnixStream::from_raw_fd(H2_FD),
             std::os::unix::net::UnixStream::from_raw_fd(SEAM_FD),
+            OwnedFd::from_raw_fd(HANDOVER_FD),
         )
     };
     let seam = SeamClient::start(seam, || {
@@ -175,6 +183,7 @@ pub async fn run(
     seam.set_reporter(Box::new(move || admin.executor_report()));
     h2.set_nonblocking(true).map_err(|e| e.to_string())?;
     let h2 = tokio::net::UnixStream::from_std(h2).map_err(|e| e.to_string())?;
+    let handed = incoming::handed_over(handover).map_err(|e| e.to_string())?;
     // SAFETY: getuid cannot fail.
     let uid = unsafe { libc::getuid() };
     tracing::info!(tenant = %tenant, uid, "executor serving");
@@ -184,7 +193,7 @@ pub async fn run(
         uid,
     }));
     server
-        .serve_executor(h2, tenant, shutdown)
+        .serve_executor(incoming::connections(h2, handed), tenant, shutdown)
         .await
         .map_err(|e: ServeError| e.to_string())
 }

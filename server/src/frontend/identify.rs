@@ -55,6 +55,21 @@ impl IdentifiedStream {
     }
 }
 
+impl IdentifiedStream {
+    pub fn peer(&self) -> &PeerInfo {
+        &self.info
+    }
+
+    /// The socket and what is known of its peer (to hand the socket on).
+    pub fn into_parts(self) -> (TcpStream, PeerInfo) {
+        (self.stream, self.info)
+    }
+
+    pub fn from_parts(stream: TcpStream, info: PeerInfo) -> IdentifiedStream {
+        IdentifiedStream { stream, info }
+    }
+}
+
 impl Connected for IdentifiedStream {
     type ConnectInfo = PeerInfo;
 

@@ -17,6 +17,29 @@ use crate::runtime::graph_job::Job;
 use crate::sched::JobId;
 use crate::tenant::identity::{Tenant, TenantKey};
 
+/// How this executor's predecessor (of the same tenant) died, when it failed:
+/// a handle or context id not found here most likely belonged to it, and its
+/// client, whose connection closed with it, should hear why.
+static PREDECESSOR_DEATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+pub fn note_predecessor_death(note: String) {
+    let _ = PREDECESSOR_DEATH.set(note);
+}
+
+fn session_not_found(handle: &str) -> Error {
+    match PREDECESSOR_DEATH.get() {
+        Some(note) => Error::LostWithExecutor(format!("session {handle:?} is gone: {note}")),
+        None => Error::SessionNotFound(handle.to_string()),
+    }
+}
+
+fn context_not_found(context_id: u64) -> Error {
+    match PREDECESSOR_DEATH.get() {
+        Some(note) => Error::LostWithExecutor(format!("eager context {context_id} is gone: {note}")),
+        None => Error::ContextNotFound(context_id),
+    }
+}
+
 /// A job and the tenant that owns it.
 struct Owned<J> {
     owner: Arc<Tenant>,
@@ -113,7 +136,7 @@ impl SessionTable {
             .get(handle)
             .filter(|e| e.owner.key == *tenant)
             .map(|e| e.job.clone())
-            .ok_or_else(|| Error::SessionNotFound(handle.to_string()))?;
+            .ok_or_else(|| session_not_found(handle))?;
         job.touch();
         Ok(job)
     }
@@ -123,7 +146,7 @@ impl SessionTable {
         let mut jobs = self.jobs();
         match jobs.get(handle) {
             Some(e) if e.owner.key == *tenant => Ok(jobs.remove(handle).map(|e| e.job).unwrap()),
-            _ => Err(Error::SessionNotFound(handle.to_string())),
+            _ => Err(session_not_found(handle)),
         }
     }
 
@@ -225,7 +248,7 @@ impl ContextTable {
             .jobs()
             .get(&(tenant.clone(), context_id))
             .map(|e| e.job.clone())
-            .ok_or(Error::ContextNotFound(context_id))?;
+            .ok_or_else(|| context_not_found(context_id))?;
         job.touch();
         Ok(job)
     }

@@ -2,11 +2,14 @@
 //! messages (`salus.seam.v1`, generated), their framing on a Unix socket
 //! ([`frame`]), and the executor's end of it ([`client::SeamClient`], behind
 //! the runtime's `Executor` and `Admission` in an executor process). The
-//! supervisor's end is `supervisor::link`. Neither side's types cross it:
+//! supervisor's end is `supervisor::link`. Client connections cross to the
+//! executor on a socket of their own ([`handover`]). Neither side's types cross it:
 //! job ids, lanes, hints and memory needs travel as plain fields.
 
 pub mod client;
 pub mod frame;
+pub mod handover;
+pub mod replayed;
 
 pub use salus_proto::salus::seam::v1 as msg;
 

@@ -2,9 +2,9 @@
 //! that tenant's Unix user where the server can switch users; watched, reaped
 //! and replaced after a crash; stopped when idle, or with the server.
 //!
-//! An executor is this same binary (`salus-server ... executor`), given two
-//! sockets of socketpairs as fds 3 (HTTP/2: the relayed gRPC calls) and 4 (the
-//! seam), and its tenant and credentials in `SALUS_EXECUTOR_*` variables. It
+//! An executor is this same binary (`salus-server ... executor`), given three
+//! sockets of socketpairs as fds 3 (HTTP/2: the relayed gRPC calls), 4 (the
+//! seam) and 5 (client connections handed over), and its tenant and credentials in `SALUS_EXECUTOR_*` variables. It
 //! drops privileges first thing in `main`, before any thread starts (see
 //! `crate::executor`): the binary and TensorFlow's libraries are loaded by
 //! then, so a tenant needs no access to the install.
@@ -12,7 +12,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::ffi::OsString;
 use std::io::{BufRead, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
@@ -47,6 +47,9 @@ pub mod env {
     pub const CHECKPOINT_BASE: &str = "SALUS_EXECUTOR_CHECKPOINT_BASE";
     /// `--checkpoint-root`, absolute.
     pub const CHECKPOINT_ROOT: &str = "SALUS_EXECUTOR_CHECKPOINT_ROOT";
+    /// How this tenant's previous executor died, when it did: what the
+    /// tenant's calls naming its lost sessions and contexts are told.
+    pub const PREDECESSOR: &str = "SALUS_EXECUTOR_PREDECESSOR";
 }
 
 /// Environment variables an executor inherits (besides its own `SALUS_EXECUTOR_*`).
@@ -58,6 +61,7 @@ const PASSED_ENV_PREFIXES: [&str; 11] = [
 /// The fds an executor finds its sockets on.
 pub const H2_FD: i32 = 3;
 pub const SEAM_FD: i32 = 4;
+pub const HANDOVER_FD: i32 = 5;
 
 /// How executors are started.
 #[derive(Clone, Debug)]
@@ -116,6 +120,8 @@ pub struct ExecutorHandle {
     pub tenant: Arc<Tenant>,
     pub pid: u32,
     pub sender: SendRequest<RelayRequestBody>,
+    /// Where client connections are handed to the executor.
+    handover: Arc<OwnedFd>,
     pub link: Arc<Link>,
     pub death: Arc<DeathNote>,
     in_flight: AtomicUsize,
@@ -148,6 +154,28 @@ impl ExecutorHandle {
         )
     }
 
+    /// Gives the executor a client connection to serve, with the bytes the
+    /// supervisor read from it; when that fails, both come back if they can.
+    pub async fn hand_over(&self, conn: OwnedFd, read_ahead: Vec<u8>) -> Result<(), HandoverFailed> {
+        let channel = self.handover.clone();
+        let sent = tokio::task::spawn_blocking(move || {
+            let result = crate::seam::handover::send(&channel, &conn, &read_ahead);
+            (conn, read_ahead, result)
+        })
+        .await;
+        match sent {
+            Ok((_, _, Ok(()))) => Ok(()),
+            Ok((conn, read_ahead, Err(err))) => Err(HandoverFailed {
+                returned: Some((conn, read_ahead)),
+                why: err.to_string(),
+            }),
+            Err(err) => Err(HandoverFailed {
+                returned: None,
+                why: err.to_string(),
+            }),
+        }
+    }
+
     /// Why requests to this executor fail, once it is gone.
     pub async fn failure(&self) -> String {
         self.death
@@ -160,6 +188,13 @@ impl ExecutorHandle {
                 )
             })
     }
+}
+
+/// A connection the executor could not take: it comes back (with its
+/// read-ahead bytes) to be relayed, unless it was lost on the way.
+pub struct HandoverFailed {
+    pub returned: Option<(OwnedFd, Vec<u8>)>,
+    pub why: String,
 }
 
 #[derive(Default)]
@@ -180,10 +215,37 @@ pub struct Executors {
     admission: Option<Admission>,
     runtime: tokio::runtime::Handle,
     slots: Mutex<HashMap<TenantKey, Arc<Slot>>>,
+    /// How each tenant's last executor died, when it failed, until a successor starts.
+    deaths: Mutex<HashMap<TenantKey, String>>,
     serial: AtomicU64,
     /// Set at shutdown: no new executors.
     closing: std::sync::atomic::AtomicBool,
     pub counts: ExecutorCounts,
+}
+
+/// Longest wait to pass a connection to an executor (it reads them on a
+/// thread of its own; one that does not is stuck, and the call is relayed).
+const HANDOVER_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn set_send_timeout(socket: &OwnedFd, limit: Duration) -> std::io::Result<()> {
+    let tv = libc::timeval {
+        tv_sec: limit.as_secs() as libc::time_t,
+        tv_usec: limit.subsec_micros() as libc::suseconds_t,
+    };
+    // SAFETY: setsockopt with a valid timeval on a socket we own.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDTIMEO,
+            &tv as *const libc::timeval as *const libc::c_void,
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// What a call gets once the server is stopping and its tenant's executor is gone.
@@ -206,6 +268,7 @@ impl Executors {
             admission,
             runtime,
             slots: Mutex::new(HashMap::new()),
+            deaths: Mutex::new(HashMap::new()),
             serial: AtomicU64::new(0),
             closing: std::sync::atomic::AtomicBool::new(false),
             counts: ExecutorCounts::default(),
@@ -306,6 +369,10 @@ impl Executors {
             UnixStream::pair().map_err(|e| format!("cannot make a socketpair: {e}"))?;
         let (seam_ours, seam_theirs) =
             UnixStream::pair().map_err(|e| format!("cannot make a socketpair: {e}"))?;
+        let (handover_ours, handover_theirs) = crate::seam::handover::pair()
+            .map_err(|e| format!("cannot make a socketpair: {e}"))?;
+        set_send_timeout(&handover_ours, HANDOVER_TIMEOUT)
+            .map_err(|e| format!("socket setup failed: {e}"))?;
         let mut command = Command::new(&self.spec.exe);
         // The tenant can read its executor's environment: it gets only what
         // configures the server and TensorFlow, not the operator's other variables.
@@ -341,6 +408,9 @@ impl Executors {
         if let Some(limit) = self.spec.memory_limit {
             command.env(env::MEMORY, limit.to_string());
         }
+        if let Some(note) = lock(&self.deaths).remove(&tenant.key) {
+            command.env(env::PREDECESSOR, note);
+        }
         let uid = match &credentials {
             Some((account, groups)) => {
                 let groups: Vec<String> = groups.iter().map(u32::to_string).collect();
@@ -361,17 +431,22 @@ impl Executors {
         };
         let h2_fd = h2_theirs.as_raw_fd();
         let seam_fd = seam_theirs.as_raw_fd();
+        let handover_fd = handover_theirs.as_raw_fd();
         // SAFETY: only async-signal-safe calls (fcntl, dup2) between fork and exec.
         unsafe {
             command.pre_exec(move || {
                 // Out of the way first, so neither target fd clobbers the other.
                 let h2 = libc::fcntl(h2_fd, libc::F_DUPFD_CLOEXEC, 10);
                 let seam = libc::fcntl(seam_fd, libc::F_DUPFD_CLOEXEC, 10);
-                if h2 < 0 || seam < 0 {
+                let handover = libc::fcntl(handover_fd, libc::F_DUPFD_CLOEXEC, 10);
+                if h2 < 0 || seam < 0 || handover < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
                 // dup2 clears close-on-exec on the new fd.
-                if libc::dup2(h2, H2_FD) < 0 || libc::dup2(seam, SEAM_FD) < 0 {
+                if libc::dup2(h2, H2_FD) < 0
+                    || libc::dup2(seam, SEAM_FD) < 0
+                    || libc::dup2(handover, HANDOVER_FD) < 0
+                {
                     return Err(std::io::Error::last_os_error());
                 }
                 Ok(())
@@ -382,6 +457,7 @@ impl Executors {
             .map_err(|e| format!("cannot start an executor for tenant {tenant}: {e}"))?;
         drop(h2_theirs);
         drop(seam_theirs);
+        drop(handover_theirs);
         let pid = child.id();
         let label = format!("{}:{pid}", tenant.name);
         let last_lines = Arc::new(Mutex::new(VecDeque::new()));
@@ -463,6 +539,7 @@ impl Executors {
             tenant,
             pid,
             sender,
+            handover: Arc::new(handover_ours),
             link,
             death,
             in_flight: AtomicUsize::new(0),
@@ -485,6 +562,9 @@ impl Executors {
         } else {
             self.counts.failed.fetch_add(1, Ordering::Relaxed);
             tracing::error!(tenant = %tenant, pid, "executor failed: {message}");
+            // Its clients' connections closed with it; their next calls reach
+            // the successor, which tells them why their sessions are gone.
+            lock(&self.deaths).insert(tenant.key.clone(), message.to_string());
         }
     }
 

@@ -1,12 +1,15 @@
 //! The supervisor (`--isolation tenant`, the default): the process users
 //! start. It keeps the listener, tenant identity, the one scheduler core and
 //! memory admission, the admin API and metrics, and runs no TensorFlow on
-//! anything a tenant sent: each tenant's calls are relayed ([`relay`]) to that
-//! tenant's executor process ([`executors`]), whose scheduling requests come
-//! back over the seam ([`link`]).
+//! anything a tenant sent: each tenant's connections are handed to that
+//! tenant's executor process ([`accept`], [`executors`]), whose scheduling
+//! requests come back over the seam ([`link`]). What cannot be handed over is
+//! relayed ([`relay`]).
 
+pub mod accept;
 pub mod executors;
 pub mod link;
+pub mod prologue;
 pub mod relay;
 
 use std::future::Future;
@@ -16,7 +19,7 @@ use salus_proto::salus::v1::admin_server::AdminServer;
 use tokio::net::TcpListener;
 
 use crate::frontend::admin::AdminService;
-use crate::frontend::identify::{identified_incoming, IdentifyLayer};
+use crate::frontend::identify::IdentifyLayer;
 use crate::server::{ServeError, Server, H2_CONNECTION_WINDOW, H2_STREAM_WINDOW};
 use crate::supervisor::executors::{ExecutorSpec, Executors};
 use crate::supervisor::relay::Relay;
@@ -41,7 +44,7 @@ pub async fn serve(
     );
     let identifier = Arc::new(Identifier::new(config.auth, config.tenants.clone()));
     tracing::info!(auth = %config.auth, token_tenants = config.tenants.len(), "tenant identity; isolation: one executor process per tenant");
-    let incoming = identified_incoming(listener, identifier.clone());
+    let incoming = accept::incoming(listener, identifier.clone(), executors.clone());
     let admin = AdminService::with_executors(state.clone(), executors.clone());
     if let Some(metrics) = metrics {
         tokio::spawn(crate::frontend::metrics::serve(metrics, admin.clone()));

@@ -1,0 +1,237 @@
+//! The supervisor's listener. Each accepted connection is identified (its
+//! peer's Unix user, once), its prologue read ([`prologue`]) to learn its
+//! first request's path and tenant, and then either handed to that tenant's
+//! executor, socket and all, so that the executor serves it directly with no
+//! hop through this process; or served here (see [`route`]), where the relay
+//! carries TensorFlow calls to the executor.
+//!
+//! A connection's tenant is fixed by its first request: one client process
+//! has one identity (its user, its `SALUS_TOKEN`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+use crate::frontend::identify::IdentifiedStream;
+use crate::seam::handover::MAX_READ_AHEAD;
+use crate::seam::replayed::Replayed;
+use crate::supervisor::executors::Executors;
+use crate::supervisor::prologue::{FirstRequest, Prologue, Step, EMPTY_SETTINGS};
+use crate::tenant::identity::{Identifier, PeerUser, Tenant};
+
+/// How long a client may take, once connected, to send its first request.
+/// gRPC clients connect when they have a call to make; a connection that
+/// says nothing this long is closed (its client reconnects when it has one).
+const PROLOGUE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Where a connection goes.
+#[derive(Debug)]
+pub enum Route {
+    Here,
+    Executor(Arc<Tenant>),
+}
+
+/// Connections whose first call is to TensorFlow's master service (TF1 graph
+/// sessions) are handed to their tenant's executor. Everything else is served
+/// here: the admin API and health checks, calls without a tenant (refused here
+/// with the reason), and TF2's remote-eager and worker calls, which the relay
+/// carries to the executor.
+///
+/// Why eager calls keep the relay (measured): when an executor dies, the
+/// connections it holds close. TF1's master client retries a call that failed
+/// UNAVAILABLE; the retry reaches the tenant's next executor, which answers
+/// with how its predecessor died. TF2's remote-eager client does not retry: a
+/// handed-over eager connection would end its in-flight call with a bare
+/// "Socket closed". Through the relay the supervisor answers it with the cause.
+pub fn route(request: &FirstRequest, peer: &PeerUser, identifier: &Identifier) -> Route {
+    if !request.path.starts_with(HANDED_OVER_PREFIX) {
+        return Route::Here;
+    }
+    match identifier.identify(peer, request.user_agent.as_deref()) {
+        Ok(tenant) => Route::Executor(tenant),
+        Err(_) => Route::Here,
+    }
+}
+
+const HANDED_OVER_PREFIX: &str = "/tensorflow.MasterService/";
+
+/// Accepts connections on `listener` for as long as the returned stream is
+/// read; connections served here come out of it.
+pub fn incoming(
+    listener: TcpListener,
+    identifier: Arc<Identifier>,
+    executors: Arc<Executors>,
+) -> impl tokio_stream::Stream<Item = std::io::Result<Replayed<IdentifiedStream>>> {
+    let (here_tx, here_rx) = mpsc::unbounded_channel();
+    let acceptor = tokio::spawn(async move {
+        loop {
+            let tcp = match listener.accept().await {
+                Ok((tcp, _)) => tcp,
+                Err(err) => {
+                    // Out of fds and the like: pause rather than spin.
+                    tracing::warn!(cause = %err, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let _ = tcp.set_nodelay(true);
+            let identifier = identifier.clone();
+            let executors = executors.clone();
+            let here = here_tx.clone();
+            tokio::spawn(async move {
+                let stream = IdentifiedStream::accept(tcp, &identifier);
+                dispatch(stream, &identifier, &executors, &here).await;
+            });
+        }
+    });
+    Incoming {
+        rx: here_rx,
+        _acceptor: AbortOnDrop(acceptor),
+    }
+}
+
+async fn dispatch(
+    mut stream: IdentifiedStream,
+    identifier: &Identifier,
+    executors: &Arc<Executors>,
+    here: &mpsc::UnboundedSender<std::io::Result<Replayed<IdentifiedStream>>>,
+) {
+    let read = tokio::time::timeout(PROLOGUE_TIMEOUT, read_prologue(&mut stream)).await;
+    let (request, read_ahead) = match read {
+        Ok(Ok(done)) => done,
+        Ok(Err(err)) => {
+            tracing::debug!(cause = %err, "connection closed before its first request");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!("connection closed: no request within {PROLOGUE_TIMEOUT:?}");
+            return;
+        }
+    };
+    let tenant = match route(&request, &stream.peer().user, identifier) {
+        Route::Here => {
+            let _ = here.send(Ok(Replayed::new(read_ahead, stream)));
+            return;
+        }
+        Route::Executor(tenant) => tenant,
+    };
+    let handle = match executors.get(&tenant).await {
+        Ok(handle) => handle,
+        Err(_) => {
+            // The relay answers with the reason (it asks for the executor again).
+            let _ = here.send(Ok(Replayed::new(read_ahead, stream)));
+            return;
+        }
+    };
+    let (conn, info) = stream.into_parts();
+    let conn = match conn.into_std() {
+        Ok(conn) => std::os::fd::OwnedFd::from(conn),
+        Err(err) => {
+            tracing::warn!(cause = %err, "cannot take a connection off the runtime");
+            return;
+        }
+    };
+    let Err(failed) = handle.hand_over(conn, read_ahead).await else {
+        return;
+    };
+    tracing::warn!(tenant = %tenant, cause = %failed.why, "cannot hand a connection to its executor: relaying it");
+    let Some((conn, read_ahead)) = failed.returned else {
+        return;
+    };
+    match tokio::net::TcpStream::from_std(std::net::TcpStream::from(conn)) {
+        Ok(tcp) => {
+            let stream = IdentifiedStream::from_parts(tcp, info);
+            let _ = here.send(Ok(Replayed::new(read_ahead, stream)));
+        }
+        Err(err) => tracing::warn!(cause = %err, "cannot serve a connection"),
+    }
+}
+
+async fn read_prologue(
+    stream: &mut IdentifiedStream,
+) -> Result<(FirstRequest, Vec<u8>), String> {
+    stream
+        .write_all(&EMPTY_SETTINGS)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut prologue = Prologue::new(MAX_READ_AHEAD);
+    let mut buf = vec![0u8; 16 << 10];
+    loop {
+        let n = stream.read(&mut buf).await.map_err(|e| e.to_string())?;
+        match prologue.feed(&buf[..n]).map_err(|e| e.to_string())? {
+            Step::More => {}
+            Step::Reply(bytes) => stream.write_all(&bytes).await.map_err(|e| e.to_string())?,
+            Step::Done {
+                request,
+                reply,
+                read_ahead,
+            } => {
+                if !reply.is_empty() {
+                    stream.write_all(&reply).await.map_err(|e| e.to_string())?;
+                }
+                return Ok((request, read_ahead));
+            }
+        }
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+struct Incoming {
+    rx: mpsc::UnboundedReceiver<std::io::Result<Replayed<IdentifiedStream>>>,
+    _acceptor: AbortOnDrop,
+}
+
+impl tokio_stream::Stream for Incoming {
+    type Item = std::io::Result<Replayed<IdentifiedStream>>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        self.rx.poll_recv(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tenant::identity::{AuthMode, TenantsFile};
+
+    #[test]
+    fn master_calls_go_to_executors_the_rest_stays_here() {
+        let identifier = Identifier::new(AuthMode::Uid, TenantsFile::default());
+        let first = |path: &str| FirstRequest {
+            path: path.into(),
+            user_agent: None,
+        };
+        let user = PeerUser::Uid(1000);
+        assert!(matches!(
+            route(&first("/tensorflow.MasterService/CreateSession"), &user, &identifier),
+            Route::Executor(t) if t.uid == Some(1000)
+        ));
+        for path in [
+            "/tensorflow.eager.EagerService/CreateContext",
+            "/tensorflow.WorkerService/RecvTensor",
+            "/salus.v1.Admin/ListJobs",
+            "/grpc.health.v1.Health/Check",
+        ] {
+            assert!(matches!(route(&first(path), &user, &identifier), Route::Here), "{path}");
+        }
+        // No tenant: refused here, with the reason.
+        let unknown = PeerUser::Unknown("another network namespace".into());
+        assert!(matches!(
+            route(&first("/tensorflow.MasterService/CreateSession"), &unknown, &identifier),
+            Route::Here
+        ));
+    }
+}
