@@ -1,7 +1,7 @@
 """Shared by bench_master.py, bench_eager.py and bench_sched.py: salus-server's two isolation modes side by side.
 
-salus-server --isolation tenant (the default) is a supervisor that relays each tenant's calls to that tenant's own
-executor process (started at the tenant's first request) and schedules every main iteration itself; --isolation
+salus-server --isolation tenant (the default) is a supervisor that hands each tenant's TF1 connections to, and
+relays its TF2 calls to, that tenant's own executor process (started at the tenant's first request) and schedules every main iteration itself; --isolation
 none runs everything in one process. The benchmarks start one server per mode and compare them in one run.
 
 - `modes()` / `label()`: the --isolation choice of a benchmark (both | tenant | none) as server modes, and the

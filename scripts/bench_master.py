@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark: the same TF1 client code in-process, through TensorFlow's own server, and through salus-server in
-both isolation modes (--isolation tenant: a supervisor relaying to the tenant's own executor process; none: one
-process), side by side in one run.
+both isolation modes (--isolation tenant: a supervisor that hands the client's connection to the tenant's own
+executor process; none: one process), side by side in one run.
 
 All targets run in one process, interleaved in round-robin blocks of steps (the order rotates every round) so
 machine noise hits them equally. Every step is timed on its own; medians are reported, and ratios between targets
@@ -14,7 +14,7 @@ Workloads
   cnn    a CNN training step on a 32x32x3 batch of 32 (at least 20 ms in-process)
 
 Goals (printed next to the measured ratios; exit status only with --check)
-  TF1 tiny step   salus-tenant / salus-none  <= 1.1   (the supervisor's relay + scheduling round trip)
+  TF1 tiny step   salus-tenant / salus-none  <= 1.1   (the go/done round trip with the supervisor)
   TF1 CNN step    salus-tenant / in-process  <= 1.02  (also salus-none / in-process <= 1.02)
   tiny and train  salus-* / tf-server        <= 0.6
 The "isolation" block of the output has one line per ratio of the two modes, e.g.

@@ -14,6 +14,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::transport::server::Connected;
 
+use crate::seam::handover::Handed;
 use crate::seam::replayed::Replayed;
 
 /// One connection an executor serves.
@@ -31,7 +32,7 @@ impl Connected for Conn {
 
 /// Receives handed-over connections on `channel` (a thread of its own: the
 /// reads block) until the supervisor's end closes.
-pub fn handed_over(channel: OwnedFd) -> io::Result<mpsc::UnboundedReceiver<(OwnedFd, Vec<u8>)>> {
+pub fn handed_over(channel: OwnedFd) -> io::Result<mpsc::UnboundedReceiver<Handed>> {
     let (tx, rx) = mpsc::unbounded_channel();
     std::thread::Builder::new()
         .name("salus-handover".into())
@@ -55,13 +56,17 @@ pub fn handed_over(channel: OwnedFd) -> io::Result<mpsc::UnboundedReceiver<(Owne
 /// The relay connection, then every handed-over connection as it comes.
 pub fn connections(
     relay: UnixStream,
-    handed: mpsc::UnboundedReceiver<(OwnedFd, Vec<u8>)>,
+    handed: mpsc::UnboundedReceiver<Handed>,
 ) -> impl Stream<Item = io::Result<Conn>> + Send + 'static {
-    let clients = UnboundedReceiverStream::new(handed).map(|(fd, read_ahead)| {
-        let std = std::net::TcpStream::from(fd);
+    let clients = UnboundedReceiverStream::new(handed).map(|handed| {
+        let std = std::net::TcpStream::from(handed.conn);
         std.set_nonblocking(true)?;
         let _ = std.set_nodelay(true);
-        Ok(Conn::Client(Replayed::new(read_ahead, TcpStream::from_std(std)?)))
+        Ok(Conn::Client(Replayed::new(
+            handed.read_ahead,
+            TcpStream::from_std(std)?,
+            handed.settings_acked,
+        )))
     });
     tokio_stream::once(Ok(Conn::Relay(relay)))
         .chain(tokio_stream::pending())

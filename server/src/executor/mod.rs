@@ -166,8 +166,13 @@ pub async fn run(
         )
     };
     let seam = SeamClient::start(seam, || {
-        // The supervisor is gone: nobody can reach this process any more.
-        std::process::exit(0);
+        // The supervisor is gone, and with it the scheduler and admission:
+        // end at once, as the server did. Clients of handed-over connections
+        // see them close (as with a killed server), not answers from a
+        // process on its way out; exit handlers would let other threads
+        // answer meanwhile.
+        // SAFETY: _exit ends the process; nothing runs after it.
+        unsafe { libc::_exit(0) };
     })
     .map_err(|e| format!("cannot read the seam: {e}"))?;
     let server = Server::start_as(

@@ -97,8 +97,21 @@ impl AdminService {
         self.scheduler_fields(id, s, policy, row)
     }
 
-    /// Version, devices and server-wide counters (`GetServerInfo`; `/metrics` reads it too).
+    /// Version, devices and server-wide counters (`GetServerInfo`).
     pub fn server_info(&self) -> ServerInfo {
+        self.server_info_from(&self.reports())
+    }
+
+    /// The server's counters and its jobs from one round of executor reports
+    /// (`/metrics`: one report per executor per scrape). Blocks: call it off
+    /// the async runtime.
+    pub fn snapshot(&self) -> (ServerInfo, Vec<JobInfo>) {
+        let reports = self.reports();
+        let info = self.server_info_from(&reports);
+        (info, self.jobs_from(reports))
+    }
+
+    fn server_info_from(&self, reports: &[seam_msg::Report]) -> ServerInfo {
         let mut info = self.own_server_info();
         if let Some(executors) = &self.executors {
             info.isolation = "tenant".into();
@@ -108,7 +121,7 @@ impl AdminService {
         } else {
             info.isolation = "none".into();
         }
-        for report in self.reports() {
+        for report in reports {
             info.open_sessions += report.open_sessions;
             info.open_eager_contexts += report.open_eager_contexts;
             info.sessions_created += report.sessions_created;
@@ -116,10 +129,10 @@ impl AdminService {
             info.heap_in_use_bytes += report.heap_in_use_bytes;
             info.sessions_reclaimed += report.sessions_reclaimed;
             info.eager_contexts_reclaimed += report.eager_contexts_reclaimed;
-            for count in report.run_errors {
+            for count in &report.run_errors {
                 match info.run_errors.iter_mut().find(|c| c.code == count.code) {
                     Some(c) => c.count += count.count,
-                    None => info.run_errors.push(count),
+                    None => info.run_errors.push(count.clone()),
                 }
             }
         }
@@ -184,9 +197,14 @@ impl AdminService {
     /// Every open job, by id (`ListJobs`; `/metrics` reads it too). Walks
     /// graphs under TF's lock: call it off the async runtime.
     pub fn jobs(&self) -> Vec<JobInfo> {
+        self.jobs_from(self.reports())
+    }
+
+    /// Every open job: the executors' `reports` under tenant isolation, this
+    /// process's tables otherwise.
+    fn jobs_from(&self, reports: Vec<seam_msg::Report>) -> Vec<JobInfo> {
         if self.executors.is_some() {
-            let mut jobs: Vec<JobInfo> = self
-                .reports()
+            let mut jobs: Vec<JobInfo> = reports
                 .into_iter()
                 .flat_map(|r| r.jobs)
                 .map(|row| self.with_scheduler_view(row))

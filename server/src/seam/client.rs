@@ -62,7 +62,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl SeamClient {
     /// Starts the reader thread on `stream`; `on_close` runs on it once the
-    /// supervisor's end is gone (the executor process exits then).
+    /// supervisor's end is gone (the executor process exits then), before
+    /// waiters are told.
     pub fn start(
         stream: UnixStream,
         on_close: impl FnOnce() + Send + 'static,
@@ -95,10 +96,12 @@ impl SeamClient {
                     let Some(client) = weak.upgrade() else { break };
                     client.dispatch(message);
                 }
+                // `on_close` first: in an executor it ends the process before
+                // any waiter, woken by `close`, could answer a client.
+                on_close();
                 if let Some(client) = weak.upgrade() {
                     client.close();
                 }
-                on_close();
             })?;
         Ok(client)
     }

@@ -1,7 +1,9 @@
 //! Handing an accepted client connection to a tenant's executor: the socket
-//! itself (SCM_RIGHTS) and the bytes the supervisor already read from it,
-//! one message each on a SOCK_SEQPACKET socketpair made at spawn (message
-//! boundaries kept, so a connection and its bytes never mix with the next).
+//! itself (SCM_RIGHTS), the bytes the supervisor already read from it, and
+//! whether the client already acknowledged the supervisor's SETTINGS (see
+//! `seam::replayed`), one message each on a SOCK_SEQPACKET socketpair made at
+//! spawn (message boundaries kept, so a connection and its bytes never mix
+//! with the next).
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -31,17 +33,31 @@ pub fn pair() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
+/// A connection as it crosses: the socket, its first bytes, and whether the
+/// supervisor's SETTINGS is acknowledged in them.
+pub struct Handed {
+    pub conn: OwnedFd,
+    pub read_ahead: Vec<u8>,
+    pub settings_acked: bool,
+}
+
 /// Sends `conn` and the bytes read ahead from it (blocking).
-pub fn send(channel: &OwnedFd, conn: &OwnedFd, read_ahead: &[u8]) -> io::Result<()> {
+pub fn send(
+    channel: &OwnedFd,
+    conn: &OwnedFd,
+    read_ahead: &[u8],
+    settings_acked: bool,
+) -> io::Result<()> {
     if read_ahead.len() > MAX_READ_AHEAD {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             "too many bytes read ahead to hand over",
         ));
     }
-    // A zero-length seqpacket message would read as end of stream.
-    let marker = [0u8; 1];
-    let payload: &[u8] = if read_ahead.is_empty() { &marker } else { read_ahead };
+    // One flag byte first: a message is never empty (which would read as the end).
+    let mut payload = Vec::with_capacity(1 + read_ahead.len());
+    payload.push(u8::from(settings_acked));
+    payload.extend_from_slice(read_ahead);
     let mut iov = libc::iovec {
         iov_base: payload.as_ptr() as *mut libc::c_void,
         iov_len: payload.len(),
@@ -76,10 +92,9 @@ pub fn send(channel: &OwnedFd, conn: &OwnedFd, read_ahead: &[u8]) -> io::Result<
     }
 }
 
-/// Receives the next connection and its read-ahead bytes (blocking); None
-/// once the supervisor's end is closed.
-pub fn recv(channel: &OwnedFd) -> io::Result<Option<(OwnedFd, Vec<u8>)>> {
-    let mut data = vec![0u8; MAX_READ_AHEAD];
+/// Receives the next connection (blocking); None once the supervisor's end is closed.
+pub fn recv(channel: &OwnedFd) -> io::Result<Option<Handed>> {
+    let mut data = vec![0u8; MAX_READ_AHEAD + 1];
     loop {
         let mut iov = libc::iovec {
             iov_base: data.as_mut_ptr() as *mut libc::c_void,
@@ -138,12 +153,11 @@ pub fn recv(channel: &OwnedFd) -> io::Result<Option<(OwnedFd, Vec<u8>)>> {
             continue;
         }
         let len = got as usize;
-        let read_ahead = if len == 1 && data[0] == 0 {
-            Vec::new()
-        } else {
-            data[..len].to_vec()
-        };
-        return Ok(Some((fd, read_ahead)));
+        return Ok(Some(Handed {
+            conn: fd,
+            read_ahead: data[1..len].to_vec(),
+            settings_acked: data[0] == 1,
+        }));
     }
 }
 
@@ -156,10 +170,11 @@ mod tests {
     fn a_connection_and_its_bytes_arrive_together() {
         let (ours, theirs) = pair().unwrap();
         let (mut client, server) = std::os::unix::net::UnixStream::pair().unwrap();
-        send(&ours, &OwnedFd::from(server), b"PRI * HTTP/2.0").unwrap();
-        let (fd, bytes) = recv(&theirs).unwrap().unwrap();
-        assert_eq!(bytes, b"PRI * HTTP/2.0");
-        let mut handed = std::os::unix::net::UnixStream::from(fd);
+        send(&ours, &OwnedFd::from(server), b"PRI * HTTP/2.0", true).unwrap();
+        let got = recv(&theirs).unwrap().unwrap();
+        assert_eq!(got.read_ahead, b"PRI * HTTP/2.0");
+        assert!(got.settings_acked);
+        let mut handed = std::os::unix::net::UnixStream::from(got.conn);
         client.write_all(b"ping").unwrap();
         let mut buf = [0u8; 4];
         handed.read_exact(&mut buf).unwrap();
@@ -172,9 +187,10 @@ mod tests {
     fn empty_read_ahead_is_kept_apart_from_the_end() {
         let (ours, theirs) = pair().unwrap();
         let (_client, server) = std::os::unix::net::UnixStream::pair().unwrap();
-        send(&ours, &OwnedFd::from(server), b"").unwrap();
-        let (_fd, bytes) = recv(&theirs).unwrap().unwrap();
-        assert!(bytes.is_empty());
+        send(&ours, &OwnedFd::from(server), b"", false).unwrap();
+        let got = recv(&theirs).unwrap().unwrap();
+        assert!(got.read_ahead.is_empty());
+        assert!(!got.settings_acked);
     }
 
     #[test]
@@ -182,6 +198,6 @@ mod tests {
         let (ours, _theirs) = pair().unwrap();
         let (_client, server) = std::os::unix::net::UnixStream::pair().unwrap();
         let big = vec![1u8; MAX_READ_AHEAD + 1];
-        assert!(send(&ours, &OwnedFd::from(server), &big).is_err());
+        assert!(send(&ours, &OwnedFd::from(server), &big, true).is_err());
     }
 }

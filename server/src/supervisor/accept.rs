@@ -16,7 +16,7 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
 use crate::frontend::identify::IdentifiedStream;
-use crate::seam::handover::MAX_READ_AHEAD;
+use crate::seam::handover::{Handed, MAX_READ_AHEAD};
 use crate::seam::replayed::Replayed;
 use crate::supervisor::executors::Executors;
 use crate::supervisor::prologue::{FirstRequest, Prologue, Step, EMPTY_SETTINGS};
@@ -34,8 +34,8 @@ pub enum Route {
     Executor(Arc<Tenant>),
 }
 
-/// Connections whose first call is to TensorFlow's master service (TF1 graph
-/// sessions) are handed to their tenant's executor. Everything else is served
+/// Connections of TensorFlow's own client whose first call is to its master
+/// service (TF1 graph sessions) are handed to their tenant's executor. Everything else is served
 /// here: the admin API and health checks, calls without a tenant (refused here
 /// with the reason), and TF2's remote-eager and worker calls, which the relay
 /// carries to the executor.
@@ -47,7 +47,11 @@ pub enum Route {
 /// handed-over eager connection would end its in-flight call with a bare
 /// "Socket closed". Through the relay the supervisor answers it with the cause.
 pub fn route(request: &FirstRequest, peer: &PeerUser, identifier: &Identifier) -> Route {
-    if !request.path.starts_with(HANDED_OVER_PREFIX) {
+    let tensorflows_client = request
+        .user_agent
+        .as_deref()
+        .is_some_and(|ua| ua.split_ascii_whitespace().any(|word| word.starts_with(TENSORFLOW_AGENT)));
+    if !request.path.starts_with(HANDED_OVER_PREFIX) || !tensorflows_client {
         return Route::Here;
     }
     match identifier.identify(peer, request.user_agent.as_deref()) {
@@ -57,6 +61,10 @@ pub fn route(request: &FirstRequest, peer: &PeerUser, identifier: &Identifier) -
 }
 
 const HANDED_OVER_PREFIX: &str = "/tensorflow.MasterService/";
+/// TensorFlow's own gRPC (C++) names itself so in `user-agent`. Its channels
+/// carry only TensorFlow's calls; other clients (grpcio tools, the `salus`
+/// CLI) may mix admin calls into a connection, which only this process serves.
+const TENSORFLOW_AGENT: &str = "grpc-c++/";
 
 /// Accepts connections on `listener` for as long as the returned stream is
 /// read; connections served here come out of it.
@@ -100,7 +108,7 @@ async fn dispatch(
     here: &mpsc::UnboundedSender<std::io::Result<Replayed<IdentifiedStream>>>,
 ) {
     let read = tokio::time::timeout(PROLOGUE_TIMEOUT, read_prologue(&mut stream)).await;
-    let (request, read_ahead) = match read {
+    let (request, read_ahead, settings_acked) = match read {
         Ok(Ok(done)) => done,
         Ok(Err(err)) => {
             tracing::debug!(cause = %err, "connection closed before its first request");
@@ -113,7 +121,7 @@ async fn dispatch(
     };
     let tenant = match route(&request, &stream.peer().user, identifier) {
         Route::Here => {
-            let _ = here.send(Ok(Replayed::new(read_ahead, stream)));
+            let _ = here.send(Ok(Replayed::new(read_ahead, stream, settings_acked)));
             return;
         }
         Route::Executor(tenant) => tenant,
@@ -122,7 +130,7 @@ async fn dispatch(
         Ok(handle) => handle,
         Err(_) => {
             // The relay answers with the reason (it asks for the executor again).
-            let _ = here.send(Ok(Replayed::new(read_ahead, stream)));
+            let _ = here.send(Ok(Replayed::new(read_ahead, stream, settings_acked)));
             return;
         }
     };
@@ -134,17 +142,22 @@ async fn dispatch(
             return;
         }
     };
-    let Err(failed) = handle.hand_over(conn, read_ahead).await else {
+    let handed = Handed {
+        conn,
+        read_ahead,
+        settings_acked,
+    };
+    let Err(failed) = handle.hand_over(handed).await else {
         return;
     };
     tracing::warn!(tenant = %tenant, cause = %failed.why, "cannot hand a connection to its executor: relaying it");
-    let Some((conn, read_ahead)) = failed.returned else {
+    let Some(handed) = failed.returned else {
         return;
     };
-    match tokio::net::TcpStream::from_std(std::net::TcpStream::from(conn)) {
+    match tokio::net::TcpStream::from_std(std::net::TcpStream::from(handed.conn)) {
         Ok(tcp) => {
             let stream = IdentifiedStream::from_parts(tcp, info);
-            let _ = here.send(Ok(Replayed::new(read_ahead, stream)));
+            let _ = here.send(Ok(Replayed::new(handed.read_ahead, stream, handed.settings_acked)));
         }
         Err(err) => tracing::warn!(cause = %err, "cannot serve a connection"),
     }
@@ -152,7 +165,7 @@ async fn dispatch(
 
 async fn read_prologue(
     stream: &mut IdentifiedStream,
-) -> Result<(FirstRequest, Vec<u8>), String> {
+) -> Result<(FirstRequest, Vec<u8>, bool), String> {
     stream
         .write_all(&EMPTY_SETTINGS)
         .await
@@ -168,11 +181,12 @@ async fn read_prologue(
                 request,
                 reply,
                 read_ahead,
+                settings_acked,
             } => {
                 if !reply.is_empty() {
                     stream.write_all(&reply).await.map_err(|e| e.to_string())?;
                 }
-                return Ok((request, read_ahead));
+                return Ok((request, read_ahead, settings_acked));
             }
         }
     }
@@ -212,7 +226,7 @@ mod tests {
         let identifier = Identifier::new(AuthMode::Uid, TenantsFile::default());
         let first = |path: &str| FirstRequest {
             path: path.into(),
-            user_agent: None,
+            user_agent: Some("grpc-c++/1.74.0 grpc-c/49.0.0 (linux; chttp2)".into()),
         };
         let user = PeerUser::Uid(1000);
         assert!(matches!(
@@ -227,6 +241,12 @@ mod tests {
         ] {
             assert!(matches!(route(&first(path), &user, &identifier), Route::Here), "{path}");
         }
+        // Another gRPC client (grpcio tools may mix admin calls in): served here.
+        let grpcio = FirstRequest {
+            path: "/tensorflow.MasterService/CreateSession".into(),
+            user_agent: Some("grpc-python/1.76.0 grpc-c/49.0.0 (linux; chttp2)".into()),
+        };
+        assert!(matches!(route(&grpcio, &user, &identifier), Route::Here));
         // No tenant: refused here, with the reason.
         let unknown = PeerUser::Unknown("another network namespace".into());
         assert!(matches!(

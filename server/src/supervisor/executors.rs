@@ -25,6 +25,7 @@ use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
 use crate::runtime::admission::Admission;
+use crate::seam::handover::Handed;
 use crate::runtime::executor::Executor;
 use crate::supervisor::link::Link;
 use crate::supervisor::relay::RelayRequestBody;
@@ -155,18 +156,23 @@ impl ExecutorHandle {
     }
 
     /// Gives the executor a client connection to serve, with the bytes the
-    /// supervisor read from it; when that fails, both come back if they can.
-    pub async fn hand_over(&self, conn: OwnedFd, read_ahead: Vec<u8>) -> Result<(), HandoverFailed> {
+    /// supervisor read from it; when that fails, the connection comes back if it can.
+    pub async fn hand_over(&self, handed: Handed) -> Result<(), HandoverFailed> {
         let channel = self.handover.clone();
         let sent = tokio::task::spawn_blocking(move || {
-            let result = crate::seam::handover::send(&channel, &conn, &read_ahead);
-            (conn, read_ahead, result)
+            let result = crate::seam::handover::send(
+                &channel,
+                &handed.conn,
+                &handed.read_ahead,
+                handed.settings_acked,
+            );
+            (handed, result)
         })
         .await;
         match sent {
-            Ok((_, _, Ok(()))) => Ok(()),
-            Ok((conn, read_ahead, Err(err))) => Err(HandoverFailed {
-                returned: Some((conn, read_ahead)),
+            Ok((_, Ok(()))) => Ok(()),
+            Ok((handed, Err(err))) => Err(HandoverFailed {
+                returned: Some(handed),
                 why: err.to_string(),
             }),
             Err(err) => Err(HandoverFailed {
@@ -190,10 +196,10 @@ impl ExecutorHandle {
     }
 }
 
-/// A connection the executor could not take: it comes back (with its
-/// read-ahead bytes) to be relayed, unless it was lost on the way.
+/// A connection the executor could not take: it comes back to be relayed,
+/// unless it was lost on the way.
 pub struct HandoverFailed {
-    pub returned: Option<(OwnedFd, Vec<u8>)>,
+    pub returned: Option<Handed>,
     pub why: String,
 }
 

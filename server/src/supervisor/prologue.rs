@@ -5,11 +5,12 @@
 //! TensorFlow's gRPC client sends its first request only after the server's
 //! SETTINGS, so the supervisor sends an empty SETTINGS frame (every value at
 //! HTTP/2's default, which whoever serves the connection next may raise) and
-//! reads until the first request's headers are complete and the client has
-//! acknowledged those SETTINGS. What it read is then given, as read, to the
-//! server that takes the connection, less what only concerned the supervisor:
-//! that acknowledgement and PINGs it answered itself. That server sends its own
-//! SETTINGS, which the client acknowledges to it.
+//! reads until the first request's headers are complete. What it read is then
+//! given, as read, to the server that takes the connection, less what only
+//! concerned the supervisor: the client's acknowledgement of those SETTINGS
+//! if it came already (if not, `seam::replayed` drops it when it comes) and
+//! PINGs it answered itself. That server sends its own SETTINGS, which the
+//! client acknowledges to it.
 
 use std::fmt;
 
@@ -71,11 +72,13 @@ pub enum Step {
     Reply(Vec<u8>),
     /// The first request is known: write `reply` to the client (PING
     /// acknowledgements, maybe none), then hand the connection over with
-    /// `read_ahead`, what the next server must read first.
+    /// `read_ahead`, what the next server must read first, and whether the
+    /// client acknowledged the supervisor's SETTINGS in it (taken out).
     Done {
         request: FirstRequest,
         reply: Vec<u8>,
         read_ahead: Vec<u8>,
+        settings_acked: bool,
     },
 }
 
@@ -194,7 +197,7 @@ impl Prologue {
                 self.request = Some(decode_request(&self.block)?);
             }
         }
-        if let (true, Some(request)) = (self.acked, &self.request) {
+        if let Some(request) = &self.request {
             let mut read_ahead = std::mem::take(&mut self.read_ahead);
             // Bytes of a frame not yet whole go along too, as read.
             read_ahead.append(&mut self.pending);
@@ -205,6 +208,7 @@ impl Prologue {
                 request: request.clone(),
                 reply,
                 read_ahead,
+                settings_acked: self.acked,
             });
         }
         if reply.is_empty() {
@@ -288,12 +292,17 @@ mod tests {
     }
 
     fn done(step: Step) -> (FirstRequest, Vec<u8>, Vec<u8>) {
+        done_acked(step).0
+    }
+
+    fn done_acked(step: Step) -> ((FirstRequest, Vec<u8>, Vec<u8>), bool) {
         match step {
             Step::Done {
                 request,
                 reply,
                 read_ahead,
-            } => (request, reply, read_ahead),
+                settings_acked,
+            } => ((request, reply, read_ahead), settings_acked),
             other => panic!("not done: {other:?}"),
         }
     }
@@ -305,7 +314,8 @@ mod tests {
         let ack = frame(SETTINGS, ACK, 0, &[]);
         let bytes = [PREFACE, &client_settings(), &window, &ack, &headers].concat();
         let mut prologue = Prologue::new(1 << 16);
-        let (request, reply, read_ahead) = done(prologue.feed(&bytes).unwrap());
+        let ((request, reply, read_ahead), acked) = done_acked(prologue.feed(&bytes).unwrap());
+        assert!(acked);
         assert_eq!(request.path, PATH);
         assert_eq!(request.user_agent.as_deref(), Some(AGENT));
         assert!(reply.is_empty());
@@ -313,21 +323,20 @@ mod tests {
     }
 
     #[test]
-    fn waits_for_the_acknowledgement_and_byte_by_byte_input() {
+    fn byte_by_byte_input_and_no_acknowledgement_yet() {
         let headers = frame(HEADERS, END_HEADERS, 1, &block(PATH, AGENT));
-        let ack = frame(SETTINGS, ACK, 0, &[]);
-        let data = frame(DATA, 0, 1, &[0, 0, 0, 0, 1, 7]);
-        let bytes = [PREFACE, &client_settings(), &headers, &data].concat();
+        let bytes = [PREFACE, &client_settings(), &headers[..headers.len() - 1]].concat();
         let mut prologue = Prologue::new(1 << 16);
         for b in &bytes {
             assert_eq!(prologue.feed(std::slice::from_ref(b)).unwrap(), Step::More);
         }
-        // Half of the acknowledgement, then the rest and more: the rest goes along as read.
-        assert_eq!(prologue.feed(&ack[..4]).unwrap(), Step::More);
-        let more = [&ack[4..], &data[..3]].concat();
-        let (request, _, read_ahead) = done(prologue.feed(&more).unwrap());
+        // The last byte of the headers and part of the next frame: that part goes along as read.
+        let data = frame(DATA, 0, 1, &[0, 0, 0, 0, 1, 7]);
+        let more = [&headers[headers.len() - 1..], &data[..3]].concat();
+        let ((request, _, read_ahead), acked) = done_acked(prologue.feed(&more).unwrap());
         assert_eq!(request.path, PATH);
-        assert_eq!(read_ahead, [PREFACE, &client_settings(), &headers, &data, &data[..3]].concat());
+        assert!(!acked, "the client has not acknowledged the SETTINGS yet");
+        assert_eq!(read_ahead, [PREFACE, &client_settings(), &headers, &data[..3]].concat());
     }
 
     #[test]

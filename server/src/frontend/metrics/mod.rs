@@ -120,9 +120,10 @@ fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
 /// One scrape: the admin API's view now, encoded.
 async fn scrape(admin: AdminService) -> crate::error::Result<String> {
     exec::blocking(move || {
+        let (info, jobs) = admin.snapshot();
         let scrape = Scrape {
-            info: admin.server_info(),
-            jobs: admin.jobs(),
+            info,
+            jobs,
             stats: admin.scheduler_stats(),
         };
         collector::encode(scrape)
