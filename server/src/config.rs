@@ -177,6 +177,14 @@ pub struct Args {
     #[arg(long, env = "SALUS_TENANTS_FILE")]
     pub tenants_file: Option<std::path::PathBuf>,
 
+    /// Tenants (Unix user names, or token tenants' names) who may act on the
+    /// whole server through the admin API: see every tenant's jobs and
+    /// timeline, change any job's hints, change the policy. The server's own
+    /// user and root always may; every other tenant sees and changes only its
+    /// own jobs. Under --auth off everyone is one tenant and an admin.
+    #[arg(long, env = "SALUS_ADMINS", value_delimiter = ',')]
+    pub admins: Vec<String>,
+
     /// How tenants are kept apart: `tenant` runs each tenant's jobs in an
     /// executor process of its own (as its Unix user when the server runs as
     /// root), so a crash or a runaway ends only that tenant's jobs; `none`
@@ -241,6 +249,8 @@ pub struct Config {
     /// Which identities are accepted, and the tenants with tokens.
     pub auth: AuthMode,
     pub tenants: TenantsFile,
+    /// Who may act on the whole server through the admin API.
+    pub admins: crate::tenant::admins::Admins,
     /// One executor process per tenant (true) or one process for all.
     pub isolate_tenants: bool,
     pub executor_memory: Option<u64>,
@@ -270,6 +280,7 @@ impl Default for Config {
             timeline_capacity: crate::runtime::timeline::DEFAULT_CAPACITY,
             auth: AuthMode::Both,
             tenants: TenantsFile::default(),
+            admins: crate::tenant::admins::Admins::default(),
             isolate_tenants: true,
             executor_memory: None,
             executor_idle_timeout: Duration::from_secs(60),
@@ -363,6 +374,7 @@ impl TryFrom<Args> for Config {
             timeline_capacity: args.timeline_capacity,
             auth: args.auth,
             tenants,
+            admins: crate::tenant::admins::Admins::new(args.admins.clone()),
             isolate_tenants: args.isolation == "tenant",
             executor_memory: args.executor_memory,
             executor_idle_timeout: Duration::from_secs(args.executor_idle_timeout),

@@ -176,6 +176,7 @@ pub fn job_json(j: &JobInfo) -> Value {
         "id": j.id,
         "handle": j.handle,
         "name": j.name,
+        "tenant": j.tenant,
         "kind": j.kind,
         "state": j.state,
         // A job waiting for (or not yet asking for) memory has no lane.
@@ -327,6 +328,11 @@ pub fn jobs_table(jobs: &[JobInfo]) -> String {
                 } else {
                     j.name.clone()
                 },
+                if j.tenant.is_empty() {
+                    "-".into()
+                } else {
+                    j.tenant.clone()
+                },
                 j.state.clone(),
                 j.lane.to_string(),
                 j.iterations.to_string(),
@@ -345,6 +351,7 @@ pub fn jobs_table(jobs: &[JobInfo]) -> String {
             "ID",
             "KIND",
             "NAME",
+            "TENANT",
             "STATE",
             "LANE",
             "ITERS",
@@ -500,9 +507,9 @@ mod tests {
         assert!(lines
             .next()
             .unwrap()
-            .starts_with("ID  KIND   NAME    STATE"));
+            .starts_with("ID  KIND   NAME    TENANT  STATE"));
         let row = lines.next().unwrap();
-        assert!(row.starts_with("3   eager  resnet  queued"), "{row}");
+        assert!(row.starts_with("3   eager  resnet  -       queued"), "{row}");
         assert!(row.contains("100 it"), "{row}");
         assert_eq!(jobs_table(&[]), "no jobs\n");
         let v = job_json(&job());

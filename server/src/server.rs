@@ -227,7 +227,9 @@ impl Server {
         let worker = WorkerServiceServer::new(Worker::new(self.state.clone()))
             .max_decoding_message_size(limit)
             .max_encoding_message_size(limit);
-        let admin = AdminServer::new(AdminService::new(self.state.clone()));
+        let admin = AdminServer::new(
+            AdminService::new(self.state.clone()).with_admins(self.config.admins.clone()),
+        );
         let (health, health_service) = tonic_health::server::health_reporter();
         health.set_serving::<MasterServiceServer<Master>>().await;
         health.set_serving::<EagerServiceServer<Eager>>().await;

@@ -109,6 +109,8 @@ def job_json(job: dict) -> dict:
         "id": job["id"],
         "handle": job["handle"],
         "name": job["name"],
+        # Newer servers only (JobInfo field 31): the job's owner.
+        "tenant": job.get("tenant", ""),
         "state": job["state"],
         # A job waiting for (or not yet asking for) memory has no lane.
         "lane": None if job["memory_state"] in ("waiting for memory", "not admitted yet") else job["lane"],

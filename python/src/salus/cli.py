@@ -65,8 +65,8 @@ def _expected(h: dict) -> str:
     return f"{n} it/{fs}"
 
 
-JOB_HEADER = ["ID", "KIND", "NAME", "STATE", "LANE", "ITERS", "ATTAINED_S", "MEAN_MS", "WAIT_S", "QUEUED", "PRIO",
-              "EXPECTED", "NOTE"]
+JOB_HEADER = ["ID", "KIND", "NAME", "TENANT", "STATE", "LANE", "ITERS", "ATTAINED_S", "MEAN_MS", "WAIT_S", "QUEUED",
+              "PRIO", "EXPECTED", "NOTE"]
 
 
 def jobs_table(jobs: list[dict]) -> str:
@@ -75,7 +75,8 @@ def jobs_table(jobs: list[dict]) -> str:
     rows = []
     for j in jobs:
         h = j.get("hints") or {}
-        rows.append([str(j["id"]), j.get("kind") or "graph", j["name"] or "-", j["state"], str(j["lane"]),
+        rows.append([str(j["id"]), j.get("kind") or "graph", j["name"] or "-", j.get("tenant") or "-", j["state"],
+                     str(j["lane"]),
                      str(j["iterations"]), f"{j['attained_seconds']:.3f}", f"{j['mean_iteration_ms']:.2f}",
                      f"{j['queue_wait_seconds']:.3f}", str(j["queued"]), str(h.get("priority", 0)),
                      _expected(h), j["note"]])
@@ -276,13 +277,13 @@ def render_top(address: str, info: dict | None, stats: dict | None, jobs: list[d
                     rate = f"{max(0, j['iterations'] - it0) / (t - t0):.1f}"
             n = h.get("expected_iterations", 0)
             progress = f"{min(100.0, 100.0 * j['iterations'] / n):.0f}%" if n else "-"
-            rows.append([str(j["id"]), j.get("kind") or "graph", j["name"] or "-", j["state"], str(j["lane"]),
-                         str(j["iterations"]), rate,
+            rows.append([str(j["id"]), j.get("kind") or "graph", j["name"] or "-", j.get("tenant") or "-", j["state"],
+                         str(j["lane"]), str(j["iterations"]), rate,
                          progress, f"{j['mean_iteration_ms']:.2f}", f"{j['attained_seconds']:.2f}",
                          f"{j['queue_wait_seconds']:.2f}", str(j["queued"]), str(h.get("priority", 0)),
                          _duration(j["age_seconds"]), j["note"]])
-        lines.append(_table(["ID", "KIND", "NAME", "STATE", "LANE", "ITERS", "IT/S", "DONE", "MEAN_MS", "ATTAINED_S",
-                             "WAIT_S", "QUEUED", "PRIO", "AGE", "NOTE"], rows, width).rstrip("\n"))
+        lines.append(_table(["ID", "KIND", "NAME", "TENANT", "STATE", "LANE", "ITERS", "IT/S", "DONE", "MEAN_MS",
+                             "ATTAINED_S", "WAIT_S", "QUEUED", "PRIO", "AGE", "NOTE"], rows, width).rstrip("\n"))
     if width:
         lines = [ln[:width] for ln in lines]
     return "\n".join(lines) + "\n"

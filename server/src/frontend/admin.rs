@@ -1,4 +1,9 @@
 //! `salus.v1.Admin`: what the server is doing, for operators and tools.
+//!
+//! Scoped by tenant: a tenant sees and changes only its own jobs (rows,
+//! hints, timeline spans); admins (`tenant::admins`) see and change every
+//! tenant's, and alone may change the policy. Server-wide figures
+//! (`GetServerInfo`, `GetStats`) are aggregates, open to every tenant.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -8,6 +13,7 @@ use salus_proto::salus::v1::*;
 use tonic::{Request, Response, Status};
 
 use crate::error::Error;
+use crate::frontend::identify::tenant_of;
 use crate::runtime::admission::MemoryState;
 use crate::runtime::eager_job::EagerJob;
 use crate::runtime::graph_delta::VariableBytes;
@@ -18,6 +24,8 @@ use crate::runtime::state::ServerState;
 use crate::sched::{Hints, JobId, JobStatus};
 use crate::seam::msg as seam_msg;
 use crate::supervisor::executors::Executors;
+use crate::tenant::admins::Admins;
+use crate::tenant::identity::{Tenant, TenantKey};
 
 #[derive(Clone)]
 pub struct AdminService {
@@ -26,6 +34,31 @@ pub struct AdminService {
     /// processes: rows and counters come from their reports, the scheduler's
     /// columns from this process.
     executors: Option<Arc<Executors>>,
+    admins: Arc<Admins>,
+}
+
+/// Whose jobs a caller of the admin API sees.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Viewer {
+    Admin,
+    Tenant(TenantKey),
+}
+
+impl Viewer {
+    fn sees(&self, owner: &TenantKey) -> bool {
+        match self {
+            Viewer::Admin => true,
+            Viewer::Tenant(key) => key == owner,
+        }
+    }
+
+    /// "no job has ..." / "no job of yours has ...".
+    fn whose(&self) -> &'static str {
+        match self {
+            Viewer::Admin => "no job",
+            Viewer::Tenant(_) => "no job of yours",
+        }
+    }
 }
 
 /// How long the admin API waits for an executor's report.
@@ -36,6 +69,7 @@ impl AdminService {
         AdminService {
             state,
             executors: None,
+            admins: Arc::new(Admins::default()),
         }
     }
 
@@ -44,18 +78,35 @@ impl AdminService {
         AdminService {
             state,
             executors: Some(executors),
+            admins: Arc::new(Admins::default()),
         }
     }
 
-    /// The executors' reports (blocks: call it off the async runtime).
-    fn reports(&self) -> Vec<seam_msg::Report> {
+    /// Who may act on every tenant's jobs (`--admins`, besides the server's
+    /// own user and root).
+    pub fn with_admins(mut self, admins: Admins) -> AdminService {
+        self.admins = Arc::new(admins);
+        self
+    }
+
+    fn viewer(&self, caller: &Tenant) -> Viewer {
+        if self.admins.allows(caller) {
+            Viewer::Admin
+        } else {
+            Viewer::Tenant(caller.key.clone())
+        }
+    }
+
+    /// The executors' reports, each with its tenant (blocks: call it off the
+    /// async runtime).
+    fn reports(&self) -> Vec<(Arc<Tenant>, seam_msg::Report)> {
         let Some(executors) = &self.executors else {
             return Vec::new();
         };
         executors
             .running()
             .iter()
-            .filter_map(|h| h.link.report(REPORT_TIMEOUT))
+            .filter_map(|h| Some((h.tenant.clone(), h.link.report(REPORT_TIMEOUT)?)))
             .collect()
     }
 
@@ -108,10 +159,10 @@ impl AdminService {
     pub fn snapshot(&self) -> (ServerInfo, Vec<JobInfo>) {
         let reports = self.reports();
         let info = self.server_info_from(&reports);
-        (info, self.jobs_from(reports))
+        (info, self.jobs_from(reports, &Viewer::Admin))
     }
 
-    fn server_info_from(&self, reports: &[seam_msg::Report]) -> ServerInfo {
+    fn server_info_from(&self, reports: &[(Arc<Tenant>, seam_msg::Report)]) -> ServerInfo {
         let mut info = self.own_server_info();
         if let Some(executors) = &self.executors {
             info.isolation = "tenant".into();
@@ -121,7 +172,7 @@ impl AdminService {
         } else {
             info.isolation = "none".into();
         }
-        for report in reports {
+        for (_, report) in reports {
             info.open_sessions += report.open_sessions;
             info.open_eager_contexts += report.open_eager_contexts;
             info.sessions_created += report.sessions_created;
@@ -197,37 +248,73 @@ impl AdminService {
     /// Every open job, by id (`ListJobs`; `/metrics` reads it too). Walks
     /// graphs under TF's lock: call it off the async runtime.
     pub fn jobs(&self) -> Vec<JobInfo> {
-        self.jobs_from(self.reports())
+        self.jobs_from(self.reports(), &Viewer::Admin)
     }
 
-    /// Every open job: the executors' `reports` under tenant isolation, this
-    /// process's tables otherwise.
-    fn jobs_from(&self, reports: Vec<seam_msg::Report>) -> Vec<JobInfo> {
-        if self.executors.is_some() {
-            let mut jobs: Vec<JobInfo> = reports
+    /// The open jobs `viewer` sees: from the executors' `reports` under
+    /// tenant isolation, this process's tables otherwise.
+    fn jobs_from(
+        &self,
+        reports: Vec<(Arc<Tenant>, seam_msg::Report)>,
+        viewer: &Viewer,
+    ) -> Vec<JobInfo> {
+        let mut jobs: Vec<JobInfo> = if self.executors.is_some() {
+            reports
                 .into_iter()
-                .flat_map(|r| r.jobs)
+                .filter(|(tenant, _)| viewer.sees(&tenant.key))
+                .flat_map(|(tenant, report)| {
+                    report.jobs.into_iter().map(move |mut row| {
+                        row.tenant = tenant.to_string();
+                        row
+                    })
+                })
                 .map(|row| self.with_scheduler_view(row))
-                .collect();
-            jobs.sort_by_key(|j| j.id);
-            return jobs;
-        }
-        let mut jobs: Vec<JobInfo> = self
-            .state
-            .sessions
-            .all()
-            .iter()
-            .map(|j| self.job_info(j))
-            .collect();
-        jobs.extend(
-            self.state
+                .collect()
+        } else {
+            let sessions = self
+                .state
+                .sessions
+                .all_owned()
+                .into_iter()
+                .filter(|(owner, _)| viewer.sees(&owner.key))
+                .map(|(owner, job)| {
+                    let mut row = self.job_info(&job);
+                    row.tenant = owner.to_string();
+                    row
+                });
+            let contexts = self
+                .state
                 .contexts
-                .all()
-                .iter()
-                .map(|j| self.eager_job_info(j)),
-        );
+                .all_owned()
+                .into_iter()
+                .filter(|(owner, _)| viewer.sees(&owner.key))
+                .map(|(owner, job)| {
+                    let mut row = self.eager_job_info(&job);
+                    row.tenant = owner.to_string();
+                    row
+                });
+            sessions.chain(contexts).collect()
+        };
         jobs.sort_by_key(|j| j.id);
         jobs
+    }
+
+    /// The owner of a job in this process's tables.
+    fn owner_here(&self, id: JobId) -> Option<Arc<Tenant>> {
+        self.state
+            .sessions
+            .all_owned()
+            .into_iter()
+            .find(|(_, j)| j.id == id)
+            .map(|(owner, _)| owner)
+            .or_else(|| {
+                self.state
+                    .contexts
+                    .all_owned()
+                    .into_iter()
+                    .find(|(_, j)| j.id == id)
+                    .map(|(owner, _)| owner)
+            })
     }
 
     /// Scheduler statistics (`GetStats`; `/metrics` reads it too).
@@ -465,10 +552,25 @@ fn hints_to_proto(h: &Hints) -> JobHints {
 impl AdminService {
     /// `SetJobHints` for a job in an executor process: found by id, handle or
     /// name in the executors' reports; the hints are the scheduler's, here.
-    async fn set_executor_job_hints(&self, req: SetJobHintsRequest) -> Result<JobInfo, Status> {
+    async fn set_executor_job_hints(
+        &self,
+        req: SetJobHintsRequest,
+        viewer: Viewer,
+    ) -> Result<JobInfo, Status> {
         let this = self.clone();
+        let seen = viewer.clone();
         let rows = crate::runtime::exec::blocking(move || {
-            Ok(this.reports().into_iter().flat_map(|r| r.jobs).collect::<Vec<_>>())
+            Ok(this
+                .reports()
+                .into_iter()
+                .filter(|(tenant, _)| seen.sees(&tenant.key))
+                .flat_map(|(tenant, report)| {
+                    report.jobs.into_iter().map(move |mut row| {
+                        row.tenant = tenant.to_string();
+                        row
+                    })
+                })
+                .collect::<Vec<_>>())
         })
         .await?;
         let key_id = req.job.parse::<u64>().ok();
@@ -476,7 +578,11 @@ impl AdminService {
             .into_iter()
             .find(|j| Some(j.id) == key_id || j.handle == req.job || j.name == req.job)
             .ok_or_else(|| {
-                Error::InvalidArgument(format!("no job has id, handle or name {:?}", req.job))
+                Error::InvalidArgument(format!(
+                    "{} has id, handle or name {:?}",
+                    viewer.whose(),
+                    req.job
+                ))
             })?;
         let id = JobId(row.id);
         let hints = hints_from_request(&req, row.name.clone(), &self.state, id)?;
@@ -526,10 +632,13 @@ impl Admin for AdminService {
 
     async fn list_jobs(
         &self,
-        _: Request<ListJobsRequest>,
+        request: Request<ListJobsRequest>,
     ) -> Result<Response<ListJobsResponse>, Status> {
+        let viewer = self.viewer(&tenant_of(&request));
         let this = self.clone();
-        let jobs = crate::runtime::exec::blocking(move || Ok(this.jobs())).await?;
+        let jobs =
+            crate::runtime::exec::blocking(move || Ok(this.jobs_from(this.reports(), &viewer)))
+                .await?;
         Ok(Response::new(ListJobsResponse { jobs }))
     }
 
@@ -544,6 +653,14 @@ impl Admin for AdminService {
         &self,
         request: Request<SetPolicyRequest>,
     ) -> Result<Response<SetPolicyResponse>, Status> {
+        let caller = tenant_of(&request);
+        if self.viewer(&caller) != Viewer::Admin {
+            return Err(Error::PermissionDenied(format!(
+                "changing the scheduling policy needs an admin ({}); tenant {caller} is not one",
+                self.admins.describe()
+            ))
+            .into());
+        }
         let name = request.into_inner().policy;
         let (previous, policy) = self.state.executor.set_policy(&name)?;
         tracing::info!(previous, policy, "scheduling policy changed");
@@ -557,28 +674,43 @@ impl Admin for AdminService {
         &self,
         request: Request<SetJobHintsRequest>,
     ) -> Result<Response<JobInfo>, Status> {
+        let viewer = self.viewer(&tenant_of(&request));
         let req = request.into_inner();
         if self.executors.is_some() {
-            return self.set_executor_job_hints(req).await.map(Response::new);
+            return self
+                .set_executor_job_hints(req, viewer)
+                .await
+                .map(Response::new);
         }
+        let not_found = || {
+            Status::from(Error::InvalidArgument(format!(
+                "{} has id, handle or name {:?}",
+                viewer.whose(),
+                req.job
+            )))
+        };
         let (id, name, eager) = match self.state.sessions.find(&req.job) {
             Ok(job) => (job.id, job.name.clone(), None),
-            Err(err) => match self.state.contexts.find(&req.job) {
+            Err(_) => match self.state.contexts.find(&req.job) {
                 Some(job) => (job.id, job.name.clone(), Some(job)),
-                None => return Err(err.into()),
+                None => return Err(not_found()),
             },
+        };
+        let Some(owner) = self.owner_here(id).filter(|o| viewer.sees(&o.key)) else {
+            return Err(not_found());
         };
         let hints = hints_from_request(&req, name, &self.state, id)?;
         self.state.executor.set_hints(id, hints.clone())?;
         tracing::info!(job = id.0, ?hints, "job hints changed");
         let this = self.clone();
-        let info = match eager {
+        let mut info = match eager {
             Some(job) => this.eager_job_info(&job),
             None => {
                 let job = self.state.sessions.find(&req.job)?;
                 crate::runtime::exec::blocking(move || Ok(this.job_info(&job))).await?
             }
         };
+        info.tenant = owner.to_string();
         Ok(Response::new(info))
     }
 
@@ -586,8 +718,14 @@ impl Admin for AdminService {
         &self,
         request: Request<GetTimelineRequest>,
     ) -> Result<Response<Timeline>, Status> {
+        let viewer = self.viewer(&tenant_of(&request));
         let window = super::timeline::window(request.into_inner().seconds)?;
-        let snapshot = self.state.executor.timeline().snapshot(window);
+        let mut snapshot = self.state.executor.timeline().snapshot(window);
+        if let Viewer::Tenant(key) = &viewer {
+            snapshot
+                .spans
+                .retain(|span| span.label.as_ref().and_then(|l| l.owner.as_ref()) == Some(key));
+        }
         Ok(Response::new(super::timeline::to_proto(
             &snapshot,
             self.state.started,

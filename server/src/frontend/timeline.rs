@@ -73,7 +73,7 @@ mod tests {
     fn spans_are_seconds_before_now_with_their_labels() {
         let started = Instant::now();
         let ring = Ring::new(4);
-        ring.open_job(JobId(3), "mnist", JobKind::Graph);
+        ring.open_job(JobId(3), "mnist", JobKind::Graph, None);
         let t0 = Instant::now();
         ring.record(
             JobId(3),

@@ -28,6 +28,7 @@ use crate::sched::policy::{self, Policy};
 use crate::sched::{
     Decision, Hints, JobId, JobStatus, LaneId, Nanos, SchedConfig, SchedError, Scheduler, SortKey,
 };
+use crate::tenant::identity::TenantKey;
 
 /// Window for the iterations-per-second figure.
 const RATE_WINDOW_S: u64 = 60;
@@ -427,7 +428,7 @@ impl Executor {
     }
 
     /// A job opened: its label on the timeline (the supervisor's, in an executor process).
-    pub fn open_job(&self, job: JobId, name: &str, kind: JobKind) {
+    pub fn open_job(&self, job: JobId, name: &str, kind: JobKind, owner: Option<TenantKey>) {
         if let Some(seam) = &self.remote {
             seam.send(seam_msg::to_supervisor::Msg::OpenJob(seam_msg::OpenJob {
                 job: job.0,
@@ -436,7 +437,7 @@ impl Executor {
             }));
             return;
         }
-        self.shared.timeline.open_job(job, name, kind);
+        self.shared.timeline.open_job(job, name, kind, owner);
     }
 
     /// The ring of recent runs (the admin API's timeline).
@@ -746,7 +747,7 @@ mod tests {
     async fn main_iterations_and_cheap_runs_go_on_the_timeline() {
         use crate::runtime::timeline::JobKind;
         let ex = executor("rr");
-        ex.timeline().open_job(JobId(1), "a", JobKind::Graph);
+        ex.timeline().open_job(JobId(1), "a", JobKind::Graph, None);
         ex.add_job(JobId(1), LaneId(3), Hints::default()).unwrap();
         let before = Instant::now();
         ex.run_main(JobId(1), None, || {

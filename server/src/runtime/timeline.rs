@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use crate::runtime::run_class::RunClass;
 use crate::sched::{JobId, LaneId};
+use crate::tenant::identity::TenantKey;
 
 /// Spans the ring keeps unless `--timeline-capacity` says otherwise: some
 /// seconds of history at a thousand runs per second, under a megabyte.
@@ -41,6 +42,8 @@ impl JobKind {
 pub struct JobLabel {
     pub name: String,
     pub kind: JobKind,
+    /// The tenant that owns the job: the admin API shows a tenant only its own spans.
+    pub owner: Option<TenantKey>,
 }
 
 /// One finished run.
@@ -109,10 +112,11 @@ impl Timeline {
     }
 
     /// Names a new job for its spans.
-    pub fn open_job(&self, job: JobId, name: &str, kind: JobKind) {
+    pub fn open_job(&self, job: JobId, name: &str, kind: JobKind, owner: Option<TenantKey>) {
         let label = Arc::new(JobLabel {
             name: name.to_string(),
             kind,
+            owner,
         });
         self.lock().labels.insert(job, label);
     }
@@ -224,7 +228,7 @@ mod tests {
     fn labels_name_spans_and_outlive_their_job() {
         let t = Timeline::new(10);
         let now = Instant::now();
-        t.open_job(JobId(7), "resnet", JobKind::Eager);
+        t.open_job(JobId(7), "resnet", JobKind::Eager, None);
         t.record(JobId(7), Some(LaneId(1)), now, now, RunClass::Cheap);
         t.close_job(JobId(7));
         // Recorded after the job closed (a run finishing as its client leaves): unnamed.

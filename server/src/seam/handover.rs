@@ -110,7 +110,8 @@ pub fn recv(channel: &OwnedFd) -> io::Result<Option<Handed>> {
         header.msg_control = control.as_mut_ptr() as *mut libc::c_void;
         header.msg_controllen = space as _;
         // SAFETY: a valid msghdr for a socket we own; fds arrive close-on-exec.
-        let got = unsafe { libc::recvmsg(channel.as_raw_fd(), &mut header, libc::MSG_CMSG_CLOEXEC) };
+        let got =
+            unsafe { libc::recvmsg(channel.as_raw_fd(), &mut header, libc::MSG_CMSG_CLOEXEC) };
         if got < 0 {
             let err = io::Error::last_os_error();
             if err.kind() == io::ErrorKind::Interrupted {

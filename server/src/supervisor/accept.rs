@@ -47,10 +47,10 @@ pub enum Route {
 /// handed-over eager connection would end its in-flight call with a bare
 /// "Socket closed". Through the relay the supervisor answers it with the cause.
 pub fn route(request: &FirstRequest, peer: &PeerUser, identifier: &Identifier) -> Route {
-    let tensorflows_client = request
-        .user_agent
-        .as_deref()
-        .is_some_and(|ua| ua.split_ascii_whitespace().any(|word| word.starts_with(TENSORFLOW_AGENT)));
+    let tensorflows_client = request.user_agent.as_deref().is_some_and(|ua| {
+        ua.split_ascii_whitespace()
+            .any(|word| word.starts_with(TENSORFLOW_AGENT))
+    });
     if !request.path.starts_with(HANDED_OVER_PREFIX) || !tensorflows_client {
         return Route::Here;
     }
@@ -157,7 +157,11 @@ async fn dispatch(
     match tokio::net::TcpStream::from_std(std::net::TcpStream::from(handed.conn)) {
         Ok(tcp) => {
             let stream = IdentifiedStream::from_parts(tcp, info);
-            let _ = here.send(Ok(Replayed::new(handed.read_ahead, stream, handed.settings_acked)));
+            let _ = here.send(Ok(Replayed::new(
+                handed.read_ahead,
+                stream,
+                handed.settings_acked,
+            )));
         }
         Err(err) => tracing::warn!(cause = %err, "cannot serve a connection"),
     }
@@ -239,7 +243,10 @@ mod tests {
             "/salus.v1.Admin/ListJobs",
             "/grpc.health.v1.Health/Check",
         ] {
-            assert!(matches!(route(&first(path), &user, &identifier), Route::Here), "{path}");
+            assert!(
+                matches!(route(&first(path), &user, &identifier), Route::Here),
+                "{path}"
+            );
         }
         // Another gRPC client (grpcio tools may mix admin calls in): served here.
         let grpcio = FirstRequest {
@@ -250,7 +257,11 @@ mod tests {
         // No tenant: refused here, with the reason.
         let unknown = PeerUser::Unknown("another network namespace".into());
         assert!(matches!(
-            route(&first("/tensorflow.MasterService/CreateSession"), &unknown, &identifier),
+            route(
+                &first("/tensorflow.MasterService/CreateSession"),
+                &unknown,
+                &identifier
+            ),
             Route::Here
         ));
     }

@@ -27,6 +27,7 @@ use crate::sched::{JobId, LaneId};
 use crate::seam::frame::{read_frame, write_frame};
 use crate::seam::hints_from_msg;
 use crate::seam::msg::{self, to_executor, to_supervisor};
+use crate::tenant::identity::TenantKey;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -47,6 +48,8 @@ pub struct Link {
     reports: Mutex<HashMap<u64, mpsc::SyncSender<msg::Report>>>,
     next_report: std::sync::atomic::AtomicU64,
     hello: Mutex<Option<oneshot::Sender<msg::Hello>>>,
+    /// The executor's tenant: the owner of every job it opens.
+    owner: TenantKey,
     dead: AtomicBool,
     /// Set when the executor, shutting down, has drained its eager jobs (or died).
     drained: tokio::sync::watch::Sender<bool>,
@@ -61,6 +64,7 @@ impl Link {
         admission: Option<Admission>,
         runtime: tokio::runtime::Handle,
         label: String,
+        owner: TenantKey,
     ) -> std::io::Result<(Arc<Link>, oneshot::Receiver<msg::Hello>)> {
         let reader = stream.try_clone()?;
         let (hello_tx, hello_rx) = oneshot::channel();
@@ -76,6 +80,7 @@ impl Link {
             reports: Mutex::new(HashMap::new()),
             next_report: std::sync::atomic::AtomicU64::new(1),
             hello: Mutex::new(Some(hello_tx)),
+            owner,
             dead: AtomicBool::new(false),
             drained: tokio::sync::watch::Sender::new(false),
         });
@@ -151,7 +156,9 @@ impl Link {
                 } else {
                     JobKind::Graph
                 };
-                self.executor.open_job(job, &open.name, kind);
+                // The owner is this link's tenant, whatever the executor says.
+                self.executor
+                    .open_job(job, &open.name, kind, Some(self.owner.clone()));
             }
             to_supervisor::Msg::RemoveJob(remove) => self.forget(JobId(remove.job)),
             to_supervisor::Msg::Want(want) => {

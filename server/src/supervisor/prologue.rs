@@ -55,10 +55,20 @@ pub enum PrologueError {
 impl fmt::Display for PrologueError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            PrologueError::NotHttp2 => write!(f, "the client does not speak HTTP/2 (no connection preface)"),
-            PrologueError::Protocol(what) => write!(f, "HTTP/2 protocol error before the first request: {what}"),
-            PrologueError::TooLarge => write!(f, "the first request's headers are too large to route"),
-            PrologueError::Closed => write!(f, "the client closed the connection before its first request"),
+            PrologueError::NotHttp2 => write!(
+                f,
+                "the client does not speak HTTP/2 (no connection preface)"
+            ),
+            PrologueError::Protocol(what) => {
+                write!(f, "HTTP/2 protocol error before the first request: {what}")
+            }
+            PrologueError::TooLarge => {
+                write!(f, "the first request's headers are too large to route")
+            }
+            PrologueError::Closed => write!(
+                f,
+                "the client closed the connection before its first request"
+            ),
         }
     }
 }
@@ -142,7 +152,9 @@ impl Prologue {
             let (kind, flags) = (h[3], h[4]);
             let stream = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff;
             if len > MAX_FRAME {
-                return Err(PrologueError::Protocol("a frame larger than SETTINGS_MAX_FRAME_SIZE"));
+                return Err(PrologueError::Protocol(
+                    "a frame larger than SETTINGS_MAX_FRAME_SIZE",
+                ));
             }
             if self.pending.len() < FRAME_HEADER + len {
                 break;
@@ -172,7 +184,8 @@ impl Prologue {
                         return Err(PrologueError::Protocol("HEADERS on stream 0"));
                     }
                     self.block_stream = Some(stream);
-                    self.block.extend_from_slice(header_fragment(flags, payload)?);
+                    self.block
+                        .extend_from_slice(header_fragment(flags, payload)?);
                     self.block_done = flags & END_HEADERS != 0;
                 }
                 CONTINUATION if self.block_stream == Some(stream) && !self.block_done => {
@@ -224,28 +237,30 @@ fn header_fragment(flags: u8, payload: &[u8]) -> Result<&[u8], PrologueError> {
     let mut fragment = payload;
     let mut pad = 0usize;
     if flags & PADDED != 0 {
-        let (&n, rest) = fragment
-            .split_first()
-            .ok_or(PrologueError::Protocol("a padded HEADERS frame without its pad length"))?;
+        let (&n, rest) = fragment.split_first().ok_or(PrologueError::Protocol(
+            "a padded HEADERS frame without its pad length",
+        ))?;
         pad = usize::from(n);
         fragment = rest;
     }
     if flags & PRIORITY != 0 {
-        fragment = fragment
-            .get(5..)
-            .ok_or(PrologueError::Protocol("a HEADERS frame too short for its priority"))?;
+        fragment = fragment.get(5..).ok_or(PrologueError::Protocol(
+            "a HEADERS frame too short for its priority",
+        ))?;
     }
     if pad > fragment.len() {
-        return Err(PrologueError::Protocol("HEADERS padding longer than the frame"));
+        return Err(PrologueError::Protocol(
+            "HEADERS padding longer than the frame",
+        ));
     }
     Ok(&fragment[..fragment.len() - pad])
 }
 
 fn decode_request(block: &[u8]) -> Result<FirstRequest, PrologueError> {
     let mut decoder = loona_hpack::Decoder::new();
-    let headers = decoder
-        .decode(block)
-        .map_err(|_| PrologueError::Protocol("the first request's headers do not decode (HPACK)"))?;
+    let headers = decoder.decode(block).map_err(|_| {
+        PrologueError::Protocol("the first request's headers do not decode (HPACK)")
+    })?;
     let mut path = None;
     let mut user_agent = None;
     for (name, value) in headers {
@@ -319,7 +334,10 @@ mod tests {
         assert_eq!(request.path, PATH);
         assert_eq!(request.user_agent.as_deref(), Some(AGENT));
         assert!(reply.is_empty());
-        assert_eq!(read_ahead, [PREFACE, &client_settings(), &window, &headers].concat());
+        assert_eq!(
+            read_ahead,
+            [PREFACE, &client_settings(), &window, &headers].concat()
+        );
     }
 
     #[test]
@@ -336,7 +354,10 @@ mod tests {
         let ((request, _, read_ahead), acked) = done_acked(prologue.feed(&more).unwrap());
         assert_eq!(request.path, PATH);
         assert!(!acked, "the client has not acknowledged the SETTINGS yet");
-        assert_eq!(read_ahead, [PREFACE, &client_settings(), &headers, &data[..3]].concat());
+        assert_eq!(
+            read_ahead,
+            [PREFACE, &client_settings(), &headers, &data[..3]].concat()
+        );
     }
 
     #[test]
@@ -365,7 +386,11 @@ mod tests {
         assert_eq!(step, Step::Reply(frame(PING, ACK, 0, b"12345678")));
         let headers = frame(HEADERS, END_HEADERS, 1, &block(PATH, AGENT));
         let ack = frame(SETTINGS, ACK, 0, &[]);
-        let (_, reply, read_ahead) = done(prologue.feed(&[&ack[..], &ping, &headers].concat()).unwrap());
+        let (_, reply, read_ahead) = done(
+            prologue
+                .feed(&[&ack[..], &ping, &headers].concat())
+                .unwrap(),
+        );
         assert_eq!(reply, frame(PING, ACK, 0, b"12345678"));
         assert_eq!(read_ahead, [PREFACE, &headers].concat());
     }
@@ -381,11 +406,29 @@ mod tests {
         let mut prologue = Prologue::new(20_000);
         prologue.feed(PREFACE).unwrap();
         assert_eq!(prologue.feed(&big).unwrap(), Step::More);
-        assert_eq!(prologue.feed(&frame(CONTINUATION, 0, 1, &vec![0u8; 16_000])), Err(PrologueError::TooLarge));
+        assert_eq!(
+            prologue.feed(&frame(CONTINUATION, 0, 1, &vec![0u8; 16_000])),
+            Err(PrologueError::TooLarge)
+        );
         let oversized = [PREFACE, &[0x01, 0, 0, HEADERS, 0, 0, 0, 0, 1][..]].concat();
-        assert!(matches!(Prologue::new(1 << 16).feed(&oversized), Err(PrologueError::Protocol(_))));
-        let bad_block = [PREFACE, &frame(HEADERS, END_HEADERS, 1, &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff])].concat();
-        assert!(matches!(Prologue::new(1 << 16).feed(&bad_block), Err(PrologueError::Protocol(_))));
+        assert!(matches!(
+            Prologue::new(1 << 16).feed(&oversized),
+            Err(PrologueError::Protocol(_))
+        ));
+        let bad_block = [
+            PREFACE,
+            &frame(
+                HEADERS,
+                END_HEADERS,
+                1,
+                &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff],
+            ),
+        ]
+        .concat();
+        assert!(matches!(
+            Prologue::new(1 << 16).feed(&bad_block),
+            Err(PrologueError::Protocol(_))
+        ));
     }
 
     #[test]
@@ -398,7 +441,11 @@ mod tests {
             x ^= x << 17;
             x
         };
-        let valid = [PREFACE, &frame(HEADERS, END_HEADERS, 1, &block(PATH, AGENT))].concat();
+        let valid = [
+            PREFACE,
+            &frame(HEADERS, END_HEADERS, 1, &block(PATH, AGENT)),
+        ]
+        .concat();
         for _ in 0..2000 {
             let mut bytes = valid.clone();
             for _ in 0..(next() % 8) {

@@ -2,6 +2,7 @@
 //! where its checkpoints go, and how large its graphs may be; and who a
 //! loopback client is ([`peer_uid`], groundwork for per-tenant identity).
 
+pub mod admins;
 pub mod checkpoint_guard;
 pub mod identity;
 pub mod op_policy;

@@ -237,7 +237,7 @@ impl MasterService for Master {
         }
         self.state
             .executor
-            .open_job(id, &hints.name, JobKind::Graph);
+            .open_job(id, &hints.name, JobKind::Graph, Some(tenant.key.clone()));
         tracing::info!(session = %handle, job = id.0, name = %hints.name, tenant = %tenant, ?hints, "session created");
         Ok(Response::new(CreateSessionResponse {
             session_handle: handle,

@@ -1,0 +1,116 @@
+"""The admin API is scoped by tenant: a tenant sees and changes only its own jobs (ListJobs, SetJobHints,
+GetTimeline); admins (the server's own user, root, tenants named in --admins) see and change every tenant's,
+and alone may change the policy.
+
+Token tenants (bot1, bot2, and boss, named in --admins) and this process's own user (root in CI: an admin)
+talk to one server per isolation mode with raw gRPC. Costs about 15 s: two servers, no TensorFlow client
+process (TensorFlow is imported here only to build a small graph).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import grpc
+import pytest
+import tensorflow as tf
+
+import salus_wire as wire
+from conftest import SalusProcess
+
+ADMIN = "/salus.v1.Admin/"
+TOKENS = {"bot1": "tok-scope-bot1", "bot2": "tok-scope-bot2", "boss": "tok-scope-boss"}
+
+
+@pytest.fixture(scope="module", params=["tenant", "none"])
+def server(request, tmp_path_factory):
+    directory = tmp_path_factory.mktemp(f"scope-{request.param}")
+    tenants = directory / "tenants"
+    tenants.write_text("".join(f"{name} {hashlib.sha256(token.encode()).hexdigest()} -\n"
+                               for name, token in TOKENS.items()))
+    s = SalusProcess(directory / "salus-server.stderr.log",
+                     ("--tenants-file", str(tenants), "--admins", "boss", "--isolation", request.param))
+    yield s
+    assert s.stop() == 0, s.stderr_tail()
+
+
+def channel(address: str, tenant: str | None) -> grpc.Channel:
+    options = [("grpc.primary_user_agent", f"salus1.{TOKENS[tenant]}")] if tenant else []
+    return grpc.insecure_channel(address, options=options)
+
+
+def graph_bytes() -> bytes:
+    g = tf.Graph()
+    with g.as_default():
+        a = tf.compat.v1.placeholder(tf.float32, [None], name="a")
+        tf.add(a * 2.0, 1.0, name="c")
+    return g.as_graph_def().SerializeToString()
+
+
+def open_session(ch: grpc.Channel) -> str:
+    handle = wire.first(wire.call(ch, "CreateSession", wire.create_session_request(graph_bytes())), 1).decode()
+    feed = wire.tensor_proto(wire.DT_FLOAT, [2], float_val=[1.0, 2.0])
+    for _ in range(3):
+        wire.call(ch, "RunStep", wire.run_step_request(handle, feeds=[("a:0", feed)], fetches=["c:0"]))
+    return handle
+
+
+def jobs(ch: grpc.Channel) -> list[dict]:
+    rows = []
+    for row in wire.fields(wire.call(ch, ADMIN + "ListJobs", b""), 1):
+        rows.append({"id": wire.first(row, 1, 0), "handle": wire.first(row, 2, b"").decode(),
+                     "tenant": wire.first(row, 31, b"").decode()})
+    return rows
+
+
+def timeline_jobs(ch: grpc.Channel) -> set[int]:
+    spans = wire.fields(wire.call(ch, ADMIN + "GetTimeline", b""), 5)
+    return {wire.first(span, 1, 0) for span in spans}
+
+
+def set_priority(ch: grpc.Channel, job: str, priority: int) -> bytes:
+    hints = wire.f_varint(1, priority & 0xFFFFFFFFFFFFFFFF)
+    return wire.call(ch, ADMIN + "SetJobHints", wire.f_bytes(1, job) + wire.f_bytes(2, hints))
+
+
+def test_tenants_see_and_change_only_their_own_jobs(server):
+    own = {name: channel(server.address, name) for name in TOKENS}
+    me = channel(server.address, None)  # this process's user: root in CI, the server's own user otherwise
+    try:
+        h1, h2 = open_session(own["bot1"]), open_session(own["bot2"])
+        mine1, mine2 = jobs(own["bot1"]), jobs(own["bot2"])
+        assert [r["handle"] for r in mine1] == [h1] and mine1[0]["tenant"] == "bot1", mine1
+        assert [r["handle"] for r in mine2] == [h2] and mine2[0]["tenant"] == "bot2", mine2
+        id1, id2 = mine1[0]["id"], mine2[0]["id"]
+        for admin in (me, own["boss"]):
+            everyone = {r["handle"]: r["tenant"] for r in jobs(admin)}
+            assert everyone == {h1: "bot1", h2: "bot2"}, everyone
+
+        # Another tenant's job is no job of yours, by id, handle or name; your own is yours to change.
+        for key in (str(id1), h1):
+            with pytest.raises(grpc.RpcError) as refused:
+                set_priority(own["bot2"], key, 5)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "no job of yours" in refused.value.details(), refused.value.details()
+        assert wire.first(set_priority(own["bot2"], str(id2), 3), 2, b"").decode() == h2
+        assert wire.first(set_priority(own["boss"], str(id1), -2), 2, b"").decode() == h1
+
+        # Timelines: a tenant's own spans only; an admin's, everyone's.
+        assert timeline_jobs(own["bot1"]) == {id1}
+        assert timeline_jobs(own["bot2"]) == {id2}
+        assert {id1, id2} <= timeline_jobs(own["boss"])
+
+        # The policy is the admins'.
+        with pytest.raises(grpc.RpcError) as refused:
+            wire.call(own["bot1"], ADMIN + "SetPolicy", wire.f_bytes(1, "fifo"))
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "admin" in refused.value.details() and "bot1" in refused.value.details(), refused.value.details()
+        previous = wire.first(wire.call(own["boss"], ADMIN + "SetPolicy", wire.f_bytes(1, "fifo")), 1).decode()
+        wire.call(me, ADMIN + "SetPolicy", wire.f_bytes(1, previous))
+
+        for name, handle in (("bot1", h1), ("bot2", h2)):
+            wire.call(own[name], "CloseSession", wire.close_session_request(handle))
+    finally:
+        for ch in [*own.values(), me]:
+            ch.close()
+
