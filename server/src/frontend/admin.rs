@@ -271,29 +271,11 @@ impl AdminService {
                 .map(|row| self.with_scheduler_view(row))
                 .collect()
         } else {
-            let sessions = self
-                .state
-                .sessions
-                .all_owned()
-                .into_iter()
-                .filter(|(owner, _)| viewer.sees(&owner.key))
-                .map(|(owner, job)| {
-                    let mut row = self.job_info(&job);
-                    row.tenant = owner.to_string();
-                    row
-                });
-            let contexts = self
-                .state
-                .contexts
-                .all_owned()
-                .into_iter()
-                .filter(|(owner, _)| viewer.sees(&owner.key))
-                .map(|(owner, job)| {
-                    let mut row = self.eager_job_info(&job);
-                    row.tenant = owner.to_string();
-                    row
-                });
-            sessions.chain(contexts).collect()
+            let mut rows = owned_rows(self.state.sessions.all_owned(), viewer, |j| self.job_info(j));
+            rows.extend(owned_rows(self.state.contexts.all_owned(), viewer, |j| {
+                self.eager_job_info(j)
+            }));
+            rows
         };
         jobs.sort_by_key(|j| j.id);
         jobs
@@ -528,6 +510,22 @@ fn note(policy: &str, s: &JobStatus) -> String {
         "fifo" if s.queued > 0 && s.running == 0 => "fifo: runs after the earlier-admitted jobs of its lane finish".into(),
         _ => String::new(),
     }
+}
+
+/// The rows of the jobs `viewer` sees, each with its owner.
+fn owned_rows<J>(
+    owned: Vec<(Arc<Tenant>, Arc<J>)>,
+    viewer: &Viewer,
+    info: impl Fn(&J) -> JobInfo,
+) -> Vec<JobInfo> {
+    owned
+        .into_iter()
+        .filter(|(owner, _)| viewer.sees(&owner.key))
+        .map(|(owner, job)| JobInfo {
+            tenant: owner.to_string(),
+            ..info(&job)
+        })
+        .collect()
 }
 
 fn latency_summary(l: &LatencySnapshot) -> LatencySummary {

@@ -33,6 +33,23 @@ pub fn pair() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
+/// Room for one fd in a control message.
+fn fd_space() -> usize {
+    // SAFETY: CMSG_SPACE is a pure size computation.
+    unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) as usize }
+}
+
+/// A message header over one buffer and a control buffer; both must outlive its use.
+fn message_header(iov: &mut libc::iovec, control: &mut [u8]) -> libc::msghdr {
+    // SAFETY: msghdr is plain data; all-zero is a valid empty header.
+    let mut header: libc::msghdr = unsafe { std::mem::zeroed() };
+    header.msg_iov = iov;
+    header.msg_iovlen = 1;
+    header.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+    header.msg_controllen = control.len() as _;
+    header
+}
+
 /// A connection as it crosses: the socket, its first bytes, and whether the
 /// supervisor's SETTINGS is acknowledged in them.
 pub struct Handed {
@@ -62,15 +79,8 @@ pub fn send(
         iov_base: payload.as_ptr() as *mut libc::c_void,
         iov_len: payload.len(),
     };
-    // SAFETY: CMSG_SPACE is a pure size computation.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
-    let mut control = vec![0u8; space];
-    // SAFETY: msghdr is plain data; every pointer set below outlives the call.
-    let mut header: libc::msghdr = unsafe { std::mem::zeroed() };
-    header.msg_iov = &mut iov;
-    header.msg_iovlen = 1;
-    header.msg_control = control.as_mut_ptr() as *mut libc::c_void;
-    header.msg_controllen = space as _;
+    let mut control = vec![0u8; fd_space()];
+    let header = message_header(&mut iov, &mut control);
     // SAFETY: the control buffer holds one cmsg with room for one fd.
     unsafe {
         let cmsg = libc::CMSG_FIRSTHDR(&header);
@@ -100,15 +110,8 @@ pub fn recv(channel: &OwnedFd) -> io::Result<Option<Handed>> {
             iov_base: data.as_mut_ptr() as *mut libc::c_void,
             iov_len: data.len(),
         };
-        // SAFETY: pure size computation.
-        let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
-        let mut control = vec![0u8; space];
-        // SAFETY: plain data; pointers outlive the call.
-        let mut header: libc::msghdr = unsafe { std::mem::zeroed() };
-        header.msg_iov = &mut iov;
-        header.msg_iovlen = 1;
-        header.msg_control = control.as_mut_ptr() as *mut libc::c_void;
-        header.msg_controllen = space as _;
+        let mut control = vec![0u8; fd_space()];
+        let mut header = message_header(&mut iov, &mut control);
         // SAFETY: a valid msghdr for a socket we own; fds arrive close-on-exec.
         let got =
             unsafe { libc::recvmsg(channel.as_raw_fd(), &mut header, libc::MSG_CMSG_CLOEXEC) };
