@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Benchmark of salus-server's iteration scheduler, with real TensorFlow clients, in both isolation modes.
 
-salus-server --isolation tenant (the default) is a supervisor that schedules every main iteration and relays each
-tenant's calls to that tenant's own executor process; --isolation none runs everything in one process. The
+salus-server --isolation tenant (the default) is a supervisor that schedules every main iteration and hands each
+tenant's TF1 connections to (relays its TF2 calls to) that tenant's own executor process; --isolation none runs everything in one process. The
 latency sections run every scenario on a fresh server of each mode that --isolation selects (default both) and
 print the modes side by side; the traces run on one mode (tenant when selected, else none).
 
