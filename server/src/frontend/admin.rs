@@ -259,15 +259,8 @@ impl AdminService {
         viewer: &Viewer,
     ) -> Vec<JobInfo> {
         let mut jobs: Vec<JobInfo> = if self.executors.is_some() {
-            reports
+            reported_rows(reports, viewer)
                 .into_iter()
-                .filter(|(tenant, _)| viewer.sees(&tenant.key))
-                .flat_map(|(tenant, report)| {
-                    report.jobs.into_iter().map(move |mut row| {
-                        row.tenant = tenant.to_string();
-                        row
-                    })
-                })
                 .map(|row| self.with_scheduler_view(row))
                 .collect()
         } else {
@@ -512,6 +505,21 @@ fn note(policy: &str, s: &JobStatus) -> String {
     }
 }
 
+/// The executors' rows of the jobs `viewer` sees, each with its owner (the
+/// executor's tenant, not anything the executor says).
+fn reported_rows(reports: Vec<(Arc<Tenant>, seam_msg::Report)>, viewer: &Viewer) -> Vec<JobInfo> {
+    reports
+        .into_iter()
+        .filter(|(tenant, _)| viewer.sees(&tenant.key))
+        .flat_map(|(tenant, report)| {
+            report.jobs.into_iter().map(move |row| JobInfo {
+                tenant: tenant.to_string(),
+                ..row
+            })
+        })
+        .collect()
+}
+
 /// The rows of the jobs `viewer` sees, each with its owner.
 fn owned_rows<J>(
     owned: Vec<(Arc<Tenant>, Arc<J>)>,
@@ -558,17 +566,7 @@ impl AdminService {
         let this = self.clone();
         let seen = viewer.clone();
         let rows = crate::runtime::exec::blocking(move || {
-            Ok(this
-                .reports()
-                .into_iter()
-                .filter(|(tenant, _)| seen.sees(&tenant.key))
-                .flat_map(|(tenant, report)| {
-                    report.jobs.into_iter().map(move |mut row| {
-                        row.tenant = tenant.to_string();
-                        row
-                    })
-                })
-                .collect::<Vec<_>>())
+            Ok(reported_rows(this.reports(), &seen))
         })
         .await?;
         let key_id = req.job.parse::<u64>().ok();
