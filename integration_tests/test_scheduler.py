@@ -25,7 +25,7 @@ import pytest
 
 import salus_wire as w
 from gated_jobs import GatedJob, GatedJobs
-from server_ctl import ctl, ctl_json, jobs_by_name, require_server_flag, stop_cleanly
+from server_ctl import ctl, ctl_json, jobs_by_name, require_server_flag, stop_cleanly, wait_state
 from conftest import WORKLOADS, SalusProcess, server_bin, wait_until
 
 pytestmark = pytest.mark.skipif(
@@ -374,7 +374,9 @@ def test_killed_client_with_a_queued_iteration(references, tmp_path):
             orphan = jobs.start("orphan", seed=3, steps=60, name="orphan")
             jobs.wait_ready()
             blocker.release(server.target)
-            time.sleep(0.3)
+            # By progress, not the clock: under fifo a session holds the lane from its first main iteration, so
+            # an orphan that arrived before the blocker's first one (a slow executor start) would run one itself.
+            wait_state(server.address, "blocker", lambda row: row["iterations"] > 0)
             orphan.release(server.target)
             rows: dict = {}
 

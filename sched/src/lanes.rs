@@ -580,9 +580,11 @@ impl<W> Scheduler<W> {
             return Ok(());
         }
         let (key, ready, running) = (job.key, !job.queue.is_empty(), job.running);
+        let tenant = job.tenant;
         if let Some(lane) = self.lanes.get_mut(&from) {
             lane.all.remove(&(key, id));
             lane.ready.remove(&(key, id));
+            lane.remove_tenant_job(tenant);
             lane.running = lane.running.saturating_sub(running);
             if lane.all.is_empty() && lane.running == 0 {
                 self.lanes.remove(&from);
@@ -590,6 +592,7 @@ impl<W> Scheduler<W> {
         }
         let lane = self.lanes.entry(to).or_default();
         lane.all.insert((key, id));
+        lane.add_tenant_job(tenant);
         if ready {
             lane.ready.insert((key, id));
         }

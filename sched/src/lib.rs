@@ -22,6 +22,7 @@
 //! - [`policy`]: the policies, one module each.
 //! - [`hints`]: job hints and their wire format.
 //! - [`lanes`]: memory lanes (Salus's assignment rule).
+//! - [`tenants`]: sharing between tenants before the policy orders their jobs.
 //! - [`units`]: byte sizes ("512MiB").
 //!
 //! The server (`salus-server`) and the simulator (`salus-sim`) both drive this
@@ -30,6 +31,7 @@
 pub mod hints;
 pub mod lanes;
 pub mod policy;
+pub mod tenants;
 pub mod units;
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
@@ -37,6 +39,8 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 pub use hints::{HintError, Hints};
 pub use policy::SortKey;
 use policy::{Hold, JobView, Policy};
+pub use tenants::{Share, TenantId, TenantStatus};
+use tenants::Tenants;
 
 /// Nanoseconds since an epoch chosen by the driver.
 pub type Nanos = u64;
@@ -55,6 +59,8 @@ pub struct SchedConfig {
     /// How long after a job's iteration ends it still counts as active (see
     /// [`Hold::WhileActive`]).
     pub anticipation: Nanos,
+    /// Whether a lane shares between tenants first ([`tenants`]).
+    pub share: Share,
 }
 
 impl Default for SchedConfig {
@@ -62,6 +68,7 @@ impl Default for SchedConfig {
         SchedConfig {
             lane_concurrency: 1,
             anticipation: 2_000_000,
+            share: Share::Tenants,
         }
     }
 }
@@ -72,6 +79,8 @@ pub enum SchedError {
     UnknownJob(JobId),
     #[error("job {0:?} is already known to the scheduler")]
     DuplicateJob(JobId),
+    #[error("a tenant's weight must be 1 to {max}, not {0}", max = tenants::MAX_WEIGHT)]
+    BadWeight(u32),
 }
 
 struct Pending<W> {
@@ -81,6 +90,7 @@ struct Pending<W> {
 
 struct JobState<W> {
     lane: LaneId,
+    tenant: TenantId,
     arrival: Nanos,
     hints: Hints,
     attained: Nanos,
@@ -100,9 +110,17 @@ struct JobState<W> {
 }
 
 impl<W> JobState<W> {
-    fn new(id: JobId, lane: LaneId, hints: Hints, now: Nanos, fair_offset: Nanos) -> Self {
+    fn new(
+        id: JobId,
+        lane: LaneId,
+        tenant: TenantId,
+        hints: Hints,
+        now: Nanos,
+        fair_offset: Nanos,
+    ) -> Self {
         JobState {
             lane,
+            tenant,
             arrival: now,
             hints,
             attained: 0,
@@ -183,6 +201,8 @@ struct LaneState {
     all: BTreeSet<(SortKey, JobId)>,
     /// Jobs with at least one queued iteration.
     ready: BTreeSet<(SortKey, JobId)>,
+    /// Live jobs of each tenant on the lane.
+    tenant_jobs: HashMap<TenantId, usize>,
     running: usize,
     /// When keys were last recomputed for [`Policy::refresh_interval`].
     refreshed: Nanos,
@@ -212,6 +232,7 @@ pub enum Decision<W> {
 pub struct JobStatus {
     pub id: JobId,
     pub lane: LaneId,
+    pub tenant: TenantId,
     pub hints: Hints,
     pub arrival: Nanos,
     /// Device time of main iterations.
@@ -233,6 +254,30 @@ pub struct Scheduler<W> {
     policy: Box<dyn Policy>,
     jobs: HashMap<JobId, JobState<W>>,
     lanes: HashMap<LaneId, LaneState>,
+    tenants: Tenants,
+}
+
+/// How a tenant's best job that decides leaves its tenant's turn.
+enum TenantTurn {
+    Run(JobId),
+    /// Between iterations and held for: until then for every tenant, or
+    /// (None) beyond the anticipation window, for its own tenant's jobs only.
+    Hold(Option<Nanos>),
+}
+
+impl LaneState {
+    fn add_tenant_job(&mut self, tenant: TenantId) {
+        *self.tenant_jobs.entry(tenant).or_default() += 1;
+    }
+
+    fn remove_tenant_job(&mut self, tenant: TenantId) {
+        if let Some(count) = self.tenant_jobs.get_mut(&tenant) {
+            *count -= 1;
+            if *count == 0 {
+                self.tenant_jobs.remove(&tenant);
+            }
+        }
+    }
 }
 
 impl<W> Scheduler<W> {
@@ -242,6 +287,7 @@ impl<W> Scheduler<W> {
             policy,
             jobs: HashMap::new(),
             lanes: HashMap::new(),
+            tenants: Tenants::default(),
         }
     }
 
@@ -262,6 +308,7 @@ impl<W> Scheduler<W> {
         self.config
     }
 
+    /// Adds a job of no particular tenant ([`TenantId::NONE`]).
     pub fn add_job(
         &mut self,
         id: JobId,
@@ -269,29 +316,60 @@ impl<W> Scheduler<W> {
         hints: Hints,
         now: Nanos,
     ) -> Result<(), SchedError> {
+        self.add_tenant_job(id, lane, TenantId::NONE, hints, now)
+    }
+
+    pub fn add_tenant_job(
+        &mut self,
+        id: JobId,
+        lane: LaneId,
+        tenant: TenantId,
+        hints: Hints,
+        now: Nanos,
+    ) -> Result<(), SchedError> {
         if self.jobs.contains_key(&id) {
             return Err(SchedError::DuplicateJob(id));
         }
+        let by_tenant = self.config.share == Share::Tenants;
         let lane_state = self.lanes.entry(lane).or_default();
-        // Fair share starts at the lane's current minimum.
+        // Fair share starts at the current minimum of the jobs it is compared
+        // with: the lane's, or its tenant's on the lane.
         let fair_offset = lane_state
             .all
             .iter()
             .filter_map(|(_, j)| self.jobs.get(j))
+            .filter(|j| !by_tenant || j.tenant == tenant)
             .map(|j| j.service() + j.fair_offset)
             .min()
             .unwrap_or(0);
-        let mut job = JobState::new(id, lane, hints, now, fair_offset);
+        let mut job = JobState::new(id, lane, tenant, hints, now, fair_offset);
         job.key = self.policy.key(&job.view(id));
         lane_state.all.insert((job.key, id));
+        lane_state.add_tenant_job(tenant);
         self.jobs.insert(id, job);
+        self.tenants.joined(tenant, now);
         Ok(())
+    }
+
+    /// A tenant's weight (1 to [`tenants::MAX_WEIGHT`], default 1): its share
+    /// of device time against the others' under [`Share::Tenants`].
+    pub fn set_tenant_weight(&mut self, tenant: TenantId, weight: u32) -> Result<(), SchedError> {
+        if !(1..=tenants::MAX_WEIGHT).contains(&weight) {
+            return Err(SchedError::BadWeight(weight));
+        }
+        self.tenants.set_weight(tenant, weight);
+        Ok(())
+    }
+
+    /// Every tenant seen so far, with its device time.
+    pub fn tenant_status(&self) -> Vec<TenantStatus> {
+        self.tenants.status()
     }
 
     /// The rank `id` would have under the current policy if it arrived now
     /// with `hints`: how memory admission orders jobs not yet scheduled.
     pub fn rank_new(&self, id: JobId, hints: &Hints, now: Nanos) -> SortKey {
-        let job = JobState::<W>::new(id, LaneId(0), hints.clone(), now, 0);
+        let job = JobState::<W>::new(id, LaneId(0), TenantId::NONE, hints.clone(), now, 0);
         self.policy.key(&job.view(id))
     }
 
@@ -353,6 +431,7 @@ impl<W> Scheduler<W> {
     pub fn charge_outside_run(&mut self, job: JobId, device_time: Nanos) {
         if let Some(state) = self.jobs.get_mut(&job) {
             state.outside_service = state.outside_service.saturating_add(device_time);
+            self.tenants.charge(state.tenant, device_time);
             self.rekey(job);
         }
     }
@@ -366,6 +445,19 @@ impl<W> Scheduler<W> {
             return self.lanes.values().any(|lane| !lane.ready.is_empty());
         };
         self.lanes.get(&state.lane).is_some_and(|lane| {
+            if self.shares_between_tenants(lane) {
+                let own = self.tenants.vtime(state.tenant);
+                return lane.ready.iter().any(|&(key, id)| {
+                    id != job
+                        && self.jobs.get(&id).is_some_and(|other| {
+                            if other.tenant == state.tenant {
+                                key < state.key
+                            } else {
+                                self.tenants.vtime(other.tenant) < own
+                            }
+                        })
+                });
+            }
             lane.ready
                 .iter()
                 .find(|&&(_, id)| id != job)
@@ -377,10 +469,13 @@ impl<W> Scheduler<W> {
     pub fn remove_job(&mut self, id: JobId) -> Result<Vec<W>, SchedError> {
         let job = self.jobs.remove(&id).ok_or(SchedError::UnknownJob(id))?;
         self.policy.forget(&job.view(id));
+        self.tenants
+            .left(job.tenant, job.queue.len() + job.running);
         // A running iteration keeps its lane slot until `finish`.
         if let Some(lane) = self.lanes.get_mut(&job.lane) {
             lane.all.remove(&(job.key, id));
             lane.ready.remove(&(job.key, id));
+            lane.remove_tenant_job(job.tenant);
             if lane.all.is_empty() && lane.running == 0 {
                 self.lanes.remove(&job.lane);
             }
@@ -404,6 +499,7 @@ impl<W> Scheduler<W> {
             submitted: now,
             work,
         });
+        self.tenants.submitted(state.tenant, now);
         if state.queue.len() == 1 {
             if let Some(lane) = self.lanes.get_mut(&state.lane) {
                 lane.ready.insert((state.key, job));
@@ -430,6 +526,7 @@ impl<W> Scheduler<W> {
                 }
             }
             job.queue = kept;
+            self.tenants.dropped(job.tenant, dropped.len() - before);
             if dropped.len() > before && job.queue.is_empty() {
                 if let Some(lane) = self.lanes.get_mut(&job.lane) {
                     lane.ready.remove(&(job.key, id));
@@ -454,6 +551,9 @@ impl<W> Scheduler<W> {
         // Walk jobs best-first: run the first with work ready, unless the policy
         // holds the lane for a better job that is between iterations.
         let chosen: Option<Result<JobId, Option<Nanos>>> = match self.policy.hold() {
+            _ if self.shares_between_tenants(lane_state) => {
+                self.choose_between_tenants(lane_state, now)
+            }
             Hold::Never => lane_state.ready.first().map(|&(_, id)| Ok(id)),
             hold => lane_state.all.iter().find_map(|&(_, id)| {
                 let job = self.jobs.get(&id)?;
@@ -499,10 +599,64 @@ impl<W> Scheduler<W> {
         }
     }
 
+    /// Whether `lane` holds jobs of more than one tenant and shares between them.
+    fn shares_between_tenants(&self, lane: &LaneState) -> bool {
+        self.config.share == Share::Tenants && lane.tenant_jobs.len() > 1
+    }
+
+    /// The lane's choice when tenants share it: each tenant's turn is what the
+    /// policy's walk over that tenant's jobs alone would decide; the tenant
+    /// with the least virtual time whose turn is to run or to wait gets it.
+    /// A `fifo` hold beyond the anticipation window keeps its own tenant's
+    /// other jobs waiting, not other tenants'.
+    fn choose_between_tenants(
+        &self,
+        lane: &LaneState,
+        now: Nanos,
+    ) -> Option<Result<JobId, Option<Nanos>>> {
+        let hold = self.policy.hold();
+        let anticipation = self.config.anticipation;
+        let mut turns: Vec<(TenantId, TenantTurn)> = Vec::with_capacity(lane.tenant_jobs.len());
+        for &(_, id) in &lane.all {
+            if turns.len() == lane.tenant_jobs.len() {
+                break;
+            }
+            let Some(job) = self.jobs.get(&id) else {
+                continue;
+            };
+            if turns.iter().any(|(tenant, _)| *tenant == job.tenant) {
+                continue;
+            }
+            let turn = if !job.queue.is_empty() {
+                TenantTurn::Run(id)
+            } else if job.running > 0 {
+                continue;
+            } else {
+                let active_until = job
+                    .last_end
+                    .map(|end| end.saturating_add(anticipation))
+                    .filter(|&until| now < until);
+                match hold {
+                    Hold::Always if job.iterations > 0 => TenantTurn::Hold(active_until),
+                    Hold::WhileActive if active_until.is_some() => TenantTurn::Hold(active_until),
+                    _ => continue,
+                }
+            };
+            turns.push((job.tenant, turn));
+        }
+        turns.sort_by_key(|(tenant, _)| (self.tenants.vtime(*tenant), *tenant));
+        turns.into_iter().find_map(|(_, turn)| match turn {
+            TenantTurn::Run(id) => Some(Ok(id)),
+            TenantTurn::Hold(Some(until)) => Some(Err(Some(until))),
+            TenantTurn::Hold(None) => None,
+        })
+    }
+
     /// Records that an iteration of `job` dispatched by [`Self::next`] ended;
     /// `device_time` is charged to the job (`None`: it never ran).
     pub fn finish(&mut self, job: JobId, lane: LaneId, device_time: Option<Nanos>, now: Nanos) {
         if let Some(state) = self.jobs.get_mut(&job) {
+            self.tenants.finished(state.tenant, device_time, now);
             state.running = state.running.saturating_sub(1);
             if let Some(t) = device_time {
                 state.record_iterations(t, 1, now);
@@ -533,6 +687,7 @@ impl<W> Scheduler<W> {
             return;
         }
         state.record_iterations(device_time, count, now);
+        self.tenants.charge(state.tenant, device_time);
         self.rekey(job);
     }
 
@@ -561,7 +716,8 @@ impl<W> Scheduler<W> {
         if lane.all.len() == 1 {
             return true;
         }
-        if !self.policy.key_is_fixed() || self.config.lane_concurrency != 1 {
+        if !self.policy.key_is_fixed()
+            || self.shares_between_tenants(lane) || self.config.lane_concurrency != 1 {
             return false;
         }
         let rivals = match self.policy.hold() {
@@ -598,6 +754,7 @@ impl<W> Scheduler<W> {
         Some(JobStatus {
             id,
             lane: j.lane,
+            tenant: j.tenant,
             hints: j.hints.clone(),
             arrival: j.arrival,
             attained: j.attained,
@@ -620,3 +777,5 @@ impl<W> Scheduler<W> {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tenant_tests;

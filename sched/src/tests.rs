@@ -12,6 +12,7 @@ fn sched(policy: &str) -> Scheduler<&'static str> {
         SchedConfig {
             lane_concurrency: 1,
             anticipation: 2 * MS,
+            ..SchedConfig::default()
         },
     )
 }
@@ -235,6 +236,7 @@ fn lane_concurrency_limits_iterations_in_flight() {
         SchedConfig {
             lane_concurrency: 2,
             anticipation: 0,
+            ..SchedConfig::default()
         },
     );
     for j in 1..=3 {
