@@ -14,6 +14,7 @@ fn loaded(policy: &str) -> Scheduler<u64> {
         SchedConfig {
             lane_concurrency: 1,
             anticipation: 2_000_000,
+            ..SchedConfig::default()
         },
     );
     for j in 0..JOBS {

@@ -8,7 +8,7 @@ use clap::Parser;
 
 use crate::runtime::session_config::SessionDefaults;
 use crate::sched::lanes::LaneRule;
-use crate::sched::{policy, SchedConfig};
+use crate::sched::{policy, SchedConfig, Share};
 use crate::tenant::identity::{AuthMode, TenantsFile};
 use crate::tenant::op_policy::OpPolicy;
 use crate::tenant::{absolute, default_checkpoint_base, CheckpointRoot, TenantRules};
@@ -60,6 +60,12 @@ pub struct Args {
     /// changed at run time with `salus-server ctl policy NAME`.
     #[arg(long, env = "SALUS_POLICY", default_value = "fair")]
     pub policy: String,
+
+    /// Between whom device time is shared first. tenants: equal device time
+    /// between the tenants (users) with work, by weight, and the policy orders
+    /// each tenant's own jobs; jobs: the policy orders every job, whoever owns it.
+    #[arg(long, env = "SALUS_SHARE", default_value = "tenants", value_parser = parse_share)]
+    pub share: Share,
 
     /// Main iterations in flight per lane (Salus: 1).
     #[arg(long, env = "SALUS_LANE_CONCURRENCY", default_value_t = 1)]
@@ -355,6 +361,7 @@ impl TryFrom<Args> for Config {
             sched: SchedConfig {
                 lane_concurrency: args.lane_concurrency,
                 anticipation: args.anticipation_us.saturating_mul(1000),
+                share: args.share,
             },
             idle_timeout: (args.idle_timeout > 0).then(|| Duration::from_secs(args.idle_timeout)),
             shutdown_grace: Duration::from_secs(args.shutdown_grace),
@@ -380,6 +387,10 @@ impl TryFrom<Args> for Config {
             executor_idle_timeout: Duration::from_secs(args.executor_idle_timeout),
         })
     }
+}
+
+fn parse_share(text: &str) -> Result<Share, String> {
+    text.parse().map_err(|e: crate::sched::tenants::UnknownShare| e.to_string())
 }
 
 fn parse_auth(text: &str) -> Result<AuthMode, String> {

@@ -228,6 +228,10 @@ pub fn stats_json(s: &SchedulerStats) -> Value {
         "queue_wait_us": latency_json(s.queue_wait.as_ref()),
         "handover_latency_us": latency_json(s.handover_latency.as_ref()),
         "lanes": s.lanes.iter().map(|q| json!({"lane": q.lane, "queued": q.queued, "running": q.running})).collect::<Vec<_>>(),
+        "share": s.share,
+        "tenants": s.tenants.iter().map(|t| json!({
+            "tenant": t.tenant, "weight": t.weight, "device_s": t.device_seconds, "jobs": t.jobs, "queued": t.queued,
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -384,6 +388,15 @@ pub fn stats_text(s: &SchedulerStats) -> String {
         out += &format!(
             "lane {}           {} running, {} queued\n",
             q.lane, q.running, q.queued
+        );
+    }
+    out += &format!("shared between   {}\n", s.share);
+    let total: f64 = s.tenants.iter().map(|t| t.device_seconds).sum();
+    for t in &s.tenants {
+        let percent = if total > 0.0 { 100.0 * t.device_seconds / total } else { 0.0 };
+        out += &format!(
+            "tenant {}: {:.3} s device time ({percent:.1}% of the tenants shown), weight {}, {} jobs, {} iterations queued or running\n",
+            t.tenant, t.device_seconds, t.weight, t.jobs, t.queued
         );
     }
     out
@@ -594,6 +607,33 @@ mod tests {
         );
         assert_eq!(counters_json(&info)["run_errors"]["INVALID_ARGUMENT"], 3);
         assert!(stats_text(&s).contains("p50 12.0 us, p99 40.0 us"));
+        let s = SchedulerStats {
+            share: "tenants".into(),
+            tenants: vec![
+                TenantShare {
+                    tenant: "alice (uid 1001)".into(),
+                    weight: 1,
+                    device_seconds: 3.0,
+                    jobs: 1,
+                    queued: 1,
+                },
+                TenantShare {
+                    tenant: "bob (uid 1002)".into(),
+                    weight: 2,
+                    device_seconds: 1.0,
+                    jobs: 8,
+                    queued: 0,
+                },
+            ],
+            ..s
+        };
+        let text = stats_text(&s);
+        assert!(text.contains("shared between   tenants\n"), "{text}");
+        assert!(
+            text.contains("tenant bob (uid 1002): 1.000 s device time (25.0% of the tenants shown), weight 2, 8 jobs"),
+            "{text}"
+        );
+        assert_eq!(stats_json(&s)["tenants"][0]["device_s"], 3.0);
         assert_eq!(stats_json(&s)["switch_latency_us"]["p99"], 40.0);
     }
 

@@ -16,6 +16,7 @@ use crate::error::Error;
 use crate::frontend::identify::tenant_of;
 use crate::runtime::admission::MemoryState;
 use crate::runtime::eager_job::EagerJob;
+use crate::runtime::executor::TenantFigures;
 use crate::runtime::graph_delta::VariableBytes;
 use crate::runtime::graph_job::Job;
 use crate::runtime::latency::LatencySnapshot;
@@ -292,8 +293,13 @@ impl AdminService {
             })
     }
 
-    /// Scheduler statistics (`GetStats`; `/metrics` reads it too).
+    /// Scheduler statistics, every tenant's row included (`/metrics`).
     pub fn scheduler_stats(&self) -> SchedulerStats {
+        self.scheduler_stats_for(&Viewer::Admin)
+    }
+
+    /// Scheduler statistics with the tenant rows `viewer` sees (`GetStats`).
+    fn scheduler_stats_for(&self, viewer: &Viewer) -> SchedulerStats {
         let stats = self.state.executor.stats();
         SchedulerStats {
             policy: stats.policy.into(),
@@ -315,6 +321,15 @@ impl AdminService {
             dropped_iterations: stats.dropped_iterations,
             iteration_time: Some(latency_summary(&stats.runs.iteration_time)),
             queue_wait: Some(latency_summary(&stats.runs.queue_wait)),
+            share: stats.share.name().into(),
+            tenants: self
+                .state
+                .executor
+                .tenant_figures()
+                .iter()
+                .filter(|figures| viewer.sees(&figures.tenant.key))
+                .map(tenant_share)
+                .collect(),
         }
     }
 
@@ -536,6 +551,16 @@ fn owned_rows<J>(
         .collect()
 }
 
+fn tenant_share(figures: &TenantFigures) -> TenantShare {
+    TenantShare {
+        tenant: figures.tenant.to_string(),
+        weight: figures.status.weight,
+        device_seconds: figures.status.service as f64 / 1e9,
+        jobs: figures.status.jobs as u64,
+        queued: figures.status.work as u64,
+    }
+}
+
 fn latency_summary(l: &LatencySnapshot) -> LatencySummary {
     LatencySummary {
         count: l.count,
@@ -640,9 +665,10 @@ impl Admin for AdminService {
 
     async fn get_stats(
         &self,
-        _: Request<GetStatsRequest>,
+        request: Request<GetStatsRequest>,
     ) -> Result<Response<SchedulerStats>, Status> {
-        Ok(Response::new(self.scheduler_stats()))
+        let viewer = self.viewer(&tenant_of(&request));
+        Ok(Response::new(self.scheduler_stats_for(&viewer)))
     }
 
     async fn set_policy(

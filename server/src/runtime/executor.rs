@@ -21,14 +21,16 @@ use crate::error::{Error, Result};
 use crate::runtime::latency::{LatencyRecorder, LatencySnapshot};
 use crate::runtime::run_class::RunClass;
 use crate::runtime::run_stats::{RunStats, RunStatsSnapshot};
+use crate::runtime::tenant_ids::TenantIds;
 use crate::runtime::timeline::{JobKind, Timeline};
 use crate::seam::client::SeamClient;
 use crate::seam::{hints_to_msg, msg as seam_msg};
 use crate::sched::policy::{self, Policy};
 use crate::sched::{
     Decision, Hints, JobId, JobStatus, LaneId, Nanos, SchedConfig, SchedError, Scheduler, SortKey,
+    Share, TenantStatus,
 };
-use crate::tenant::identity::TenantKey;
+use crate::tenant::identity::Tenant;
 
 /// Window for the iterations-per-second figure.
 const RATE_WINDOW_S: u64 = 60;
@@ -96,6 +98,8 @@ impl Task for Remote {
 /// Scheduler counters for the admin API.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ExecStats {
+    /// Between whom device time is shared first.
+    pub share: Share,
     pub policy: &'static str,
     pub iterations_total: u64,
     pub iterations_per_second: f64,
@@ -111,8 +115,16 @@ pub struct ExecStats {
     pub runs: RunStatsSnapshot,
 }
 
+/// One tenant's figures in the scheduler.
+#[derive(Clone, Debug)]
+pub struct TenantFigures {
+    pub tenant: Tenant,
+    pub status: TenantStatus,
+}
+
 struct Inner {
     sched: Scheduler<Work>,
+    tenants: TenantIds,
     lanes_with_threads: HashSet<LaneId>,
     switch_latency: LatencyRecorder,
     handover_latency: LatencyRecorder,
@@ -186,6 +198,7 @@ impl Executor {
             shared: Arc::new(Shared {
                 inner: Mutex::new(Inner {
                     sched: Scheduler::new(policy, config),
+                    tenants: TenantIds::default(),
                     lanes_with_threads: HashSet::new(),
                     switch_latency: LatencyRecorder::default(),
                     handover_latency: LatencyRecorder::default(),
@@ -216,9 +229,11 @@ impl Executor {
         }
         let now = self.shared.now();
         let mut inner = self.shared.lock();
+        // The owner was recorded when the job opened (`open_job`).
+        let tenant = inner.tenants.owner(id);
         inner
             .sched
-            .add_job(id, lane, hints, now)
+            .add_tenant_job(id, lane, tenant, hints, now)
             .map_err(sched_error)?;
         self.start_lane_threads(&mut inner, lane)
     }
@@ -271,6 +286,7 @@ impl Executor {
         let dropped = {
             let mut inner = self.shared.lock();
             let dropped = inner.sched.remove_job(id).unwrap_or_default();
+            inner.tenants.forget_job(id);
             inner.dropped += dropped.len() as u64;
             inner.run_stats.forget(id);
             dropped
@@ -427,8 +443,10 @@ impl Executor {
         self.shared.lock().run_stats.cheap_runs(job)
     }
 
-    /// A job opened: its label on the timeline (the supervisor's, in an executor process).
-    pub fn open_job(&self, job: JobId, name: &str, kind: JobKind, owner: Option<TenantKey>) {
+    /// A job opened: its owner, whose share it runs in once it joins the
+    /// scheduler (call this first), and its label on the timeline (the
+    /// supervisor's, in an executor process).
+    pub fn open_job(&self, job: JobId, name: &str, kind: JobKind, owner: Option<&Tenant>) {
         if let Some(seam) = &self.remote {
             seam.send(seam_msg::to_supervisor::Msg::OpenJob(seam_msg::OpenJob {
                 job: job.0,
@@ -437,7 +455,33 @@ impl Executor {
             }));
             return;
         }
-        self.shared.timeline.open_job(job, name, kind, owner);
+        if let Some(owner) = owner {
+            self.shared.lock().tenants.set_owner(job, owner);
+        }
+        self.shared
+            .timeline
+            .open_job(job, name, kind, owner.map(|t| t.key.clone()));
+    }
+
+    /// Every tenant that has had a job here, with its share of device time.
+    pub fn tenant_figures(&self) -> Vec<TenantFigures> {
+        let inner = self.shared.lock();
+        inner
+            .sched
+            .tenant_status()
+            .into_iter()
+            .filter_map(|status| {
+                let tenant = inner.tenants.tenant(status.id)?.clone();
+                Some(TenantFigures { tenant, status })
+            })
+            .collect()
+    }
+
+    /// A tenant's weight against the others (see `salus_sched::tenants`).
+    pub fn set_tenant_weight(&self, tenant: &Tenant, weight: u32) -> Result<()> {
+        let mut inner = self.shared.lock();
+        let id = inner.tenants.id_of(tenant);
+        inner.sched.set_tenant_weight(id, weight).map_err(sched_error)
     }
 
     /// The ring of recent runs (the admin API's timeline).
@@ -524,6 +568,7 @@ impl Executor {
             .collect();
         ExecStats {
             policy: inner.sched.policy_name(),
+            share: inner.sched.config().share,
             iterations_total: inner.iterations_total,
             iterations_per_second: recent as f64 / window,
             queued: inner.sched.queued() as u64,
@@ -556,7 +601,10 @@ impl Drop for CancelTurn {
 }
 
 fn sched_error(err: SchedError) -> Error {
-    Error::Internal(err.to_string())
+    match err {
+        SchedError::BadWeight(_) => Error::InvalidArgument(err.to_string()),
+        _ => Error::Internal(err.to_string()),
+    }
 }
 
 fn set_running(inner: &mut Inner, lane: LaneId, delta: isize) {
@@ -690,6 +738,7 @@ mod tests {
             SchedConfig {
                 lane_concurrency: 1,
                 anticipation: 0,
+                ..SchedConfig::default()
             },
         )
     }

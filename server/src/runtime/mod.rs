@@ -18,5 +18,6 @@ pub mod run_errors;
 pub mod run_stats;
 pub mod session_config;
 pub mod state;
+pub mod tenant_ids;
 pub mod timeline;
 pub mod wire;

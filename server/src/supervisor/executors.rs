@@ -477,7 +477,7 @@ impl Executors {
             self.admission.clone(),
             self.runtime.clone(),
             label.clone(),
-            tenant.key.clone(),
+            Tenant::clone(&tenant),
         )
         .map_err(|e| format!("cannot watch the executor of tenant {tenant}: {e}"))?;
         let death = Arc::new(DeathNote::default());

@@ -27,7 +27,7 @@ use crate::sched::{JobId, LaneId};
 use crate::seam::frame::{read_frame, write_frame};
 use crate::seam::hints_from_msg;
 use crate::seam::msg::{self, to_executor, to_supervisor};
-use crate::tenant::identity::TenantKey;
+use crate::tenant::identity::Tenant;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -49,7 +49,7 @@ pub struct Link {
     next_report: std::sync::atomic::AtomicU64,
     hello: Mutex<Option<oneshot::Sender<msg::Hello>>>,
     /// The executor's tenant: the owner of every job it opens.
-    owner: TenantKey,
+    owner: Tenant,
     dead: AtomicBool,
     /// Set when the executor, shutting down, has drained its eager jobs (or died).
     drained: tokio::sync::watch::Sender<bool>,
@@ -64,7 +64,7 @@ impl Link {
         admission: Option<Admission>,
         runtime: tokio::runtime::Handle,
         label: String,
-        owner: TenantKey,
+        owner: Tenant,
     ) -> std::io::Result<(Arc<Link>, oneshot::Receiver<msg::Hello>)> {
         let reader = stream.try_clone()?;
         let (hello_tx, hello_rx) = oneshot::channel();
@@ -158,7 +158,7 @@ impl Link {
                 };
                 // The owner is this link's tenant, whatever the executor says.
                 self.executor
-                    .open_job(job, &open.name, kind, Some(self.owner.clone()));
+                    .open_job(job, &open.name, kind, Some(&self.owner));
             }
             to_supervisor::Msg::RemoveJob(remove) => self.forget(JobId(remove.job)),
             to_supervisor::Msg::Want(want) => {

@@ -173,7 +173,7 @@ impl EagerService for Eager {
         }
         self.state
             .executor
-            .open_job(id, &hints.name, JobKind::Eager, Some(tenant.key.clone()));
+            .open_job(id, &hints.name, JobKind::Eager, Some(tenant.as_ref()));
         // With memory lanes, jobs join the scheduler when they are admitted.
         if self.state.admission.is_none() {
             if let Err(err) = self.state.executor.add_job(id, LaneId(0), hints.clone()) {

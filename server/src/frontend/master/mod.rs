@@ -221,9 +221,16 @@ impl MasterService for Master {
             })
             .await?
         };
+        // First its owner, whose share it joins the scheduler in.
+        self.state
+            .executor
+            .open_job(id, &hints.name, JobKind::Graph, Some(tenant.as_ref()));
         // With memory lanes, the job joins the scheduler when it is admitted.
         if self.state.admission.is_none() {
-            self.state.executor.add_job(id, LaneId(0), hints.clone())?;
+            if let Err(err) = self.state.executor.add_job(id, LaneId(0), hints.clone()) {
+                self.state.executor.remove_job(id);
+                return Err(err.into());
+            }
         }
         if let Err(err) = self.state.sessions.insert(
             tenant.clone(),
@@ -235,9 +242,6 @@ impl MasterService for Master {
             self.state.executor.remove_job(id);
             return Err(err.into());
         }
-        self.state
-            .executor
-            .open_job(id, &hints.name, JobKind::Graph, Some(tenant.key.clone()));
         tracing::info!(session = %handle, job = id.0, name = %hints.name, tenant = %tenant, ?hints, "session created");
         Ok(Response::new(CreateSessionResponse {
             session_handle: handle,

@@ -15,7 +15,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
-use salus_proto::salus::v1::{JobInfo, LatencySummary, SchedulerStats, ServerInfo};
+use salus_proto::salus::v1::{JobInfo, LatencySummary, SchedulerStats, ServerInfo, TenantShare};
 
 /// Open jobs with series of their own; the rest are folded into "other".
 pub const MAX_JOB_SERIES: usize = 100;
@@ -354,6 +354,43 @@ impl Scrape {
             "salus_queue_wait_seconds",
             "Time main iterations waited from submission to dispatch.",
             s.queue_wait.as_ref(),
+        )?;
+        self.encode_tenants(enc)
+    }
+
+    /// Per tenant (bounded by the tenants the server knows: users and the
+    /// tenants file's names).
+    fn encode_tenants(&self, enc: &mut DescriptorEncoder) -> std::fmt::Result {
+        let rows = |f: fn(&TenantShare) -> f64| -> Vec<(Labels, f64)> {
+            self.stats
+                .tenants
+                .iter()
+                .map(|t| (vec![("tenant", t.tenant.clone())], f(t)))
+                .collect()
+        };
+        counters(
+            enc,
+            "salus_tenant_device_seconds",
+            "Device time of a tenant's jobs (main iterations and brief runs) since the server started.",
+            &rows(|t| t.device_seconds),
+        )?;
+        gauges(
+            enc,
+            "salus_tenant_jobs",
+            "Open jobs per tenant.",
+            &rows(|t| t.jobs as f64),
+        )?;
+        gauges(
+            enc,
+            "salus_tenant_queued_iterations",
+            "Iterations queued or running per tenant.",
+            &rows(|t| t.queued as f64),
+        )?;
+        gauges(
+            enc,
+            "salus_tenant_weight",
+            "A tenant's weight in sharing device time between tenants (--share tenants).",
+            &rows(|t| t.weight as f64),
         )
     }
 
@@ -515,6 +552,13 @@ mod tests {
                     running: 1,
                 }],
                 switch_latency: Some(latency),
+                tenants: vec![TenantShare {
+                    tenant: "alice (uid 1001)".into(),
+                    weight: 2,
+                    device_seconds: 1.5,
+                    jobs: 3,
+                    queued: 1,
+                }],
                 ..Default::default()
             },
         })
@@ -588,6 +632,12 @@ mod tests {
             value(&text, r#"salus_jobs_reclaimed_total{kind="eager"}"#),
             6.0
         );
+        assert_eq!(
+            value(&text, r#"salus_tenant_device_seconds_total{tenant="alice (uid 1001)"}"#),
+            1.5
+        );
+        assert_eq!(value(&text, r#"salus_tenant_jobs{tenant="alice (uid 1001)"}"#), 3.0);
+        assert_eq!(value(&text, r#"salus_tenant_weight{tenant="alice (uid 1001)"}"#), 2.0);
     }
 
     #[test]
