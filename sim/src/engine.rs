@@ -30,6 +30,17 @@
 //! then runs its iterations back to back (its next iteration is submitted the
 //! moment the previous one ends, as a training loop does).
 //!
+//! # Users
+//! A trace's `user` column names each job's owner. The engine adds every job
+//! with [`Scheduler::add_tenant_job`], one [`TenantId`] per user name (the
+//! names sorted, numbered from 1; jobs without a user are
+//! [`TenantId::NONE`]), so under [`Share::Tenants`] a lane shares device
+//! time between users first. [`SimConfig::weights`] sets users' weights.
+//! Each result has every user's device time (the wall time of its
+//! iterations, as the scheduler charges it) and, for a trace that names
+//! users, [`SimResult::user_timeline`]: who has work when, and each user's
+//! device time so far, at every change.
+//!
 //! # Stepping
 //! Every iteration boundary is a scheduling decision. [`Stepping::EveryIteration`]
 //! asks the scheduler at each one. [`Stepping::FastForward`] (the default)
@@ -47,7 +58,9 @@ use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 
 use salus_sched::lanes::{LaneManager, LaneRule, MemoryNeed, Placement};
-use salus_sched::{policy, Decision, Hints, JobId, LaneId, Nanos, SchedConfig, Scheduler};
+use salus_sched::{
+    policy, Decision, Hints, JobId, LaneId, Nanos, SchedConfig, Scheduler, Share, TenantId,
+};
 
 use crate::trace::TraceJob;
 use crate::workload::WorkloadTable;
@@ -85,6 +98,10 @@ pub struct SimConfig {
     pub stepping: Stepping,
     /// How dynamic lanes are assigned when memory is short (with a capacity).
     pub lane_rule: LaneRule,
+    /// Users' weights (1 to [`salus_sched::tenants::MAX_WEIGHT`]; default
+    /// 1): their shares of device time against each other under
+    /// [`Share::Tenants`]. Every user named must be in the trace.
+    pub weights: Vec<(String, u32)>,
 }
 
 impl SimConfig {
@@ -96,8 +113,34 @@ impl SimConfig {
             sched: SchedConfig::default(),
             stepping: Stepping::default(),
             lane_rule: LaneRule::default(),
+            weights: Vec::new(),
         }
     }
+
+    /// The same with lanes shared by `share`.
+    pub fn with_share(mut self, share: Share) -> SimConfig {
+        self.sched.share = share;
+        self
+    }
+}
+
+/// Parses a `USER=WEIGHT` argument (`--weight alice=3`).
+pub fn parse_weight(text: &str) -> Result<(String, u32), String> {
+    let (user, weight) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?}: expected USER=WEIGHT, e.g. alice=2"))?;
+    let user = user.trim();
+    if !crate::trace::valid_user(user) {
+        return Err(format!("{text:?}: {user:?} is not a user name"));
+    }
+    let max = salus_sched::tenants::MAX_WEIGHT;
+    let weight = weight
+        .trim()
+        .parse::<u32>()
+        .ok()
+        .filter(|w| (1..=max).contains(w))
+        .ok_or_else(|| format!("{text:?}: the weight must be a whole number from 1 to {max}"))?;
+    Ok((user.to_string(), weight))
 }
 
 /// One job's fate.
@@ -112,6 +155,8 @@ pub struct JobOutcome {
     pub lane: Option<u32>,
     /// Why it never ran (larger than the device).
     pub refused: Option<String>,
+    /// Its owner; None: no user.
+    pub user: Option<String>,
 }
 
 impl JobOutcome {
@@ -130,6 +175,34 @@ pub struct Point {
     pub running: usize,
 }
 
+/// A user's (tenant's) part of a run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct UserUsage {
+    /// None: the jobs without a user.
+    pub name: Option<String>,
+    pub tenant: TenantId,
+    pub weight: u32,
+    /// Wall time of its jobs' iterations, seconds: device time as the
+    /// scheduler charges it (on one lane, the time the lane ran them).
+    pub device_s: f64,
+    /// The scheduler core's own count ([`Scheduler::tenant_status`]), for
+    /// the server's policies; None for the baselines.
+    pub scheduler_device_s: Option<f64>,
+}
+
+/// A change in which users have work: from `t` on, `busy[u]` says whether
+/// user `u` (index into [`SimResult::users`]) has work, and `device_s[u]` is
+/// its device time up to `t`, iterations in flight counted up to `t`. A user
+/// has work from the moment a job of its is past start-up (it asks for its
+/// first iteration or its lane) until its last job's last iteration ends; a
+/// training job keeps an iteration queued or running all that time.
+#[derive(Clone, Debug, PartialEq)]
+pub struct UserPoint {
+    pub t: f64,
+    pub busy: Vec<bool>,
+    pub device_s: Vec<f64>,
+}
+
 #[derive(Clone, Debug)]
 pub struct SimResult {
     pub policy: String,
@@ -142,6 +215,11 @@ pub struct SimResult {
     pub iterations: u64,
     /// Of those, boundaries fast-forwarded past the scheduler (see [`Stepping`]).
     pub fast_forwarded: u64,
+    /// Every user of the trace, jobs without a user first (if any), then by
+    /// name: the order of [`UserPoint`]'s vectors.
+    pub users: Vec<UserUsage>,
+    /// Only for traces that name a user (empty otherwise: nothing to compare).
+    pub user_timeline: Vec<UserPoint>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -197,6 +275,11 @@ struct Job {
     /// The scheduler's `can_defer_boundary`, as of the slow step counted.
     deferrable: bool,
     deferrable_as_of: Option<u64>,
+    /// Index into the users, and that user's tenant.
+    user: usize,
+    tenant: TenantId,
+    /// Past start-up, not yet done (see [`UserPoint`]).
+    has_work: bool,
     outcome: JobOutcome,
 }
 
@@ -231,6 +314,12 @@ struct Sim {
     /// Steps that called the scheduler or lane manager (any but a deferred
     /// boundary): what the scheduler answered before one may differ after.
     slow_steps: u64,
+    /// Per user: device time of its ended iterations, jobs with work.
+    user_device_s: Vec<f64>,
+    user_jobs_with_work: Vec<usize>,
+    /// Whether to record [`UserPoint`]s.
+    track_users: bool,
+    user_timeline: Vec<UserPoint>,
 }
 
 fn ns(seconds: f64) -> Nanos {
@@ -261,9 +350,60 @@ pub fn simulate(
         .unwrap_or(config.stepping);
     #[cfg(not(test))]
     let stepping = config.stepping;
+    // Users: jobs without one (TenantId::NONE) first, then by name, numbered from 1.
+    let names = crate::trace::users(trace);
+    let anonymous = trace.iter().any(|t| t.user.is_none());
+    let mut users: Vec<UserUsage> = Vec::with_capacity(names.len() + 1);
+    if anonymous {
+        users.push(UserUsage {
+            name: None,
+            tenant: TenantId::NONE,
+            weight: salus_sched::tenants::DEFAULT_WEIGHT,
+            device_s: 0.0,
+            scheduler_device_s: None,
+        });
+    }
+    for (i, name) in names.iter().enumerate() {
+        users.push(UserUsage {
+            name: Some(name.clone()),
+            tenant: TenantId(i as u64 + 1),
+            weight: salus_sched::tenants::DEFAULT_WEIGHT,
+            device_s: 0.0,
+            scheduler_device_s: None,
+        });
+    }
+    let mut sched = Scheduler::new(policy, config.sched);
+    for (k, (name, weight)) in config.weights.iter().enumerate() {
+        if config.weights[..k].iter().any(|(other, _)| other == name) {
+            return Err(SimError::Invalid(format!(
+                "user {name:?} is given a weight twice"
+            )));
+        }
+        let Some(user) = users
+            .iter_mut()
+            .find(|u| u.name.as_deref() == Some(name.as_str()))
+        else {
+            return Err(SimError::Invalid(format!(
+                "a weight for user {name:?}, who has no job in the trace (users: {})",
+                if names.is_empty() {
+                    "none".to_string()
+                } else {
+                    names.join(", ")
+                }
+            )));
+        };
+        sched
+            .set_tenant_weight(user.tenant, *weight)
+            .map_err(|e| SimError::Invalid(format!("user {name:?}: {e}")))?;
+        user.weight = *weight;
+    }
     let mut jobs = Vec::with_capacity(trace.len());
     for t in trace {
         let w = table.get(&t.model)?;
+        let user = users
+            .iter()
+            .position(|u| u.name == t.user)
+            .expect("every user of the trace is listed");
         jobs.push(Job {
             iteration_s: w.iteration_s,
             utilization: w.utilization,
@@ -287,6 +427,9 @@ pub fn simulate(
             deferred_time: 0,
             deferrable: false,
             deferrable_as_of: None,
+            user,
+            tenant: users[user].tenant,
+            has_work: false,
             outcome: JobOutcome {
                 job_id: t.job_id.clone(),
                 model: t.model.clone(),
@@ -295,6 +438,7 @@ pub fn simulate(
                 end_s: None,
                 lane: None,
                 refused: None,
+                user: t.user.clone(),
             },
         });
     }
@@ -309,7 +453,7 @@ pub fn simulate(
         events: BinaryHeap::new(),
         seq: 0,
         jobs,
-        sched: Scheduler::new(policy, config.sched),
+        sched,
         lanes: (mode == Mode::Salus)
             .then_some(config.capacity)
             .flatten()
@@ -325,12 +469,27 @@ pub fn simulate(
         deferred: Vec::new(),
         fast_forwarded: 0,
         slow_steps: 0,
+        user_device_s: vec![0.0; users.len()],
+        user_jobs_with_work: vec![0; users.len()],
+        track_users: !names.is_empty(),
+        user_timeline: Vec::new(),
     };
     for (i, job) in trace.iter().enumerate() {
         sim.at(job.submit_s, Event::Arrive(i));
     }
     sim.run();
     sim.tell_deferred();
+    let charged = sim.sched.tenant_status();
+    for (user, device_s) in users.iter_mut().zip(&sim.user_device_s) {
+        user.device_s = *device_s;
+        if mode == Mode::Salus {
+            let service = charged
+                .iter()
+                .find(|t| t.id == user.tenant)
+                .map_or(0, |t| t.service);
+            user.scheduler_device_s = Some(service as f64 / 1e9);
+        }
+    }
     Ok(SimResult {
         policy: config.policy.clone(),
         jobs: sim.jobs.into_iter().map(|j| j.outcome).collect(),
@@ -338,6 +497,8 @@ pub fn simulate(
         busy_s: sim.busy_s,
         iterations: sim.iterations,
         fast_forwarded: sim.fast_forwarded,
+        users,
+        user_timeline: sim.user_timeline,
     })
 }
 
@@ -452,7 +613,10 @@ impl Sim {
                 // Without memory lanes the server schedules a job from its session's creation.
                 let hints = self.jobs[job].hints.clone();
                 let now = self.now();
-                let _ = self.sched.add_job(JobId(job as u64), LaneId(0), hints, now);
+                let tenant = self.jobs[job].tenant;
+                let _ = self
+                    .sched
+                    .add_tenant_job(JobId(job as u64), LaneId(0), tenant, hints, now);
                 self.jobs[job].lane = Some(LaneId(0));
                 self.admitted(job);
             }
@@ -477,6 +641,7 @@ impl Sim {
     }
 
     fn ready(&mut self, job: usize) {
+        self.work_starts(job);
         self.report_busy_lanes();
         match self.mode {
             Mode::Salus => match &mut self.lanes {
@@ -493,7 +658,10 @@ impl Sim {
                         self.place(job, lane)
                     }
                     Ok(Placement::Waiting) => {}
-                    Err(err) => self.jobs[job].outcome.refused = Some(err.to_string()),
+                    Err(err) => {
+                        self.jobs[job].outcome.refused = Some(err.to_string());
+                        self.work_ends(job);
+                    }
                 },
             },
             Mode::Exclusive | Mode::Mps => self.start_iteration(job),
@@ -535,7 +703,10 @@ impl Sim {
     fn place(&mut self, job: usize, lane: LaneId) {
         let hints = self.jobs[job].hints.clone();
         let now = self.now();
-        let _ = self.sched.add_job(JobId(job as u64), lane, hints, now);
+        let tenant = self.jobs[job].tenant;
+        let _ = self
+            .sched
+            .add_tenant_job(JobId(job as u64), lane, tenant, hints, now);
         self.jobs[job].lane = Some(lane);
         self.jobs[job].outcome.lane = Some(lane.0);
         self.admitted(job);
@@ -596,6 +767,7 @@ impl Sim {
         self.fast_forwarded += 1;
         let j = &mut self.jobs[job];
         j.done += 1;
+        self.user_device_s[j.user] += self.t - j.iteration_start;
         // Rounded per iteration, as each `finish` would be charged.
         j.deferred_time += ns(self.t - j.iteration_start);
         if j.deferred_iterations == 0 {
@@ -627,11 +799,14 @@ impl Sim {
         j.done += 1;
         let finished = j.done >= j.total;
         let elapsed = ns(self.t - j.iteration_start);
+        self.user_device_s[j.user] += self.t - j.iteration_start;
         if finished {
             j.outcome.end_s = Some(self.t);
             j.running = false;
             self.running_jobs -= 1;
+            self.work_ends(job);
         }
+        let j = &self.jobs[job];
         match self.mode {
             Mode::Salus => {
                 let lane = j.lane.expect("a running job has a lane");
@@ -660,6 +835,51 @@ impl Sim {
                 self.start_queued();
             }
         }
+    }
+
+    /// `job` is past start-up: its user has work (see [`UserPoint`]).
+    fn work_starts(&mut self, job: usize) {
+        let j = &mut self.jobs[job];
+        if j.has_work {
+            return;
+        }
+        j.has_work = true;
+        let user = j.user;
+        self.user_jobs_with_work[user] += 1;
+        if self.user_jobs_with_work[user] == 1 {
+            self.record_users();
+        }
+    }
+
+    /// `job` ended or was refused.
+    fn work_ends(&mut self, job: usize) {
+        let j = &mut self.jobs[job];
+        if !j.has_work {
+            return;
+        }
+        j.has_work = false;
+        let user = j.user;
+        self.user_jobs_with_work[user] -= 1;
+        if self.user_jobs_with_work[user] == 0 {
+            self.record_users();
+        }
+    }
+
+    /// A [`UserPoint`] now, iterations in flight counted up to now.
+    fn record_users(&mut self) {
+        if !self.track_users {
+            return;
+        }
+        let mut device_s = self.user_device_s.clone();
+        for Reverse((_, job)) in self.active.iter() {
+            let j = &self.jobs[*job];
+            device_s[j.user] += self.t - j.iteration_start;
+        }
+        self.user_timeline.push(UserPoint {
+            t: self.t,
+            busy: self.user_jobs_with_work.iter().map(|&n| n > 0).collect(),
+            device_s,
+        });
     }
 
     fn memory_of(&self, job: usize) -> u64 {
@@ -709,6 +929,14 @@ mod tests {
             iterations,
             submit_s,
             duration_s: Some(iterations as f64),
+            user: None,
+        }
+    }
+
+    fn owned(id: &str, user: &str, iterations: u64, submit_s: f64) -> TraceJob {
+        TraceJob {
+            user: Some(user.into()),
+            ..job(id, "a", iterations, submit_s)
         }
     }
 
@@ -827,8 +1055,14 @@ mod tests {
     /// the shortest text that reads back to the same f64).
     fn fingerprint(result: &SimResult) -> String {
         format!(
-            "{:?} {:?} {:?} {:?} {}",
-            result.policy, result.jobs, result.timeline, result.busy_s, result.iterations
+            "{:?} {:?} {:?} {:?} {} {:?} {:?}",
+            result.policy,
+            result.jobs,
+            result.timeline,
+            result.busy_s,
+            result.iterations,
+            result.users,
+            result.user_timeline
         )
     }
 
@@ -949,6 +1183,7 @@ mod tests {
             crate::experiments::Experiment::Training,
             crate::experiments::Experiment::Hyperparam,
             crate::experiments::Experiment::Inference,
+            crate::experiments::Experiment::Users,
         ] {
             let report = |stepping| {
                 stepped(stepping, || {
@@ -960,6 +1195,153 @@ mod tests {
             let quick = report(Stepping::FastForward);
             assert_eq!(slow.text, quick.text, "{which:?}");
             assert_eq!(slow.files, quick.files, "{which:?}");
+        }
+    }
+
+    /// Device time of each user (by name) in the first interval in which
+    /// exactly the users of `names` had work.
+    fn interval_device(result: &SimResult, names: &[&str]) -> Vec<f64> {
+        let index = |n: &str| {
+            result
+                .users
+                .iter()
+                .position(|u| u.name.as_deref() == Some(n))
+                .unwrap()
+        };
+        let interval = crate::report::user_intervals(result)
+            .into_iter()
+            .find(|i| {
+                i.busy_users().count() == names.len() && names.iter().all(|n| i.busy[index(n)])
+            })
+            .expect("an interval with exactly these users busy");
+        names.iter().map(|n| interval.device_s[index(n)]).collect()
+    }
+
+    #[test]
+    fn users_share_a_lane_by_tenant_or_by_job() {
+        // u1: one job of 20 iterations; u2: four of 20; all at t = 0, 1 s each.
+        let mut trace = vec![owned("x", "u1", 20, 0.0)];
+        for i in 0..4 {
+            trace.push(owned(&format!("y{i}"), "u2", 20, 0.0));
+        }
+        let table = WorkloadTable::parse(TABLE).unwrap();
+        let run = |share: Share, weights: Vec<(String, u32)>| {
+            let config = SimConfig {
+                interference: 0.0,
+                weights,
+                ..SimConfig::new("fair").with_share(share)
+            };
+            simulate(&trace, &table, &config).unwrap()
+        };
+        // By tenant: turns, u1 first (ties go to the lower tenant): u1's
+        // 20th iteration ends at 39 s, after 19 of u2's.
+        let tenants = run(Share::Tenants, vec![]);
+        assert_eq!(interval_device(&tenants, &["u1", "u2"]), [20.0, 19.0]);
+        assert_eq!(tenants.jobs[0].end_s, Some(39.0));
+        // By job: rounds of five, x first: its 20th iteration ends at
+        // 19 x 5 + 1 = 96 s, after 76 of u2's.
+        let jobs = run(Share::Jobs, vec![]);
+        assert_eq!(interval_device(&jobs, &["u1", "u2"]), [20.0, 76.0]);
+        assert_eq!(jobs.jobs[0].end_s, Some(96.0));
+        // Weight 3 to u1: three quarters while both have work.
+        let weighted = run(Share::Tenants, vec![("u1".into(), 3)]);
+        let [u1, u2] = interval_device(&weighted, &["u1", "u2"])[..] else {
+            panic!()
+        };
+        assert!((u1 / (u1 + u2) - 0.75).abs() < 0.05, "{u1} {u2}");
+        assert_eq!(weighted.users[0].weight, 3);
+        for result in [&tenants, &jobs, &weighted] {
+            // Users by name, numbered from 1; every job's device time counted
+            // once, as the scheduler core charged it.
+            let names: Vec<_> = result.users.iter().map(|u| u.name.as_deref()).collect();
+            assert_eq!(names, [Some("u1"), Some("u2")]);
+            assert_eq!(result.users[1].tenant, TenantId(2));
+            for user in &result.users {
+                let charged = user.scheduler_device_s.unwrap();
+                assert!((user.device_s - charged).abs() < 1e-6, "{user:?}");
+            }
+            assert_eq!(result.users[0].device_s, 20.0);
+            assert_eq!(result.users[1].device_s, 80.0);
+        }
+    }
+
+    #[test]
+    fn traces_without_users_run_as_one_tenant_under_either_share() {
+        let table = WorkloadTable::parse(EVAL_TABLE).unwrap();
+        let spec = crate::trace::TraceSpec {
+            jobs: 12,
+            seed: 6,
+            mean_interarrival_s: 5.0,
+            models: vec![],
+            minutes: vec![0.05, 0.2],
+        };
+        let trace = crate::trace::generate(&spec, &table).unwrap();
+        for name in policy::NAMES {
+            for capacity in [None, Some(16u64 << 30)] {
+                let config = SimConfig {
+                    capacity,
+                    ..SimConfig::new(name)
+                };
+                let by_tenant = simulate(&trace, &table, &config.clone()).unwrap();
+                let by_job = simulate(&trace, &table, &config.with_share(Share::Jobs)).unwrap();
+                assert_eq!(fingerprint(&by_tenant), fingerprint(&by_job), "{name}");
+                assert!(by_tenant.user_timeline.is_empty());
+                assert_eq!(by_tenant.users.len(), 1);
+                assert_eq!(by_tenant.users[0].tenant, TenantId::NONE);
+            }
+        }
+    }
+
+    #[test]
+    fn fast_forward_is_exact_with_users() {
+        let table = WorkloadTable::parse(TABLE).unwrap();
+        let trace = [
+            owned("x", "u1", 6, 0.0),
+            owned("y", "u2", 3, 0.0),
+            owned("z", "u2", 4, 1.5),
+            job("w", "half", 3, 2.0),
+        ];
+        for name in policy::NAMES {
+            for share in [Share::Tenants, Share::Jobs] {
+                for capacity in [None, Some(4u64 << 20)] {
+                    let config = SimConfig {
+                        capacity,
+                        interference: 0.0,
+                        ..SimConfig::new(name).with_share(share)
+                    };
+                    assert_same_both_ways(&trace, &table, &config);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn weights_must_name_users_of_the_trace_once() {
+        let table = WorkloadTable::parse(TABLE).unwrap();
+        let trace = [owned("x", "u1", 1, 0.0), job("y", "a", 1, 0.0)];
+        let with = |weights: Vec<(String, u32)>| {
+            let config = SimConfig {
+                weights,
+                ..SimConfig::new("fair")
+            };
+            simulate(&trace, &table, &config)
+                .map(|_| ())
+                .unwrap_err()
+                .to_string()
+        };
+        let err = with(vec![("bob".into(), 2)]);
+        assert!(
+            err.contains("\"bob\"") && err.contains("users: u1"),
+            "{err}"
+        );
+        let err = with(vec![("u1".into(), 2), ("u1".into(), 3)]);
+        assert!(err.contains("twice"), "{err}");
+        let err = with(vec![("u1".into(), 0)]);
+        assert!(err.contains("u1") && err.contains("1 to 1000"), "{err}");
+        assert_eq!(parse_weight("alice=3"), Ok(("alice".into(), 3)));
+        for bad in ["alice", "alice=0", "alice=1001", "alice=x", "a b=2", "=2"] {
+            let err = parse_weight(bad).unwrap_err();
+            assert!(err.contains(bad), "{bad}: {err}");
         }
     }
 

@@ -1,14 +1,16 @@
-//! The original paper's three experiments, on the derived workload table.
+//! The original paper's three experiments, on the derived workload table,
+//! and one of this project's own (`users`: sharing between users).
 //! Each returns a printable table and CSV files for plots; docs/EVALUATION.md
 //! says what differs from the paper's setup.
 
 use std::fmt::Write as _;
 
 use salus_sched::lanes::{LaneManager, LaneRule, MemoryNeed, Placement};
-use salus_sched::JobId;
+use salus_sched::{JobId, Share};
 
-use crate::engine::{simulate, SimConfig};
-use crate::report::{jobs_csv, timeline_csv, Summary};
+use crate::engine::{simulate, SimConfig, SimResult};
+use crate::report::{jobs_csv, timeline_csv, user_intervals, user_mean_jct, Summary, UserInterval};
+use crate::rng::Rng;
 use crate::trace::{self, TraceJob, TraceSpec};
 use crate::workload::{WorkloadTable, MIB};
 use crate::SimError;
@@ -21,6 +23,9 @@ pub enum Experiment {
     Hyperparam,
     /// Inference: 14 models x 3 instances, devices needed by rule (paper: 1 vs 6 vs 42).
     Inference,
+    /// Users with 1, 8 and 3 jobs on one lane, policy fair, shared by tenants
+    /// and by jobs: device time per user while they all have work, JCT.
+    Users,
 }
 
 pub struct Report {
@@ -48,6 +53,7 @@ pub fn run(
         }
         Experiment::Hyperparam => hyperparam(table, capacity),
         Experiment::Inference => inference(table, capacity),
+        Experiment::Users => users(table, seed),
     }
 }
 
@@ -351,6 +357,7 @@ fn hyperparam(table: &WorkloadTable, capacity: u64) -> Result<Report, SimError> 
                 iterations,
                 submit_s: 0.0,
                 duration_s: Some(iterations as f64 * w.iteration_s),
+                user: None,
             })
             .collect();
         let run = |policy: &str, lane_rule: LaneRule| -> Result<(Summary, String), SimError> {
@@ -621,9 +628,336 @@ fn inference(table: &WorkloadTable, capacity: u64) -> Result<Report, SimError> {
     })
 }
 
+/// (d) Users: who gets the device when one user has one job and another has
+/// eight. The model and users; lengths are run time alone.
+pub const USERS_MODEL: &str = "resnet50_25";
+pub const USERS_POLICY: &str = "fair";
+const SOLO_MINUTES: f64 = 60.0;
+const CROWD_JOBS: usize = 8;
+const CROWD_MINUTES: (f64, f64) = (6.0, 12.0);
+const LATE_JOBS: usize = 3;
+const LATE_MINUTES: (f64, f64) = (2.0, 4.0);
+const LATE_ARRIVAL_S: f64 = 1200.0;
+/// The users, in the order printed.
+pub const USERS: [&str; 3] = ["solo", "crowd", "late"];
+
+/// The users trace: `solo` one long job and `crowd` eight shorter ones at
+/// t = 0, `late` three short ones at 1200 s; lengths drawn uniformly from
+/// their ranges with `seed`. Long enough that, shared by jobs, no crowd job
+/// ends before `late` arrives (8 jobs of >= 6 min at 1/9 of the device each
+/// take >= 54 min), so the first interval is solo and crowd with all their
+/// jobs.
+pub fn users_trace(table: &WorkloadTable, seed: u64) -> Result<Vec<TraceJob>, SimError> {
+    let w = table.get(USERS_MODEL)?;
+    let mut rng = Rng::new(seed);
+    let mut jobs = Vec::new();
+    let mut add = |id: String, user: &str, minutes: f64, submit_s: f64| {
+        let iterations = ((minutes * 60.0 / w.iteration_s).round() as u64).max(1);
+        jobs.push(TraceJob {
+            job_id: id,
+            model: USERS_MODEL.to_string(),
+            iterations,
+            submit_s,
+            duration_s: Some(iterations as f64 * w.iteration_s),
+            user: Some(user.to_string()),
+        });
+    };
+    let mut draw = |(lo, hi): (f64, f64)| lo + (hi - lo) * rng.unit();
+    add("solo-0".into(), "solo", SOLO_MINUTES, 0.0);
+    for i in 0..CROWD_JOBS {
+        add(format!("crowd-{i}"), "crowd", draw(CROWD_MINUTES), 0.0);
+    }
+    for i in 0..LATE_JOBS {
+        add(
+            format!("late-{i}"),
+            "late",
+            draw(LATE_MINUTES),
+            LATE_ARRIVAL_S,
+        );
+    }
+    Ok(jobs)
+}
+
+/// One share mode's run of the users trace.
+pub struct UsersRun {
+    pub share: Share,
+    pub result: SimResult,
+    /// Intervals in which the same users had work.
+    pub intervals: Vec<UserInterval>,
+}
+
+impl UsersRun {
+    /// The index of `name` in the result's users.
+    pub fn user(&self, name: &str) -> usize {
+        self.result
+            .users
+            .iter()
+            .position(|u| u.name.as_deref() == Some(name))
+            .expect("a user of the trace")
+    }
+
+    /// The first interval in which exactly `names` had work.
+    pub fn interval_of(&self, names: &[&str]) -> Option<&UserInterval> {
+        self.intervals.iter().find(|i| {
+            let busy: Vec<usize> = i.busy_users().collect();
+            busy.len() == names.len() && names.iter().all(|n| busy.contains(&self.user(n)))
+        })
+    }
+}
+
+/// The users trace on one lane (no memory limit: time-shared, so a user's
+/// device time is the lane's time spent on its iterations) under `fair`,
+/// shared by tenants and by jobs.
+pub fn users_runs(
+    table: &WorkloadTable,
+    seed: u64,
+) -> Result<(Vec<TraceJob>, Vec<UsersRun>), SimError> {
+    let jobs = users_trace(table, seed)?;
+    let mut runs = Vec::new();
+    for share in [Share::Tenants, Share::Jobs] {
+        let config = SimConfig::new(USERS_POLICY).with_share(share);
+        let result = simulate(&jobs, table, &config)?;
+        let intervals = user_intervals(&result);
+        runs.push(UsersRun {
+            share,
+            result,
+            intervals,
+        });
+    }
+    Ok((jobs, runs))
+}
+
+/// (d) Users: the users trace shared by tenants and by jobs, side by side.
+///
+/// Device time per user is compared over intervals in which the same users
+/// have work throughout (from their first job's start-up done to their last
+/// job's end). Over the whole run every user gets exactly the device time its
+/// jobs need, whatever the sharing, so whole-run totals say nothing about
+/// shares; within an interval where both have work, a user's device time is
+/// its share.
+fn users(table: &WorkloadTable, seed: u64) -> Result<Report, SimError> {
+    let (jobs, runs) = users_runs(table, seed)?;
+    let mut text = format!(
+        "(d) users: one lane (no memory limit; --capacity does not apply), policy {USERS_POLICY}, \
+         model {USERS_MODEL}, seed {seed}\n\
+         solo: 1 job of {SOLO_MINUTES:.0} min at t = 0; crowd: {CROWD_JOBS} jobs of {}-{} min at t = 0; \
+         late: {LATE_JOBS} jobs of {}-{} min at t = {LATE_ARRIVAL_S:.0} s (lengths alone, drawn with the seed)\n\
+         device time per user in each interval in which the same users have work (from a job's start-up \
+         done to its user's last job's end);\n\
+         over the whole run every user gets the device time its jobs need whatever the sharing, so only \
+         an interval in which all the users compared have work shows their shares\n\
+         {:<8} {:>15} {:<16} {:>17} {:>17} {:>17} {:>8}\n",
+        CROWD_MINUTES.0,
+        CROWD_MINUTES.1,
+        LATE_MINUTES.0,
+        LATE_MINUTES.1,
+        "share",
+        "interval s",
+        "users with work",
+        "solo s (%)",
+        "crowd s (%)",
+        "late s (%)",
+        "max/min"
+    );
+    let mut csv = String::from("share,start_s,end_s,user,busy,device_s,device_share\n");
+    let mut files = vec![("users_trace.csv".to_string(), trace::to_csv(&jobs))];
+    for run in &runs {
+        for interval in &run.intervals {
+            let busy: Vec<&str> = USERS
+                .iter()
+                .copied()
+                .filter(|n| interval.busy[run.user(n)])
+                .collect();
+            let cells: Vec<String> = USERS
+                .iter()
+                .map(|n| {
+                    let u = run.user(n);
+                    if interval.busy[u] {
+                        format!(
+                            "{:.0} ({:.1}%)",
+                            interval.device_s[u],
+                            100.0 * interval.share(u)
+                        )
+                    } else {
+                        "-".into()
+                    }
+                })
+                .collect();
+            let _ = writeln!(
+                text,
+                "{:<8} {:>15} {:<16} {:>17} {:>17} {:>17} {:>8}",
+                run.share.name(),
+                format!("{:.0}-{:.0}", interval.start_s, interval.end_s),
+                busy.join(","),
+                cells[0],
+                cells[1],
+                cells[2],
+                interval
+                    .max_min_ratio()
+                    .map_or("-".into(), |r| format!("{r:.2}"))
+            );
+            for n in USERS {
+                let u = run.user(n);
+                let _ = writeln!(
+                    csv,
+                    "{},{:.3},{:.3},{n},{},{:.3},{:.4}",
+                    run.share.name(),
+                    interval.start_s,
+                    interval.end_s,
+                    interval.busy[u],
+                    interval.device_s[u],
+                    interval.share(u)
+                );
+            }
+        }
+        files.push((
+            format!("users_jobs_{}.csv", run.share.name()),
+            jobs_csv(&run.result),
+        ));
+    }
+    // The headline: the first interval, solo and crowd with all their jobs.
+    let pair = ["solo", "crowd"];
+    let mut headline = String::from("solo and crowd alone with all their jobs:");
+    for run in &runs {
+        if let Some(interval) = run.interval_of(&pair) {
+            let _ = write!(
+                headline,
+                " share={} crowd {:.1}% of the device, max/min {:.2};",
+                run.share.name(),
+                100.0 * interval.share(run.user("crowd")),
+                interval.max_min_ratio().unwrap_or(1.0)
+            );
+        }
+    }
+    let _ = writeln!(
+        text,
+        "{} (8 jobs of 9: {:.1}%)",
+        headline.trim_end_matches(';'),
+        800.0 / 9.0
+    );
+    let _ = writeln!(
+        text,
+        "\n{:<9} {:>6} {:>10} {:>14} {:>14}",
+        "user", "jobs", "alone s", "mean JCT s", "mean JCT s"
+    );
+    let _ = writeln!(
+        text,
+        "{:<9} {:>6} {:>10} {:>14} {:>14}",
+        "", "", "", "tenants", "jobs"
+    );
+    let means: Vec<Vec<Option<f64>>> = runs.iter().map(|r| user_mean_jct(&r.result)).collect();
+    for n in USERS {
+        let mine: Vec<&TraceJob> = jobs
+            .iter()
+            .filter(|j| j.user.as_deref() == Some(n))
+            .collect();
+        let work: f64 = mine.iter().filter_map(|j| j.duration_s).sum();
+        let mean = |k: usize| means[k][runs[k].user(n)].map_or("-".into(), |s| format!("{s:.0}"));
+        let _ = writeln!(
+            text,
+            "{:<9} {:>6} {:>10.0} {:>14} {:>14}",
+            n,
+            mine.len(),
+            work,
+            mean(0),
+            mean(1)
+        );
+    }
+    let _ = writeln!(
+        text,
+        "\n{:<9} {:<6} {:>10} {:>14} {:>14}",
+        "job", "user", "alone s", "JCT s tenants", "JCT s jobs"
+    );
+    for (i, job) in jobs.iter().enumerate() {
+        let jct = |k: usize| {
+            runs[k].result.jobs[i]
+                .jct_s()
+                .map_or("-".into(), |s| format!("{s:.0}"))
+        };
+        let _ = writeln!(
+            text,
+            "{:<9} {:<6} {:>10.0} {:>14} {:>14}",
+            job.job_id,
+            job.user.as_deref().unwrap_or("-"),
+            job.duration_s.unwrap_or(0.0),
+            jct(0),
+            jct(1)
+        );
+    }
+    files.push(("users_intervals.csv".into(), csv));
+    Ok(Report { text, files })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const EVAL_TABLE: &str = include_str!("../../eval/workloads.csv");
+
+    #[test]
+    fn users_share_the_device_by_user_under_tenants_and_by_job_under_jobs() {
+        let table = WorkloadTable::parse(EVAL_TABLE).unwrap();
+        for seed in 1..=3 {
+            let (jobs, runs) = users_runs(&table, seed).unwrap();
+            let [tenants, by_job] = &runs[..] else {
+                panic!("two runs")
+            };
+            assert_eq!((tenants.share, by_job.share), (Share::Tenants, Share::Jobs));
+            // Two saturated users: within 10% of each other by tenant.
+            let pair = tenants.interval_of(&["solo", "crowd"]).unwrap();
+            let ratio = pair.max_min_ratio().unwrap();
+            assert!(ratio <= 1.1, "seed {seed}: tenants max/min {ratio}");
+            // Long enough to mean something: 20 minutes.
+            assert!(pair.end_s - pair.start_s > 1000.0, "{pair:?}");
+            // Three: a third each.
+            let three = tenants.interval_of(&USERS).unwrap();
+            for n in USERS {
+                let share = three.share(tenants.user(n));
+                assert!((share - 1.0 / 3.0).abs() < 0.02, "seed {seed}: {n} {share}");
+            }
+            // By job: the crowd's eight jobs get 8/9.
+            let pair = by_job.interval_of(&["solo", "crowd"]).unwrap();
+            let crowd = pair.share(by_job.user("crowd"));
+            assert!(
+                (crowd - 8.0 / 9.0).abs() < 0.02,
+                "seed {seed}: crowd {crowd}"
+            );
+            assert!(pair.max_min_ratio().unwrap() > 7.0);
+            // Over the whole run each user gets its work's device time either
+            // way (so whole-run totals compare nothing).
+            for n in USERS {
+                let work: f64 = jobs
+                    .iter()
+                    .filter(|j| j.user.as_deref() == Some(n))
+                    .map(|j| j.duration_s.unwrap())
+                    .sum();
+                for run in &runs {
+                    let got = run.result.users[run.user(n)].device_s;
+                    assert!((got - work).abs() < 1e-3 * work, "{n}: {got} vs {work}");
+                }
+            }
+            // The lone user's job ends sooner by tenant, the crowd's later.
+            let mean = |run: &UsersRun, n: &str| user_mean_jct(&run.result)[run.user(n)].unwrap();
+            assert!(mean(tenants, "solo") < mean(by_job, "solo"));
+            assert!(mean(tenants, "crowd") > mean(by_job, "crowd"));
+        }
+        let report = users(&table, 1).unwrap();
+        assert!(
+            report.text.contains("share=jobs crowd 88.9% of the device"),
+            "{}",
+            report.text
+        );
+        let names: Vec<&str> = report.files.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "users_trace.csv",
+                "users_jobs_tenants.csv",
+                "users_jobs_jobs.csv",
+                "users_intervals.csv"
+            ]
+        );
+    }
 
     #[test]
     fn pack_reaches_the_one_lane_bound_where_salus_fragments() {

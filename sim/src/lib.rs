@@ -10,7 +10,8 @@
 //! - [`workload`]: workload table CSV, derivation from Salus's measurements.
 //! - [`engine`]: the discrete-event simulation and its device model.
 //! - [`report`]: summaries (makespan, JCT, utilization) and CSV output.
-//! - [`experiments`]: the paper's three experiments.
+//! - [`experiments`]: the paper's three experiments, and `users` (sharing
+//!   between users, by tenant or by job).
 //! - `csv`, `rng`: small helpers.
 
 mod csv;

@@ -7,9 +7,10 @@ use std::time::Instant;
 use clap::{Parser, Subcommand};
 use salus_sched::lanes::LaneRule;
 use salus_sched::units::parse_size;
-use salus_sim::engine::{simulate, SimConfig, Stepping};
+use salus_sched::Share;
+use salus_sim::engine::{parse_weight, simulate, SimConfig, Stepping};
 use salus_sim::experiments::{self, Experiment};
-use salus_sim::report::{jobs_csv, timeline_csv, Summary};
+use salus_sim::report::{jobs_csv, timeline_csv, users_json, users_text, Summary};
 use salus_sim::trace::{self, JobLengths, TraceSpec};
 use salus_sim::workload::{derive_from_salus, WorkloadTable};
 
@@ -29,7 +30,8 @@ struct Cli {
 enum Command {
     /// Simulate a trace under one policy and print a summary.
     Run {
-        /// Trace CSV: job_id,model,iterations,submit_time_s,duration_s.
+        /// Trace CSV: job_id,model,iterations,submit_time_s,duration_s[,user]
+        /// (user: the job's owner; empty or no column: no user).
         #[arg(long)]
         trace: PathBuf,
         /// Workload table CSV: model,iteration_s,persistent_mb,ephemeral_mb[,utilization,startup_s].
@@ -49,13 +51,23 @@ enum Command {
         /// best-fitting lane, else merge lanes, else wait).
         #[arg(long, default_value_t = LaneRule::default())]
         lane_rule: LaneRule,
+        /// Who a lane is shared between first: tenants (equal device time,
+        /// by weight, between the trace's users with work; the policy orders
+        /// each user's own jobs) or jobs (the policy orders every job).
+        #[arg(long, default_value_t = Share::default())]
+        share: Share,
+        /// A user's weight, USER=W (W 1 to 1000, default 1): its share of
+        /// device time against the others' under --share tenants. Repeatable.
+        #[arg(long = "weight", value_name = "USER=W", value_parser = parse_weight)]
+        weights: Vec<(String, u32)>,
         /// Write per-job results (job_id,model,arrival_s,start_s,end_s,jct_s,lane).
         #[arg(long)]
         jobs_out: Option<PathBuf>,
         /// Write utilization, lanes and running jobs over time (500 steps).
         #[arg(long)]
         timeline_out: Option<PathBuf>,
-        /// Print the summary as one JSON object.
+        /// Print the summary as one JSON object (with "users" and
+        /// "intervals" for a trace that names users).
         #[arg(long)]
         json: bool,
     },
@@ -100,7 +112,8 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
-    /// One of the paper's experiments: prints a table, writes CSVs for plots.
+    /// One of the paper's experiments (or `users`, this project's): prints a
+    /// table, writes CSVs for plots.
     Experiment {
         #[arg(value_enum)]
         which: Experiment,
@@ -109,13 +122,14 @@ enum Command {
         /// Where the CSVs go.
         #[arg(long, default_value = "eval-out")]
         out_dir: PathBuf,
+        /// Seed of the generated traces (training, users).
         #[arg(long, default_value_t = 1)]
         seed: u64,
-        /// GPU memory of one device.
+        /// GPU memory of one device (users: not used, one lane).
         #[arg(long, value_parser = parse_size, default_value = "16GiB")]
         capacity: u64,
         /// Lane rule of the Salus runs (salus or pack); the lane-rule
-        /// comparisons always show both.
+        /// comparisons always show both (users: not used, one lane).
         #[arg(long, default_value_t = LaneRule::default())]
         lane_rule: LaneRule,
     },
@@ -193,6 +207,8 @@ fn main_inner(cli: Cli) -> Result<(), String> {
             capacity,
             interference,
             lane_rule,
+            share,
+            weights,
             jobs_out,
             timeline_out,
             json,
@@ -204,7 +220,8 @@ fn main_inner(cli: Cli) -> Result<(), String> {
                 capacity,
                 interference,
                 lane_rule,
-                ..SimConfig::new(&policy)
+                weights,
+                ..SimConfig::new(&policy).with_share(share)
             };
             let result = simulate(&jobs, &table, &config).map_err(|e| e.to_string())?;
             let summary = Summary::of(&result);
@@ -214,10 +231,22 @@ fn main_inner(cli: Cli) -> Result<(), String> {
             if let Some(path) = timeline_out {
                 write(&path, &timeline_csv(&result.timeline, 500))?;
             }
+            let named_users = result.users.iter().any(|u| u.name.is_some());
             if json {
-                println!("{}", summary.to_json());
+                let mut out = summary.to_json();
+                if named_users {
+                    if let (Some(out), serde_json::Value::Object(users)) =
+                        (out.as_object_mut(), users_json(&result))
+                    {
+                        out.extend(users);
+                    }
+                }
+                println!("{out}");
             } else {
                 print_summary(&summary);
+                if named_users {
+                    print!("{}", users_text(&result, 20));
+                }
             }
             Ok(())
         }

@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use crate::engine::{Point, SimResult};
+use crate::engine::{Point, SimResult, UserUsage};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Summary {
@@ -105,6 +105,193 @@ pub fn jobs_csv(result: &SimResult) -> String {
         );
     }
     out
+}
+
+/// An interval in which the same users have work, and the device time each
+/// got in it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct UserInterval {
+    pub start_s: f64,
+    pub end_s: f64,
+    /// By user, as [`SimResult::users`].
+    pub busy: Vec<bool>,
+    pub device_s: Vec<f64>,
+}
+
+impl UserInterval {
+    /// The users with work throughout.
+    pub fn busy_users(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.busy.len()).filter(|&u| self.busy[u])
+    }
+
+    /// User `u`'s share of the device time used in the interval.
+    pub fn share(&self, u: usize) -> f64 {
+        let total: f64 = self.device_s.iter().sum();
+        if total > 0.0 {
+            self.device_s[u] / total
+        } else {
+            0.0
+        }
+    }
+
+    /// Most over least device time among the users with work throughout
+    /// (infinite if one got none; None with fewer than two).
+    pub fn max_min_ratio(&self) -> Option<f64> {
+        let times: Vec<f64> = self.busy_users().map(|u| self.device_s[u]).collect();
+        if times.len() < 2 {
+            return None;
+        }
+        let max = times.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let min = times.iter().copied().fold(f64::INFINITY, f64::min);
+        Some(if min > 0.0 { max / min } else { f64::INFINITY })
+    }
+}
+
+/// The run cut where the set of users with work changes: each interval's
+/// users had work throughout it, so their device times compare shares, not
+/// amounts of work (a user with less work in all trivially gets less device
+/// time over the whole run). Intervals of no length are left out.
+pub fn user_intervals(result: &SimResult) -> Vec<UserInterval> {
+    let mut out: Vec<UserInterval> = Vec::new();
+    for pair in result.user_timeline.windows(2) {
+        let (from, to) = (&pair[0], &pair[1]);
+        if to.t <= from.t || !from.busy.iter().any(|&b| b) {
+            continue;
+        }
+        let device_s: Vec<f64> = to
+            .device_s
+            .iter()
+            .zip(&from.device_s)
+            .map(|(b, a)| b - a)
+            .collect();
+        match out.last_mut() {
+            Some(last) if last.busy == from.busy && last.end_s == from.t => {
+                last.end_s = to.t;
+                for (sum, d) in last.device_s.iter_mut().zip(&device_s) {
+                    *sum += d;
+                }
+            }
+            _ => out.push(UserInterval {
+                start_s: from.t,
+                end_s: to.t,
+                busy: from.busy.clone(),
+                device_s,
+            }),
+        }
+    }
+    out
+}
+
+/// A user's name as printed: `(none)` for the jobs without a user.
+pub fn user_label(user: &UserUsage) -> &str {
+    user.name.as_deref().unwrap_or("(none)")
+}
+
+/// Mean JCT of each user's completed jobs, as [`SimResult::users`].
+pub fn user_mean_jct(result: &SimResult) -> Vec<Option<f64>> {
+    result
+        .users
+        .iter()
+        .map(|user| {
+            let jcts: Vec<f64> = result
+                .jobs
+                .iter()
+                .filter(|j| j.user == user.name)
+                .filter_map(|j| j.jct_s())
+                .collect();
+            (!jcts.is_empty()).then(|| mean(&jcts))
+        })
+        .collect()
+}
+
+/// Per user: weight, jobs, device time in all, mean JCT; then every interval
+/// in which two or more users had work (at most `max_intervals` of them).
+pub fn users_text(result: &SimResult, max_intervals: usize) -> String {
+    let mut out = String::new();
+    let total: f64 = result.users.iter().map(|u| u.device_s).sum();
+    let jct = user_mean_jct(result);
+    for (user, jct) in result.users.iter().zip(&jct) {
+        let jobs = result.jobs.iter().filter(|j| j.user == user.name).count();
+        let _ = writeln!(
+            out,
+            "user {:<16} weight {:>4}  jobs {:>5}  device time {:>10.1} s ({:>5.1}% of all)  mean JCT {}",
+            user_label(user),
+            user.weight,
+            jobs,
+            user.device_s,
+            if total > 0.0 { 100.0 * user.device_s / total } else { 0.0 },
+            jct.map_or("-".to_string(), |s| format!("{s:.1} s"))
+        );
+    }
+    let shared: Vec<UserInterval> = user_intervals(result)
+        .into_iter()
+        .filter(|i| i.busy_users().count() >= 2)
+        .collect();
+    if !shared.is_empty() {
+        let _ = writeln!(
+            out,
+            "device time while the same users had work (users with less work in all get less over the whole run):"
+        );
+    }
+    for interval in shared.iter().take(max_intervals) {
+        let users: Vec<String> = interval
+            .busy_users()
+            .map(|u| {
+                format!(
+                    "{} {:.1} s ({:.1}%)",
+                    user_label(&result.users[u]),
+                    interval.device_s[u],
+                    100.0 * interval.share(u)
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "  {:.1}-{:.1} s: {}; max/min {:.2}",
+            interval.start_s,
+            interval.end_s,
+            users.join(", "),
+            interval.max_min_ratio().unwrap_or(1.0)
+        );
+    }
+    if shared.len() > max_intervals {
+        let _ = writeln!(out, "  ... {} more intervals", shared.len() - max_intervals);
+    }
+    out
+}
+
+/// [`users_text`]'s content as JSON: `users` (totals) and `intervals`
+/// (every interval in which two or more users had work).
+pub fn users_json(result: &SimResult) -> serde_json::Value {
+    let jct = user_mean_jct(result);
+    let users: Vec<serde_json::Value> = result
+        .users
+        .iter()
+        .zip(&jct)
+        .map(|(user, jct)| {
+            serde_json::json!({
+                "user": user.name,
+                "weight": user.weight,
+                "jobs": result.jobs.iter().filter(|j| j.user == user.name).count(),
+                "device_s": user.device_s,
+                "mean_jct_s": jct,
+            })
+        })
+        .collect();
+    let intervals: Vec<serde_json::Value> = user_intervals(result)
+        .iter()
+        .filter(|i| i.busy_users().count() >= 2)
+        .map(|i| {
+            serde_json::json!({
+                "start_s": i.start_s,
+                "end_s": i.end_s,
+                "users": i.busy_users().map(|u| &result.users[u].name).collect::<Vec<_>>(),
+                "device_s": i.busy_users().map(|u| i.device_s[u]).collect::<Vec<_>>(),
+                "max_min_ratio": i.max_min_ratio(),
+            })
+        })
+        .collect();
+    serde_json::json!({ "users": users, "intervals": intervals })
 }
 
 /// The timeline resampled into at most `buckets` equal steps:

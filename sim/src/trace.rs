@@ -1,9 +1,13 @@
 //! Traces: which jobs arrive when.
 //!
-//! CSV columns: `job_id,model,iterations,submit_time_s,duration_s`. `model`
+//! CSV columns: `job_id,model,iterations,submit_time_s,duration_s,user`. `model`
 //! names a row of the workload table; `duration_s` (optional) is the job's
 //! expected run time alone, handed to the scheduler as the job's
-//! `seconds=` hint (as a user would for SRTF); empty means no hint.
+//! `seconds=` hint (as a user would for SRTF); empty means no hint. `user`
+//! (optional column, optional value) names the job's owner: the scheduler
+//! shares a lane between users first (`salus_sched::tenants`); empty or
+//! absent means no user (the core's `TenantId::NONE`, one tenant like any
+//! other).
 
 use std::fmt::Write as _;
 
@@ -18,6 +22,28 @@ pub struct TraceJob {
     pub iterations: u64,
     pub submit_s: f64,
     pub duration_s: Option<f64>,
+    /// The job's owner; None: no user.
+    pub user: Option<String>,
+}
+
+/// The longest user name a trace may hold.
+pub const MAX_USER_LEN: usize = 64;
+
+/// Whether `name` may name a user: 1 to [`MAX_USER_LEN`] ASCII letters,
+/// digits, `_`, `-`, `.` or `@` (a login, an e-mail address, a team).
+pub fn valid_user(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_USER_LEN
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b'@'))
+}
+
+/// The distinct users of `jobs`, sorted by name.
+pub fn users(jobs: &[TraceJob]) -> Vec<String> {
+    let names: std::collections::BTreeSet<&str> =
+        jobs.iter().filter_map(|j| j.user.as_deref()).collect();
+    names.into_iter().map(String::from).collect()
 }
 
 pub fn parse(text: &str) -> Result<Vec<TraceJob>, SimError> {
@@ -39,26 +65,45 @@ pub fn parse(text: &str) -> Result<Vec<TraceJob>, SimError> {
                 why: format!("job {job_id:?}: iterations must be a whole number >= 1"),
             });
         }
+        let user = row.optional("user");
+        if let Some(name) = user.filter(|name| !valid_user(name)) {
+            return Err(SimError::Csv {
+                line: row.line,
+                why: format!(
+                    "job {job_id:?}: user {name:?} is not a user name (1 to {MAX_USER_LEN} letters, \
+                     digits, '_', '-', '.' or '@'; empty: no user)"
+                ),
+            });
+        }
         jobs.push(TraceJob {
             job_id,
             model: row.get("model")?.to_string(),
             iterations: iterations as u64,
             submit_s: row.number("submit_time_s")?,
             duration_s: row.optional_number("duration_s")?,
+            user: user.map(String::from),
         });
     }
     Ok(jobs)
 }
 
+/// The trace as CSV; the `user` column only when some job has a user, so a
+/// trace without users reads as it did before users existed.
 pub fn to_csv(jobs: &[TraceJob]) -> String {
-    let mut out = String::from("job_id,model,iterations,submit_time_s,duration_s\n");
+    let with_users = jobs.iter().any(|j| j.user.is_some());
+    let mut out = String::from("job_id,model,iterations,submit_time_s,duration_s");
+    out.push_str(if with_users { ",user\n" } else { "\n" });
     for j in jobs {
         let duration = j.duration_s.map(|d| format!("{d:.3}")).unwrap_or_default();
-        let _ = writeln!(
+        let _ = write!(
             out,
             "{},{},{},{:.3},{}",
             j.job_id, j.model, j.iterations, j.submit_s, duration
         );
+        if with_users {
+            let _ = write!(out, ",{}", j.user.as_deref().unwrap_or(""));
+        }
+        out.push('\n');
     }
     out
 }
@@ -196,6 +241,7 @@ pub fn generate_with(
             iterations,
             submit_s: now,
             duration_s: Some(iterations as f64 * workload.iteration_s),
+            user: None,
         });
     }
     Ok(jobs)
@@ -224,6 +270,50 @@ mod tests {
         }
         let twice = "job_id,model,iterations,submit_time_s\nx,a,1,0\nx,a,1,0\n";
         assert!(parse(twice).unwrap_err().to_string().contains("twice"));
+    }
+
+    #[test]
+    fn the_user_column_is_optional_and_old_traces_parse_as_before() {
+        // No user column: as before users existed, and written back the same.
+        let old =
+            "job_id,model,iterations,submit_time_s,duration_s\nx,a,10,0.000,\ny,b,3,1.500,6.000\n";
+        let jobs = parse(old).unwrap();
+        assert!(jobs.iter().all(|j| j.user.is_none()));
+        assert_eq!(to_csv(&jobs), old);
+        assert!(users(&jobs).is_empty());
+        // The column in any place; empty: no user.
+        let text = "user,job_id,model,iterations,submit_time_s\nbob,x,a,1,0\n,y,a,1,0\nalice@lab,z,a,1,0\nbob,w,a,1,0\n";
+        let jobs = parse(text).unwrap();
+        let owners: Vec<_> = jobs.iter().map(|j| j.user.as_deref()).collect();
+        assert_eq!(owners, [Some("bob"), None, Some("alice@lab"), Some("bob")]);
+        assert_eq!(users(&jobs), ["alice@lab", "bob"]);
+        let written = to_csv(&jobs);
+        assert!(written.starts_with("job_id,model,iterations,submit_time_s,duration_s,user\n"));
+        assert!(written.contains("\ny,a,1,0.000,,\n"), "{written}");
+        assert_eq!(parse(&written).unwrap(), jobs);
+    }
+
+    #[test]
+    fn bad_user_names_are_errors_naming_the_line_and_job() {
+        let long = "u".repeat(MAX_USER_LEN + 1);
+        for bad in ["a b", "bob;rm", "b\u{e9}b", long.as_str()] {
+            let text = format!(
+                "job_id,model,iterations,submit_time_s,user\nx,a,1,0,ok\n\ny,a,1,0,{bad}\n"
+            );
+            let err = parse(&text).unwrap_err().to_string();
+            assert!(
+                err.contains("line 4")
+                    && err.contains("job \"y\"")
+                    && err.contains(&format!("{bad:?}")),
+                "{bad}: {err}"
+            );
+        }
+        assert!(valid_user(&"u".repeat(MAX_USER_LEN)) && valid_user("team-a.b_c@x"));
+        // A row short of the user column is the usual field-count error.
+        let err = parse("job_id,model,iterations,submit_time_s,user\nx,a,1,0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("line 2") && err.contains("4 fields"), "{err}");
     }
 
     #[test]
