@@ -1,10 +1,12 @@
 """The admin API is scoped by tenant: a tenant sees and changes only its own jobs (ListJobs, SetJobHints,
-GetTimeline); admins (the server's own user, root, tenants named in --admins) see and change every tenant's,
-and alone may change the policy.
+GetTimeline) and its own figures (GetStats); admins (the server's own user, root, tenants named in --admins)
+see and change every tenant's, and alone may change the policy and tenants' limits. Limits per tenant (the
+tenants file's LIMIT=VALUE fields, `ctl limits`): max-jobs refuses one job more, max-priority lowers a higher
+hint and the job's row says so, weight shows in the stats.
 
-Token tenants (bot1, bot2, and boss, named in --admins) and this process's own user (root in CI: an admin)
-talk to one server per isolation mode with raw gRPC. Costs about 15 s: two servers, no TensorFlow client
-process (TensorFlow is imported here only to build a small graph).
+Token tenants (bot1, bot2 with limits, and boss, named in --admins) and this process's own user (root in CI:
+an admin) talk to one server per isolation mode with raw gRPC and `ctl`. Costs about 20 s: two servers, no
+TensorFlow client process (TensorFlow is imported here only to build a small graph).
 """
 
 from __future__ import annotations
@@ -17,16 +19,18 @@ import tensorflow as tf
 
 import salus_wire as wire
 from conftest import SalusProcess
+from server_ctl import ctl, ctl_json
 
 ADMIN = "/salus.v1.Admin/"
 TOKENS = {"bot1": "tok-scope-bot1", "bot2": "tok-scope-bot2", "boss": "tok-scope-boss"}
+LIMITS = {"bot2": "max-jobs=2 max-priority=1"}
 
 
 @pytest.fixture(scope="module", params=["tenant", "none"])
 def server(request, tmp_path_factory):
     directory = tmp_path_factory.mktemp(f"scope-{request.param}")
     tenants = directory / "tenants"
-    tenants.write_text("".join(f"{name} {hashlib.sha256(token.encode()).hexdigest()} -\n"
+    tenants.write_text("".join(f"{name} {hashlib.sha256(token.encode()).hexdigest()} - {LIMITS.get(name, '')}\n"
                                for name, token in TOKENS.items()))
     s = SalusProcess(directory / "salus-server.stderr.log",
                      ("--tenants-file", str(tenants), "--admins", "boss", "--isolation", request.param))
@@ -47,8 +51,15 @@ def graph_bytes() -> bytes:
     return g.as_graph_def().SerializeToString()
 
 
-def open_session(ch: grpc.Channel) -> str:
-    handle = wire.first(wire.call(ch, "CreateSession", wire.create_session_request(graph_bytes())), 1).decode()
+def session_config(name: str) -> bytes:
+    config = tf.compat.v1.ConfigProto()
+    config.experimental.session_metadata.name = name
+    return config.SerializeToString()
+
+
+def open_session(ch: grpc.Channel, name: str = "") -> str:
+    request = wire.create_session_request(graph_bytes(), session_config(name) if name else b"")
+    handle = wire.first(wire.call(ch, "CreateSession", request), 1).decode()
     feed = wire.tensor_proto(wire.DT_FLOAT, [2], float_val=[1.0, 2.0])
     for _ in range(3):
         wire.call(ch, "RunStep", wire.run_step_request(handle, feeds=[("a:0", feed)], fetches=["c:0"]))
@@ -114,3 +125,57 @@ def test_tenants_see_and_change_only_their_own_jobs(server):
         for ch in [*own.values(), me]:
             ch.close()
 
+
+
+def stats_tenants(ch: grpc.Channel) -> list[str]:
+    """The tenant names of GetStats' per-tenant rows the caller sees."""
+    return [wire.first(row, 1, b"").decode() for row in wire.fields(wire.call(ch, ADMIN + "GetStats", b""), 13)]
+
+
+def test_limits_cap_jobs_and_priority_and_admins_change_them(server):
+    own = {name: channel(server.address, name) for name in TOKENS}
+    opened: list[tuple[str, str]] = []
+    try:
+        # max-jobs=2: the third is refused with the limit named, before anything is built; another tenant is not.
+        opened += [("bot2", open_session(own["bot2"], "capped?priority=9")), ("bot2", open_session(own["bot2"]))]
+        with pytest.raises(grpc.RpcError) as refused:
+            open_session(own["bot2"])
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        details = refused.value.details()
+        assert "bot2" in details and "2 open jobs" in details and "max-jobs=2" in details, details
+        opened.append(("bot1", open_session(own["bot1"], "free?priority=9")))
+
+        # max-priority=1: the hint asked is lowered, and the row says so; bot1 has no limit.
+        rows = {row["name"].split("?")[0]: row for row in ctl_json(server.address, "jobs")}
+        assert rows["capped"]["priority"] == 1, rows["capped"]
+        assert "priority 9 asked, lowered to 1" in rows["capped"]["note"], rows["capped"]
+        assert rows["free"]["priority"] == 9 and "lowered" not in rows["free"]["note"], rows["free"]
+        set_priority(own["bot2"], "capped", 5)
+        rows = {row["name"].split("?")[0]: row for row in ctl_json(server.address, "jobs")}
+        assert rows["capped"]["priority"] == 1 and "priority 5 asked" in rows["capped"]["note"], rows["capped"]
+
+        # Per-tenant figures: a tenant sees its own row, an admin everyone's, with limits and weights.
+        assert stats_tenants(own["bot1"]) == ["bot1"]
+        assert sorted(stats_tenants(own["boss"])) == ["bot1", "bot2"]
+        by_tenant = {t["tenant"]: t for t in ctl_json(server.address, "stats")["tenants"]}
+        assert by_tenant["bot2"]["max_jobs"] == 2 and by_tenant["bot2"]["jobs"] == 2, by_tenant
+        assert by_tenant["bot1"]["weight"] == 1 and by_tenant["bot1"]["max_jobs"] is None, by_tenant
+
+        # Limits are the admins' to change; a change applies to the next job and at once to weights.
+        limits_request = wire.f_bytes(1, "bot2") + wire.f_bytes(2, wire.f_varint(2, 3))
+        with pytest.raises(grpc.RpcError) as refused:
+            wire.call(own["bot2"], ADMIN + "SetTenantLimits", limits_request)
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED, refused.value.details()
+        wire.call(own["boss"], ADMIN + "SetTenantLimits", limits_request)
+        printed = ctl(server.address, "limits", "bot2", "--weight", "3").stdout
+        assert printed == "limits of bot2: weight=3 max-jobs=3 max-priority=1\n", printed
+        bad = ctl(server.address, "limits", "bot2", "--weight", "0", check=False)
+        assert bad.returncode != 0 and "1 to 1000" in bad.stderr, bad.stderr
+        opened.append(("bot2", open_session(own["bot2"])))
+        by_tenant = {t["tenant"]: t for t in ctl_json(server.address, "stats")["tenants"]}
+        assert by_tenant["bot2"]["weight"] == 3 and by_tenant["bot2"]["jobs"] == 3, by_tenant
+    finally:
+        for name, handle in opened:
+            wire.call(own[name], "CloseSession", wire.close_session_request(handle))
+        for ch in own.values():
+            ch.close()

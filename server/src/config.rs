@@ -177,9 +177,13 @@ pub struct Args {
     #[arg(long, env = "SALUS_AUTH", default_value = "both", value_parser = parse_auth)]
     pub auth: AuthMode,
 
-    /// The tenants that may connect with a token: one a line, `NAME SHA256 RUN-AS`,
-    /// where SHA256 is the token's (`printf %s TOKEN | sha256sum`) and RUN-AS a
-    /// user name, a uid or `-` (a tenant that is no Unix user); `#` comments.
+    /// The tenants that may connect with a token, and tenants' limits: one a
+    /// line, `NAME SHA256 RUN-AS [LIMIT=VALUE ...]`, where SHA256 is the token's
+    /// (`printf %s TOKEN | sha256sum`), RUN-AS a user name, a uid or `-` (a
+    /// tenant that is no Unix user), and the limits weight=1..1000 (share of
+    /// device time), max-jobs=N (open sessions and contexts), max-priority=P
+    /// (higher hints are lowered to it). SHA256 `-`: limits only, for a user
+    /// (NAME) identified by its uid; `* - - LIMITS`: the defaults. `#` comments.
     #[arg(long, env = "SALUS_TENANTS_FILE")]
     pub tenants_file: Option<std::path::PathBuf>,
 

@@ -41,6 +41,21 @@ pub enum CtlCommand {
         #[arg(long, default_value_t = 0.0)]
         seconds: f64,
     },
+    /// Change a tenant's limits (admins only): the ones given replace its
+    /// earlier ones, the rest stay. TENANT: a user name, a tenants file name,
+    /// anonymous, or * for every tenant without limits of its own.
+    Limits {
+        tenant: String,
+        /// Its share of device time against other tenants' (1 to 1000; default 1).
+        #[arg(long)]
+        weight: Option<u32>,
+        /// Jobs (sessions and eager contexts) it may have open at once.
+        #[arg(long)]
+        max_jobs: Option<u32>,
+        /// The highest priority hint its jobs may claim (higher ones are lowered).
+        #[arg(long, allow_negative_numbers = true)]
+        max_priority: Option<i32>,
+    },
     /// Recent main iterations and cheap runs: per lane, per job counts and busy time.
     Timeline {
         /// Runs that ended in the last S seconds (0: all the server keeps).
@@ -93,6 +108,25 @@ pub async fn run(args: CtlArgs) -> Result<String, CtlError> {
             } else {
                 jobs_table(&jobs)
             }
+        }
+        CtlCommand::Limits {
+            tenant,
+            weight,
+            max_jobs,
+            max_priority,
+        } => {
+            let now = admin
+                .set_tenant_limits(SetTenantLimitsRequest {
+                    tenant: tenant.clone(),
+                    limits: Some(TenantLimits {
+                        weight,
+                        max_jobs,
+                        max_priority,
+                    }),
+                })
+                .await?
+                .into_inner();
+            format!("limits of {tenant}: {}\n", limits_text(Some(&now)))
         }
         CtlCommand::Stats { json } => {
             let stats = admin.get_stats(GetStatsRequest {}).await?.into_inner();
@@ -229,9 +263,13 @@ pub fn stats_json(s: &SchedulerStats) -> Value {
         "handover_latency_us": latency_json(s.handover_latency.as_ref()),
         "lanes": s.lanes.iter().map(|q| json!({"lane": q.lane, "queued": q.queued, "running": q.running})).collect::<Vec<_>>(),
         "share": s.share,
-        "tenants": s.tenants.iter().map(|t| json!({
-            "tenant": t.tenant, "weight": t.weight, "device_s": t.device_seconds, "jobs": t.jobs, "queued": t.queued,
-        })).collect::<Vec<_>>(),
+        "tenants": s.tenants.iter().map(|t| {
+            let l = t.limits.clone().unwrap_or_default();
+            json!({
+                "tenant": t.tenant, "weight": t.weight, "device_s": t.device_seconds, "jobs": t.jobs, "queued": t.queued,
+                "max_jobs": l.max_jobs, "max_priority": l.max_priority,
+            })
+        }).collect::<Vec<_>>(),
     })
 }
 
@@ -395,11 +433,29 @@ pub fn stats_text(s: &SchedulerStats) -> String {
     for t in &s.tenants {
         let percent = if total > 0.0 { 100.0 * t.device_seconds / total } else { 0.0 };
         out += &format!(
-            "tenant {}: {:.3} s device time ({percent:.1}% of the tenants shown), weight {}, {} jobs, {} iterations queued or running\n",
-            t.tenant, t.device_seconds, t.weight, t.jobs, t.queued
+            "tenant {}: {:.3} s device time ({percent:.1}% of the tenants shown), weight {}, {} jobs, {} iterations queued or running; limits {}\n",
+            t.tenant, t.device_seconds, t.weight, t.jobs, t.queued, limits_text(t.limits.as_ref())
         );
     }
     out
+}
+
+/// "weight=2 max-jobs=4" (the tenants file's words), or "none".
+fn limits_text(l: Option<&TenantLimits>) -> String {
+    let l = l.cloned().unwrap_or_default();
+    let parts: Vec<String> = [
+        l.weight.map(|w| format!("weight={w}")),
+        l.max_jobs.map(|n| format!("max-jobs={n}")),
+        l.max_priority.map(|p| format!("max-priority={p}")),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if parts.is_empty() {
+        "none".into()
+    } else {
+        parts.join(" ")
+    }
 }
 
 /// The timeline with the keys of `salus timeline --json`.
@@ -616,6 +672,7 @@ mod tests {
                     device_seconds: 3.0,
                     jobs: 1,
                     queued: 1,
+                    limits: None,
                 },
                 TenantShare {
                     tenant: "bob (uid 1002)".into(),
@@ -623,6 +680,11 @@ mod tests {
                     device_seconds: 1.0,
                     jobs: 8,
                     queued: 0,
+                    limits: Some(TenantLimits {
+                        weight: Some(2),
+                        max_jobs: Some(8),
+                        max_priority: None,
+                    }),
                 },
             ],
             ..s
@@ -633,6 +695,9 @@ mod tests {
             text.contains("tenant bob (uid 1002): 1.000 s device time (25.0% of the tenants shown), weight 2, 8 jobs"),
             "{text}"
         );
+        assert!(text.contains("limits weight=2 max-jobs=8\n"), "{text}");
+        assert!(text.contains("queued or running; limits none\n"), "{text}");
+        assert_eq!(stats_json(&s)["tenants"][1]["max_jobs"], 8);
         assert_eq!(stats_json(&s)["tenants"][0]["device_s"], 3.0);
         assert_eq!(stats_json(&s)["switch_latency_us"]["p99"], 40.0);
     }

@@ -109,6 +109,9 @@ impl Server {
             Role::Executor { seam, .. } => Executor::remote(policy, config.sched, seam.clone()),
             _ => Executor::with_timeline(policy, config.sched, timeline),
         };
+        if !matches!(role, Role::Executor { .. }) {
+            executor.set_limits_table(config.tenants.limits().clone());
+        }
         let admission = capacity.map(|capacity| {
             if let Role::Executor { seam, .. } = &role {
                 return Admission::remote(seam.clone(), executor.clone());

@@ -17,6 +17,8 @@ use crate::frontend::identify::tenant_of;
 use crate::runtime::admission::MemoryState;
 use crate::runtime::eager_job::EagerJob;
 use crate::runtime::executor::TenantFigures;
+use crate::sched::tenants::MAX_WEIGHT;
+use crate::tenant::limits::Limits;
 use crate::runtime::graph_delta::VariableBytes;
 use crate::runtime::graph_job::Job;
 use crate::runtime::latency::LatencySnapshot;
@@ -142,7 +144,7 @@ impl AdminService {
         if let Some(s) = s {
             row.hints = Some(hints_to_proto(&s.hints));
         }
-        row.note = row_note(memory.note, policy, s);
+        row.note = self.row_note(id, memory.note, policy, s);
         if self.state.admission.is_some() {
             row.memory_state = memory.label;
         }
@@ -352,7 +354,7 @@ impl AdminService {
             name: job.name.clone(),
             state: state_label(memory.waiting, s, false).into(),
             hints: s.map(|s| hints_to_proto(&s.hints)),
-            note: row_note(memory.note, policy, s),
+            note: self.row_note(job.id, memory.note, policy, s),
             graph_version: job.graph_version(),
             graph_nodes: job.graph_nodes() as u64,
             runs_completed: job.stats.runs_completed.load(Ordering::Relaxed),
@@ -419,7 +421,7 @@ impl AdminService {
             hints: Some(hints_to_proto(
                 &s.map_or_else(|| job.hints.clone(), |s| s.hints.clone()),
             )),
-            note: row_note(memory.note, policy, s),
+            note: self.row_note(job.id, memory.note, policy, s),
             graph_nodes: stats.functions.load(Ordering::Relaxed),
             runs_completed: stats.ops.load(Ordering::Relaxed),
             runs_failed: stats.failed.load(Ordering::Relaxed),
@@ -437,6 +439,30 @@ impl AdminService {
 
     /// The scheduler's columns of a job's row, graph or eager, over `rest`
     /// (zero for a job the scheduler does not know yet).
+    /// What a job's row notes: waiting for memory, or how the policy treats
+    /// it; and a priority hint lowered to its tenant's limit.
+    fn row_note(
+        &self,
+        job: JobId,
+        memory_note: Option<String>,
+        policy: &str,
+        s: Option<&JobStatus>,
+    ) -> String {
+        let note = memory_note.unwrap_or_else(|| s.map(|s| note(policy, s)).unwrap_or_default());
+        let Some(clamp) = self.state.executor.priority_clamp(job) else {
+            return note;
+        };
+        let lowered = format!(
+            "priority {} asked, lowered to {} (its tenant's max-priority)",
+            clamp.asked, clamp.max
+        );
+        if note.is_empty() {
+            lowered
+        } else {
+            format!("{note}; {lowered}")
+        }
+    }
+
     fn scheduler_fields(
         &self,
         job: JobId,
@@ -502,9 +528,6 @@ fn state_label(waiting_for_memory: bool, s: Option<&JobStatus>, busy: bool) -> &
 }
 
 /// A job row's note: why it waits for memory, else how the policy treats it.
-fn row_note(memory_note: Option<String>, policy: &str, s: Option<&JobStatus>) -> String {
-    memory_note.unwrap_or_else(|| s.map(|s| note(policy, s)).unwrap_or_default())
-}
 
 /// How the current policy treats a job, where that is not obvious.
 fn note(policy: &str, s: &JobStatus) -> String {
@@ -558,6 +581,15 @@ fn tenant_share(figures: &TenantFigures) -> TenantShare {
         device_seconds: figures.status.service as f64 / 1e9,
         jobs: figures.status.jobs as u64,
         queued: figures.status.work as u64,
+        limits: Some(limits_to_proto(&figures.limits)),
+    }
+}
+
+fn limits_to_proto(limits: &Limits) -> TenantLimits {
+    TenantLimits {
+        weight: limits.weight,
+        max_jobs: limits.max_jobs,
+        max_priority: limits.max_priority,
     }
 }
 
@@ -669,6 +701,46 @@ impl Admin for AdminService {
     ) -> Result<Response<SchedulerStats>, Status> {
         let viewer = self.viewer(&tenant_of(&request));
         Ok(Response::new(self.scheduler_stats_for(&viewer)))
+    }
+
+    async fn set_tenant_limits(
+        &self,
+        request: Request<SetTenantLimitsRequest>,
+    ) -> Result<Response<TenantLimits>, Status> {
+        let caller = tenant_of(&request);
+        if self.viewer(&caller) != Viewer::Admin {
+            return Err(Error::PermissionDenied(format!(
+                "changing a tenant's limits needs an admin ({}); tenant {caller} is not one",
+                self.admins.describe()
+            ))
+            .into());
+        }
+        let req = request.into_inner();
+        let name = req.tenant.trim();
+        if name.is_empty() {
+            return Err(Error::InvalidArgument(
+                "name the tenant (a user name, a tenants file name, anonymous) or * for the defaults"
+                    .into(),
+            )
+            .into());
+        }
+        let asked = req.limits.unwrap_or_default();
+        let limits = Limits {
+            weight: asked.weight,
+            max_jobs: asked.max_jobs,
+            max_priority: asked.max_priority,
+        };
+        if let Some(weight) = limits.weight {
+            if !(1..=MAX_WEIGHT).contains(&weight) {
+                return Err(Error::InvalidArgument(format!(
+                    "a weight is 1 to {MAX_WEIGHT}, not {weight}"
+                ))
+                .into());
+            }
+        }
+        let now = self.state.executor.set_limits(name, &limits);
+        tracing::info!(tenant = name, limits = %now, by = %caller, "tenant limits changed");
+        Ok(Response::new(limits_to_proto(&now)))
     }
 
     async fn set_policy(

@@ -21,14 +21,16 @@ use crate::error::{Error, Result};
 use crate::runtime::latency::{LatencyRecorder, LatencySnapshot};
 use crate::runtime::run_class::RunClass;
 use crate::runtime::run_stats::{RunStats, RunStatsSnapshot};
-use crate::runtime::tenant_ids::TenantIds;
+use crate::runtime::tenant_ids::{Clamp, TenantIds};
+use crate::sched::tenants::DEFAULT_WEIGHT;
+use crate::tenant::limits::{Limits, LimitsTable};
 use crate::runtime::timeline::{JobKind, Timeline};
 use crate::seam::client::SeamClient;
 use crate::seam::{hints_to_msg, msg as seam_msg};
 use crate::sched::policy::{self, Policy};
 use crate::sched::{
     Decision, Hints, JobId, JobStatus, LaneId, Nanos, SchedConfig, SchedError, Scheduler, SortKey,
-    Share, TenantStatus,
+    Share, TenantId, TenantStatus,
 };
 use crate::tenant::identity::Tenant;
 
@@ -120,6 +122,7 @@ pub struct ExecStats {
 pub struct TenantFigures {
     pub tenant: Tenant,
     pub status: TenantStatus,
+    pub limits: Limits,
 }
 
 struct Inner {
@@ -231,6 +234,7 @@ impl Executor {
         let mut inner = self.shared.lock();
         // The owner was recorded when the job opened (`open_job`).
         let tenant = inner.tenants.owner(id);
+        let hints = inner.tenants.clamp(id, hints);
         inner
             .sched
             .add_tenant_job(id, lane, tenant, hints, now)
@@ -443,24 +447,69 @@ impl Executor {
         self.shared.lock().run_stats.cheap_runs(job)
     }
 
-    /// A job opened: its owner, whose share it runs in once it joins the
-    /// scheduler (call this first), and its label on the timeline (the
-    /// supervisor's, in an executor process).
-    pub fn open_job(&self, job: JobId, name: &str, kind: JobKind, owner: Option<&Tenant>) {
+    /// A job opens: its owner, whose share it runs in once it joins the
+    /// scheduler (call this first), and its label on the timeline. Refused
+    /// when the owner has its maximum of jobs open. In an executor process the
+    /// supervisor decides, for the executor's tenant.
+    pub async fn open_job(
+        &self,
+        job: JobId,
+        name: &str,
+        kind: JobKind,
+        owner: Option<&Tenant>,
+    ) -> Result<()> {
         if let Some(seam) = &self.remote {
-            seam.send(seam_msg::to_supervisor::Msg::OpenJob(seam_msg::OpenJob {
-                job: job.0,
-                name: name.to_string(),
-                eager: kind == JobKind::Eager,
-            }));
-            return;
+            return seam.open_job(job, name, kind == JobKind::Eager).await;
         }
+        self.open_local_job(job, name, kind, owner)
+    }
+
+    /// [`Executor::open_job`] in the process that schedules.
+    pub fn open_local_job(
+        &self,
+        job: JobId,
+        name: &str,
+        kind: JobKind,
+        owner: Option<&Tenant>,
+    ) -> Result<()> {
         if let Some(owner) = owner {
-            self.shared.lock().tenants.set_owner(job, owner);
+            let mut inner = self.shared.lock();
+            let id = inner.tenants.open(job, owner)?;
+            let weight = inner.tenants.limits_of(id).weight;
+            let _ = inner
+                .sched
+                .set_tenant_weight(id, weight.unwrap_or(DEFAULT_WEIGHT));
         }
         self.shared
             .timeline
             .open_job(job, name, kind, owner.map(|t| t.key.clone()));
+        Ok(())
+    }
+
+    /// The tenants' limits (the tenants file's, at start).
+    pub fn set_limits_table(&self, limits: LimitsTable) {
+        let mut inner = self.shared.lock();
+        inner.tenants.set_limits_table(limits);
+        apply_weights(&mut inner);
+    }
+
+    /// Changes the limits of the tenant named `name` (`*`: the defaults); the
+    /// fields set replace its earlier ones. Weights apply at once, max-jobs to
+    /// the next job opened, max-priority to the next hints set.
+    /// Returns the limits that now apply to `name`.
+    pub fn set_limits(&self, name: &str, limits: &Limits) -> Limits {
+        let mut inner = self.shared.lock();
+        inner.tenants.set_limits(name, limits);
+        apply_weights(&mut inner);
+        let now = inner.tenants.limits_named(name);
+        drop(inner);
+        self.shared.wake.notify_all();
+        now
+    }
+
+    /// Whether `job`'s priority hint was lowered to its tenant's limit.
+    pub fn priority_clamp(&self, job: JobId) -> Option<Clamp> {
+        self.shared.lock().tenants.clamp_of(job)
     }
 
     /// Every tenant that has had a job here, with its share of device time.
@@ -472,17 +521,16 @@ impl Executor {
             .into_iter()
             .filter_map(|status| {
                 let tenant = inner.tenants.tenant(status.id)?.clone();
-                Some(TenantFigures { tenant, status })
+                let limits = inner.tenants.limits_of(status.id);
+                Some(TenantFigures {
+                    tenant,
+                    status,
+                    limits,
+                })
             })
             .collect()
     }
 
-    /// A tenant's weight against the others (see `salus_sched::tenants`).
-    pub fn set_tenant_weight(&self, tenant: &Tenant, weight: u32) -> Result<()> {
-        let mut inner = self.shared.lock();
-        let id = inner.tenants.id_of(tenant);
-        inner.sched.set_tenant_weight(id, weight).map_err(sched_error)
-    }
 
     /// The ring of recent runs (the admin API's timeline).
     pub fn timeline(&self) -> &Arc<Timeline> {
@@ -514,11 +562,11 @@ impl Executor {
             }));
             return Ok(());
         }
-        self.shared
-            .lock()
-            .sched
-            .set_hints(id, hints)
-            .map_err(sched_error)?;
+        {
+            let mut inner = self.shared.lock();
+            let hints = inner.tenants.clamp(id, hints);
+            inner.sched.set_hints(id, hints).map_err(sched_error)?;
+        }
         self.shared.wake.notify_all();
         Ok(())
     }
@@ -597,6 +645,21 @@ struct CancelTurn {
 impl Drop for CancelTurn {
     fn drop(&mut self) {
         self.seam.cancel(self.turn);
+    }
+}
+
+/// Every known tenant's weight from its limits, into the scheduler core.
+fn apply_weights(inner: &mut Inner) {
+    let weights: Vec<(TenantId, u32)> = inner
+        .tenants
+        .known()
+        .map(|(id, _)| {
+            let weight = inner.tenants.limits_of(id).weight;
+            (id, weight.unwrap_or(DEFAULT_WEIGHT))
+        })
+        .collect();
+    for (id, weight) in weights {
+        let _ = inner.sched.set_tenant_weight(id, weight);
     }
 }
 

@@ -1,11 +1,15 @@
 //! The scheduler core numbers tenants ([`TenantId`]); this maps the server's
-//! tenants to those numbers and remembers which tenant owns each job, so a job
-//! joins the core as its tenant's whichever path admits it.
+//! tenants to those numbers, remembers which tenant owns each job (so a job
+//! joins the core as its tenant's whichever path admits it), and holds the
+//! tenants' limits: how many jobs each may open, the highest priority it may
+//! claim, its weight.
 
 use std::collections::HashMap;
 
-use crate::sched::{JobId, TenantId};
+use crate::error::{Error, Result};
+use crate::sched::{Hints, JobId, TenantId};
 use crate::tenant::identity::{Tenant, TenantKey};
+use crate::tenant::limits::{Limits, LimitsTable};
 
 #[derive(Default)]
 pub struct TenantIds {
@@ -13,6 +17,16 @@ pub struct TenantIds {
     /// Indexed by id - 1: the tenant as first seen (its name for figures).
     tenants: Vec<Tenant>,
     owners: HashMap<JobId, TenantId>,
+    limits: LimitsTable,
+    /// Jobs whose priority hint was lowered to their tenant's limit: the one asked.
+    clamped: HashMap<JobId, i32>,
+}
+
+/// A priority hint lowered to the tenant's limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Clamp {
+    pub asked: i32,
+    pub max: i32,
 }
 
 impl TenantIds {
@@ -32,11 +46,6 @@ impl TenantIds {
         self.ids.get(key).copied()
     }
 
-    pub fn set_owner(&mut self, job: JobId, tenant: &Tenant) {
-        let id = self.id_of(tenant);
-        self.owners.insert(job, id);
-    }
-
     /// The owner of `job`, or [`TenantId::NONE`] for a job opened without one.
     pub fn owner(&self, job: JobId) -> TenantId {
         self.owners.get(&job).copied().unwrap_or(TenantId::NONE)
@@ -44,6 +53,75 @@ impl TenantIds {
 
     pub fn forget_job(&mut self, job: JobId) {
         self.owners.remove(&job);
+        self.clamped.remove(&job);
+    }
+
+    pub fn set_limits_table(&mut self, limits: LimitsTable) {
+        self.limits = limits;
+    }
+
+    /// Changes `name`'s limits (`*`: the defaults); the set fields replace.
+    pub fn set_limits(&mut self, name: &str, limits: &Limits) {
+        self.limits.set(name, limits);
+    }
+
+    /// The limits that apply to the tenant named `name` (`*`: the defaults).
+    pub fn limits_named(&self, name: &str) -> Limits {
+        self.limits.named(name)
+    }
+
+    /// The limits that apply to tenant `id` now (none for an unknown one).
+    pub fn limits_of(&self, id: TenantId) -> Limits {
+        self.tenant(id)
+            .map_or_else(Limits::default, |t| self.limits.for_tenant(t))
+    }
+
+    /// Every tenant seen, with its id.
+    pub fn known(&self) -> impl Iterator<Item = (TenantId, &Tenant)> {
+        self.tenants
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (TenantId(i as u64 + 1), t))
+    }
+
+    /// `job` opens for `tenant`, unless the tenant has its maximum of jobs open.
+    pub fn open(&mut self, job: JobId, tenant: &Tenant) -> Result<TenantId> {
+        let id = self.id_of(tenant);
+        if let Some(max) = self.limits.for_tenant(tenant).max_jobs {
+            let open = self.owners.values().filter(|&&owner| owner == id).count();
+            if open >= max as usize {
+                return Err(Error::ResourceExhausted(format!(
+                    "tenant {tenant} already has {open} open jobs (sessions and eager contexts), its \
+                     limit (max-jobs={max}, set in the tenants file or by `salus-server ctl limits`): \
+                     close one first"
+                )));
+            }
+        }
+        self.owners.insert(job, id);
+        Ok(id)
+    }
+
+    /// `hints` with the priority lowered to the owner's `max-priority`, the
+    /// lowering remembered for the job's row.
+    pub fn clamp(&mut self, job: JobId, mut hints: Hints) -> Hints {
+        let max = self.limits_of(self.owner(job)).max_priority;
+        match max {
+            Some(max) if hints.priority > max => {
+                self.clamped.insert(job, hints.priority);
+                hints.priority = max;
+            }
+            _ => {
+                self.clamped.remove(&job);
+            }
+        }
+        hints
+    }
+
+    /// Whether `job`'s priority hint was lowered, from what to what.
+    pub fn clamp_of(&self, job: JobId) -> Option<Clamp> {
+        let asked = *self.clamped.get(&job)?;
+        let max = self.limits_of(self.owner(job)).max_priority?;
+        Some(Clamp { asked, max })
     }
 
     pub fn tenant(&self, id: TenantId) -> Option<&Tenant> {
@@ -65,7 +143,7 @@ mod tests {
         assert_eq!(ids.id_of(&a), TenantId(1));
         assert_eq!(ids.id_of(&b), TenantId(2));
         assert_eq!(ids.id_of(&a), TenantId(1));
-        ids.set_owner(JobId(7), &b);
+        ids.open(JobId(7), &b).unwrap();
         assert_eq!(ids.owner(JobId(7)), TenantId(2));
         assert_eq!(ids.owner(JobId(8)), TenantId::NONE);
         assert_eq!(ids.tenant(TenantId(2)), Some(&b));
@@ -73,5 +151,44 @@ mod tests {
         assert_eq!(ids.find(&TenantKey::Anonymous), Some(TenantId(2)));
         ids.forget_job(JobId(7));
         assert_eq!(ids.owner(JobId(7)), TenantId::NONE);
+    }
+
+    #[test]
+    fn max_jobs_refuses_the_next_open_and_priorities_are_clamped() {
+        let mut ids = TenantIds::default();
+        let mut table = LimitsTable::default();
+        table.set(
+            "*",
+            &Limits::parse(["max-jobs=2", "max-priority=3"]).unwrap(),
+        );
+        ids.set_limits_table(table);
+        let a = Tenant::anonymous();
+        ids.open(JobId(1), &a).unwrap();
+        ids.open(JobId(2), &a).unwrap();
+        let err = ids.open(JobId(3), &a).unwrap_err().to_string();
+        assert!(
+            err.contains("already has 2 open jobs") && err.contains("max-jobs=2"),
+            "{err}"
+        );
+        // Another tenant has its own count.
+        ids.open(JobId(4), &Tenant::from_uid(0)).unwrap();
+        ids.forget_job(JobId(1));
+        ids.open(JobId(3), &a).unwrap();
+
+        let asked = Hints {
+            priority: 9,
+            ..Hints::default()
+        };
+        assert_eq!(ids.clamp(JobId(3), asked).priority, 3);
+        assert_eq!(ids.clamp_of(JobId(3)), Some(Clamp { asked: 9, max: 3 }));
+        assert_eq!(ids.clamp(JobId(3), Hints::default()).priority, 0);
+        assert_eq!(ids.clamp_of(JobId(3)), None);
+        // Raising the limit at run time: the clamp no longer shows for new hints.
+        ids.set_limits("anonymous", &Limits::parse(["max-priority=10"]).unwrap());
+        let asked = Hints {
+            priority: 9,
+            ..Hints::default()
+        };
+        assert_eq!(ids.clamp(JobId(3), asked).priority, 9);
     }
 }

@@ -39,6 +39,7 @@ pub struct SeamClient {
     turns: Mutex<HashMap<u64, mpsc::SyncSender<TurnOutcome>>>,
     answers: Mutex<HashMap<u64, mpsc::SyncSender<msg::Answer>>>,
     admissions: Mutex<HashMap<u64, oneshot::Sender<msg::Admitted>>>,
+    openings: Mutex<HashMap<u64, oneshot::Sender<msg::Opened>>>,
     closed: AtomicBool,
     reporter: OnceLock<Reporter>,
     /// Recent answers to "is this job outranked?", by job: a job doing
@@ -75,6 +76,7 @@ impl SeamClient {
             turns: Mutex::new(HashMap::new()),
             answers: Mutex::new(HashMap::new()),
             admissions: Mutex::new(HashMap::new()),
+            openings: Mutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
             reporter: OnceLock::new(),
             outranked: Mutex::new(HashMap::new()),
@@ -135,6 +137,11 @@ impl SeamClient {
                     let _ = tx.send(answer);
                 }
             }
+            Some(to_executor::Msg::Opened(opened)) => {
+                if let Some(tx) = lock(&self.openings).remove(&opened.id) {
+                    let _ = tx.send(opened);
+                }
+            }
             Some(to_executor::Msg::Admitted(admitted)) => {
                 if let Some(tx) = lock(&self.admissions).remove(&admitted.id) {
                     let _ = tx.send(admitted);
@@ -165,6 +172,7 @@ impl SeamClient {
         lock(&self.turns).clear();
         lock(&self.answers).clear();
         lock(&self.admissions).clear();
+        lock(&self.openings).clear();
     }
 
     pub fn is_closed(&self) -> bool {
@@ -273,6 +281,27 @@ impl SeamClient {
         let answer = rx.recv_timeout(QUERY_TIMEOUT).ok();
         lock(&self.answers).remove(&id);
         answer
+    }
+
+    /// A job opens; the supervisor refuses one beyond the tenant's max-jobs.
+    pub async fn open_job(&self, job: JobId, name: &str, eager: bool) -> Result<()> {
+        if self.is_closed() {
+            return Err(Error::ShuttingDown);
+        }
+        let id = self.next_id();
+        let (tx, rx) = oneshot::channel();
+        lock(&self.openings).insert(id, tx);
+        self.send(to_supervisor::Msg::OpenJob(msg::OpenJob {
+            job: job.0,
+            name: name.to_string(),
+            eager,
+            id,
+        }));
+        let opened = rx.await.map_err(|_| Error::ShuttingDown)?;
+        match opened.error {
+            None => Ok(()),
+            Some(err) => Err(Error::Tensorflow(TfError::new(err.code, err.message))),
+        }
     }
 
     /// Memory admission by the supervisor; the lane granted.

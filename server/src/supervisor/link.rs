@@ -157,8 +157,18 @@ impl Link {
                     JobKind::Graph
                 };
                 // The owner is this link's tenant, whatever the executor says.
-                self.executor
-                    .open_job(job, &open.name, kind, Some(&self.owner));
+                let error = self
+                    .executor
+                    .open_local_job(job, &open.name, kind, Some(&self.owner))
+                    .err()
+                    .map(|err| {
+                        lock(&self.jobs).remove(&job);
+                        msg::AdmitError {
+                            code: err.code() as i32,
+                            message: err.to_string(),
+                        }
+                    });
+                self.send(to_executor::Msg::Opened(msg::Opened { id: open.id, error }));
             }
             to_supervisor::Msg::RemoveJob(remove) => self.forget(JobId(remove.job)),
             to_supervisor::Msg::Want(want) => {

@@ -9,6 +9,7 @@ use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::tenant::limits::{Limits, LimitsTable, LIMIT_NAMES};
 use sha2::{Digest, Sha256};
 
 /// The prefix of a token in the `user-agent` header.
@@ -146,7 +147,7 @@ pub enum IdentityError {
     UidOnly { why: String },
 }
 
-/// A tenants file entry.
+/// A tenants file entry with a token.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct TokenEntry {
     name: String,
@@ -154,11 +155,16 @@ struct TokenEntry {
     uid: Option<u32>,
 }
 
-/// The operator's tenants file: one tenant a line, `NAME SHA256-OF-TOKEN RUN-AS`,
-/// where RUN-AS is a user name, a uid, or `-` for none; `#` starts a comment.
+/// The operator's tenants file: one tenant a line,
+/// `NAME SHA256-OF-TOKEN RUN-AS [LIMIT=VALUE ...]`, where RUN-AS is a user
+/// name, a uid, or `-` for none, and the limits are [`Limits`] fields. A line
+/// whose hash is `-` gives a tenant no token, only limits (a Unix user
+/// identified by its uid: NAME is the user's name); `* - - LIMITS` sets the
+/// defaults. `#` starts a comment.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TenantsFile {
     entries: Vec<TokenEntry>,
+    limits: LimitsTable,
 }
 
 impl TenantsFile {
@@ -170,6 +176,7 @@ impl TenantsFile {
 
     pub fn parse(text: &str) -> Result<TenantsFile, String> {
         let mut entries: Vec<TokenEntry> = Vec::new();
+        let mut limits_table = LimitsTable::default();
         for (number, line) in text.lines().enumerate() {
             let line = line.split('#').next().unwrap_or("").trim();
             if line.is_empty() {
@@ -177,12 +184,27 @@ impl TenantsFile {
             }
             let at = |msg: String| format!("line {}: {msg}", number + 1);
             let fields: Vec<&str> = line.split_whitespace().collect();
-            let [name, hash, run_as] = fields[..] else {
+            let [name, hash, run_as, ref limit_fields @ ..] = fields[..] else {
                 return Err(at(format!(
-                    "expected three fields, NAME SHA256-OF-TOKEN RUN-AS (a user, a uid or -), found {}",
+                    "expected three fields, NAME SHA256-OF-TOKEN RUN-AS (a user, a uid or -), \
+                     then limits ({LIMIT_NAMES}); found {}",
                     fields.len()
                 )));
             };
+            let limits = Limits::parse(limit_fields.iter().copied()).map_err(at)?;
+            if hash == "-" {
+                if name != "*" && run_as != "-" && resolve_user(run_as).is_none() {
+                    return Err(at(format!("no Unix user {run_as:?} on this machine")));
+                }
+                if name == "*" && run_as != "-" {
+                    return Err(at("the defaults line is `* - - LIMITS`".into()));
+                }
+                limits_table.set(name, &limits);
+                continue;
+            }
+            if name == "*" {
+                return Err(at("`*` names the defaults and has no token: `* - - LIMITS`".into()));
+            }
             let token_sha256 = parse_sha256(hash).ok_or_else(|| {
                 at("the second field must be the token's SHA-256 as 64 hex digits \
                     (printf %s TOKEN | sha256sum)"
@@ -205,10 +227,22 @@ impl TenantsFile {
                 token_sha256,
                 uid,
             });
+            if limits != Limits::default() {
+                limits_table.set(name, &limits);
+            }
         }
-        Ok(TenantsFile { entries })
+        Ok(TenantsFile {
+            entries,
+            limits: limits_table,
+        })
     }
 
+    /// The limits the file sets.
+    pub fn limits(&self) -> &LimitsTable {
+        &self.limits
+    }
+
+    /// Tenants with a token.
     pub fn len(&self) -> usize {
         self.entries.len()
     }
@@ -367,7 +401,7 @@ fn resolve_user(user: &str) -> Option<u32> {
     crate::tenant::users::Account::by_name(user).map(|a| a.uid)
 }
 
-fn user_name(uid: u32) -> Option<String> {
+pub fn user_name(uid: u32) -> Option<String> {
     crate::tenant::users::Account::by_uid(uid).map(|a| a.name)
 }
 
@@ -416,6 +450,32 @@ mod tests {
         assert!(err.contains("same token"), "{err}");
         let err = TenantsFile::parse("a b").unwrap_err();
         assert!(err.contains("three fields"), "{err}");
+        let err = TenantsFile::parse(&format!("a {} 1 weight=0", sha("x"))).unwrap_err();
+        assert!(err.contains("line 1") && err.contains("1 to 1000"), "{err}");
+        let err = TenantsFile::parse("* - root max-jobs=1").unwrap_err();
+        assert!(err.contains("* - - LIMITS"), "{err}");
+        let err = TenantsFile::parse("x - no-such-user-here max-jobs=1").unwrap_err();
+        assert!(err.contains("no-such-user-here"), "{err}");
+    }
+
+    #[test]
+    fn tenants_file_limits() {
+        let file = TenantsFile::parse(&format!(
+            "* - - max-jobs=8 max-priority=1\nroot - root weight=4\nbot {} - max-priority=3\n",
+            sha("bot-token")
+        ))
+        .unwrap();
+        assert_eq!(file.len(), 1, "only bot has a token");
+        let limits = file.limits();
+        assert_eq!(limits.for_tenant(&Tenant::from_uid(0)).weight, Some(4));
+        assert_eq!(limits.for_tenant(&Tenant::from_uid(0)).max_jobs, Some(8));
+        assert_eq!(limits.defaults().max_priority, Some(1));
+        let bot = Tenant {
+            key: TenantKey::Named("bot".into()),
+            name: "bot".into(),
+            uid: None,
+        };
+        assert_eq!(limits.for_tenant(&bot).max_priority, Some(3));
     }
 
     #[test]

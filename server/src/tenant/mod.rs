@@ -5,6 +5,7 @@
 pub mod admins;
 pub mod checkpoint_guard;
 pub mod identity;
+pub mod limits;
 pub mod op_policy;
 pub mod peer_uid;
 pub mod users;

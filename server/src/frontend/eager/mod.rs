@@ -135,6 +135,12 @@ impl EagerService for Eager {
         )
         .with_gpu_lane(gpu_lane.map(|l| l.0));
         let (id, _) = self.state.sessions.next_job();
+        // First its owner (refused beyond the tenant's max-jobs before
+        // anything is built), whose share it joins the scheduler in.
+        self.state
+            .executor
+            .open_job(id, &hints.name, JobKind::Eager, Some(tenant.as_ref()))
+            .await?;
         let spec = EagerJobSpec {
             id,
             context_id: req.context_id,
@@ -157,7 +163,13 @@ impl EagerService for Eager {
                 draining: self.state.draining.clone(),
             },
         };
-        let job = Arc::new(exec::blocking(move || EagerJob::create(spec)).await?);
+        let job = match exec::blocking(move || EagerJob::create(spec)).await {
+            Ok(job) => Arc::new(job),
+            Err(err) => {
+                self.state.executor.remove_job(id);
+                return Err(err.into());
+            }
+        };
         if let Err(err) = self.state.contexts.insert(
             tenant.clone(),
             job.clone(),
@@ -169,11 +181,9 @@ impl EagerService for Eager {
                 Ok(())
             })
             .await;
+            self.state.executor.remove_job(id);
             return Err(err.into());
         }
-        self.state
-            .executor
-            .open_job(id, &hints.name, JobKind::Eager, Some(tenant.as_ref()));
         // With memory lanes, jobs join the scheduler when they are admitted.
         if self.state.admission.is_none() {
             if let Err(err) = self.state.executor.add_job(id, LaneId(0), hints.clone()) {

@@ -197,12 +197,18 @@ impl MasterService for Master {
             .into());
         }
         let (id, handle) = self.state.sessions.next_job();
+        // First its owner, whose share it joins the scheduler in (refused
+        // beyond the tenant's max-jobs before anything is built).
+        self.state
+            .executor
+            .open_job(id, &hints.name, JobKind::Graph, Some(tenant.as_ref()))
+            .await?;
         let gpu_lane = self
             .state
             .admission
             .as_ref()
             .and_then(Admission::lane_for_new_graph);
-        let job = {
+        let created = {
             let handle = handle.clone();
             let hints = hints.clone();
             let settings = self.state.settings;
@@ -219,12 +225,15 @@ impl MasterService for Master {
                     rules,
                 )
             })
-            .await?
+            .await
         };
-        // First its owner, whose share it joins the scheduler in.
-        self.state
-            .executor
-            .open_job(id, &hints.name, JobKind::Graph, Some(tenant.as_ref()));
+        let job = match created {
+            Ok(job) => job,
+            Err(err) => {
+                self.state.executor.remove_job(id);
+                return Err(err.into());
+            }
+        };
         // With memory lanes, the job joins the scheduler when it is admitted.
         if self.state.admission.is_none() {
             if let Err(err) = self.state.executor.add_job(id, LaneId(0), hints.clone()) {

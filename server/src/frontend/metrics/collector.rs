@@ -558,6 +558,7 @@ mod tests {
                     device_seconds: 1.5,
                     jobs: 3,
                     queued: 1,
+                    limits: None,
                 }],
                 ..Default::default()
             },

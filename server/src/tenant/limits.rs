@@ -1,0 +1,209 @@
+//! Limits per tenant: its weight in sharing device time, how many jobs it may
+//! have open, and the highest priority it may claim. Set in the tenants file
+//! (`LIMIT=VALUE` fields after a tenant's three) and changed at run time by an
+//! admin (`salus-server ctl limits`); a `*` line sets the defaults.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use crate::sched::tenants::MAX_WEIGHT;
+use crate::tenant::identity::{user_name, Tenant};
+
+/// The names a tenants file line and `ctl limits` accept.
+pub const LIMIT_NAMES: &str = "weight=1..1000, max-jobs=N, max-priority=P";
+
+/// One tenant's limits; None: the default's (or none).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Limits {
+    /// Its share of device time against other tenants' (1 to 1000).
+    pub weight: Option<u32>,
+    /// Jobs (graph sessions and eager contexts) it may have open at once.
+    pub max_jobs: Option<u32>,
+    /// The highest priority hint it may claim; higher ones are lowered to it.
+    pub max_priority: Option<i32>,
+}
+
+impl Limits {
+    /// Applies one `NAME=VALUE` field.
+    pub fn set_field(&mut self, field: &str) -> Result<(), String> {
+        let (name, value) = field
+            .split_once('=')
+            .ok_or_else(|| format!("expected LIMIT=VALUE ({LIMIT_NAMES}), found {field:?}"))?;
+        let bad = |what: &str| format!("{name}={value:?}: {what}");
+        match name {
+            "weight" => {
+                let weight: u32 = value.parse().map_err(|_| bad("not a whole number"))?;
+                if !(1..=MAX_WEIGHT).contains(&weight) {
+                    return Err(bad(&format!("a weight is 1 to {MAX_WEIGHT}")));
+                }
+                self.weight = Some(weight);
+            }
+            "max-jobs" => {
+                self.max_jobs = Some(value.parse().map_err(|_| bad("not a whole number"))?);
+            }
+            "max-priority" => {
+                self.max_priority = Some(value.parse().map_err(|_| bad("not a whole number"))?);
+            }
+            _ => return Err(format!("unknown limit {name:?}: known are {LIMIT_NAMES}")),
+        }
+        Ok(())
+    }
+
+    /// Parses `NAME=VALUE` fields.
+    pub fn parse<'a>(fields: impl IntoIterator<Item = &'a str>) -> Result<Limits, String> {
+        let mut limits = Limits::default();
+        for field in fields {
+            limits.set_field(field)?;
+        }
+        Ok(limits)
+    }
+
+    /// These limits, each unset one taken from `default`.
+    pub fn over(&self, default: &Limits) -> Limits {
+        Limits {
+            weight: self.weight.or(default.weight),
+            max_jobs: self.max_jobs.or(default.max_jobs),
+            max_priority: self.max_priority.or(default.max_priority),
+        }
+    }
+
+    /// `other`'s set limits replace these.
+    pub fn update(&mut self, other: &Limits) {
+        *self = other.over(self);
+    }
+}
+
+impl fmt::Display for Limits {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts = Vec::new();
+        if let Some(w) = self.weight {
+            parts.push(format!("weight={w}"));
+        }
+        if let Some(n) = self.max_jobs {
+            parts.push(format!("max-jobs={n}"));
+        }
+        if let Some(p) = self.max_priority {
+            parts.push(format!("max-priority={p}"));
+        }
+        if parts.is_empty() {
+            f.write_str("none")
+        } else {
+            f.write_str(&parts.join(" "))
+        }
+    }
+}
+
+/// Every tenant's limits by name, and the defaults (`*`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LimitsTable {
+    default: Limits,
+    by_name: BTreeMap<String, Limits>,
+}
+
+impl LimitsTable {
+    /// `name` is a tenant's name (a user name, a tenants file name,
+    /// `anonymous`) or `*` for the defaults; set fields replace, others stay.
+    pub fn set(&mut self, name: &str, limits: &Limits) {
+        if name == "*" {
+            self.default.update(limits);
+        } else {
+            self.by_name
+                .entry(name.to_string())
+                .or_default()
+                .update(limits);
+        }
+    }
+
+    /// The limits that apply to `tenant`: its own by its name (or its Unix
+    /// user's name), the defaults for the rest.
+    pub fn for_tenant(&self, tenant: &Tenant) -> Limits {
+        let own = self.by_name.get(&tenant.name).or_else(|| {
+            let user = user_name(tenant.uid?)?;
+            self.by_name.get(&user)
+        });
+        own.map_or_else(|| self.default.clone(), |own| own.over(&self.default))
+    }
+
+    /// The limits that apply to a tenant of this name (`*`: the defaults).
+    pub fn named(&self, name: &str) -> Limits {
+        match self.by_name.get(name) {
+            Some(own) if name != "*" => own.over(&self.default),
+            _ => self.default.clone(),
+        }
+    }
+
+    pub fn defaults(&self) -> &Limits {
+        &self.default
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_name.is_empty() && self.default == Limits::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tenant::identity::TenantKey;
+
+    fn named(name: &str) -> Tenant {
+        Tenant {
+            key: TenantKey::Named(name.into()),
+            name: name.into(),
+            uid: None,
+        }
+    }
+
+    #[test]
+    fn fields_parse_and_errors_name_the_limit() {
+        let limits = Limits::parse(["weight=3", "max-jobs=4", "max-priority=-1"]).unwrap();
+        assert_eq!(
+            limits,
+            Limits {
+                weight: Some(3),
+                max_jobs: Some(4),
+                max_priority: Some(-1),
+            }
+        );
+        assert_eq!(limits.to_string(), "weight=3 max-jobs=4 max-priority=-1");
+        assert!(Limits::parse(["weight=0"])
+            .unwrap_err()
+            .contains("1 to 1000"));
+        assert!(Limits::parse(["weight=x"])
+            .unwrap_err()
+            .contains("weight=\"x\""));
+        assert!(Limits::parse(["memory=1GiB"])
+            .unwrap_err()
+            .contains("unknown limit \"memory\""));
+        assert!(Limits::parse(["max-jobs"])
+            .unwrap_err()
+            .contains("LIMIT=VALUE"));
+    }
+
+    #[test]
+    fn a_tenants_own_limits_over_the_defaults() {
+        let mut table = LimitsTable::default();
+        assert!(table.is_empty());
+        table.set(
+            "*",
+            &Limits::parse(["max-jobs=8", "max-priority=2"]).unwrap(),
+        );
+        table.set("alice", &Limits::parse(["max-jobs=2", "weight=5"]).unwrap());
+        assert_eq!(
+            table.for_tenant(&named("alice")),
+            Limits {
+                weight: Some(5),
+                max_jobs: Some(2),
+                max_priority: Some(2),
+            }
+        );
+        assert_eq!(table.for_tenant(&named("bob")), table.defaults().clone());
+        // A later change replaces only the limits it sets.
+        table.set("alice", &Limits::parse(["weight=1"]).unwrap());
+        assert_eq!(table.for_tenant(&named("alice")).max_jobs, Some(2));
+        assert_eq!(table.for_tenant(&named("alice")).weight, Some(1));
+        // A uid tenant is found by its user's name.
+        table.set("root", &Limits::parse(["max-priority=9"]).unwrap());
+        assert_eq!(table.for_tenant(&Tenant::from_uid(0)).max_priority, Some(9));
+    }
+}
