@@ -39,8 +39,8 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 pub use hints::{HintError, Hints};
 pub use policy::SortKey;
 use policy::{Hold, JobView, Policy};
-pub use tenants::{Share, TenantId, TenantStatus};
 use tenants::Tenants;
+pub use tenants::{Share, TenantId, TenantStatus};
 
 /// Nanoseconds since an epoch chosen by the driver.
 pub type Nanos = u64;
@@ -469,8 +469,7 @@ impl<W> Scheduler<W> {
     pub fn remove_job(&mut self, id: JobId) -> Result<Vec<W>, SchedError> {
         let job = self.jobs.remove(&id).ok_or(SchedError::UnknownJob(id))?;
         self.policy.forget(&job.view(id));
-        self.tenants
-            .left(job.tenant, job.queue.len() + job.running);
+        self.tenants.left(job.tenant, job.queue.len() + job.running);
         // A running iteration keeps its lane slot until `finish`.
         if let Some(lane) = self.lanes.get_mut(&job.lane) {
             lane.all.remove(&(job.key, id));
@@ -717,7 +716,9 @@ impl<W> Scheduler<W> {
             return true;
         }
         if !self.policy.key_is_fixed()
-            || self.shares_between_tenants(lane) || self.config.lane_concurrency != 1 {
+            || self.shares_between_tenants(lane)
+            || self.config.lane_concurrency != 1
+        {
             return false;
         }
         let rivals = match self.policy.hold() {
@@ -776,6 +777,6 @@ impl<W> Scheduler<W> {
 }
 
 #[cfg(test)]
-mod tests;
-#[cfg(test)]
 mod tenant_tests;
+#[cfg(test)]
+mod tests;

@@ -73,7 +73,9 @@ fn service_of(s: &Scheduler<JobId>, tenant: u64) -> Nanos {
 
 #[test]
 fn one_job_against_eight_gets_half_the_device_by_tenant() {
-    for policy in ["fair", "pack", "rr", "las", "priority", "srtf", "dlas", "gittins"] {
+    for policy in [
+        "fair", "pack", "rr", "las", "priority", "srtf", "dlas", "gittins",
+    ] {
         let mut s = sched(policy, Share::Tenants);
         let mut jobs = vec![(1, 1, Hints::default())];
         jobs.extend((2..=9).map(|j| (j, 2, Hints::default())));
@@ -84,7 +86,10 @@ fn one_job_against_eight_gets_half_the_device_by_tenant() {
         let crowd: u64 = (2..=9).map(|j| ran.get(&j).copied().unwrap_or(0)).sum();
         assert_eq!(lone + crowd, 400);
         assert!(lone.abs_diff(crowd) <= 1, "{policy}: {lone} vs {crowd}");
-        assert!(service_of(&s, 1).abs_diff(service_of(&s, 2)) <= MS, "{policy}");
+        assert!(
+            service_of(&s, 1).abs_diff(service_of(&s, 2)) <= MS,
+            "{policy}"
+        );
     }
 }
 
@@ -127,7 +132,15 @@ fn weights_divide_the_device_in_proportion() {
         s.set_tenant_weight(TenantId(2), tenants::MAX_WEIGHT + 1),
         Err(SchedError::BadWeight(tenants::MAX_WEIGHT + 1))
     );
-    add(&mut s, &[(1, 1, Hints::default()), (2, 2, Hints::default()), (3, 2, Hints::default())], 0);
+    add(
+        &mut s,
+        &[
+            (1, 1, Hints::default()),
+            (2, 2, Hints::default()),
+            (3, 2, Hints::default()),
+        ],
+        0,
+    );
     let mut now = 0;
     let ran = run_saturated(&mut s, &[1, 2, 3], 400, MS, &mut now);
     assert!(ran[&1].abs_diff(300) <= 1, "{ran:?}");
@@ -144,7 +157,15 @@ fn the_policy_orders_a_tenants_own_jobs() {
         priority: 5,
         ..Hints::default()
     };
-    add(&mut s, &[(1, 1, Hints::default()), (2, 2, Hints::default()), (3, 2, high)], 0);
+    add(
+        &mut s,
+        &[
+            (1, 1, Hints::default()),
+            (2, 2, Hints::default()),
+            (3, 2, high),
+        ],
+        0,
+    );
     let mut now = 0;
     let ran = run_saturated(&mut s, &[1, 2, 3], 200, MS, &mut now);
     assert_eq!((ran[&1], ran.get(&2).copied(), ran[&3]), (100, None, 100));
@@ -165,7 +186,11 @@ fn a_tenant_that_arrives_late_shares_from_then_on_without_a_backlog() {
 fn credit_survives_a_short_pause_and_not_a_long_one() {
     for (pause, keeps_credit) in [(IDLE_CREDIT / 2, true), (IDLE_CREDIT * 2, false)] {
         let mut s = sched("fair", Share::Tenants);
-        add(&mut s, &[(1, 1, Hints::default()), (2, 2, Hints::default())], 0);
+        add(
+            &mut s,
+            &[(1, 1, Hints::default()), (2, 2, Hints::default())],
+            0,
+        );
         let mut now = 0;
         run_saturated(&mut s, &[1, 2], 10, MS, &mut now);
         // Tenant 1 pauses (its job stays open, its queued iteration is given
@@ -187,7 +212,11 @@ fn credit_survives_a_short_pause_and_not_a_long_one() {
 #[test]
 fn a_least_served_tenant_between_iterations_holds_the_lane_briefly() {
     let mut s = sched("fair", Share::Tenants);
-    add(&mut s, &[(1, 1, Hints::default()), (2, 2, Hints::default())], 0);
+    add(
+        &mut s,
+        &[(1, 1, Hints::default()), (2, 2, Hints::default())],
+        0,
+    );
     let mut now = 0;
     run_saturated(&mut s, &[1, 2], 10, MS, &mut now);
     // Drain: tenant 2's iteration is queued, tenant 1's job between iterations.
@@ -223,7 +252,15 @@ fn a_least_served_tenant_between_iterations_holds_the_lane_briefly() {
 #[test]
 fn a_fifo_job_holds_its_own_tenant_only() {
     let mut s = sched("fifo", Share::Tenants);
-    add(&mut s, &[(1, 1, Hints::default()), (2, 1, Hints::default()), (3, 2, Hints::default())], 0);
+    add(
+        &mut s,
+        &[
+            (1, 1, Hints::default()),
+            (2, 1, Hints::default()),
+            (3, 2, Hints::default()),
+        ],
+        0,
+    );
     let mut now = 0;
     s.submit(JobId(1), JobId(1), now).unwrap();
     let Decision::Run(d) = s.next(L, now) else {
@@ -278,14 +315,24 @@ fn another_tenants_queued_iteration_outranks_by_tenant_share() {
 #[test]
 fn device_time_per_tenant_is_kept_after_its_jobs_leave() {
     let mut s = sched("fair", Share::Tenants);
-    add(&mut s, &[(1, 1, Hints::default()), (2, 2, Hints::default())], 0);
+    add(
+        &mut s,
+        &[(1, 1, Hints::default()), (2, 2, Hints::default())],
+        0,
+    );
     let mut now = 0;
     run_saturated(&mut s, &[1, 2], 10, MS, &mut now);
     s.charge_outside_run(JobId(1), 3 * MS);
     s.remove_job(JobId(1)).unwrap();
     let status = s.tenant_status();
     assert_eq!(status.len(), 2);
-    assert_eq!((status[0].id, status[0].service, status[0].jobs), (TenantId(1), 8 * MS, 0));
-    assert_eq!((status[1].id, status[1].service, status[1].jobs), (TenantId(2), 5 * MS, 1));
+    assert_eq!(
+        (status[0].id, status[0].service, status[0].jobs),
+        (TenantId(1), 8 * MS, 0)
+    );
+    assert_eq!(
+        (status[1].id, status[1].service, status[1].jobs),
+        (TenantId(2), 5 * MS, 1)
+    );
     assert_eq!(s.status(JobId(2)).unwrap().tenant, TenantId(2));
 }
