@@ -11,7 +11,9 @@ TensorFlow client process (TensorFlow is imported here only to build a small gra
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import time
 
 import grpc
 import pytest
@@ -179,3 +181,66 @@ def test_limits_cap_jobs_and_priority_and_admins_change_them(server):
             wire.call(own[name], "CloseSession", wire.close_session_request(handle))
         for ch in own.values():
             ch.close()
+
+
+def token_channel(address: str, token: str) -> grpc.Channel:
+    return grpc.insecure_channel(address, options=[("grpc.primary_user_agent", f"salus1.{token}")])
+
+
+def refused_code(ch: grpc.Channel) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.RpcError) as refused:
+        open_session(ch)
+    return refused.value.code(), refused.value.details()
+
+
+def test_tokens_issued_at_run_time(server):
+    bot1 = channel(server.address, "bot1")
+    opened: list[tuple[grpc.Channel, str]] = []
+    try:
+        with pytest.raises(grpc.RpcError) as refused:
+            wire.call(bot1, ADMIN + "IssueToken", wire.f_bytes(1, "mine"))
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED, refused.value.details()
+
+        # Issued by an admin (this process's user), printed once; the token's limits apply to its tenant.
+        token = ctl(server.address, "token", "issue", "--tenant", "agent-job", "--max-priority", "2",
+                    "--expires", "1h").stdout.strip()
+        assert len(token) == 64, token
+        agent = token_channel(server.address, token)
+        opened.append((agent, open_session(agent, "placed?priority=9")))
+        row = next(r for r in ctl_json(server.address, "jobs") if r["name"].startswith("placed"))
+        assert row["tenant"] == "agent-job" and row["priority"] == 2, row
+        listed = ctl_json(server.address, "token", "list")
+        assert [t["tenant"] for t in listed] == ["agent-job"] and listed[0]["max_priority"] == 2, listed
+        assert token not in ctl(server.address, "token", "list").stdout
+        assert listed[0]["expires_unix_s"] > listed[0]["issued_unix_s"] + 3500, listed
+
+        # Revoked: every later request the server identifies with it is refused.
+        printed = ctl(server.address, "token", "revoke", listed[0]["id"]).stdout
+        assert printed == f"revoked {listed[0]['id']} (tenant agent-job)\n", printed
+        code, details = refused_code(agent)
+        assert code == grpc.StatusCode.UNAUTHENTICATED and "nor issued and still valid" in details, details
+        gone = ctl(server.address, "token", "revoke", listed[0]["id"], check=False)
+        assert gone.returncode != 0 and "no issued token" in gone.stderr, gone.stderr
+
+        # Bound to a user: accepted only from that user (this process is root, the token nobody's).
+        bound = ctl(server.address, "token", "issue", "--tenant", "nobodys", "--uid", "nobody").stdout.strip()
+        code, details = refused_code(token_channel(server.address, bound))
+        assert code == grpc.StatusCode.UNAUTHENTICATED and "only valid from its own user" in details, details
+
+        # Expired: refused with the reason.
+        issued = ctl_json(server.address, "token", "issue", "--tenant", "brief", "--expires", "5s")
+        brief = token_channel(server.address, issued["token"])
+        opened.append((brief, open_session(brief)))
+        time.sleep(max(0.0, issued["expires_unix_s"] - time.time()) + 0.2)
+        code, details = refused_code(brief)
+        assert code == grpc.StatusCode.UNAUTHENTICATED and "expired" in details, details
+        opened.pop()  # its session cannot be closed by it any more; the server reclaims it
+
+        bad = ctl(server.address, "token", "issue", "--tenant", "two words", check=False)
+        assert bad.returncode != 0 and "tenant name" in bad.stderr, bad.stderr
+    finally:
+        for ch, handle in opened:
+            with contextlib.suppress(grpc.RpcError):
+                wire.call(ch, "CloseSession", wire.close_session_request(handle))
+        ctl(server.address, "token", "revoke", "nobodys", check=False)
+        bot1.close()

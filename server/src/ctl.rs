@@ -56,12 +56,51 @@ pub enum CtlCommand {
         #[arg(long, allow_negative_numbers = true)]
         max_priority: Option<i32>,
     },
+    /// Tokens issued at run time (admins only): issue, revoke, list.
+    Token {
+        #[command(subcommand)]
+        action: TokenAction,
+    },
     /// Recent main iterations and cheap runs: per lane, per job counts and busy time.
     Timeline {
         /// Runs that ended in the last S seconds (0: all the server keeps).
         #[arg(long, default_value_t = 10.0)]
         seconds: f64,
         /// Every span, as JSON (times in seconds before the server's "now").
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TokenAction {
+    /// Print a new token for a tenant (the server keeps only its hash, in memory).
+    Issue {
+        /// The tenant it identifies (letters, digits, - _ . @).
+        #[arg(long)]
+        tenant: String,
+        /// Bind it to a Unix user (a uid or a user name): accepted only from
+        /// that user on loopback; the tenant is then that user.
+        #[arg(long)]
+        uid: Option<String>,
+        /// Limits for the tenant while the token is valid (see `ctl limits`).
+        #[arg(long)]
+        weight: Option<u32>,
+        #[arg(long)]
+        max_jobs: Option<u32>,
+        #[arg(long, allow_negative_numbers = true)]
+        max_priority: Option<i32>,
+        /// Lifetime: 90s, 15m, 2h, 7d (a bare number is seconds); default: until revoked.
+        #[arg(long)]
+        expires: Option<String>,
+        /// Print the token and its record as JSON instead of the token alone.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke the token with this id, or every token of this tenant.
+    Revoke { which: String },
+    /// The tokens issued and valid: id, tenant, user, limits, expiry (never the tokens).
+    List {
         #[arg(long)]
         json: bool,
     },
@@ -78,6 +117,8 @@ pub enum CtlError {
     Address(String),
     #[error("{}", .0.message())]
     Rpc(#[from] tonic::Status),
+    #[error("{0}")]
+    Usage(String),
 }
 
 async fn connect(server: &str) -> Result<AdminClient<Channel>, CtlError> {
@@ -128,6 +169,7 @@ pub async fn run(args: CtlArgs) -> Result<String, CtlError> {
                 .into_inner();
             format!("limits of {tenant}: {}\n", limits_text(Some(&now)))
         }
+        CtlCommand::Token { action } => token(&mut admin, action).await?,
         CtlCommand::Stats { json } => {
             let stats = admin.get_stats(GetStatsRequest {}).await?.into_inner();
             let info = admin
@@ -440,6 +482,134 @@ pub fn stats_text(s: &SchedulerStats) -> String {
     out
 }
 
+async fn token(admin: &mut AdminClient<Channel>, action: TokenAction) -> Result<String, CtlError> {
+    Ok(match action {
+        TokenAction::Issue {
+            tenant,
+            uid,
+            weight,
+            max_jobs,
+            max_priority,
+            expires,
+            json,
+        } => {
+            let uid = uid.map(|u| resolve_uid(&u)).transpose()?;
+            let expires_seconds = expires.map(|e| parse_duration(&e)).transpose()?.unwrap_or(0.0);
+            let issued = admin
+                .issue_token(IssueTokenRequest {
+                    tenant,
+                    uid,
+                    limits: Some(TenantLimits {
+                        weight,
+                        max_jobs,
+                        max_priority,
+                    }),
+                    expires_seconds,
+                })
+                .await?
+                .into_inner();
+            if json {
+                let mut value = token_json(&issued.info.unwrap_or_default());
+                value["token"] = json!(issued.token);
+                pretty(&value)
+            } else {
+                format!("{}\n", issued.token)
+            }
+        }
+        TokenAction::Revoke { which } => {
+            let revoked = admin
+                .revoke_tokens(RevokeTokensRequest { which })
+                .await?
+                .into_inner()
+                .tokens;
+            revoked
+                .iter()
+                .map(|t| format!("revoked {} (tenant {})\n", t.id, t.tenant))
+                .collect()
+        }
+        TokenAction::List { json } => {
+            let tokens = admin
+                .list_tokens(ListTokensRequest {})
+                .await?
+                .into_inner()
+                .tokens;
+            if json {
+                pretty(&Value::Array(tokens.iter().map(token_json).collect()))
+            } else {
+                tokens_table(&tokens)
+            }
+        }
+    })
+}
+
+fn token_json(t: &TokenInfo) -> Value {
+    let l = t.limits.clone().unwrap_or_default();
+    json!({
+        "id": t.id, "tenant": t.tenant, "uid": t.uid,
+        "weight": l.weight, "max_jobs": l.max_jobs, "max_priority": l.max_priority,
+        "issued_unix_s": t.issued_unix_seconds,
+        "expires_unix_s": (t.expires_unix_seconds > 0.0).then_some(t.expires_unix_seconds),
+    })
+}
+
+fn tokens_table(tokens: &[TokenInfo]) -> String {
+    if tokens.is_empty() {
+        return "no tokens issued\n".into();
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    let mut out = format!("{:<14}{:<24}{:<8}{:<14}{}\n", "ID", "TENANT", "UID", "EXPIRES IN", "LIMITS");
+    for t in tokens {
+        let uid = t.uid.map_or("-".to_string(), |u| u.to_string());
+        let expires = if t.expires_unix_seconds > 0.0 {
+            format!("{:.0} s", (t.expires_unix_seconds - now).max(0.0))
+        } else {
+            "never".into()
+        };
+        out += &format!(
+            "{:<14}{:<24}{:<8}{:<14}{}\n",
+            t.id,
+            t.tenant,
+            uid,
+            expires,
+            limits_text(t.limits.as_ref())
+        );
+    }
+    out
+}
+
+/// A uid, or a user name looked up on this machine.
+fn resolve_uid(text: &str) -> Result<u32, CtlError> {
+    if let Ok(uid) = text.parse() {
+        return Ok(uid);
+    }
+    crate::tenant::users::Account::by_name(text)
+        .map(|a| a.uid)
+        .ok_or_else(|| CtlError::Usage(format!("--uid {text:?}: no such user on this machine")))
+}
+
+/// "90s", "15m", "2h", "7d" or a bare number of seconds.
+fn parse_duration(text: &str) -> Result<f64, CtlError> {
+    let bad = || CtlError::Usage(format!("--expires {text:?}: expected 90s, 15m, 2h, 7d or seconds"));
+    let (number, unit) = match text.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(at) => text.split_at(at),
+        None => (text, "s"),
+    };
+    let value: f64 = number.trim().parse().map_err(|_| bad())?;
+    let scale = match unit {
+        "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        "d" => 86400.0,
+        _ => return Err(bad()),
+    };
+    if !(value.is_finite() && value > 0.0) {
+        return Err(bad());
+    }
+    Ok(value * scale)
+}
+
 /// "weight=2 max-jobs=4" (the tenants file's words), or "none".
 fn limits_text(l: Option<&TenantLimits>) -> String {
     let l = l.cloned().unwrap_or_default();
@@ -608,6 +778,20 @@ mod tests {
             cli.ctl.command,
             CtlCommand::Hints { priority: -2, .. }
         ));
+    }
+
+    #[test]
+    fn durations_and_uids_parse() {
+        assert_eq!(parse_duration("90").unwrap(), 90.0);
+        assert_eq!(parse_duration("15m").unwrap(), 900.0);
+        assert_eq!(parse_duration("2h").unwrap(), 7200.0);
+        assert_eq!(parse_duration("1.5d").unwrap(), 129600.0);
+        for bad in ["", "0", "-5s", "3w", "h"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(resolve_uid("root").unwrap(), 0);
+        assert_eq!(resolve_uid("1234").unwrap(), 1234);
+        assert!(resolve_uid("no-such-user-here").is_err());
     }
 
     #[test]

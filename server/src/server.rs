@@ -231,7 +231,9 @@ impl Server {
             .max_decoding_message_size(limit)
             .max_encoding_message_size(limit);
         let admin = AdminServer::new(
-            AdminService::new(self.state.clone()).with_admins(self.config.admins.clone()),
+            AdminService::new(self.state.clone())
+                .with_admins(self.config.admins.clone())
+                .with_identifier(identifier.clone()),
         );
         let (health, health_service) = tonic_health::server::health_reporter();
         health.set_serving::<MasterServiceServer<Master>>().await;

@@ -18,7 +18,10 @@ use crate::runtime::admission::MemoryState;
 use crate::runtime::eager_job::EagerJob;
 use crate::runtime::executor::TenantFigures;
 use crate::sched::tenants::MAX_WEIGHT;
+use crate::tenant::identity::Identifier;
 use crate::tenant::limits::Limits;
+use crate::tenant::tokens;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::runtime::graph_delta::VariableBytes;
 use crate::runtime::graph_job::Job;
 use crate::runtime::latency::LatencySnapshot;
@@ -33,6 +36,9 @@ use crate::tenant::identity::{Tenant, TenantKey};
 #[derive(Clone)]
 pub struct AdminService {
     state: Arc<ServerState>,
+    /// Who tenants are; its store of tokens issued at run time (None: this
+    /// process issues none, e.g. a tenant's executor).
+    identifier: Option<Arc<Identifier>>,
     /// Under `--isolation tenant`, the jobs live in the tenants' executor
     /// processes: rows and counters come from their reports, the scheduler's
     /// columns from this process.
@@ -71,6 +77,7 @@ impl AdminService {
     pub fn new(state: Arc<ServerState>) -> AdminService {
         AdminService {
             state,
+            identifier: None,
             executors: None,
             admins: Arc::new(Admins::default()),
         }
@@ -80,6 +87,7 @@ impl AdminService {
     pub fn with_executors(state: Arc<ServerState>, executors: Arc<Executors>) -> AdminService {
         AdminService {
             state,
+            identifier: None,
             executors: Some(executors),
             admins: Arc::new(Admins::default()),
         }
@@ -90,6 +98,50 @@ impl AdminService {
     pub fn with_admins(mut self, admins: Admins) -> AdminService {
         self.admins = Arc::new(admins);
         self
+    }
+
+    /// Issues tokens into `identifier`'s store, and forgets expired ones
+    /// (with the limits they gave) every few seconds.
+    pub fn with_identifier(mut self, identifier: Arc<Identifier>) -> AdminService {
+        let weak = Arc::downgrade(&identifier);
+        let executor = self.state.executor.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(TOKEN_SWEEP);
+            loop {
+                every.tick().await;
+                let Some(identifier) = weak.upgrade() else {
+                    return;
+                };
+                let now = SystemTime::now();
+                for token in identifier.issued().sweep(now) {
+                    tracing::info!(id = token.id, tenant = token.tenant, "issued token expired");
+                    let name = limits_name(&token.tenant, token.uid);
+                    executor.set_granted_limits(&name, identifier.issued().limits_of(&token.tenant, now));
+                }
+            }
+        });
+        self.identifier = Some(identifier);
+        self
+    }
+
+    /// The caller, if an admin; PERMISSION_DENIED naming `what` otherwise.
+    fn admin_only<T>(&self, request: &Request<T>, what: &str) -> Result<Arc<Tenant>, Status> {
+        let caller = tenant_of(request);
+        if self.viewer(&caller) != Viewer::Admin {
+            return Err(Error::PermissionDenied(format!(
+                "{what} needs an admin ({}); tenant {caller} is not one",
+                self.admins.describe()
+            ))
+            .into());
+        }
+        Ok(caller)
+    }
+
+    fn token_store(&self) -> Result<&Arc<Identifier>, Status> {
+        self.identifier.as_ref().ok_or_else(|| {
+            Error::FailedPrecondition("this process issues no tokens: ask the server's listening address".into())
+                .into()
+        })
     }
 
     fn viewer(&self, caller: &Tenant) -> Viewer {
@@ -585,6 +637,43 @@ fn tenant_share(figures: &TenantFigures) -> TenantShare {
     }
 }
 
+/// How often expired tokens are forgotten (they are refused from the moment they expire).
+const TOKEN_SWEEP: Duration = Duration::from_secs(5);
+
+/// The name a token's limits apply under: its tenant's, which is its user's
+/// for a token bound to a uid.
+fn limits_name(tenant: &str, uid: Option<u32>) -> String {
+    uid.map_or_else(|| tenant.to_string(), |uid| Tenant::from_uid(uid).name)
+}
+
+fn token_info(token: &tokens::IssuedToken) -> TokenInfo {
+    let unix = |t: SystemTime| t.duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+    TokenInfo {
+        id: token.id.clone(),
+        tenant: token.tenant.clone(),
+        uid: token.uid,
+        limits: Some(limits_to_proto(&token.limits)),
+        issued_unix_seconds: unix(token.issued_at),
+        expires_unix_seconds: token.expires_at.map_or(0.0, unix),
+    }
+}
+
+fn limits_from_proto(limits: Option<TenantLimits>) -> Result<Limits, Status> {
+    let asked = limits.unwrap_or_default();
+    if let Some(weight) = asked.weight {
+        if !(1..=MAX_WEIGHT).contains(&weight) {
+            return Err(
+                Error::InvalidArgument(format!("a weight is 1 to {MAX_WEIGHT}, not {weight}")).into(),
+            );
+        }
+    }
+    Ok(Limits {
+        weight: asked.weight,
+        max_jobs: asked.max_jobs,
+        max_priority: asked.max_priority,
+    })
+}
+
 fn limits_to_proto(limits: &Limits) -> TenantLimits {
     TenantLimits {
         weight: limits.weight,
@@ -707,14 +796,7 @@ impl Admin for AdminService {
         &self,
         request: Request<SetTenantLimitsRequest>,
     ) -> Result<Response<TenantLimits>, Status> {
-        let caller = tenant_of(&request);
-        if self.viewer(&caller) != Viewer::Admin {
-            return Err(Error::PermissionDenied(format!(
-                "changing a tenant's limits needs an admin ({}); tenant {caller} is not one",
-                self.admins.describe()
-            ))
-            .into());
-        }
+        let caller = self.admin_only(&request, "changing a tenant's limits")?;
         let req = request.into_inner();
         let name = req.tenant.trim();
         if name.is_empty() {
@@ -724,37 +806,102 @@ impl Admin for AdminService {
             )
             .into());
         }
-        let asked = req.limits.unwrap_or_default();
-        let limits = Limits {
-            weight: asked.weight,
-            max_jobs: asked.max_jobs,
-            max_priority: asked.max_priority,
-        };
-        if let Some(weight) = limits.weight {
-            if !(1..=MAX_WEIGHT).contains(&weight) {
-                return Err(Error::InvalidArgument(format!(
-                    "a weight is 1 to {MAX_WEIGHT}, not {weight}"
-                ))
-                .into());
-            }
-        }
+        let limits = limits_from_proto(req.limits)?;
         let now = self.state.executor.set_limits(name, &limits);
         tracing::info!(tenant = name, limits = %now, by = %caller, "tenant limits changed");
         Ok(Response::new(limits_to_proto(&now)))
+    }
+
+    async fn issue_token(
+        &self,
+        request: Request<IssueTokenRequest>,
+    ) -> Result<Response<IssuedToken>, Status> {
+        let caller = self.admin_only(&request, "issuing a token")?;
+        let identifier = self.token_store()?;
+        let req = request.into_inner();
+        if !tokens::valid_tenant_name(&req.tenant) {
+            return Err(Error::InvalidArgument(format!(
+                "tenant name {:?}: use 1 to 64 letters, digits, - _ . @",
+                req.tenant
+            ))
+            .into());
+        }
+        if !(req.expires_seconds.is_finite() && req.expires_seconds >= 0.0) {
+            return Err(Error::InvalidArgument(format!(
+                "expires_seconds must be 0 (never) or a positive number of seconds, not {}",
+                req.expires_seconds
+            ))
+            .into());
+        }
+        let limits = limits_from_proto(req.limits)?;
+        let uid = identifier
+            .binding_for(&req.tenant, req.uid)
+            .map_err(Error::InvalidArgument)?;
+        if let Some(uid) = uid {
+            if crate::tenant::users::Account::by_uid(uid).is_none() {
+                return Err(Error::InvalidArgument(format!("no Unix user has uid {uid} on this machine")).into());
+            }
+        }
+        let lifetime = (req.expires_seconds > 0.0).then(|| Duration::from_secs_f64(req.expires_seconds));
+        let (token, record) = identifier
+            .issued()
+            .issue(&req.tenant, uid, limits, lifetime)
+            .map_err(|e| Error::Internal(format!("cannot draw a random token: {e}")))?;
+        let now = SystemTime::now();
+        self.state.executor.set_granted_limits(
+            &limits_name(&record.tenant, record.uid),
+            identifier.issued().limits_of(&record.tenant, now),
+        );
+        tracing::info!(id = record.id, tenant = record.tenant, uid = ?record.uid, limits = %record.limits, expires_s = req.expires_seconds, by = %caller, "token issued");
+        Ok(Response::new(IssuedToken {
+            token,
+            info: Some(token_info(&record)),
+        }))
+    }
+
+    async fn revoke_tokens(
+        &self,
+        request: Request<RevokeTokensRequest>,
+    ) -> Result<Response<ListTokensResponse>, Status> {
+        let caller = self.admin_only(&request, "revoking a token")?;
+        let identifier = self.token_store()?;
+        let which = request.into_inner().which;
+        let revoked = identifier.issued().revoke(&which);
+        if revoked.is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "no issued token has id {which:?} or is of tenant {which:?} (tokens of the tenants file are revoked by editing it)"
+            ))
+            .into());
+        }
+        let now = SystemTime::now();
+        for token in &revoked {
+            tracing::info!(id = token.id, tenant = token.tenant, by = %caller, "token revoked");
+            self.state.executor.set_granted_limits(
+                &limits_name(&token.tenant, token.uid),
+                identifier.issued().limits_of(&token.tenant, now),
+            );
+        }
+        Ok(Response::new(ListTokensResponse {
+            tokens: revoked.iter().map(token_info).collect(),
+        }))
+    }
+
+    async fn list_tokens(
+        &self,
+        request: Request<ListTokensRequest>,
+    ) -> Result<Response<ListTokensResponse>, Status> {
+        self.admin_only(&request, "listing tokens")?;
+        let identifier = self.token_store()?;
+        Ok(Response::new(ListTokensResponse {
+            tokens: identifier.issued().list().iter().map(token_info).collect(),
+        }))
     }
 
     async fn set_policy(
         &self,
         request: Request<SetPolicyRequest>,
     ) -> Result<Response<SetPolicyResponse>, Status> {
-        let caller = tenant_of(&request);
-        if self.viewer(&caller) != Viewer::Admin {
-            return Err(Error::PermissionDenied(format!(
-                "changing the scheduling policy needs an admin ({}); tenant {caller} is not one",
-                self.admins.describe()
-            ))
-            .into());
-        }
+        self.admin_only(&request, "changing the scheduling policy")?;
         let name = request.into_inner().policy;
         let (previous, policy) = self.state.executor.set_policy(&name)?;
         tracing::info!(previous, policy, "scheduling policy changed");

@@ -507,6 +507,15 @@ impl Executor {
         now
     }
 
+    /// The limits valid issued tokens give tenant `name` (None: none now).
+    pub fn set_granted_limits(&self, name: &str, granted: Option<Limits>) {
+        let mut inner = self.shared.lock();
+        inner.tenants.set_granted(name, granted);
+        apply_weights(&mut inner);
+        drop(inner);
+        self.shared.wake.notify_all();
+    }
+
     /// Whether `job`'s priority hint was lowered to its tenant's limit.
     pub fn priority_clamp(&self, job: JobId) -> Option<Clamp> {
         self.shared.lock().tenants.clamp_of(job)

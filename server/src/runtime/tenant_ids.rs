@@ -65,6 +65,10 @@ impl TenantIds {
         self.limits.set(name, limits);
     }
 
+    pub fn set_granted(&mut self, name: &str, granted: Option<Limits>) {
+        self.limits.set_granted(name, granted);
+    }
+
     /// The limits that apply to the tenant named `name` (`*`: the defaults).
     pub fn limits_named(&self, name: &str) -> Limits {
         self.limits.named(name)

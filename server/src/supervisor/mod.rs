@@ -46,7 +46,8 @@ pub async fn serve(
     tracing::info!(auth = %config.auth, token_tenants = config.tenants.len(), "tenant identity; isolation: one executor process per tenant");
     let incoming = accept::incoming(listener, identifier.clone(), executors.clone());
     let admin = AdminService::with_executors(state.clone(), executors.clone())
-        .with_admins(config.admins.clone());
+        .with_admins(config.admins.clone())
+        .with_identifier(identifier.clone());
     if let Some(metrics) = metrics {
         tokio::spawn(crate::frontend::metrics::serve(metrics, admin.clone()));
     }

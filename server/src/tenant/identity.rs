@@ -10,6 +10,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::tenant::limits::{Limits, LimitsTable, LIMIT_NAMES};
+use crate::tenant::tokens::TokenStore;
+use std::time::SystemTime;
 use sha2::{Digest, Sha256};
 
 /// The prefix of a token in the `user-agent` header.
@@ -123,8 +125,16 @@ pub enum IdentityError {
          before TensorFlow starts)"
     )]
     NoToken { mode: AuthMode },
-    #[error("the token in the request's user-agent is not in the server's tenants file: check SALUS_TOKEN")]
+    #[error(
+        "the token in the request's user-agent is neither in the server's tenants file nor issued \
+         and still valid (revoked tokens are forgotten): check SALUS_TOKEN"
+    )]
     UnknownToken,
+    #[error(
+        "the request's token (tenant {tenant}) expired {ago_s} s ago: ask for a new one \
+         (salus-server ctl token issue)"
+    )]
+    ExpiredToken { tenant: String, ago_s: u64 },
     #[error(
         "the request's token belongs to tenant {tenant}, bound to uid {bound}, but it comes from a \
          process of uid {peer} on this machine: a token is only valid from its own user"
@@ -284,6 +294,7 @@ pub enum PeerUser {
 pub struct Identifier {
     mode: AuthMode,
     tenants: TenantsFile,
+    issued: TokenStore,
     anonymous: Arc<Tenant>,
     by_uid: std::sync::Mutex<HashMap<u32, Arc<Tenant>>>,
 }
@@ -293,8 +304,27 @@ impl Identifier {
         Identifier {
             mode,
             tenants,
+            issued: TokenStore::default(),
             anonymous: Arc::new(Tenant::anonymous()),
             by_uid: std::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Tokens issued at run time.
+    pub fn issued(&self) -> &TokenStore {
+        &self.issued
+    }
+
+    /// The uid a token for tenant `name` is bound to: `asked`, or the tenants
+    /// file's binding of that name; an error if they differ.
+    pub fn binding_for(&self, name: &str, asked: Option<u32>) -> Result<Option<u32>, String> {
+        let listed = self.tenants.entries.iter().find(|e| e.name == name);
+        match (listed.map(|e| e.uid), asked) {
+            (Some(Some(bound)), Some(uid)) if bound != uid => Err(format!(
+                "tenant {name} is bound to uid {bound} in the tenants file, not {uid}"
+            )),
+            (Some(bound), None) => Ok(bound),
+            (_, asked) => Ok(asked),
         }
     }
 
@@ -304,6 +334,7 @@ impl Identifier {
         Identifier {
             mode: AuthMode::Off,
             tenants: TenantsFile::default(),
+            issued: TokenStore::default(),
             anonymous: tenant,
             by_uid: std::sync::Mutex::new(HashMap::new()),
         }
@@ -315,9 +346,9 @@ impl Identifier {
 
     /// Whether identifying needs the peer's user (a sock_diag lookup per connection).
     pub fn wants_peer_user(&self) -> bool {
-        // A tenants file with tokens bound to users needs the peer's user to
-        // refuse a token presented by another user.
-        self.mode.accepts_uid() || (self.mode.accepts_token() && !self.tenants.is_empty())
+        // Tokens bound to users (in the tenants file, or issued at run time)
+        // need the peer's user to refuse a token presented by another user.
+        self.mode.accepts_uid() || self.mode.accepts_token()
     }
 
     /// The tenant of a request from `peer` whose `user-agent` header is `user_agent`.
@@ -332,21 +363,35 @@ impl Identifier {
         let token = user_agent.and_then(token_in_user_agent);
         if self.mode.accepts_token() {
             if let Some(token) = token {
-                let entry = self.tenants.find(token).ok_or(IdentityError::UnknownToken)?;
-                if let (Some(bound), PeerUser::Uid(peer)) = (entry.uid, peer) {
+                let (name, uid) = match self.tenants.find(token) {
+                    Some(entry) => (entry.name.clone(), entry.uid),
+                    None => match self.issued.find(token, SystemTime::now()) {
+                        Ok(Some(issued)) => (issued.tenant, issued.uid),
+                        Ok(None) => return Err(IdentityError::UnknownToken),
+                        Err(expired) => {
+                            return Err(IdentityError::ExpiredToken {
+                                tenant: expired.tenant,
+                                ago_s: SystemTime::now()
+                                    .duration_since(expired.at)
+                                    .map_or(0, |d| d.as_secs()),
+                            })
+                        }
+                    },
+                };
+                if let (Some(bound), PeerUser::Uid(peer)) = (uid, peer) {
                     if bound != *peer {
                         return Err(IdentityError::TokenOfAnotherUser {
-                            tenant: entry.name.clone(),
+                            tenant: name,
                             bound,
                             peer: *peer,
                         });
                     }
                 }
-                return Ok(match entry.uid {
+                return Ok(match uid {
                     Some(uid) => self.tenant_of_uid(uid),
                     None => Arc::new(Tenant {
-                        key: TenantKey::Named(entry.name.clone()),
-                        name: entry.name.clone(),
+                        key: TenantKey::Named(name.clone()),
+                        name,
                         uid: None,
                     }),
                 });

@@ -98,6 +98,8 @@ impl fmt::Display for Limits {
 pub struct LimitsTable {
     default: Limits,
     by_name: BTreeMap<String, Limits>,
+    /// What valid issued tokens give a tenant, over its own limits.
+    granted: BTreeMap<String, Limits>,
 }
 
 impl LimitsTable {
@@ -114,22 +116,42 @@ impl LimitsTable {
         }
     }
 
-    /// The limits that apply to `tenant`: its own by its name (or its Unix
-    /// user's name), the defaults for the rest.
+    /// The limits issued tokens give tenant `name` (None: no valid token has any).
+    pub fn set_granted(&mut self, name: &str, granted: Option<Limits>) {
+        match granted {
+            Some(limits) => self.granted.insert(name.to_string(), limits),
+            None => self.granted.remove(name),
+        };
+    }
+
+    /// The limits that apply to `tenant`: its tokens', then its own by its
+    /// name (or its Unix user's name), then the defaults.
     pub fn for_tenant(&self, tenant: &Tenant) -> Limits {
-        let own = self.by_name.get(&tenant.name).or_else(|| {
-            let user = user_name(tenant.uid?)?;
-            self.by_name.get(&user)
-        });
-        own.map_or_else(|| self.default.clone(), |own| own.over(&self.default))
+        let user = tenant.uid.and_then(user_name);
+        let find = |table: &BTreeMap<String, Limits>| {
+            table
+                .get(&tenant.name)
+                .or_else(|| table.get(user.as_deref()?))
+                .cloned()
+        };
+        let own = find(&self.by_name).unwrap_or_default().over(&self.default);
+        find(&self.granted).map_or(own.clone(), |granted| granted.over(&own))
     }
 
     /// The limits that apply to a tenant of this name (`*`: the defaults).
     pub fn named(&self, name: &str) -> Limits {
-        match self.by_name.get(name) {
-            Some(own) if name != "*" => own.over(&self.default),
-            _ => self.default.clone(),
+        if name == "*" {
+            return self.default.clone();
         }
+        let own = self
+            .by_name
+            .get(name)
+            .cloned()
+            .unwrap_or_default()
+            .over(&self.default);
+        self.granted
+            .get(name)
+            .map_or(own.clone(), |granted| granted.over(&own))
     }
 
     pub fn defaults(&self) -> &Limits {
@@ -205,5 +227,11 @@ mod tests {
         // A uid tenant is found by its user's name.
         table.set("root", &Limits::parse(["max-priority=9"]).unwrap());
         assert_eq!(table.for_tenant(&Tenant::from_uid(0)).max_priority, Some(9));
+        // A token's limits go over the tenant's own while it is valid.
+        table.set_granted("alice", Some(Limits::parse(["max-priority=7"]).unwrap()));
+        assert_eq!(table.for_tenant(&named("alice")).max_priority, Some(7));
+        assert_eq!(table.named("alice").max_jobs, Some(2));
+        table.set_granted("alice", None);
+        assert_eq!(table.for_tenant(&named("alice")).max_priority, Some(2));
     }
 }

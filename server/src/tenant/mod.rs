@@ -8,6 +8,7 @@ pub mod identity;
 pub mod limits;
 pub mod op_policy;
 pub mod peer_uid;
+pub mod tokens;
 pub mod users;
 
 use std::path::{Path, PathBuf};
