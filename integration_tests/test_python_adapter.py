@@ -266,6 +266,9 @@ def test_unmodified_tf1_script_runs_on_server_with_hints(channel, salus_address,
         assert r.returncode == 0 and r.stdout.split()[:3] == ["ID", "KIND", "NAME"] and name in r.stdout, r.stdout + r.stderr
         r = salus_cli("stats", "--json", "--server", salus_address)
         assert r.returncode == 0 and "switch_latency_us" in json.loads(r.stdout), r.stderr
+        # Per-tenant figures, as ctl's: this script's user is a tenant with device time.
+        tenants = json.loads(r.stdout)["tenants"]
+        assert tenants and tenants[0]["device_s"] > 0 and tenants[0]["jobs"] >= 1, tenants
         r = salus_cli("top", "--iterations", "2", "--interval", "0.2", env=cli_env)
         assert r.returncode == 0 and r.stderr == "", r.stderr
         frames = r.stdout.split("salus top - ")[1:]

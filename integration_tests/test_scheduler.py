@@ -130,10 +130,14 @@ def token_tenants(tmp_path: Path, names) -> tuple[tuple[str, ...], dict]:
                                             ("fifo", "three"), ("fair", "three")])
 def test_three_jobs_finish_in_policy_order(policy, tenants, references, tmp_path):
     """With tenants="three" each job is a tenant of its own (a token each), so their iterations come from three
-    executor processes and the one scheduler in the supervisor orders them."""
+    executor processes and the one scheduler in the supervisor orders them. Between tenants the server shares
+    device time first (--share tenants): fair between the three, short first. fifo between tenants needs
+    --share jobs (under --share tenants fifo orders one tenant's own jobs), which the fifo case sets."""
     flags, envs = token_tenants(tmp_path, TRIO) if tenants == "three" else ((), {})
     if tenants == "three":
         flags += ("--isolation", "tenant")
+        if policy == "fifo":
+            flags += ("--share", "jobs")
     server = SalusProcess(tmp_path / "salus-server.stderr.log", extra_args=("--policy", policy, *flags))
     try:
         with Jobs(tmp_path) as jobs:

@@ -157,6 +157,10 @@ def stats_json(s: dict) -> dict:
         "switch_latency_us": {"count": lat["count"], "p50": lat["p50_us"], "p99": lat["p99_us"],
                               "max": lat["max_us"], "buckets": lat["buckets"]},
         "lanes": [{"lane": q["lane"], "queued": q["queued"], "running": q["running"]} for q in s["lanes"]],
+        "share": s["share"],
+        "tenants": [{"tenant": t["tenant"], "weight": t["weight"], "device_s": t["device_seconds"], "jobs": t["jobs"],
+                     "queued": t["queued"], "max_jobs": t["limits"]["max_jobs"],
+                     "max_priority": t["limits"]["max_priority"]} for t in s["tenants"]],
     }
 
 

@@ -144,6 +144,12 @@ def cmd_stats(args) -> int:
            f"max {lat['max_us']:.1f} us\n")
     for q in s["lanes"]:
         out += f"lane {q['lane']:<11} {q['running']} running, {q['queued']} queued\n"
+    out += f"shared between   {s['share']}\n"
+    total = sum(t["device_seconds"] for t in s["tenants"])
+    for t in s["tenants"]:
+        percent = 100.0 * t["device_seconds"] / total if total > 0 else 0.0
+        out += (f"tenant {t['tenant']}: {t['device_seconds']:.3f} s device time ({percent:.1f}% of the tenants "
+                f"shown), weight {t['weight']}, {t['jobs']} jobs, {t['queued']} iterations queued or running\n")
     sys.stdout.write(out)
     return 0
 
