@@ -26,6 +26,30 @@ step latency at the clients after the warm-up (p50, p99, max; also per class), t
 and open file descriptors, graph sessions and eager contexts open, and the scheduler's own stats
 (`salus-server ctl stats --json`).
 
+Tenants mode, --users A,B[,C...] (instead of the load phase above; needs root): each number is one Unix user's TF1
+sessions, e.g. --users 1,8: salus-bench-u0 runs 1 session and salus-bench-u1 runs 8. The script creates the users
+(useradd; scripts/_bench_users.py, integration_tests/conftest.py's unix_users without pytest: o+x is added to the
+interpreter's ancestor directories while it runs) and removes them when it ends (userdel -r, in a finally, SIGTERM
+included). Each user's sessions are threads of its own worker process(es) (--user-processes, default 1) running as
+that user, so the server (run as root, default --auth both and --isolation tenant) sees one tenant per user and
+starts one executor process per tenant running as its user. Sessions are built as in the load phase (the same three
+MLPs in turn, salus_main_iter in every other session of each user, or in every one with --all-main; no TF2 jobs)
+and step back to back (--think-ms 0), saturating the server. Device time is measured over a window in which every
+session of every user runs: from a snapshot of `ctl stats --json` and `ctl jobs --json` taken after the warm-up,
+once every session's job has run, to one taken 8 s before the clients stop (ctl takes seconds on a saturated
+machine); start-up (executor starts, graph set-up, the first seconds) does not count. Printed per tenant: device
+time in the window (the server's per-tenant figure, stats "tenants"; as a cross-check the sum of its jobs'
+service_s), share %, steps (the server's runs in the window), steps/s, device ms per step and the clients' step
+latency after the warm-up (p50, p99); the max/min ratio of device time between tenants with its target (<= 1.1
+under --share tenants, the server's default: each tenant with work gets equal device time, its jobs share its
+part); the same ratio over the running totals since the server started, no target (a tenant whose first job arrives
+starts level with the busy tenants, so what another got before stays theirs; one that stays busy keeps what it is
+behind, so a deficit left by the warm-up is caught up, possibly inside the window); and the per-job spread inside
+each tenant (device time per job min / median / max, max/min; every job's line with --details). --compare-share
+then repeats the run under --share jobs (the policy orders every job, whoever owns it: a user with 8 sessions gets
+about 8 times the device time of a user with 1) and prints both ratios side by side. --server-flag passes further
+flags to the server (e.g. --server-flag=--anticipation-us=0).
+
 Phase 2, churn: --cycles (default 1000) CreateSession / one RunStep / CloseSession cycles, each session a new
 small graph (a few ops, one variable) run once, one after another from one client. Printed: sessions open
 (`salus-server ctl jobs --json`), open file descriptors (/proc/PID/fd), threads and RSS before, at checkpoints
@@ -55,8 +79,10 @@ Usage:
   .venv/bin/python scripts/bench_load.py --quick         # 16 jobs (4 TF2) x 1 minute, then 1000 + 1000 cycles
   .venv/bin/python scripts/bench_load.py --minutes 2 --sessions 32 --tf2 4 --processes 2 --skip-churn
   .venv/bin/python scripts/bench_load.py --skip-load --cycles 2000 --tf2-cycles 2000
+  .venv/bin/python scripts/bench_load.py --users 1,8 --minutes 1 --skip-churn --compare-share   # as root
 
 The driver itself does not import TensorFlow; its workers are this script run with --worker (internal).
+--all-main applies to the load phase too (every TF1 session fetches salus_main_iter).
 """
 
 from __future__ import annotations
@@ -82,6 +108,8 @@ SPREAD_TARGET = 3.0  # most / fewest steps of any two sessions in the load phase
 LONGEST_WAIT_TARGET_S = 2.0  # the longest any client waits for one step (RunStep, or TF2 call + fetch)
 LEAK_KIB_PER_CYCLE = 4.0  # RSS slope over the second half of the churn above which sessions look leaked
 HEAP_LEAK_KIB_PER_CYCLE = 1.0  # the same for the server's live heap bytes (admin ServerInfo.heap_in_use_bytes)
+TENANT_RATIO_TARGET = 1.1  # tenants mode: most / least device time of any two tenants (--share tenants)
+TENANT_END_MARGIN_S = 8.0  # tenants mode: the window ends this long before the clients stop
 MODELS = {  # name: (input dim, hidden widths, batch)
     "mlp_a": (32, (64,), 32),
     "mlp_b": (64, (128, 128), 64),
@@ -162,7 +190,8 @@ def worker_load(args) -> None:
     sessions = []
     for i in range(first, first + args.sessions):
         model = list(MODELS)[i % len(MODELS)]
-        sessions.append((i, model, i % 2 == 0, *build(model, 1000 + i, force_main=i % 2 == 0)))
+        main = args.all_main or i % 2 == 0
+        sessions.append((i, model, main, *build(model, 1000 + i, force_main=main)))
     Path(args.ready_file).touch()
     while not os.path.exists(args.go_file):
         time.sleep(0.01)
@@ -172,7 +201,7 @@ def worker_load(args) -> None:
     def run(i, model, main, g, init, fetches):
         lat, steps_warm, errors = [], 0, {}
         cfg = tf.compat.v1.ConfigProto()
-        cfg.experimental.session_metadata.name = f"load-{i}"
+        cfg.experimental.session_metadata.name = f"{args.name_prefix}-{i}"
         try:
             with tf.compat.v1.Session(go["target"], graph=g, config=cfg) as sess:
                 sess.run(init)
@@ -364,7 +393,7 @@ def phase_load(args, tmp: Path) -> bool:
             out = str(tmp / f"worker{p}")
             argv = [venv_python(), __file__, "--worker", "load", "--sessions", str(n), "--first-session",
                     str(first), "--ready-file", out + ".ready", "--go-file", str(tmp / "go"), "--out", out,
-                    "--think-ms", str(args.think_ms)]
+                    "--think-ms", str(args.think_ms), *(["--all-main"] if args.all_main else [])]
             workers.append((subprocess.Popen(argv, env=worker_env(), stdin=subprocess.DEVNULL,
                                              stdout=subprocess.DEVNULL, stderr=open(out + ".stderr", "w")), out))
             first += n
@@ -525,6 +554,232 @@ def phase_load(args, tmp: Path) -> bool:
           f"server exit code {code}")
     return (not errors and ok_rss and ok_spread and ok_wait and jobs_after == 0
             and info_after["open_eager_contexts"] == 0 and code == 0 and len(steps) == args.sessions)
+
+
+# --- tenants mode: sessions of several Unix users (--users) ----------------------------------------------
+
+def owner(row: dict) -> str:
+    """The user name of a tenant label as the server prints it: "salus-bench-u0 (uid 1001)" -> salus-bench-u0."""
+    return row["tenant"].split(" ")[0]
+
+
+def tenant_snapshot(address: str, expected: dict[str, int]) -> dict:
+    """ctl stats and ctl jobs, one after the other (the server's per-tenant and per-job device time). ctl jobs
+    is asked again (up to 4 times) while it lists fewer jobs of a user than `expected` (under --isolation tenant
+    the supervisor collects the rows from the executors and leaves out one that does not report within 5 s);
+    the attempts are kept in "jobs_attempts", the seconds from ctl stats' answer to ctl jobs' in "jobs_lag_s"."""
+    t0 = time.time()
+    stats = ctl_json(address, "stats")
+    t_stats = time.time()
+    attempts = []
+    for _ in range(5):
+        a0 = time.monotonic()
+        jobs = ctl_json(address, "jobs")
+        listed = {n: sum(1 for j in jobs if owner(j) == n) for n in expected}
+        attempts.append((round(time.monotonic() - a0, 2), listed))
+        if all(listed[n] >= c for n, c in expected.items()):
+            break
+    return {"t": (t0 + time.time()) / 2, "share": stats.get("share"), "stats": stats,
+            "tenants": {owner(r): r for r in stats.get("tenants", [])}, "jobs": {j["id"]: j for j in jobs},
+            "jobs_attempts": attempts, "jobs_lag_s": time.time() - t_stats}
+
+
+def phase_tenants(args, tmp: Path, users: list, counts: list[int], share: str) -> dict:
+    """One server (--share SHARE), each user's sessions in its own worker process(es) running as that user; the
+    device time of every tenant and job over the window in which all sessions run. Returns the figures."""
+    import numpy as np
+    from _bench_users import owned_dir, popen_as
+
+    names = [u.pw_name for u in users]
+    print(f"== tenants, --share {share}: {len(users)} Unix users, sessions "
+          + ", ".join(f"{n} {c}" for n, c in zip(names, counts))
+          + f" (TF1 graph sessions, each user's in {args.user_processes} worker process(es) of its own running as "
+            f"that user), {args.minutes:g} min (warm-up {args.warmup_s:g} s), main iterations in "
+          + ("every session" if args.all_main else "every other session of each user")
+          + f", think time {args.think_ms:g} ms, policy {args.policy or 'default (fair)'}"
+          + (f", server flags {' '.join(args.server_flag)}" if args.server_flag else ""), flush=True)
+    run_dir = tmp / share
+    run_dir.mkdir()
+    os.chmod(run_dir, 0o711)  # the users' workers pass through it to their own directories and the go file
+    flags = ["--share", share, *(("--policy", args.policy) if args.policy else ()), *args.server_flag]
+    server = Server(*flags)
+    print(f"salus-server {' '.join(flags)} pid {server.pid} on {server.address} (as root: each tenant's executor "
+          f"runs as its user)", flush=True)
+    script = str(Path(__file__).resolve())  # the workers start in their users' home directories
+    workers = []  # (user name, Popen, out)
+    first_snap = last_snap = None
+    try:
+        for user, n in zip(users, counts):
+            home = owned_dir(run_dir, user)
+            procs = min(args.user_processes, n)
+            first = 0
+            for p in range(procs):
+                k = n // procs + (1 if p < n % procs else 0)
+                out = str(home / f"worker{p}")
+                argv = [venv_python(), script, "--worker", "load", "--sessions", str(k), "--first-session",
+                        str(first), "--ready-file", out + ".ready", "--go-file", str(run_dir / "go"), "--out", out,
+                        "--think-ms", str(args.think_ms), "--name-prefix", user.pw_name,
+                        *(["--all-main"] if args.all_main else [])]
+                workers.append((user.pw_name, popen_as(user, argv, worker_env(), stdin=subprocess.DEVNULL,
+                                                       stdout=subprocess.DEVNULL,
+                                                       stderr=open(out + ".stderr", "w")), out))
+                first += k
+        deadline = time.monotonic() + 300
+        while not all(Path(o + ".ready").exists() for _, _, o in workers):
+            if any(w.poll() is not None for _, w, _ in workers) or time.monotonic() > deadline:
+                sys.exit(f"bench_load: a worker died or never got ready; see {run_dir}/*/worker*.stderr")
+            time.sleep(0.1)
+        start = time.time()
+        go = {"target": server.target, "warmup_until": start + args.warmup_s, "until": start + args.minutes * 60}
+        (run_dir / "go.tmp").write_text(json.dumps(go))
+        os.chmod(run_dir / "go.tmp", 0o644)
+        (run_dir / "go.tmp").rename(run_dir / "go")
+
+        # The window opens after the warm-up once every session of every user has its job and has run (a
+        # session's first runs include its tenant's executor start and the graph's setup), and closes
+        # TENANT_END_MARGIN_S before the clients stop: ctl takes seconds on a saturated machine, and a ctl jobs
+        # answered after the clients closed their sessions lists none.
+        end_at = go["until"] - TENANT_END_MARGIN_S
+        next_print = 30.0
+        while time.time() < end_at:
+            time.sleep(min(args.sample_s, max(0.1, end_at - time.time())))
+            t = time.time() - start
+            if first_snap is None and time.time() >= go["warmup_until"]:
+                snap = tenant_snapshot(server.address, dict(zip(names, counts)))
+                running = {n: sum(1 for j in snap["jobs"].values() if owner(j) == n and j["runs_completed"] >= 2)
+                           for n in names}
+                if all(running[n] == c for n, c in zip(names, counts)):
+                    first_snap = snap
+                    print(f"  t={t:5.0f}s  window opens: every session running "
+                          f"({', '.join(f'{n} {running[n]}' for n in names)})", flush=True)
+                    continue
+                print(f"  t={t:5.0f}s  waiting for every session to run: "
+                      + ", ".join(f"{n} {running[n]}/{c}" for n, c in zip(names, counts)), flush=True)
+            if t >= next_print:
+                try:
+                    rows = ctl_json(server.address, "stats").get("tenants", [])
+                    print(f"  t={t:5.0f}s  device time so far: "
+                          + ", ".join(f"{owner(r)} {r['device_s']:.1f} s ({r['jobs']} jobs, {r['queued']} queued)"
+                                      for r in rows), flush=True)
+                except RuntimeError:
+                    pass
+                next_print += 30.0
+        if first_snap is not None:
+            last_snap = tenant_snapshot(server.address, dict(zip(names, counts)))
+        for _, w, _ in workers:
+            try:
+                w.wait(max(60, args.minutes * 60))
+            except subprocess.TimeoutExpired:
+                w.kill()  # our own child, by its Popen handle
+                w.wait()
+    finally:
+        for _, w, _ in workers:
+            if w.poll() is None:
+                w.kill()
+                w.wait()
+        code = server.stop()
+
+    # The clients' own counts: steps (warm-up included) and errors.
+    errors: dict[str, int] = {}
+    client_steps = {n: 0 for n in names}
+    client_lat: dict[str, list] = {n: [] for n in names}
+    for n, _, out in workers:
+        if not Path(out + ".json").exists():
+            errors["a worker wrote no results (see its .stderr)"] = errors.get("a worker wrote no results", 0) + 1
+            continue
+        data = np.load(out + ".npz")
+        for i, s in json.loads(Path(out + ".json").read_text()).items():
+            client_steps[n] += len(data[f"lat_{i}"]) + s["steps_warm"]
+            client_lat[n].append(data[f"lat_{i}"])
+            for k, v in s["errors"].items():
+                errors[k] = errors.get(k, 0) + v
+    result = {"share": share, "ok": False, "ratio": float("nan"), "code": code}
+    if first_snap is None or last_snap is None:
+        print(f"  no window in which every session ran (see {run_dir}/*/worker*.stderr); errors "
+              f"{sum(errors.values())}" + "".join(f"\n    {v} x {k}" for k, v in errors.items()))
+        return result
+    for label, snap in (("window start", first_snap), ("window end", last_snap)):
+        if len(snap["jobs_attempts"]) > 1:
+            print(f"  note: at the {label} ctl jobs listed fewer jobs than run; attempts (seconds, jobs listed per "
+                  f"user): {snap['jobs_attempts']}")
+    window = last_snap["t"] - first_snap["t"]
+    rows = []
+    for n, c in zip(names, counts):
+        dev = last_snap["tenants"][n]["device_s"] - first_snap["tenants"].get(n, {"device_s": 0.0})["device_s"]
+        jobs = []
+        for jid, j in last_snap["jobs"].items():
+            if owner(j) != n:
+                continue
+            before = first_snap["jobs"].get(jid, {"service_s": 0.0, "runs_completed": 0})
+            jobs.append((j["service_s"] - before["service_s"], j["runs_completed"] - before["runs_completed"],
+                         j.get("name", ""), j["iterations"] - before.get("iterations", 0)))
+        if len(jobs) < c:
+            print(f"  note: {n}: ctl jobs listed {len(jobs)} of its {c} jobs at the window end; its jobs' sum, "
+                  f"steps and per-job spread below miss the others")
+        rows.append({"tenant": n, "sessions": c, "device_s": dev, "jobs_s": sum(j[0] for j in jobs),
+                     "steps": sum(j[1] for j in jobs), "per_job": sorted(j[0] for j in jobs), "jobs": sorted(jobs),
+                     "client_steps": client_steps[n],
+                     "lat": np.sort(np.concatenate(client_lat[n])) if client_lat[n] else np.array([])})
+    total = sum(r["device_s"] for r in rows)
+    print(f"  window: {window:.1f} s (t={first_snap['t'] - start:.0f}-{last_snap['t'] - start:.0f} s), every "
+          f"session running; device time in it {total:.1f} s ({total / window * 100:.0f}% of the window; one lane, "
+          f"brief runs beside it); server reports share={last_snap['share']}; ctl jobs answered "
+          f"{first_snap['jobs_lag_s']:.1f} s / {last_snap['jobs_lag_s']:.1f} s after ctl stats at its start / end")
+    print(f"  {'tenant':<16} {'sessions':>8} {'device s':>9} {'jobs sum s':>10} {'share':>6} {'steps':>8} "
+          f"{'steps/s':>8} {'dev ms/step':>11} {'p50 ms':>7} {'p99 ms':>7}")
+    for r in rows:
+        print(f"  {r['tenant']:<16} {r['sessions']:>8} {r['device_s']:>9.2f} {r['jobs_s']:>10.2f} "
+              f"{r['device_s'] / total * 100 if total else 0:>5.1f}% {r['steps']:>8} {r['steps'] / window:>8.0f} "
+              f"{r['device_s'] / max(1, r['steps']) * 1000:>11.3f} {percentile(r['lat'], 0.5) * 1000:>7.2f} "
+              f"{percentile(r['lat'], 0.99) * 1000:>7.2f}")
+    print("  (steps: the server's runs in the window; p50/p99: step latency at the clients after the warm-up)")
+    devs = [r["device_s"] for r in rows]
+    ratio = max(devs) / min(devs) if min(devs) > 0 else float("inf")
+    met = ratio <= TENANT_RATIO_TARGET
+    print(f"  device time max/min between tenants: {ratio:.3f}x"
+          + (f" (target <= {TENANT_RATIO_TARGET:g}: {'met' if met else 'not met'})" if share == "tenants" else
+             f" (per-job sharing: about the ratio of session counts, {max(counts) / min(counts):g}x, expected)"))
+    since = [last_snap["tenants"][n]["device_s"] for n in names]
+    print("  since the server started (warm-up and start-up included; no target): "
+          + ", ".join(f"{n} {d:.2f} s" for n, d in zip(names, since))
+          + f", max/min {max(since) / min(since) if min(since) > 0 else float('inf'):.2f}x")
+    for r in rows:
+        v = r["per_job"]
+        if v:
+            spread = v[-1] / v[0] if v[0] > 0 else float("inf")
+            print(f"    {r['tenant']}: device time per job min {v[0]:.2f} s, median {statistics.median(v):.2f} s, "
+                  f"max {v[-1]:.2f} s, max/min {spread:.2f}x ({len(v)} jobs)")
+        if args.details:
+            for dev, steps, name, iters in r["jobs"]:
+                i = int(name.rsplit("-", 1)[-1]) if name.rsplit("-", 1)[-1].isdigit() else -1
+                kind = ("main" if args.all_main or i % 2 == 0 else "other") if i >= 0 else "?"
+                print(f"      {name or '?'} ({list(MODELS)[i % len(MODELS)] if i >= 0 else '?'}, {kind}): device "
+                      f"{dev:.2f} s, {steps} steps ({iters} main iterations), "
+                      f"{dev / max(1, steps) * 1000:.3f} ms/step")
+    print(f"  errors: {sum(errors.values())}" + "".join(f"\n    {v} x {k}" for k, v in errors.items())
+          + "; client steps (warm-up included): " + ", ".join(f"{n} {client_steps[n]}" for n in names)
+          + f"; server exit code {code}")
+    result.update(ratio=ratio, rows=rows, window_s=window,
+                  ok=not errors and code == 0 and (met or share != "tenants"))
+    return result
+
+
+def run_tenants(args, tmp: Path, counts: list[int]) -> bool:
+    """Creates the users, runs --share tenants (and --share jobs with --compare-share), removes the users."""
+    from _bench_users import bench_users
+
+    os.chmod(tmp, 0o711)
+    reach = [Path(venv_python()), REPO / "scripts", REPO / "integration_tests", server_bin()]
+    results = []
+    with bench_users(len(counts), reach=reach) as users:
+        print("users: " + ", ".join(f"{u.pw_name} (uid {u.pw_uid})" for u in users), flush=True)
+        for share in ["tenants", "jobs"] if args.compare_share else ["tenants"]:
+            results.append(phase_tenants(args, tmp, users, counts, share))
+    if len(results) > 1:
+        print("== tenants mode, side by side: device time max/min between tenants "
+              + "; ".join(f"--share {r['share']} {r['ratio']:.3f}x" for r in results)
+              + f" (sessions {','.join(map(str, counts))})")
+    return all(r["ok"] for r in results)
 
 
 def phase_churn(args, tmp: Path) -> bool:
@@ -771,6 +1026,17 @@ def main() -> int:
                                                                    "TF2 churn phase (0 skips it)")
     ap.add_argument("--checkpoints", default="1,10,100,250,500,750",
                     help="cycles after which the server is measured (and after the last)")
+    ap.add_argument("--users", help="tenants mode: comma-separated sessions per Unix user, e.g. 1,8 (user "
+                                    "salus-bench-u0 runs 1 session, salus-bench-u1 8); replaces the load phase's "
+                                    "--sessions/--tf2 mix; needs root")
+    ap.add_argument("--user-processes", type=int, default=1, help="tenants mode: worker processes per user")
+    ap.add_argument("--compare-share", action="store_true", help="tenants mode: then the same load under "
+                                                                 "--share jobs, side by side")
+    ap.add_argument("--server-flag", action="append", default=[], metavar="FLAG",
+                    help="tenants mode: a further salus-server flag, e.g. --server-flag=--anticipation-us=0 "
+                         "(repeatable)")
+    ap.add_argument("--all-main", action="store_true", help="every TF1 session fetches salus_main_iter (no brief "
+                                                            "runs by name)")
     ap.add_argument("--skip-load", action="store_true")
     ap.add_argument("--skip-churn", action="store_true")
     # Internal: the worker processes.
@@ -782,6 +1048,7 @@ def main() -> int:
     ap.add_argument("--target", help=argparse.SUPPRESS)
     ap.add_argument("--address", help=argparse.SUPPRESS)
     ap.add_argument("--server-pid", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--name-prefix", default="load", help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     if args.worker == "load":
@@ -790,6 +1057,18 @@ def main() -> int:
         worker_load_tf2(args)
     if args.worker == "churn":
         worker_churn(args)
+    counts = []
+    if args.users:
+        try:
+            counts = [int(c) for c in args.users.split(",")]
+        except ValueError:
+            ap.error("--users takes comma-separated session counts, e.g. 1,8")
+        if len(counts) < 2 or min(counts) < 1:
+            ap.error("--users needs two or more users with at least one session each")
+        if args.user_processes < 1:
+            ap.error("--user-processes must be at least 1")
+    elif args.compare_share or args.server_flag:
+        ap.error("--compare-share and --server-flag need --users")
     args.minutes = args.minutes if args.minutes is not None else (1.0 if args.quick else 5.0)
     args.sessions = args.sessions or (16 if args.quick else 64)
     args.tf2 = args.tf2 if args.tf2 is not None else min(args.sessions, 4 if args.quick else 8)
@@ -804,7 +1083,7 @@ def main() -> int:
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench_load.") as tmp:
         if not args.skip_load:
-            ok &= phase_load(args, Path(tmp))
+            ok &= run_tenants(args, Path(tmp), counts) if counts else phase_load(args, Path(tmp))
         if not args.skip_churn:
             if args.cycles:
                 ok &= phase_churn(args, Path(tmp))
