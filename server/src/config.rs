@@ -182,7 +182,8 @@ pub struct Args {
     /// (`printf %s TOKEN | sha256sum`), RUN-AS a user name, a uid or `-` (a
     /// tenant that is no Unix user), and the limits weight=1..1000 (share of
     /// device time), max-jobs=N (open sessions and contexts), max-priority=P
-    /// (higher hints are lowered to it). SHA256 `-`: limits only, for a user
+    /// (higher hints are lowered to it), memory=SIZE (device memory admitted or
+    /// waiting, with --memory-capacity). SHA256 `-`: limits only, for a user
     /// (NAME) identified by its uid; `* - - LIMITS`: the defaults. `#` comments.
     #[arg(long, env = "SALUS_TENANTS_FILE")]
     pub tenants_file: Option<std::path::PathBuf>,

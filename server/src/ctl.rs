@@ -55,6 +55,10 @@ pub enum CtlCommand {
         /// The highest priority hint its jobs may claim (higher ones are lowered).
         #[arg(long, allow_negative_numbers = true)]
         max_priority: Option<i32>,
+        /// Device memory its jobs may hold admitted or waiting at once (4GiB;
+        /// with --memory-capacity).
+        #[arg(long, value_parser = crate::sched::units::parse_size)]
+        memory: Option<u64>,
     },
     /// Tokens issued at run time (admins only): issue, revoke, list.
     Token {
@@ -90,6 +94,9 @@ pub enum TokenAction {
         max_jobs: Option<u32>,
         #[arg(long, allow_negative_numbers = true)]
         max_priority: Option<i32>,
+        /// Device memory share while the token is valid (see `ctl limits`).
+        #[arg(long, value_parser = crate::sched::units::parse_size)]
+        memory: Option<u64>,
         /// Lifetime: 90s, 15m, 2h, 7d (a bare number is seconds); default: until revoked.
         #[arg(long)]
         expires: Option<String>,
@@ -155,6 +162,7 @@ pub async fn run(args: CtlArgs) -> Result<String, CtlError> {
             weight,
             max_jobs,
             max_priority,
+            memory,
         } => {
             let now = admin
                 .set_tenant_limits(SetTenantLimitsRequest {
@@ -163,6 +171,7 @@ pub async fn run(args: CtlArgs) -> Result<String, CtlError> {
                         weight,
                         max_jobs,
                         max_priority,
+                        memory_bytes: memory,
                     }),
                 })
                 .await?
@@ -309,7 +318,8 @@ pub fn stats_json(s: &SchedulerStats) -> Value {
             let l = t.limits.clone().unwrap_or_default();
             json!({
                 "tenant": t.tenant, "weight": t.weight, "device_s": t.device_seconds, "jobs": t.jobs, "queued": t.queued,
-                "max_jobs": l.max_jobs, "max_priority": l.max_priority,
+                "memory_bytes": t.memory_bytes,
+                "max_jobs": l.max_jobs, "max_priority": l.max_priority, "memory_bytes": l.memory_bytes,
             })
         }).collect::<Vec<_>>(),
     })
@@ -475,8 +485,8 @@ pub fn stats_text(s: &SchedulerStats) -> String {
     for t in &s.tenants {
         let percent = if total > 0.0 { 100.0 * t.device_seconds / total } else { 0.0 };
         out += &format!(
-            "tenant {}: {:.3} s device time ({percent:.1}% of the tenants shown), weight {}, {} jobs, {} iterations queued or running; limits {}\n",
-            t.tenant, t.device_seconds, t.weight, t.jobs, t.queued, limits_text(t.limits.as_ref())
+            "tenant {}: {:.3} s device time ({percent:.1}% of the tenants shown), weight {}, {} jobs, {} iterations queued or running, {} bytes of memory; limits {}\n",
+            t.tenant, t.device_seconds, t.weight, t.jobs, t.queued, t.memory_bytes, limits_text(t.limits.as_ref())
         );
     }
     out
@@ -490,6 +500,7 @@ async fn token(admin: &mut AdminClient<Channel>, action: TokenAction) -> Result<
             weight,
             max_jobs,
             max_priority,
+            memory,
             expires,
             json,
         } => {
@@ -503,6 +514,7 @@ async fn token(admin: &mut AdminClient<Channel>, action: TokenAction) -> Result<
                         weight,
                         max_jobs,
                         max_priority,
+                        memory_bytes: memory,
                     }),
                     expires_seconds,
                 })
@@ -547,6 +559,7 @@ fn token_json(t: &TokenInfo) -> Value {
     json!({
         "id": t.id, "tenant": t.tenant, "uid": t.uid,
         "weight": l.weight, "max_jobs": l.max_jobs, "max_priority": l.max_priority,
+        "memory_bytes": l.memory_bytes,
         "issued_unix_s": t.issued_unix_seconds,
         "expires_unix_s": (t.expires_unix_seconds > 0.0).then_some(t.expires_unix_seconds),
     })
@@ -617,6 +630,7 @@ fn limits_text(l: Option<&TenantLimits>) -> String {
         l.weight.map(|w| format!("weight={w}")),
         l.max_jobs.map(|n| format!("max-jobs={n}")),
         l.max_priority.map(|p| format!("max-priority={p}")),
+        l.memory_bytes.map(|m| format!("memory={m}")),
     ]
     .into_iter()
     .flatten()
@@ -857,6 +871,7 @@ mod tests {
                     jobs: 1,
                     queued: 1,
                     limits: None,
+                    memory_bytes: 0,
                 },
                 TenantShare {
                     tenant: "bob (uid 1002)".into(),
@@ -868,7 +883,9 @@ mod tests {
                         weight: Some(2),
                         max_jobs: Some(8),
                         max_priority: None,
+                        memory_bytes: None,
                     }),
+                    memory_bytes: 1 << 30,
                 },
             ],
             ..s
@@ -880,7 +897,7 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("limits weight=2 max-jobs=8\n"), "{text}");
-        assert!(text.contains("queued or running; limits none\n"), "{text}");
+        assert!(text.contains("bytes of memory; limits none\n"), "{text}");
         assert_eq!(stats_json(&s)["tenants"][1]["max_jobs"], 8);
         assert_eq!(stats_json(&s)["tenants"][0]["device_s"], 3.0);
         assert_eq!(stats_json(&s)["switch_latency_us"]["p99"], 40.0);

@@ -14,7 +14,7 @@ use tonic::{Request, Response, Status};
 
 use crate::error::Error;
 use crate::frontend::identify::tenant_of;
-use crate::runtime::admission::MemoryState;
+use crate::runtime::admission::{Admission, MemoryState};
 use crate::runtime::eager_job::EagerJob;
 use crate::runtime::executor::TenantFigures;
 use crate::sched::tenants::MAX_WEIGHT;
@@ -376,14 +376,24 @@ impl AdminService {
             iteration_time: Some(latency_summary(&stats.runs.iteration_time)),
             queue_wait: Some(latency_summary(&stats.runs.queue_wait)),
             share: stats.share.name().into(),
-            tenants: self
-                .state
-                .executor
-                .tenant_figures()
-                .iter()
-                .filter(|figures| viewer.sees(&figures.tenant.key))
-                .map(tenant_share)
-                .collect(),
+            tenants: {
+                let memory = self
+                    .state
+                    .admission
+                    .as_ref()
+                    .map(Admission::claimed_by_tenant)
+                    .unwrap_or_default();
+                self.state
+                    .executor
+                    .tenant_figures()
+                    .iter()
+                    .filter(|figures| viewer.sees(&figures.tenant.key))
+                    .map(|figures| TenantShare {
+                        memory_bytes: memory.get(&figures.status.id).copied().unwrap_or(0),
+                        ..tenant_share(figures)
+                    })
+                    .collect()
+            },
         }
     }
 
@@ -634,6 +644,7 @@ fn tenant_share(figures: &TenantFigures) -> TenantShare {
         jobs: figures.status.jobs as u64,
         queued: figures.status.work as u64,
         limits: Some(limits_to_proto(&figures.limits)),
+        memory_bytes: 0,
     }
 }
 
@@ -671,6 +682,7 @@ fn limits_from_proto(limits: Option<TenantLimits>) -> Result<Limits, Status> {
         weight: asked.weight,
         max_jobs: asked.max_jobs,
         max_priority: asked.max_priority,
+        memory: asked.memory_bytes,
     })
 }
 
@@ -679,6 +691,7 @@ fn limits_to_proto(limits: &Limits) -> TenantLimits {
         weight: limits.weight,
         max_jobs: limits.max_jobs,
         max_priority: limits.max_priority,
+        memory_bytes: limits.memory,
     }
 }
 

@@ -27,7 +27,7 @@ use crate::runtime::executor::Executor;
 use crate::seam::client::SeamClient;
 use crate::seam::msg as seam_msg;
 use crate::sched::lanes::{LaneError, LaneManager, LaneRule, LaneStatus, MemoryNeed, Placement};
-use crate::sched::{Hints, JobId, LaneId};
+use crate::sched::{Hints, JobId, LaneId, TenantId};
 
 struct Waiter {
     hints: Hints,
@@ -39,6 +39,20 @@ struct Waiter {
 struct State {
     lanes: LaneManager,
     waiting: HashMap<JobId, Waiter>,
+    /// Memory each job holds admitted or asks for waiting, by owner: what a
+    /// tenant's `memory=` share is counted against.
+    claims: HashMap<JobId, (TenantId, u64)>,
+}
+
+impl State {
+    /// Bytes `tenant`'s jobs other than `except` hold or wait for.
+    fn claimed_by(&self, tenant: TenantId, except: JobId) -> u64 {
+        self.claims
+            .iter()
+            .filter(|(job, (owner, _))| *owner == tenant && **job != except)
+            .map(|(_, (_, bytes))| bytes)
+            .sum()
+    }
 }
 
 struct Shared {
@@ -92,6 +106,7 @@ impl Shared {
     fn release(self: &Arc<Self>, job: JobId) {
         let admitted = {
             let mut state = self.lock();
+            state.claims.remove(&job);
             self.report_busy_lanes(&mut state);
             let admitted = state.lanes.release(job);
             if let Err(err) = self.apply_moves(&mut state) {
@@ -213,6 +228,7 @@ impl Admission {
                 state: Mutex::new(State {
                     lanes,
                     waiting: HashMap::new(),
+                    claims: HashMap::new(),
                 }),
                 executor,
                 timeout,
@@ -231,6 +247,15 @@ impl Admission {
 
     pub fn lanes(&self) -> Vec<LaneStatus> {
         self.shared.lock().lanes.lanes()
+    }
+
+    /// Device memory each tenant's jobs hold admitted or wait for.
+    pub fn claimed_by_tenant(&self) -> HashMap<TenantId, u64> {
+        let mut by_tenant = HashMap::new();
+        for (owner, bytes) in self.shared.lock().claims.values() {
+            *by_tenant.entry(*owner).or_default() += bytes;
+        }
+        by_tenant
     }
 
     pub fn counts(&self) -> AdmissionCounts {
@@ -300,6 +325,7 @@ impl Admission {
         }
         // Ranked before taking the admission lock: the executor has its own.
         let rank = self.shared.executor.rank_new(job, &hints);
+        let (owner, share, owner_name) = self.shared.executor.memory_share(job);
         let rx = {
             let mut state = self.shared.lock();
             if let Some(waiter) = state.waiting.get_mut(&job) {
@@ -308,8 +334,24 @@ impl Admission {
                 waiter.reply.push(tx);
                 rx
             } else {
+                if let Some(share) = share {
+                    let claimed = state.claimed_by(owner, job);
+                    if claimed.saturating_add(need.limit()) > share {
+                        self.shared.counts.refusals.fetch_add(1, Ordering::Relaxed);
+                        return Err(Error::ResourceExhausted(format!(
+                            "job needs {} bytes of device memory but tenant {owner_name}'s share is {share} bytes \
+                             (memory= in the tenants file or `salus-server ctl limits`) and its other jobs hold \
+                             or wait for {claimed}: close one of them, or ask an admin for a larger share",
+                            need.limit()
+                        )));
+                    }
+                }
                 self.shared.report_busy_lanes(&mut state);
-                match state.lanes.request_ranked(job, need, pinned, rank) {
+                let placed = state.lanes.request_ranked(job, need, pinned, rank);
+                if matches!(placed, Ok(Placement::Placed(_) | Placement::Waiting)) {
+                    state.claims.insert(job, (owner, need.limit()));
+                }
+                match placed {
                     Ok(Placement::Placed(lane)) => {
                         // Moves and scheduling under the lock (see the module docs).
                         let scheduled = self
@@ -527,6 +569,58 @@ mod tests {
                 timeouts: 1
             }
         );
+    }
+
+    #[tokio::test]
+    async fn a_tenants_memory_share_counts_its_admitted_and_waiting_jobs() {
+        use crate::runtime::timeline::JobKind;
+        use crate::tenant::identity::Tenant;
+        use crate::tenant::limits::{Limits, LimitsTable};
+        let a = admission(1000, 5_000);
+        let executor = a.shared.executor.clone();
+        let mut table = LimitsTable::default();
+        table.set("root", &Limits::parse(["memory=100"]).unwrap());
+        executor.set_limits_table(table);
+        let (capped, free) = (Tenant::from_uid(0), Tenant::anonymous());
+        for (job, owner) in [(1, &capped), (2, &capped), (3, &capped), (4, &free)] {
+            executor
+                .open_job(JobId(job), "j", JobKind::Graph, Some(owner))
+                .await
+                .unwrap();
+        }
+        let first = a
+            .admit(JobId(1), need(40, 20), None, Hints::default())
+            .await
+            .unwrap();
+        // 60 held + 50 asked > 100: refused at once, naming the share.
+        let err = a
+            .admit(JobId(2), need(30, 20), None, Hints::default())
+            .await
+            .err()
+            .unwrap();
+        assert!(matches!(err, Error::ResourceExhausted(_)));
+        assert!(
+            err.to_string().contains("share is 100 bytes") && err.to_string().contains("hold or wait for 60"),
+            "{err}"
+        );
+        assert_eq!(a.state_of(JobId(2)), MemoryState::NotRequested);
+        // Another tenant is not counted against it.
+        let other = a
+            .admit(JobId(4), need(500, 100), None, Hints::default())
+            .await
+            .unwrap();
+        // Within the share, and again once the first job's memory is back.
+        let second = a
+            .admit(JobId(2), need(30, 10), None, Hints::default())
+            .await
+            .unwrap();
+        drop(first);
+        let third = a
+            .admit(JobId(3), need(50, 10), None, Hints::default())
+            .await
+            .unwrap();
+        drop((second, third, other));
+        assert_eq!(a.free(), 1000);
     }
 
     #[tokio::test]

@@ -516,6 +516,18 @@ impl Executor {
         self.shared.wake.notify_all();
     }
 
+    /// The owner of `job`, its memory share (`memory=` limit) if it has one,
+    /// and its name (for admission).
+    pub fn memory_share(&self, job: JobId) -> (TenantId, Option<u64>, String) {
+        let inner = self.shared.lock();
+        let owner = inner.tenants.owner(job);
+        let name = inner
+            .tenants
+            .tenant(owner)
+            .map_or_else(|| "anonymous".to_string(), |t| t.to_string());
+        (owner, inner.tenants.limits_of(owner).memory, name)
+    }
+
     /// Whether `job`'s priority hint was lowered to its tenant's limit.
     pub fn priority_clamp(&self, job: JobId) -> Option<Clamp> {
         self.shared.lock().tenants.clamp_of(job)

@@ -7,10 +7,11 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::sched::tenants::MAX_WEIGHT;
+use crate::sched::units::parse_size;
 use crate::tenant::identity::{user_name, Tenant};
 
 /// The names a tenants file line and `ctl limits` accept.
-pub const LIMIT_NAMES: &str = "weight=1..1000, max-jobs=N, max-priority=P";
+pub const LIMIT_NAMES: &str = "weight=1..1000, max-jobs=N, max-priority=P, memory=SIZE";
 
 /// One tenant's limits; None: the default's (or none).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -21,6 +22,9 @@ pub struct Limits {
     pub max_jobs: Option<u32>,
     /// The highest priority hint it may claim; higher ones are lowered to it.
     pub max_priority: Option<i32>,
+    /// Device memory its jobs may hold admitted or waiting at once, bytes
+    /// (with `--memory-capacity`): a job that would go beyond is refused.
+    pub memory: Option<u64>,
 }
 
 impl Limits {
@@ -44,6 +48,9 @@ impl Limits {
             "max-priority" => {
                 self.max_priority = Some(value.parse().map_err(|_| bad("not a whole number"))?);
             }
+            "memory" => {
+                self.memory = Some(parse_size(value).map_err(|e| bad(&e))?);
+            }
             _ => return Err(format!("unknown limit {name:?}: known are {LIMIT_NAMES}")),
         }
         Ok(())
@@ -64,6 +71,7 @@ impl Limits {
             weight: self.weight.or(default.weight),
             max_jobs: self.max_jobs.or(default.max_jobs),
             max_priority: self.max_priority.or(default.max_priority),
+            memory: self.memory.or(default.memory),
         }
     }
 
@@ -84,6 +92,9 @@ impl fmt::Display for Limits {
         }
         if let Some(p) = self.max_priority {
             parts.push(format!("max-priority={p}"));
+        }
+        if let Some(m) = self.memory {
+            parts.push(format!("memory={m}"));
         }
         if parts.is_empty() {
             f.write_str("none")
@@ -185,8 +196,16 @@ mod tests {
                 weight: Some(3),
                 max_jobs: Some(4),
                 max_priority: Some(-1),
+                memory: None,
             }
         );
+        assert_eq!(
+            Limits::parse(["memory=2GiB"]).unwrap().memory,
+            Some(2 << 30)
+        );
+        assert!(Limits::parse(["memory=lots"])
+            .unwrap_err()
+            .contains("memory=\"lots\""));
         assert_eq!(limits.to_string(), "weight=3 max-jobs=4 max-priority=-1");
         assert!(Limits::parse(["weight=0"])
             .unwrap_err()
@@ -194,9 +213,9 @@ mod tests {
         assert!(Limits::parse(["weight=x"])
             .unwrap_err()
             .contains("weight=\"x\""));
-        assert!(Limits::parse(["memory=1GiB"])
+        assert!(Limits::parse(["cpu=1"])
             .unwrap_err()
-            .contains("unknown limit \"memory\""));
+            .contains("unknown limit \"cpu\""));
         assert!(Limits::parse(["max-jobs"])
             .unwrap_err()
             .contains("LIMIT=VALUE"));
@@ -217,6 +236,7 @@ mod tests {
                 weight: Some(5),
                 max_jobs: Some(2),
                 max_priority: Some(2),
+                memory: None,
             }
         );
         assert_eq!(table.for_tenant(&named("bob")), table.defaults().clone());

@@ -388,6 +388,12 @@ impl Scrape {
         )?;
         gauges(
             enc,
+            "salus_tenant_memory_bytes",
+            "Device memory a tenant's jobs hold admitted or wait for (--memory-capacity).",
+            &rows(|t| t.memory_bytes as f64),
+        )?;
+        gauges(
+            enc,
             "salus_tenant_weight",
             "A tenant's weight in sharing device time between tenants (--share tenants).",
             &rows(|t| t.weight as f64),
@@ -559,6 +565,7 @@ mod tests {
                     jobs: 3,
                     queued: 1,
                     limits: None,
+                    memory_bytes: 4096,
                 }],
                 ..Default::default()
             },
@@ -639,6 +646,7 @@ mod tests {
         );
         assert_eq!(value(&text, r#"salus_tenant_jobs{tenant="alice (uid 1001)"}"#), 3.0);
         assert_eq!(value(&text, r#"salus_tenant_weight{tenant="alice (uid 1001)"}"#), 2.0);
+        assert_eq!(value(&text, r#"salus_tenant_memory_bytes{tenant="alice (uid 1001)"}"#), 4096.0);
     }
 
     #[test]
