@@ -46,19 +46,8 @@ pub enum CtlCommand {
     /// anonymous, or * for every tenant without limits of its own.
     Limits {
         tenant: String,
-        /// Its share of device time against other tenants' (1 to 1000; default 1).
-        #[arg(long)]
-        weight: Option<u32>,
-        /// Jobs (sessions and eager contexts) it may have open at once.
-        #[arg(long)]
-        max_jobs: Option<u32>,
-        /// The highest priority hint its jobs may claim (higher ones are lowered).
-        #[arg(long, allow_negative_numbers = true)]
-        max_priority: Option<i32>,
-        /// Device memory its jobs may hold admitted or waiting at once (4GiB;
-        /// with --memory-capacity).
-        #[arg(long, value_parser = crate::sched::units::parse_size)]
-        memory: Option<u64>,
+        #[command(flatten)]
+        limits: LimitArgs,
     },
     /// Tokens issued at run time (admins only): issue, revoke, list.
     Token {
@@ -76,6 +65,35 @@ pub enum CtlCommand {
     },
 }
 
+/// A tenant's limits on the command line (unset: unchanged).
+#[derive(Args, Debug)]
+pub struct LimitArgs {
+    /// Its share of device time against other tenants' (1 to 1000; default 1).
+    #[arg(long)]
+    weight: Option<u32>,
+    /// Jobs (sessions and eager contexts) it may have open at once.
+    #[arg(long)]
+    max_jobs: Option<u32>,
+    /// The highest priority hint its jobs may claim (higher ones are lowered).
+    #[arg(long, allow_negative_numbers = true)]
+    max_priority: Option<i32>,
+    /// Device memory its jobs may hold admitted or waiting at once (4GiB; with
+    /// --memory-capacity).
+    #[arg(long, value_parser = crate::sched::units::parse_size)]
+    memory: Option<u64>,
+}
+
+impl LimitArgs {
+    fn to_proto(&self) -> TenantLimits {
+        TenantLimits {
+            weight: self.weight,
+            max_jobs: self.max_jobs,
+            max_priority: self.max_priority,
+            memory_bytes: self.memory,
+        }
+    }
+}
+
 #[derive(Subcommand, Debug)]
 pub enum TokenAction {
     /// Print a new token for a tenant (the server keeps only its hash, in memory).
@@ -87,16 +105,9 @@ pub enum TokenAction {
         /// that user on loopback; the tenant is then that user.
         #[arg(long)]
         uid: Option<String>,
-        /// Limits for the tenant while the token is valid (see `ctl limits`).
-        #[arg(long)]
-        weight: Option<u32>,
-        #[arg(long)]
-        max_jobs: Option<u32>,
-        #[arg(long, allow_negative_numbers = true)]
-        max_priority: Option<i32>,
-        /// Device memory share while the token is valid (see `ctl limits`).
-        #[arg(long, value_parser = crate::sched::units::parse_size)]
-        memory: Option<u64>,
+        /// Limits for the tenant while the token is valid.
+        #[command(flatten)]
+        limits: LimitArgs,
         /// Lifetime: 90s, 15m, 2h, 7d (a bare number is seconds); default: until revoked.
         #[arg(long)]
         expires: Option<String>,
@@ -157,22 +168,11 @@ pub async fn run(args: CtlArgs) -> Result<String, CtlError> {
                 jobs_table(&jobs)
             }
         }
-        CtlCommand::Limits {
-            tenant,
-            weight,
-            max_jobs,
-            max_priority,
-            memory,
-        } => {
+        CtlCommand::Limits { tenant, limits } => {
             let now = admin
                 .set_tenant_limits(SetTenantLimitsRequest {
                     tenant: tenant.clone(),
-                    limits: Some(TenantLimits {
-                        weight,
-                        max_jobs,
-                        max_priority,
-                        memory_bytes: memory,
-                    }),
+                    limits: Some(limits.to_proto()),
                 })
                 .await?
                 .into_inner();
@@ -315,7 +315,7 @@ pub fn stats_json(s: &SchedulerStats) -> Value {
         "lanes": s.lanes.iter().map(|q| json!({"lane": q.lane, "queued": q.queued, "running": q.running})).collect::<Vec<_>>(),
         "share": s.share,
         "tenants": s.tenants.iter().map(|t| {
-            let l = t.limits.clone().unwrap_or_default();
+            let l = t.limits.unwrap_or_default();
             json!({
                 "tenant": t.tenant, "weight": t.weight, "device_s": t.device_seconds, "jobs": t.jobs, "queued": t.queued,
                 "memory_bytes": t.memory_bytes,
@@ -497,10 +497,7 @@ async fn token(admin: &mut AdminClient<Channel>, action: TokenAction) -> Result<
         TokenAction::Issue {
             tenant,
             uid,
-            weight,
-            max_jobs,
-            max_priority,
-            memory,
+            limits,
             expires,
             json,
         } => {
@@ -510,12 +507,7 @@ async fn token(admin: &mut AdminClient<Channel>, action: TokenAction) -> Result<
                 .issue_token(IssueTokenRequest {
                     tenant,
                     uid,
-                    limits: Some(TenantLimits {
-                        weight,
-                        max_jobs,
-                        max_priority,
-                        memory_bytes: memory,
-                    }),
+                    limits: Some(limits.to_proto()),
                     expires_seconds,
                 })
                 .await?
@@ -555,7 +547,7 @@ async fn token(admin: &mut AdminClient<Channel>, action: TokenAction) -> Result<
 }
 
 fn token_json(t: &TokenInfo) -> Value {
-    let l = t.limits.clone().unwrap_or_default();
+    let l = t.limits.unwrap_or_default();
     json!({
         "id": t.id, "tenant": t.tenant, "uid": t.uid,
         "weight": l.weight, "max_jobs": l.max_jobs, "max_priority": l.max_priority,

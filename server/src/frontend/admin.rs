@@ -589,8 +589,6 @@ fn state_label(waiting_for_memory: bool, s: Option<&JobStatus>, busy: bool) -> &
     }
 }
 
-/// A job row's note: why it waits for memory, else how the policy treats it.
-
 /// How the current policy treats a job, where that is not obvious.
 fn note(policy: &str, s: &JobStatus) -> String {
     match policy {

@@ -68,11 +68,7 @@ mod tests {
     use super::*;
 
     fn named(name: &str) -> Tenant {
-        Tenant {
-            key: TenantKey::Named(name.into()),
-            name: name.into(),
-            uid: None,
-        }
+        Tenant::named(name)
     }
 
     #[test]

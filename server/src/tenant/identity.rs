@@ -10,9 +10,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::tenant::limits::{Limits, LimitsTable, LIMIT_NAMES};
-use crate::tenant::tokens::TokenStore;
+use crate::tenant::tokens::{find_by_hash, TokenStore};
 use std::time::SystemTime;
-use sha2::{Digest, Sha256};
 
 /// The prefix of a token in the `user-agent` header.
 pub const TOKEN_PREFIX: &str = "salus1.";
@@ -93,6 +92,15 @@ impl Tenant {
         Tenant {
             key: TenantKey::Anonymous,
             name: "anonymous".into(),
+            uid: None,
+        }
+    }
+
+    /// A tenant that is no Unix user (a token tenant without one).
+    pub fn named(name: &str) -> Tenant {
+        Tenant {
+            key: TenantKey::Named(name.to_string()),
+            name: name.to_string(),
             uid: None,
         }
     }
@@ -262,21 +270,7 @@ impl TenantsFile {
     }
 
     fn find(&self, token: &str) -> Option<&TokenEntry> {
-        let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-        // Every entry is compared whole, so the time taken says nothing about
-        // how close a wrong token came.
-        let mut found = None;
-        for entry in &self.entries {
-            let diff = entry
-                .token_sha256
-                .iter()
-                .zip(digest.iter())
-                .fold(0u8, |acc, (a, b)| acc | (a ^ b));
-            if diff == 0 {
-                found = Some(entry);
-            }
-        }
-        found
+        find_by_hash(&self.entries, |e| &e.token_sha256, token)
     }
 }
 
@@ -389,11 +383,7 @@ impl Identifier {
                 }
                 return Ok(match uid {
                     Some(uid) => self.tenant_of_uid(uid),
-                    None => Arc::new(Tenant {
-                        key: TenantKey::Named(name.clone()),
-                        name,
-                        uid: None,
-                    }),
+                    None => Arc::new(Tenant::named(&name)),
                 });
             }
         }
@@ -453,6 +443,7 @@ pub fn user_name(uid: u32) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sha2::{Digest, Sha256};
 
     fn sha(token: &str) -> String {
         Sha256::digest(token.as_bytes())
@@ -515,11 +506,7 @@ mod tests {
         assert_eq!(limits.for_tenant(&Tenant::from_uid(0)).weight, Some(4));
         assert_eq!(limits.for_tenant(&Tenant::from_uid(0)).max_jobs, Some(8));
         assert_eq!(limits.defaults().max_priority, Some(1));
-        let bot = Tenant {
-            key: TenantKey::Named("bot".into()),
-            name: "bot".into(),
-            uid: None,
-        };
+        let bot = Tenant::named("bot");
         assert_eq!(limits.for_tenant(&bot).max_priority, Some(3));
     }
 

@@ -177,14 +177,9 @@ impl LimitsTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tenant::identity::TenantKey;
 
     fn named(name: &str) -> Tenant {
-        Tenant {
-            key: TenantKey::Named(name.into()),
-            name: name.into(),
-            uid: None,
-        }
+        Tenant::named(name)
     }
 
     #[test]

@@ -89,22 +89,8 @@ impl TokenStore {
 
     /// The record of `token`: Ok(None) if unknown (or revoked), Err if expired.
     pub fn find(&self, token: &str, now: SystemTime) -> Result<Option<IssuedToken>, Expired> {
-        let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let tokens = self.lock();
-        // Every record is compared whole: the time taken says nothing of how
-        // close a wrong token came.
-        let mut found = None;
-        for record in tokens.iter() {
-            let diff = record
-                .sha256
-                .iter()
-                .zip(digest.iter())
-                .fold(0u8, |acc, (a, b)| acc | (a ^ b));
-            if diff == 0 {
-                found = Some(record);
-            }
-        }
-        match found {
+        match find_by_hash(&tokens, |t| &t.sha256, token) {
             Some(record) if record.expired(now) => Err(Expired {
                 tenant: record.tenant.clone(),
                 at: record.expires_at.unwrap_or(now),
@@ -149,6 +135,27 @@ impl TokenStore {
         }
         granted
     }
+}
+
+/// The item whose stored SHA-256 is `token`'s. Every item is compared whole,
+/// so the time taken says nothing about how close a wrong token came.
+pub fn find_by_hash<'a, T>(
+    items: &'a [T],
+    hash: impl Fn(&T) -> &[u8; 32],
+    token: &str,
+) -> Option<&'a T> {
+    let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+    let mut found = None;
+    for item in items {
+        let diff = hash(item)
+            .iter()
+            .zip(digest.iter())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+        if diff == 0 {
+            found = Some(item);
+        }
+    }
+    found
 }
 
 fn fill_random(buf: &mut [u8]) -> std::io::Result<()> {
