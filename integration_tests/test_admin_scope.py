@@ -161,6 +161,7 @@ def test_limits_cap_jobs_and_priority_and_admins_change_them(server):
         assert sorted(stats_tenants(own["boss"])) == ["bot1", "bot2"]
         by_tenant = {t["tenant"]: t for t in ctl_json(server.address, "stats")["tenants"]}
         assert by_tenant["bot2"]["max_jobs"] == 2 and by_tenant["bot2"]["jobs"] == 2, by_tenant
+        assert by_tenant["bot2"]["refusals"] == 1 and by_tenant["bot1"]["refusals"] == 0, by_tenant
         assert by_tenant["bot1"]["weight"] == 1 and by_tenant["bot1"]["max_jobs"] is None, by_tenant
 
         # Limits are the admins' to change; a change applies to the next job and at once to weights.

@@ -318,7 +318,7 @@ pub fn stats_json(s: &SchedulerStats) -> Value {
             let l = t.limits.unwrap_or_default();
             json!({
                 "tenant": t.tenant, "weight": t.weight, "device_s": t.device_seconds, "jobs": t.jobs, "queued": t.queued,
-                "memory_bytes": t.memory_bytes,
+                "memory_bytes": t.memory_bytes, "refusals": t.refusals,
                 "max_jobs": l.max_jobs, "max_priority": l.max_priority, "memory_bytes": l.memory_bytes,
             })
         }).collect::<Vec<_>>(),
@@ -485,8 +485,8 @@ pub fn stats_text(s: &SchedulerStats) -> String {
     for t in &s.tenants {
         let percent = if total > 0.0 { 100.0 * t.device_seconds / total } else { 0.0 };
         out += &format!(
-            "tenant {}: {:.3} s device time ({percent:.1}% of the tenants shown), weight {}, {} jobs, {} iterations queued or running, {} bytes of memory; limits {}\n",
-            t.tenant, t.device_seconds, t.weight, t.jobs, t.queued, t.memory_bytes, limits_text(t.limits.as_ref())
+            "tenant {}: {:.3} s device time ({percent:.1}% of the tenants shown), weight {}, {} jobs, {} iterations queued or running, {} bytes of memory, {} refused; limits {}\n",
+            t.tenant, t.device_seconds, t.weight, t.jobs, t.queued, t.memory_bytes, t.refusals, limits_text(t.limits.as_ref())
         );
     }
     out
@@ -864,6 +864,7 @@ mod tests {
                     queued: 1,
                     limits: None,
                     memory_bytes: 0,
+                    refusals: 0,
                 },
                 TenantShare {
                     tenant: "bob (uid 1002)".into(),
@@ -878,6 +879,7 @@ mod tests {
                         memory_bytes: None,
                     }),
                     memory_bytes: 1 << 30,
+                    refusals: 2,
                 },
             ],
             ..s
@@ -889,7 +891,7 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("limits weight=2 max-jobs=8\n"), "{text}");
-        assert!(text.contains("bytes of memory; limits none\n"), "{text}");
+        assert!(text.contains("0 refused; limits none\n"), "{text}");
         assert_eq!(stats_json(&s)["tenants"][1]["max_jobs"], 8);
         assert_eq!(stats_json(&s)["tenants"][0]["device_s"], 3.0);
         assert_eq!(stats_json(&s)["switch_latency_us"]["p99"], 40.0);

@@ -643,6 +643,7 @@ fn tenant_share(figures: &TenantFigures) -> TenantShare {
         queued: figures.status.work as u64,
         limits: Some(limits_to_proto(&figures.limits)),
         memory_bytes: 0,
+        refusals: figures.refusals,
     }
 }
 

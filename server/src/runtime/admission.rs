@@ -338,6 +338,7 @@ impl Admission {
                     let claimed = state.claimed_by(owner, job);
                     if claimed.saturating_add(need.limit()) > share {
                         self.shared.counts.refusals.fetch_add(1, Ordering::Relaxed);
+                        self.shared.executor.count_refusal(job);
                         return Err(Error::ResourceExhausted(format!(
                             "job needs {} bytes of device memory but tenant {owner_name}'s share is {share} bytes \
                              (memory= in the tenants file or `salus-server ctl limits`) and its other jobs hold \
@@ -401,6 +402,7 @@ impl Admission {
                         | LaneError::LargerThanLane { .. }),
                     ) => {
                         self.shared.counts.refusals.fetch_add(1, Ordering::Relaxed);
+                        self.shared.executor.count_refusal(job);
                         return Err(Error::ResourceExhausted(err.to_string()));
                     }
                     Err(err @ LaneError::UnknownLane(_)) => {
@@ -422,6 +424,7 @@ impl Admission {
             )),
             Err(_) => {
                 self.shared.counts.timeouts.fetch_add(1, Ordering::Relaxed);
+                self.shared.executor.count_refusal(job);
                 let (free, capacity) = {
                     let mut state = self.shared.lock();
                     state.waiting.remove(&job);

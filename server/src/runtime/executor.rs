@@ -123,6 +123,8 @@ pub struct TenantFigures {
     pub tenant: Tenant,
     pub status: TenantStatus,
     pub limits: Limits,
+    /// Its jobs and memory requests refused so far.
+    pub refusals: u64,
 }
 
 struct Inner {
@@ -528,6 +530,11 @@ impl Executor {
         (owner, inner.tenants.limits_of(owner).memory, name)
     }
 
+    /// Counts a refusal (memory admission) against `job`'s owner.
+    pub fn count_refusal(&self, job: JobId) {
+        self.shared.lock().tenants.refused(job);
+    }
+
     /// Whether `job`'s priority hint was lowered to its tenant's limit.
     pub fn priority_clamp(&self, job: JobId) -> Option<Clamp> {
         self.shared.lock().tenants.clamp_of(job)
@@ -543,10 +550,12 @@ impl Executor {
             .filter_map(|status| {
                 let tenant = inner.tenants.tenant(status.id)?.clone();
                 let limits = inner.tenants.limits_of(status.id);
+                let refusals = inner.tenants.refusals_of(status.id);
                 Some(TenantFigures {
                     tenant,
                     status,
                     limits,
+                    refusals,
                 })
             })
             .collect()

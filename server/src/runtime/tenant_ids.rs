@@ -20,6 +20,9 @@ pub struct TenantIds {
     limits: LimitsTable,
     /// Jobs whose priority hint was lowered to their tenant's limit: the one asked.
     clamped: HashMap<JobId, i32>,
+    /// Jobs and memory requests refused per tenant (max-jobs, memory share,
+    /// too large for the device, admission timed out).
+    refusals: HashMap<TenantId, u64>,
 }
 
 /// A priority hint lowered to the tenant's limit.
@@ -94,6 +97,7 @@ impl TenantIds {
         if let Some(max) = self.limits.for_tenant(tenant).max_jobs {
             let open = self.owners.values().filter(|&&owner| owner == id).count();
             if open >= max as usize {
+                *self.refusals.entry(id).or_default() += 1;
                 return Err(Error::ResourceExhausted(format!(
                     "tenant {tenant} already has {open} open jobs (sessions and eager contexts), its \
                      limit (max-jobs={max}, set in the tenants file or by `salus-server ctl limits`): \
@@ -103,6 +107,15 @@ impl TenantIds {
         }
         self.owners.insert(job, id);
         Ok(id)
+    }
+
+    /// One more refusal for `job`'s owner.
+    pub fn refused(&mut self, job: JobId) {
+        *self.refusals.entry(self.owner(job)).or_default() += 1;
+    }
+
+    pub fn refusals_of(&self, id: TenantId) -> u64 {
+        self.refusals.get(&id).copied().unwrap_or(0)
     }
 
     /// `hints` with the priority lowered to the owner's `max-priority`, the
@@ -170,6 +183,7 @@ mod tests {
         ids.open(JobId(1), &a).unwrap();
         ids.open(JobId(2), &a).unwrap();
         let err = ids.open(JobId(3), &a).unwrap_err().to_string();
+        assert_eq!(ids.refusals_of(ids.owner(JobId(1))), 1);
         assert!(
             err.contains("already has 2 open jobs") && err.contains("max-jobs=2"),
             "{err}"

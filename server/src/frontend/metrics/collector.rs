@@ -374,6 +374,12 @@ impl Scrape {
             "Device time of a tenant's jobs (main iterations and brief runs) since the server started.",
             &rows(|t| t.device_seconds),
         )?;
+        counters(
+            enc,
+            "salus_tenant_refusals",
+            "A tenant's jobs and memory requests refused (max-jobs, memory share, too large, admission timed out).",
+            &rows(|t| t.refusals as f64),
+        )?;
         gauges(
             enc,
             "salus_tenant_jobs",
@@ -566,6 +572,7 @@ mod tests {
                     queued: 1,
                     limits: None,
                     memory_bytes: 4096,
+                    refusals: 5,
                 }],
                 ..Default::default()
             },
@@ -647,6 +654,7 @@ mod tests {
         assert_eq!(value(&text, r#"salus_tenant_jobs{tenant="alice (uid 1001)"}"#), 3.0);
         assert_eq!(value(&text, r#"salus_tenant_weight{tenant="alice (uid 1001)"}"#), 2.0);
         assert_eq!(value(&text, r#"salus_tenant_memory_bytes{tenant="alice (uid 1001)"}"#), 4096.0);
+        assert_eq!(value(&text, r#"salus_tenant_refusals_total{tenant="alice (uid 1001)"}"#), 5.0);
     }
 
     #[test]
