@@ -190,7 +190,7 @@ pub struct Args {
 
     /// Tenants (Unix user names, or token tenants' names) who may act on the
     /// whole server through the admin API: see every tenant's jobs and
-    /// timeline, change any job's hints, change the policy. The server's own
+    /// timeline, change any job's hints, change the policy, tenants' limits and tokens. The server's own
     /// user and root always may; every other tenant sees and changes only its
     /// own jobs. Under --auth off everyone is one tenant and an admin.
     #[arg(long, env = "SALUS_ADMINS", value_delimiter = ',')]
@@ -223,7 +223,7 @@ pub struct Args {
 
 #[derive(clap::Subcommand, Debug)]
 pub enum Command {
-    /// Talk to a running server's admin API: jobs, stats, policy, hints, timeline.
+    /// Talk to a running server's admin API: jobs, stats, policy, hints, limits, tokens, timeline.
     Ctl(crate::ctl::CtlArgs),
     /// A tenant's executor process: started by the server itself, not by users.
     #[command(hide = true)]

@@ -22,7 +22,7 @@ pub enum CtlCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Scheduler statistics: switch latency, queues, iterations per second.
+    /// Scheduler statistics: switch latency, queues, iterations per second, device time per tenant.
     Stats {
         #[arg(long)]
         json: bool,
