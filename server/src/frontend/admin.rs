@@ -388,9 +388,8 @@ impl AdminService {
                     .tenant_figures()
                     .iter()
                     .filter(|figures| viewer.sees(&figures.tenant.key))
-                    .map(|figures| TenantShare {
-                        memory_bytes: memory.get(&figures.status.id).copied().unwrap_or(0),
-                        ..tenant_share(figures)
+                    .map(|figures| {
+                        tenant_share(figures, memory.get(&figures.status.id).copied().unwrap_or(0))
                     })
                     .collect()
             },
@@ -634,7 +633,7 @@ fn owned_rows<J>(
         .collect()
 }
 
-fn tenant_share(figures: &TenantFigures) -> TenantShare {
+fn tenant_share(figures: &TenantFigures, memory_bytes: u64) -> TenantShare {
     TenantShare {
         tenant: figures.tenant.to_string(),
         weight: figures.status.weight,
@@ -642,7 +641,7 @@ fn tenant_share(figures: &TenantFigures) -> TenantShare {
         jobs: figures.status.jobs as u64,
         queued: figures.status.work as u64,
         limits: Some(limits_to_proto(&figures.limits)),
-        memory_bytes: 0,
+        memory_bytes,
         refusals: figures.refusals,
     }
 }

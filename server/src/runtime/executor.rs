@@ -22,8 +22,6 @@ use crate::runtime::latency::{LatencyRecorder, LatencySnapshot};
 use crate::runtime::run_class::RunClass;
 use crate::runtime::run_stats::{RunStats, RunStatsSnapshot};
 use crate::runtime::tenant_ids::{Clamp, TenantIds};
-use crate::sched::tenants::DEFAULT_WEIGHT;
-use crate::tenant::limits::{Limits, LimitsTable};
 use crate::runtime::timeline::{JobKind, Timeline};
 use crate::seam::client::SeamClient;
 use crate::seam::{hints_to_msg, msg as seam_msg};
@@ -32,7 +30,9 @@ use crate::sched::{
     Decision, Hints, JobId, JobStatus, LaneId, Nanos, SchedConfig, SchedError, Scheduler, SortKey,
     Share, TenantId, TenantStatus,
 };
+use crate::sched::tenants::DEFAULT_WEIGHT;
 use crate::tenant::identity::Tenant;
+use crate::tenant::limits::{Limits, LimitsTable};
 
 /// Window for the iterations-per-second figure.
 const RATE_WINDOW_S: u64 = 60;
@@ -476,11 +476,9 @@ impl Executor {
     ) -> Result<()> {
         if let Some(owner) = owner {
             let mut inner = self.shared.lock();
-            let id = inner.tenants.open(job, owner)?;
-            let weight = inner.tenants.limits_of(id).weight;
-            let _ = inner
-                .sched
-                .set_tenant_weight(id, weight.unwrap_or(DEFAULT_WEIGHT));
+            inner.tenants.open(job, owner)?;
+            // A tenant seen for the first time gets its weight.
+            apply_weights(&mut inner);
         }
         self.shared
             .timeline
@@ -560,7 +558,6 @@ impl Executor {
             })
             .collect()
     }
-
 
     /// The ring of recent runs (the admin API's timeline).
     pub fn timeline(&self) -> &Arc<Timeline> {
