@@ -2,7 +2,8 @@
 GetTimeline) and its own figures (GetStats); admins (the server's own user, root, tenants named in --admins)
 see and change every tenant's, and alone may change the policy and tenants' limits. Limits per tenant (the
 tenants file's LIMIT=VALUE fields, `ctl limits`): max-jobs refuses one job more, max-priority lowers a higher
-hint and the job's row says so, weight shows in the stats.
+hint and the job's row says so, weight shows in the stats. Tokens issued at run time: limits, revocation,
+expiry, binding to a user, and memory reservations held for the token's jobs (the servers have 64 MiB).
 
 Token tenants (bot1, bot2 with limits, and boss, named in --admins) and this process's own user (root in CI:
 an admin) talk to one server per isolation mode with raw gRPC and `ctl`. Costs about 20 s: two servers, no
@@ -20,7 +21,7 @@ import pytest
 import tensorflow as tf
 
 import salus_wire as wire
-from conftest import SalusProcess
+from conftest import SalusProcess, wait_until
 from server_ctl import ctl, ctl_json
 
 ADMIN = "/salus.v1.Admin/"
@@ -35,7 +36,8 @@ def server(request, tmp_path_factory):
     tenants.write_text("".join(f"{name} {hashlib.sha256(token.encode()).hexdigest()} - {LIMITS.get(name, '')}\n"
                                for name, token in TOKENS.items()))
     s = SalusProcess(directory / "salus-server.stderr.log",
-                     ("--tenants-file", str(tenants), "--admins", "boss", "--isolation", request.param))
+                     ("--tenants-file", str(tenants), "--admins", "boss", "--isolation", request.param,
+                      "--memory-capacity", "64MiB", "--admission-timeout", "2"))
     yield s
     assert s.stop() == 0, s.stderr_tail()
 
@@ -49,7 +51,8 @@ def graph_bytes() -> bytes:
     g = tf.Graph()
     with g.as_default():
         a = tf.compat.v1.placeholder(tf.float32, [None], name="a")
-        tf.add(a * 2.0, 1.0, name="c")
+        c = tf.add(a * 2.0, 1.0, name="c")
+        tf.identity(c, name="salus_main_iter")  # fetched: a main iteration, which memory admission gates
     return g.as_graph_def().SerializeToString()
 
 
@@ -59,13 +62,19 @@ def session_config(name: str) -> bytes:
     return config.SerializeToString()
 
 
-def open_session(ch: grpc.Channel, name: str = "") -> str:
+def open_session(ch: grpc.Channel, name: str = "", fetch: str = "c:0") -> str:
     request = wire.create_session_request(graph_bytes(), session_config(name) if name else b"")
     handle = wire.first(wire.call(ch, "CreateSession", request), 1).decode()
     feed = wire.tensor_proto(wire.DT_FLOAT, [2], float_val=[1.0, 2.0])
     for _ in range(3):
-        wire.call(ch, "RunStep", wire.run_step_request(handle, feeds=[("a:0", feed)], fetches=["c:0"]))
+        request = wire.run_step_request(handle, feeds=[("a:0", feed)], fetches=[fetch], store_errors=False)
+        wire.call(ch, "RunStep", request)
     return handle
+
+
+def open_main(ch: grpc.Channel, name: str) -> str:
+    """A session whose runs are main iterations: each asks memory admission for the `name`'s hints first."""
+    return open_session(ch, name, "salus_main_iter:0")
 
 
 def jobs(ch: grpc.Channel) -> list[dict]:
@@ -215,9 +224,15 @@ def test_tokens_issued_at_run_time(server):
         assert token not in ctl(server.address, "token", "list").stdout
         assert listed[0]["expires_unix_s"] > listed[0]["issued_unix_s"] + 3500, listed
 
-        # Revoked: every later request the server identifies with it is refused.
+        # Revoked: every later request the server identifies with it is refused; under --isolation tenant
+        # its executor is stopped, which ends the TF1 connections already handed to it, and their jobs.
         printed = ctl(server.address, "token", "revoke", listed[0]["id"]).stdout
         assert printed == f"revoked {listed[0]['id']} (tenant agent-job)\n", printed
+        isolation = wire.first(wire.call(bot1, ADMIN + "GetServerInfo", b""), 20, b"").decode()
+        if isolation == "tenant":
+            assert wait_until(lambda: not any(r["tenant"] == "agent-job" for r in ctl_json(server.address, "jobs")),
+                              timeout=10, interval=0.2), ctl(server.address, "jobs").stdout
+            opened.pop()
         code, details = refused_code(agent)
         assert code == grpc.StatusCode.UNAUTHENTICATED and "nor issued and still valid" in details, details
         gone = ctl(server.address, "token", "revoke", listed[0]["id"], check=False)
@@ -244,4 +259,60 @@ def test_tokens_issued_at_run_time(server):
             with contextlib.suppress(grpc.RpcError):
                 wire.call(ch, "CloseSession", wire.close_session_request(handle))
         ctl(server.address, "token", "revoke", "nobodys", check=False)
+        bot1.close()
+
+
+MiB = 1 << 20
+
+
+def reservations(ch: grpc.Channel) -> list[tuple[str, int]]:
+    listed = wire.fields(wire.call(ch, ADMIN + "ListJobs", b""), 2)
+    return [(wire.first(r, 1, b"").decode(), wire.first(r, 2, 0)) for r in listed]
+
+
+def test_a_token_reserves_memory_for_its_jobs(server):
+    bot1 = channel(server.address, "bot1")
+    opened: list[tuple[grpc.Channel, str]] = []
+    token_id = None
+    try:
+        issued = ctl_json(server.address, "token", "issue", "--tenant", "placed-job", "--memory", "40MiB",
+                          "--expires", "1h")
+        token_id = issued["id"]
+        agent = token_channel(server.address, issued["token"])
+        # The job and the admin see the reservation; another tenant does not.
+        assert reservations(agent) == [("placed-job", 40 * MiB)]
+        assert reservations(bot1) == []
+        printed = ctl(server.address, "jobs").stdout
+        assert f"reserved for placed-job: {40 * MiB} bytes (0 claimed by its jobs" in printed, printed
+        info = wire.call(bot1, ADMIN + "GetServerInfo", b"")
+        assert wire.first(info, 24, 0) == 40 * MiB and wire.first(info, 25, 0) == 40 * MiB
+
+        # Others find 24 of the 64 MiB: 21 fit, 11 more wait and time out though 43 are free.
+        opened.append((bot1, open_main(bot1, "small?persistent=20MiB&ephemeral=1MiB")))
+        with pytest.raises(grpc.RpcError) as refused:
+            open_main(bot1, "big?persistent=10MiB&ephemeral=1MiB")
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, refused.value.details()
+
+        # The token's job gets its 40.
+        placed = open_main(agent, "placed?persistent=30MiB&ephemeral=10MiB")
+        held = ctl(server.address, "jobs").stdout
+        assert f"({40 * MiB} claimed by its jobs" in held, held
+
+        # Reservations together never exceed the device.
+        over = ctl(server.address, "token", "issue", "--tenant", "second", "--memory", "30MiB", check=False)
+        assert over.returncode != 0 and "cannot reserve" in over.stderr, over.stderr
+        assert [t["tenant"] for t in ctl_json(server.address, "token", "list")] == ["placed-job"]
+
+        # Revoked: the reservation is gone and the memory is everyone's again.
+        wire.call(agent, "CloseSession", wire.close_session_request(placed))
+        ctl(server.address, "token", "revoke", token_id)
+        token_id = None
+        assert "reserved for" not in ctl(server.address, "jobs").stdout
+        opened.append((bot1, open_main(bot1, "big?persistent=10MiB&ephemeral=1MiB")))
+    finally:
+        for ch, handle in opened:
+            with contextlib.suppress(grpc.RpcError):
+                wire.call(ch, "CloseSession", wire.close_session_request(handle))
+        if token_id:
+            ctl(server.address, "token", "revoke", token_id, check=False)
         bot1.close()

@@ -56,6 +56,14 @@
 //! the lane whose device its graph was placed on. Inside a lane the sharing
 //! rule is the same: sum(persistent) + max(ephemeral) <= size.
 //!
+//! Reservations ([`LaneManager::reserve`]): a tenant may hold device memory
+//! for its jobs before they come (a cluster engine placed them here). The
+//! part of a reservation its jobs do not hold yet is kept out of the pool for
+//! everyone else: a job of another tenant is placed only where the pool minus
+//! those unmet reservations holds it; the reserving tenant's own jobs may use
+//! its unmet part. Claims count at their limit (P + E). With fixed lanes the
+//! held bytes count against the device's total, not one lane.
+//!
 //! Plain synchronous state, no I/O and no clock: the server wraps placements in
 //! RAII reservations; tests and the simulator drive it directly.
 
@@ -64,7 +72,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 mod waiting;
 
 use super::policy::SortKey;
-use super::{JobId, LaneId, Nanos, SchedError, Scheduler};
+use super::{JobId, LaneId, Nanos, SchedError, Scheduler, TenantId};
 
 /// How dynamic lanes are assigned when the pool does not hold a new lane (see
 /// the module docs). Fixed lanes cannot grow or merge; both rules place there
@@ -196,6 +204,8 @@ struct Request {
     job: JobId,
     need: MemoryNeed,
     pinned: Option<LaneId>,
+    /// Whose reservation it may use ([`TenantId::NONE`]: nobody's).
+    owner: TenantId,
     /// Waiting requests are re-checked in (rank, seq) order.
     rank: SortKey,
     seq: u64,
@@ -216,6 +226,10 @@ pub struct LaneManager {
     moved: Vec<(JobId, LaneId)>,
     /// Lanes the driver last reported busy; a merge takes at most one.
     busy: BTreeSet<LaneId>,
+    /// Bytes each tenant has reserved, and the owner and limit of each
+    /// placed job (what counts against its owner's reservation).
+    reserved: HashMap<TenantId, u64>,
+    claims: HashMap<JobId, (TenantId, u64)>,
 }
 
 impl LaneManager {
@@ -237,6 +251,8 @@ impl LaneManager {
             rule,
             moved: Vec::new(),
             busy: BTreeSet::new(),
+            reserved: HashMap::new(),
+            claims: HashMap::new(),
         }
     }
 
@@ -282,6 +298,8 @@ impl LaneManager {
             rule: LaneRule::Salus,
             moved: Vec::new(),
             busy: BTreeSet::new(),
+            reserved: HashMap::new(),
+            claims: HashMap::new(),
         }
     }
 
@@ -321,18 +339,79 @@ impl LaneManager {
         self.capacity.saturating_sub(taken)
     }
 
+    /// Holds `bytes` of device memory for `tenant`'s jobs (0: none); replaces
+    /// its earlier reservation. Returns the waiting jobs that now got a lane
+    /// (a reservation that shrank gives memory back).
+    pub fn reserve(&mut self, tenant: TenantId, bytes: u64) -> Vec<(JobId, LaneId)> {
+        if bytes == 0 || tenant == TenantId::NONE {
+            self.reserved.remove(&tenant);
+        } else {
+            self.reserved.insert(tenant, bytes);
+        }
+        self.rescan()
+    }
+
+    /// Bytes `tenant` has reserved (0: none).
+    pub fn reserved_by(&self, tenant: TenantId) -> u64 {
+        self.reserved.get(&tenant).copied().unwrap_or(0)
+    }
+
+    /// Bytes reserved by every tenant together.
+    pub fn reserved_total(&self) -> u64 {
+        self.reserved.values().fold(0, |a, b| a.saturating_add(*b))
+    }
+
+    /// The part of `tenant`'s reservation its placed jobs do not hold.
+    fn unmet(&self, tenant: TenantId) -> u64 {
+        let Some(&reserved) = self.reserved.get(&tenant) else {
+            return 0;
+        };
+        let held: u64 = self
+            .claims
+            .values()
+            .filter(|(owner, _)| *owner == tenant)
+            .map(|(_, bytes)| bytes)
+            .sum();
+        reserved.saturating_sub(held)
+    }
+
+    /// Bytes held back from the pool for reservations not yet used.
+    pub fn held_back(&self) -> u64 {
+        self.reserved.keys().map(|t| self.unmet(*t)).sum()
+    }
+
+    /// The pool a job of `owner` needing `limit` bytes may draw from: the
+    /// free pool less the reservations others (and `owner`, beyond this job)
+    /// still hold back.
+    fn pool_for(&self, owner: TenantId, limit: u64) -> u64 {
+        let own = self.unmet(owner).min(limit);
+        self.free()
+            .saturating_sub(self.held_back())
+            .saturating_add(own)
+            .min(self.free())
+    }
+
     fn place(&mut self, request: Request) -> Option<LaneId> {
         let Request {
-            job, need, pinned, ..
+            job,
+            need,
+            pinned,
+            owner,
+            ..
         } = request;
+        let pool = self.pool_for(owner, need.limit());
         let lane = if self.fixed {
+            // Fixed lanes do not grow: the reservations count against the whole device.
+            if need.limit() > pool {
+                return None;
+            }
             *self
                 .lanes
                 .iter()
                 .filter(|(id, _)| pinned.is_none_or(|p| p == **id))
                 .find(|(_, lane)| lane.size_with(need) <= lane.size)?
                 .0
-        } else if need.limit() <= self.free() {
+        } else if need.limit() <= pool {
             let id = LaneId(self.next_lane);
             self.next_lane += 1;
             self.lanes.insert(
@@ -344,7 +423,7 @@ impl LaneManager {
             );
             id
         } else {
-            let free = self.free();
+            let free = pool;
             let fits = |lane: &Lane| lane.size_with(need) <= lane.size.saturating_add(free);
             match self.rule {
                 // Salus's rule (b), the lane growing from the free pool if needed.
@@ -360,6 +439,7 @@ impl LaneManager {
         lane_state.size = lane_state.size.max(lane_state.size_with(need));
         lane_state.jobs.push((job, need));
         self.placed.insert(job, lane);
+        self.claims.insert(job, (owner, need.limit()));
         // The admitted job is about to run its first iteration.
         self.busy.insert(lane);
         Some(lane)
@@ -427,6 +507,19 @@ impl LaneManager {
         self.request_in(job, need, None)
     }
 
+    /// [`Self::request_ranked`] for a job of `owner`, which may use the memory
+    /// its tenant reserved ([`Self::reserve`]).
+    pub fn request_for(
+        &mut self,
+        owner: TenantId,
+        job: JobId,
+        need: MemoryNeed,
+        pinned: Option<LaneId>,
+        rank: SortKey,
+    ) -> Result<Placement, LaneError> {
+        self.request_owned(job, need, pinned, rank, owner)
+    }
+
     /// [`Self::request_in`] unranked: waits in arrival order.
     pub fn request_in(
         &mut self,
@@ -447,6 +540,17 @@ impl LaneManager {
         need: MemoryNeed,
         pinned: Option<LaneId>,
         rank: SortKey,
+    ) -> Result<Placement, LaneError> {
+        self.request_owned(job, need, pinned, rank, TenantId::NONE)
+    }
+
+    fn request_owned(
+        &mut self,
+        job: JobId,
+        need: MemoryNeed,
+        pinned: Option<LaneId>,
+        rank: SortKey,
+        owner: TenantId,
     ) -> Result<Placement, LaneError> {
         if self.placed.contains_key(&job) || self.waiting.contains(job) {
             return Err(LaneError::Duplicate(job));
@@ -486,6 +590,7 @@ impl LaneManager {
             job,
             need,
             pinned,
+            owner,
             rank,
             seq: self.next_seq,
         };
@@ -503,6 +608,7 @@ impl LaneManager {
     /// returns the waiting jobs that now got a lane.
     pub fn release(&mut self, job: JobId) -> Vec<(JobId, LaneId)> {
         self.waiting.remove(job);
+        self.claims.remove(&job);
         if let Some(lane_id) = self.placed.remove(&job) {
             if let Some(lane) = self.lanes.get_mut(&lane_id) {
                 lane.jobs.retain(|(j, _)| *j != job);
@@ -642,6 +748,89 @@ mod tests {
             persistent: p * GB,
             ephemeral: e * GB,
         }
+    }
+
+    fn place_for(
+        lanes: &mut LaneManager,
+        owner: u64,
+        job: u64,
+        gb: u64,
+    ) -> Result<Placement, LaneError> {
+        lanes.request_for(
+            TenantId(owner),
+            JobId(job),
+            need(gb, 0),
+            None,
+            SortKey::default(),
+        )
+    }
+
+    #[test]
+    fn a_reservation_is_held_back_from_other_tenants_and_used_by_its_own() {
+        let mut lanes = LaneManager::new(10 * GB);
+        assert!(lanes.reserve(TenantId(1), 6 * GB).is_empty());
+        assert_eq!(lanes.held_back(), 6 * GB);
+        // Tenant 2 finds 4 GB; 5 waits though 10 are free.
+        assert_eq!(place_for(&mut lanes, 2, 1, 5), Ok(Placement::Waiting));
+        assert!(matches!(
+            place_for(&mut lanes, 2, 2, 4),
+            Ok(Placement::Placed(_))
+        ));
+        // Tenant 1 uses its reservation in two jobs; the rest stays held.
+        assert!(matches!(
+            place_for(&mut lanes, 1, 3, 2),
+            Ok(Placement::Placed(_))
+        ));
+        assert_eq!(lanes.held_back(), 4 * GB);
+        assert!(matches!(
+            place_for(&mut lanes, 1, 4, 4),
+            Ok(Placement::Placed(_))
+        ));
+        assert_eq!((lanes.held_back(), lanes.free()), (0, 0));
+        // Its jobs end: the memory is held for it again, not given to job 1.
+        assert!(lanes.release(JobId(3)).is_empty());
+        assert!(lanes.release(JobId(4)).is_empty());
+        assert!(lanes.release(JobId(2)).is_empty());
+        assert_eq!(lanes.free(), 10 * GB);
+        // The reservation ends (the job's token revoked): job 1 gets its lane.
+        let admitted = lanes.reserve(TenantId(1), 0);
+        assert_eq!(admitted.len(), 1);
+        assert_eq!(admitted[0].0, JobId(1));
+        assert_eq!(lanes.reserved_total(), 0);
+    }
+
+    #[test]
+    fn a_job_of_the_reserving_tenant_larger_than_its_reservation_draws_on_the_rest() {
+        let mut lanes = LaneManager::new(10 * GB);
+        lanes.reserve(TenantId(1), 3 * GB);
+        lanes.reserve(TenantId(2), 4 * GB);
+        // Tenant 1: its 3 plus the 3 nobody reserved.
+        assert_eq!(place_for(&mut lanes, 1, 1, 7), Ok(Placement::Waiting));
+        assert!(matches!(
+            place_for(&mut lanes, 1, 2, 6),
+            Ok(Placement::Placed(_))
+        ));
+        // Tenant 2's 4 are still there for it, not for a job without a tenant.
+        assert_eq!(lanes.request(JobId(4), need(1, 0)), Ok(Placement::Waiting));
+        assert!(matches!(
+            place_for(&mut lanes, 2, 3, 4),
+            Ok(Placement::Placed(_))
+        ));
+    }
+
+    #[test]
+    fn fixed_lanes_count_reservations_against_the_device() {
+        let mut lanes = LaneManager::fixed(&[5 * GB, 5 * GB]);
+        lanes.reserve(TenantId(1), 5 * GB);
+        assert!(matches!(
+            place_for(&mut lanes, 2, 1, 3),
+            Ok(Placement::Placed(_))
+        ));
+        assert_eq!(place_for(&mut lanes, 2, 2, 3), Ok(Placement::Waiting));
+        assert!(matches!(
+            place_for(&mut lanes, 1, 3, 5),
+            Ok(Placement::Placed(_))
+        ));
     }
 
     #[test]

@@ -4,6 +4,7 @@ use clap::{Args, Subcommand};
 use salus_proto::salus::v1::admin_client::AdminClient;
 use salus_proto::salus::v1::*;
 use serde_json::{json, Value};
+use std::time::{SystemTime, UNIX_EPOCH};
 use tonic::transport::Channel;
 
 #[derive(Args, Debug)]
@@ -78,7 +79,8 @@ pub struct LimitArgs {
     #[arg(long, allow_negative_numbers = true)]
     max_priority: Option<i32>,
     /// Device memory its jobs may hold admitted or waiting at once (4GiB; with
-    /// --memory-capacity).
+    /// --memory-capacity). On a token, also a reservation: held for the
+    /// tenant's jobs, out of other tenants' reach, while the token is valid.
     #[arg(long, value_parser = crate::sched::units::parse_size)]
     memory: Option<u64>,
 }
@@ -105,7 +107,8 @@ pub enum TokenAction {
         /// that user on loopback; the tenant is then that user.
         #[arg(long)]
         uid: Option<String>,
-        /// Limits for the tenant while the token is valid.
+        /// Limits for the tenant while the token is valid (several valid tokens
+        /// of one tenant add up their memory and jobs).
         #[command(flatten)]
         limits: LimitArgs,
         /// Lifetime: 90s, 15m, 2h, 7d (a bare number is seconds); default: until revoked.
@@ -161,11 +164,11 @@ pub async fn run(args: CtlArgs) -> Result<String, CtlError> {
     let mut admin = connect(&args.server).await?;
     Ok(match args.command {
         CtlCommand::Jobs { json } => {
-            let jobs = admin.list_jobs(ListJobsRequest {}).await?.into_inner().jobs;
+            let listed = admin.list_jobs(ListJobsRequest {}).await?.into_inner();
             if json {
-                pretty(&Value::Array(jobs.iter().map(job_json).collect()))
+                pretty(&Value::Array(listed.jobs.iter().map(job_json).collect()))
             } else {
-                jobs_table(&jobs)
+                jobs_table(&listed.jobs) + &reservations_text(&listed.reservations)
             }
         }
         CtlCommand::Limits { tenant, limits } => {
@@ -483,7 +486,11 @@ pub fn stats_text(s: &SchedulerStats) -> String {
     out += &format!("shared between   {}\n", s.share);
     let total: f64 = s.tenants.iter().map(|t| t.device_seconds).sum();
     for t in &s.tenants {
-        let percent = if total > 0.0 { 100.0 * t.device_seconds / total } else { 0.0 };
+        let percent = if total > 0.0 {
+            100.0 * t.device_seconds / total
+        } else {
+            0.0
+        };
         out += &format!(
             "tenant {}: {:.3} s device time ({percent:.1}% of the tenants shown), weight {}, {} jobs, {} iterations queued or running, {} bytes of memory, {} refused; limits {}\n",
             t.tenant, t.device_seconds, t.weight, t.jobs, t.queued, t.memory_bytes, t.refusals, limits_text(t.limits.as_ref())
@@ -502,7 +509,10 @@ async fn token(admin: &mut AdminClient<Channel>, action: TokenAction) -> Result<
             json,
         } => {
             let uid = uid.map(|u| resolve_uid(&u)).transpose()?;
-            let expires_seconds = expires.map(|e| parse_duration(&e)).transpose()?.unwrap_or(0.0);
+            let expires_seconds = expires
+                .map(|e| parse_duration(&e))
+                .transpose()?
+                .unwrap_or(0.0);
             let issued = admin
                 .issue_token(IssueTokenRequest {
                     tenant,
@@ -564,7 +574,10 @@ fn tokens_table(tokens: &[TokenInfo]) -> String {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64());
-    let mut out = format!("{:<14}{:<24}{:<8}{:<14}{}\n", "ID", "TENANT", "UID", "EXPIRES IN", "LIMITS");
+    let mut out = format!(
+        "{:<14}{:<24}{:<8}{:<14}{}\n",
+        "ID", "TENANT", "UID", "EXPIRES IN", "LIMITS"
+    );
     for t in tokens {
         let uid = t.uid.map_or("-".to_string(), |u| u.to_string());
         let expires = if t.expires_unix_seconds > 0.0 {
@@ -596,7 +609,11 @@ fn resolve_uid(text: &str) -> Result<u32, CtlError> {
 
 /// "90s", "15m", "2h", "7d" or a bare number of seconds.
 fn parse_duration(text: &str) -> Result<f64, CtlError> {
-    let bad = || CtlError::Usage(format!("--expires {text:?}: expected 90s, 15m, 2h, 7d or seconds"));
+    let bad = || {
+        CtlError::Usage(format!(
+            "--expires {text:?}: expected 90s, 15m, 2h, 7d or seconds"
+        ))
+    };
     let (number, unit) = match text.find(|c: char| c.is_ascii_alphabetic()) {
         Some(at) => text.split_at(at),
         None => (text, "s"),
@@ -616,6 +633,30 @@ fn parse_duration(text: &str) -> Result<f64, CtlError> {
 }
 
 /// "weight=2 max-jobs=4" (the tenants file's words), or "none".
+/// Lines on the memory issued tokens reserve (none without reservations).
+pub fn reservations_text(reservations: &[Reservation]) -> String {
+    let mut out = String::new();
+    for r in reservations {
+        let expires = if r.expires_unix_seconds > 0.0 {
+            let left = r.expires_unix_seconds
+                - SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0.0, |d| d.as_secs_f64());
+            format!(", expires in {:.0} s", left.max(0.0))
+        } else {
+            String::new()
+        };
+        out += &format!(
+            "reserved for {}: {} bytes ({} claimed by its jobs; token {}{expires})\n",
+            r.tenant,
+            r.reserved_bytes,
+            r.claimed_bytes,
+            r.token_ids.join(", ")
+        );
+    }
+    out
+}
+
 fn limits_text(l: Option<&TenantLimits>) -> String {
     let l = l.cloned().unwrap_or_default();
     let parts: Vec<String> = [
@@ -754,7 +795,10 @@ mod tests {
             .unwrap()
             .starts_with("ID  KIND   NAME    TENANT  STATE"));
         let row = lines.next().unwrap();
-        assert!(row.starts_with("3   eager  resnet  -       queued"), "{row}");
+        assert!(
+            row.starts_with("3   eager  resnet  -       queued"),
+            "{row}"
+        );
         assert!(row.contains("100 it"), "{row}");
         assert_eq!(jobs_table(&[]), "no jobs\n");
         let v = job_json(&job());

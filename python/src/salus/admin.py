@@ -84,6 +84,11 @@ class AdminClient:
     def list_jobs(self) -> list[dict]:
         return self._call("ListJobs", pb.ListJobsRequest())["jobs"]
 
+    def jobs_and_reservations(self) -> tuple[list[dict], list[dict]]:
+        """The jobs, and the device memory issued tokens reserve for their tenants (those the caller sees)."""
+        reply = self._call("ListJobs", pb.ListJobsRequest())
+        return reply["jobs"], reply.get("reservations", [])
+
     def stats(self) -> dict:
         return self._call("GetStats", pb.GetStatsRequest())
 

@@ -93,14 +93,26 @@ def _duration(seconds: float) -> str:
 
 # --- commands --------------------------------------------------------------------------------------
 
+def reservations_text(reservations: list[dict]) -> str:
+    lines = []
+    for r in reservations:
+        expires = ""
+        if r.get("expires_unix_seconds"):
+            expires = f", expires in {max(0, r['expires_unix_seconds'] - time.time()):.0f} s"
+        lines.append(f"reserved for {r['tenant']}: {r.get('reserved_bytes', 0)} bytes "
+                     f"({r.get('claimed_bytes', 0)} claimed by its jobs; token {', '.join(r.get('token_ids', []))}"
+                     f"{expires})\n")
+    return "".join(lines)
+
+
 def cmd_jobs(args) -> int:
     from .admin import job_json
     with _admin(args) as admin:
-        jobs = admin.list_jobs()
+        jobs, reservations = admin.jobs_and_reservations()
     if args.json:
         sys.stdout.write(json.dumps([job_json(j) for j in jobs], indent=2) + "\n")
     else:
-        sys.stdout.write(jobs_table(jobs))
+        sys.stdout.write(jobs_table(jobs) + reservations_text(reservations))
     return 0
 
 

@@ -14,19 +14,21 @@ use std::ops::Bound;
 
 use super::Request;
 use crate::policy::SortKey;
-use crate::{JobId, LaneId};
+use crate::{JobId, LaneId, TenantId};
 
 /// Where a request stands in the rescan order.
 type Position = (SortKey, u64);
 
-/// What placement decides on: persistent and ephemeral bytes, pin.
-type Shape = (u64, u64, Option<LaneId>);
+/// What placement decides on: persistent and ephemeral bytes, pin, owner
+/// (the memory its tenant has reserved).
+type Shape = (u64, u64, Option<LaneId>, TenantId);
 
 fn shape_of(request: &Request) -> Shape {
     (
         request.need.persistent,
         request.need.ephemeral,
         request.pinned,
+        request.owner,
     )
 }
 

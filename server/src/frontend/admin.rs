@@ -16,7 +16,7 @@ use crate::error::Error;
 use crate::frontend::identify::tenant_of;
 use crate::runtime::admission::{Admission, MemoryState};
 use crate::runtime::eager_job::EagerJob;
-use crate::runtime::executor::TenantFigures;
+use crate::runtime::executor::{Executor, TenantFigures};
 use crate::sched::tenants::MAX_WEIGHT;
 use crate::tenant::identity::Identifier;
 use crate::tenant::limits::Limits;
@@ -105,6 +105,8 @@ impl AdminService {
     pub fn with_identifier(mut self, identifier: Arc<Identifier>) -> AdminService {
         let weak = Arc::downgrade(&identifier);
         let executor = self.state.executor.clone();
+        let admission = self.state.admission.clone();
+        let executors = self.executors.clone();
         tokio::spawn(async move {
             let mut every = tokio::time::interval(TOKEN_SWEEP);
             loop {
@@ -115,8 +117,10 @@ impl AdminService {
                 let now = SystemTime::now();
                 for token in identifier.issued().sweep(now) {
                     tracing::info!(id = token.id, tenant = token.tenant, "issued token expired");
-                    let name = limits_name(&token.tenant, token.uid);
-                    executor.set_granted_limits(&name, identifier.issued().limits_of(&token.tenant, now));
+                    if let Err(err) = apply_grants(&executor, admission.as_ref(), identifier.issued(), &token, now) {
+                        tracing::error!(cause = %err, "cannot release an expired token's reservation");
+                    }
+                    end_connections(executors.as_deref(), &identifier, &token, now, "its token expired");
                 }
             }
         });
@@ -270,6 +274,8 @@ impl AdminService {
             policy: s.executor.policy_name().into(),
             memory_capacity_bytes: s.admission.as_ref().map_or(0, |a| a.capacity()),
             memory_free_bytes: s.admission.as_ref().map_or(0, |a| a.free()),
+            memory_reserved_bytes: s.admission.as_ref().map_or(0, |a| a.reserved().0),
+            memory_held_back_bytes: s.admission.as_ref().map_or(0, |a| a.reserved().1),
             memory_lanes: s
                 .admission
                 .as_ref()
@@ -646,13 +652,88 @@ fn tenant_share(figures: &TenantFigures, memory_bytes: u64) -> TenantShare {
     }
 }
 
+impl AdminService {
+    /// The memory reservations of issued tokens that `viewer` sees, by tenant.
+    fn reservations_for(&self, viewer: &Viewer) -> Vec<Reservation> {
+        let (Some(identifier), Some(admission)) = (&self.identifier, &self.state.admission) else {
+            return Vec::new();
+        };
+        let claimed = admission.claimed_by_tenant();
+        let now = SystemTime::now();
+        let mut by_tenant: Vec<(Tenant, Vec<tokens::IssuedToken>)> = Vec::new();
+        for token in identifier.issued().list() {
+            if token.expired(now) || token.limits.memory.is_none() {
+                continue;
+            }
+            match by_tenant.iter_mut().find(|(_, tokens)| tokens[0].same_tenant(&token)) {
+                Some((_, tokens)) => tokens.push(token),
+                None => by_tenant.push((token_tenant(&token), vec![token])),
+            }
+        }
+        by_tenant
+            .into_iter()
+            .filter(|(tenant, _)| viewer.sees(&tenant.key))
+            .map(|(tenant, tokens)| {
+                let id = self.state.executor.tenant_id(&tenant);
+                let unix = |t: SystemTime| t.duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+                Reservation {
+                    tenant: tenant.to_string(),
+                    reserved_bytes: admission.reserved_by_tenant([id]).get(&id).copied().unwrap_or(0),
+                    claimed_bytes: claimed.get(&id).copied().unwrap_or(0),
+                    token_ids: tokens.iter().map(|t| t.id.clone()).collect(),
+                    expires_unix_seconds: tokens.iter().filter_map(|t| t.expires_at).min().map_or(0.0, unix),
+                }
+            })
+            .collect()
+    }
+}
+
+/// The tenant a token identifies: its Unix user, or its name.
+fn token_tenant(token: &tokens::IssuedToken) -> Tenant {
+    token
+        .uid
+        .map_or_else(|| Tenant::named(&token.tenant), Tenant::from_uid)
+}
+
+/// Ends the open connections and jobs of `gone`'s tenant (under `--isolation
+/// tenant`, by stopping its executor) unless it can still be identified
+/// otherwise. Under `--isolation none` every request is identified anew, so
+/// there is nothing to end: the tenant's next request is refused.
+fn end_connections(
+    executors: Option<&Executors>,
+    identifier: &Identifier,
+    gone: &tokens::IssuedToken,
+    now: SystemTime,
+    why: &str,
+) {
+    if let Some(executors) = executors {
+        if !identifier.still_admits(gone, now) {
+            executors.stop_tenant(&token_tenant(gone).key, why);
+        }
+    }
+}
+
 /// How often expired tokens are forgotten (they are refused from the moment they expire).
 const TOKEN_SWEEP: Duration = Duration::from_secs(5);
 
-/// The name a token's limits apply under: its tenant's, which is its user's
-/// for a token bound to a uid.
-fn limits_name(tenant: &str, uid: Option<u32>) -> String {
-    uid.map_or_else(|| tenant.to_string(), |uid| Tenant::from_uid(uid).name)
+/// Applies what the valid tokens of `token`'s tenant grant now: their limits,
+/// and (with memory admission) their memory as a reservation held for the
+/// tenant's jobs. Fails if the reservation does not fit the device.
+fn apply_grants(
+    executor: &Executor,
+    admission: Option<&Admission>,
+    store: &tokens::TokenStore,
+    token: &tokens::IssuedToken,
+    now: SystemTime,
+) -> Result<(), Error> {
+    let tenant = token_tenant(token);
+    let granted = store.limits_of(token, now);
+    if let Some(admission) = admission {
+        let reserved = granted.as_ref().and_then(|l| l.memory).unwrap_or(0);
+        admission.reserve(executor.tenant_id(&tenant), reserved)?;
+    }
+    executor.set_granted_limits(&tenant.name, granted);
+    Ok(())
 }
 
 fn token_info(token: &tokens::IssuedToken) -> TokenInfo {
@@ -789,10 +870,11 @@ impl Admin for AdminService {
     ) -> Result<Response<ListJobsResponse>, Status> {
         let viewer = self.viewer(&tenant_of(&request));
         let this = self.clone();
-        let jobs =
-            crate::runtime::exec::blocking(move || Ok(this.jobs_from(this.reports(), &viewer)))
-                .await?;
-        Ok(Response::new(ListJobsResponse { jobs }))
+        let (jobs, reservations) = crate::runtime::exec::blocking(move || {
+            Ok((this.jobs_from(this.reports(), &viewer), this.reservations_for(&viewer)))
+        })
+        .await?;
+        Ok(Response::new(ListJobsResponse { jobs, reservations }))
     }
 
     async fn get_stats(
@@ -859,10 +941,18 @@ impl Admin for AdminService {
             .issue(&req.tenant, uid, limits, lifetime)
             .map_err(|e| Error::Internal(format!("cannot draw a random token: {e}")))?;
         let now = SystemTime::now();
-        self.state.executor.set_granted_limits(
-            &limits_name(&record.tenant, record.uid),
-            identifier.issued().limits_of(&record.tenant, now),
-        );
+        if let Err(err) = apply_grants(
+            &self.state.executor,
+            self.state.admission.as_ref(),
+            identifier.issued(),
+            &record,
+            now,
+        ) {
+            // The reservation does not fit: the token was never handed out.
+            identifier.issued().revoke(&record.id);
+            apply_grants(&self.state.executor, self.state.admission.as_ref(), identifier.issued(), &record, now)?;
+            return Err(err.into());
+        }
         tracing::info!(id = record.id, tenant = record.tenant, uid = ?record.uid, limits = %record.limits, expires_s = req.expires_seconds, by = %caller, "token issued");
         Ok(Response::new(IssuedToken {
             token,
@@ -887,10 +977,8 @@ impl Admin for AdminService {
         let now = SystemTime::now();
         for token in &revoked {
             tracing::info!(id = token.id, tenant = token.tenant, by = %caller, "token revoked");
-            self.state.executor.set_granted_limits(
-                &limits_name(&token.tenant, token.uid),
-                identifier.issued().limits_of(&token.tenant, now),
-            );
+            apply_grants(&self.state.executor, self.state.admission.as_ref(), identifier.issued(), token, now)?;
+            end_connections(self.executors.as_deref(), identifier, token, now, "its token was revoked");
         }
         Ok(Response::new(ListTokensResponse {
             tokens: revoked.iter().map(token_info).collect(),

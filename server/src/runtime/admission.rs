@@ -24,10 +24,10 @@ use tokio::sync::oneshot;
 
 use crate::error::{Error, Result};
 use crate::runtime::executor::Executor;
-use crate::seam::client::SeamClient;
-use crate::seam::msg as seam_msg;
 use crate::sched::lanes::{LaneError, LaneManager, LaneRule, LaneStatus, MemoryNeed, Placement};
 use crate::sched::{Hints, JobId, LaneId, TenantId};
+use crate::seam::client::SeamClient;
+use crate::seam::msg as seam_msg;
 
 struct Waiter {
     hints: Hints,
@@ -109,22 +109,37 @@ impl Shared {
             state.claims.remove(&job);
             self.report_busy_lanes(&mut state);
             let admitted = state.lanes.release(job);
-            if let Err(err) = self.apply_moves(&mut state) {
-                tracing::error!(cause = %err, "cannot move jobs of merged lanes");
-            }
-            let admitted = admitted
-                .into_iter()
-                .filter_map(|(id, lane)| Some((id, lane, state.waiting.remove(&id)?)))
-                .collect::<Vec<_>>();
-            // Scheduled under the lock: a later merge then finds them in the executor.
-            for (id, lane, waiter) in &admitted {
-                if let Err(err) = self.executor.add_job(*id, *lane, waiter.hints.clone()) {
-                    tracing::error!(job = id.0, cause = %err, "cannot schedule an admitted job");
-                }
-            }
-            admitted
+            self.schedule_admitted(&mut state, admitted)
         };
         self.executor.remove_job(job);
+        self.grant_admitted(admitted);
+    }
+
+    /// Applies the moves of merges and schedules the waiting jobs the lane
+    /// manager just admitted. Under the lock: a later merge then finds them
+    /// in the executor.
+    fn schedule_admitted(
+        &self,
+        state: &mut State,
+        admitted: Vec<(JobId, LaneId)>,
+    ) -> Vec<(JobId, LaneId, Waiter)> {
+        if let Err(err) = self.apply_moves(state) {
+            tracing::error!(cause = %err, "cannot move jobs of merged lanes");
+        }
+        let admitted = admitted
+            .into_iter()
+            .filter_map(|(id, lane)| Some((id, lane, state.waiting.remove(&id)?)))
+            .collect::<Vec<_>>();
+        for (id, lane, waiter) in &admitted {
+            if let Err(err) = self.executor.add_job(*id, *lane, waiter.hints.clone()) {
+                tracing::error!(job = id.0, cause = %err, "cannot schedule an admitted job");
+            }
+        }
+        admitted
+    }
+
+    /// Hands the admitted jobs their reservations. Never with the lock held.
+    fn grant_admitted(self: &Arc<Self>, admitted: Vec<(JobId, LaneId, Waiter)>) {
         for (id, lane, waiter) in admitted {
             tracing::info!(
                 job = id.0,
@@ -249,6 +264,56 @@ impl Admission {
         self.shared.lock().lanes.lanes()
     }
 
+    /// Holds `bytes` of device memory for `tenant`'s jobs (0: none), replacing
+    /// its earlier reservation, and admits waiting jobs a smaller one frees
+    /// room for. Refused (RESOURCE_EXHAUSTED) when the reservations together
+    /// would exceed the device.
+    pub fn reserve(&self, tenant: TenantId, bytes: u64) -> Result<()> {
+        if self.remote.is_some() {
+            return Err(Error::Internal(
+                "reservations are made in the supervisor".into(),
+            ));
+        }
+        let admitted = {
+            let mut state = self.shared.lock();
+            let others = state
+                .lanes
+                .reserved_total()
+                .saturating_sub(state.lanes.reserved_by(tenant));
+            let capacity = state.lanes.capacity();
+            if bytes > 0 && others.saturating_add(bytes) > capacity {
+                return Err(Error::ResourceExhausted(format!(
+                    "cannot reserve {bytes} bytes: the device has {capacity} and other tenants reserve {others}"
+                )));
+            }
+            self.shared.report_busy_lanes(&mut state);
+            let admitted = state.lanes.reserve(tenant, bytes);
+            self.shared.schedule_admitted(&mut state, admitted)
+        };
+        self.shared.grant_admitted(admitted);
+        Ok(())
+    }
+
+    /// Bytes reserved by each tenant that has a reservation.
+    pub fn reserved_by_tenant(
+        &self,
+        tenants: impl IntoIterator<Item = TenantId>,
+    ) -> HashMap<TenantId, u64> {
+        let state = self.shared.lock();
+        tenants
+            .into_iter()
+            .map(|t| (t, state.lanes.reserved_by(t)))
+            .filter(|(_, bytes)| *bytes > 0)
+            .collect()
+    }
+
+    /// Bytes reserved in all, and the part of it no job holds yet (kept out
+    /// of the pool for other tenants).
+    pub fn reserved(&self) -> (u64, u64) {
+        let state = self.shared.lock();
+        (state.lanes.reserved_total(), state.lanes.held_back())
+    }
+
     /// Device memory each tenant's jobs hold admitted or wait for.
     pub fn claimed_by_tenant(&self) -> HashMap<TenantId, u64> {
         let mut by_tenant = HashMap::new();
@@ -348,7 +413,7 @@ impl Admission {
                     }
                 }
                 self.shared.report_busy_lanes(&mut state);
-                let placed = state.lanes.request_ranked(job, need, pinned, rank);
+                let placed = state.lanes.request_for(owner, job, need, pinned, rank);
                 if matches!(placed, Ok(Placement::Placed(_) | Placement::Waiting)) {
                     state.claims.insert(job, (owner, need.limit()));
                 }
@@ -603,7 +668,8 @@ mod tests {
             .unwrap();
         assert!(matches!(err, Error::ResourceExhausted(_)));
         assert!(
-            err.to_string().contains("share is 100 bytes") && err.to_string().contains("hold or wait for 60"),
+            err.to_string().contains("share is 100 bytes")
+                && err.to_string().contains("hold or wait for 60"),
             "{err}"
         );
         assert_eq!(a.state_of(JobId(2)), MemoryState::NotRequested);

@@ -528,6 +528,11 @@ impl Executor {
         (owner, inner.tenants.limits_of(owner).memory, name)
     }
 
+    /// The scheduler core's number for `tenant` (numbered on first sight).
+    pub fn tenant_id(&self, tenant: &Tenant) -> TenantId {
+        self.shared.lock().tenants.id_of(tenant)
+    }
+
     /// Counts a refusal (memory admission) against `job`'s owner.
     pub fn count_refusal(&self, job: JobId) {
         self.shared.lock().tenants.refused(job);

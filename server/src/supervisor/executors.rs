@@ -25,8 +25,8 @@ use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
 use crate::runtime::admission::Admission;
-use crate::seam::handover::Handed;
 use crate::runtime::executor::Executor;
+use crate::seam::handover::Handed;
 use crate::supervisor::link::Link;
 use crate::supervisor::relay::RelayRequestBody;
 use crate::tenant::identity::{Tenant, TenantKey};
@@ -54,7 +54,14 @@ pub mod env {
 }
 
 /// Environment variables an executor inherits (besides its own `SALUS_EXECUTOR_*`).
-const PASSED_ENV: [&str; 6] = ["PATH", "LANG", "TZ", "LD_LIBRARY_PATH", "RUST_LOG", "RUST_BACKTRACE"];
+const PASSED_ENV: [&str; 6] = [
+    "PATH",
+    "LANG",
+    "TZ",
+    "LD_LIBRARY_PATH",
+    "RUST_LOG",
+    "RUST_BACKTRACE",
+];
 const PASSED_ENV_PREFIXES: [&str; 11] = [
     "SALUS_", "TF_", "LC_", "CUDA_", "NVIDIA_", "OMP_", "KMP_", "MKL_", "ONEDNN_", "DNNL_", "XLA_",
 ];
@@ -226,6 +233,8 @@ pub struct Executors {
     serial: AtomicU64,
     /// Set at shutdown: no new executors.
     closing: std::sync::atomic::AtomicBool,
+    /// Executors killed on purpose ([`Self::stop_tenant`]), until reaped.
+    killed: Mutex<std::collections::HashSet<u32>>,
     pub counts: ExecutorCounts,
 }
 
@@ -277,6 +286,7 @@ impl Executors {
             deaths: Mutex::new(HashMap::new()),
             serial: AtomicU64::new(0),
             closing: std::sync::atomic::AtomicBool::new(false),
+            killed: Mutex::new(Default::default()),
             counts: ExecutorCounts::default(),
         })
     }
@@ -291,7 +301,10 @@ impl Executors {
     }
 
     /// `tenant`'s executor, started if it has none (or its last one died).
-    pub async fn get(self: &Arc<Self>, tenant: &Arc<Tenant>) -> Result<Arc<ExecutorHandle>, String> {
+    pub async fn get(
+        self: &Arc<Self>,
+        tenant: &Arc<Tenant>,
+    ) -> Result<Arc<ExecutorHandle>, String> {
         for _ in 0..2 {
             let slot = lock(&self.slots)
                 .entry(tenant.key.clone())
@@ -375,20 +388,22 @@ impl Executors {
             UnixStream::pair().map_err(|e| format!("cannot make a socketpair: {e}"))?;
         let (seam_ours, seam_theirs) =
             UnixStream::pair().map_err(|e| format!("cannot make a socketpair: {e}"))?;
-        let (handover_ours, handover_theirs) = crate::seam::handover::pair()
-            .map_err(|e| format!("cannot make a socketpair: {e}"))?;
+        let (handover_ours, handover_theirs) =
+            crate::seam::handover::pair().map_err(|e| format!("cannot make a socketpair: {e}"))?;
         set_send_timeout(&handover_ours, HANDOVER_TIMEOUT)
             .map_err(|e| format!("socket setup failed: {e}"))?;
         let mut command = Command::new(&self.spec.exe);
         // The tenant can read its executor's environment: it gets only what
         // configures the server and TensorFlow, not the operator's other variables.
-        command.env_clear().envs(std::env::vars_os().filter(|(name, _)| {
-            name.to_str().is_some_and(|name| {
-                name != "SALUS_TOKEN"
-                    && (PASSED_ENV.contains(&name)
-                        || PASSED_ENV_PREFIXES.iter().any(|p| name.starts_with(p)))
-            })
-        }));
+        command
+            .env_clear()
+            .envs(std::env::vars_os().filter(|(name, _)| {
+                name.to_str().is_some_and(|name| {
+                    name != "SALUS_TOKEN"
+                        && (PASSED_ENV.contains(&name)
+                            || PASSED_ENV_PREFIXES.iter().any(|p| name.starts_with(p)))
+                })
+            }));
         command
             .args(&self.spec.args)
             .arg("executor")
@@ -467,10 +482,9 @@ impl Executors {
         let pid = child.id();
         let label = format!("{}:{pid}", tenant.name);
         let last_lines = Arc::new(Mutex::new(VecDeque::new()));
-        let stderr_ended = child
-            .stderr
-            .take()
-            .map(|stderr| forward_stderr(stderr, label.clone(), last_lines.clone(), self.spec.verbose));
+        let stderr_ended = child.stderr.take().map(|stderr| {
+            forward_stderr(stderr, label.clone(), last_lines.clone(), self.spec.verbose)
+        });
         let (link, hello) = Link::start(
             seam_ours,
             self.executor.clone(),
@@ -522,7 +536,9 @@ impl Executors {
                 .wait(Duration::from_secs(5))
                 .await
                 .unwrap_or_else(|| "it did not start in time".into());
-            return Err(format!("the executor process for tenant {tenant} did not start: {why}"));
+            return Err(format!(
+                "the executor process for tenant {tenant} did not start: {why}"
+            ));
         }
         h2_ours
             .set_nonblocking(true)
@@ -555,6 +571,8 @@ impl Executors {
     }
 
     fn reaped(&self, tenant: &Arc<Tenant>, pid: u32, clean: bool, message: &str) {
+        // Killed on purpose (its tenant's token revoked): no failure.
+        let clean = clean || lock(&self.killed).remove(&pid);
         let mut slots = lock(&self.slots);
         let ours = slots
             .get(&tenant.key)
@@ -573,6 +591,24 @@ impl Executors {
             // the successor, which tells them why their sessions are gone.
             lock(&self.deaths).insert(tenant.key.clone(), message.to_string());
         }
+    }
+
+    /// Stops `tenant`'s executor, if it runs, because the tenant may no longer
+    /// be served (its token revoked or expired): its open connections close
+    /// and its jobs end, whatever they were doing; their memory returns.
+    pub fn stop_tenant(&self, tenant: &TenantKey, why: &str) {
+        let handle = lock(&self.slots)
+            .get(tenant)
+            .and_then(|s| s.cell.get().cloned());
+        let Some(handle) = handle.filter(|h| !h.is_dead()) else {
+            return;
+        };
+        tracing::info!(tenant = %handle.tenant, pid = handle.pid, "stopping the executor: {why}");
+        self.forget_handle(&handle);
+        lock(&self.killed).insert(handle.pid);
+        // SAFETY: signalling our own child. SIGKILL: a drain would let its
+        // open connections go on being served.
+        unsafe { libc::kill(handle.pid as i32, libc::SIGKILL) };
     }
 
     /// Stops executors idle longer than the spec allows (checked every few seconds).
@@ -651,7 +687,10 @@ pub fn checkpoint_subdir(tenant: &Tenant) -> PathBuf {
     match &tenant.key {
         TenantKey::Named(name) => PathBuf::from(format!(
             "tenant-{}",
-            name.replace(|c: char| !(c.is_ascii_alphanumeric() || "-_.".contains(c)), "_")
+            name.replace(
+                |c: char| !(c.is_ascii_alphanumeric() || "-_.".contains(c)),
+                "_"
+            )
         )),
         _ => PathBuf::new(),
     }
@@ -687,11 +726,21 @@ fn prepare_checkpoint_dir(
             break;
         }
     }
-    std::fs::create_dir_all(dir)
-        .map_err(|e| format!("cannot create the checkpoint directory {}: {e}", dir.display()))?;
+    std::fs::create_dir_all(dir).map_err(|e| {
+        format!(
+            "cannot create the checkpoint directory {}: {e}",
+            dir.display()
+        )
+    })?;
     std::os::unix::fs::chown(dir, Some(account.uid), Some(account.gid))
         .and_then(|()| std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)))
-        .map_err(|e| format!("cannot give the checkpoint directory {} to {}: {e}", dir.display(), account.name))
+        .map_err(|e| {
+            format!(
+                "cannot give the checkpoint directory {} to {}: {e}",
+                dir.display(),
+                account.name
+            )
+        })
 }
 
 /// Copies an executor's stderr to the server's, each line marked with the
@@ -804,10 +853,16 @@ mod tests {
 
     #[test]
     fn fatal_lines_are_recognised() {
-        assert!(is_fatal_line("F0000 00:00:1796189037.291926 14062 tensor_shape.cc:1 Check failed: x"));
-        assert!(is_fatal_line("terminate called after throwing an instance of 'std::bad_alloc'"));
+        assert!(is_fatal_line(
+            "F0000 00:00:1796189037.291926 14062 tensor_shape.cc:1 Check failed: x"
+        ));
+        assert!(is_fatal_line(
+            "terminate called after throwing an instance of 'std::bad_alloc'"
+        ));
         assert!(is_fatal_line("  what():  std::bad_alloc"));
-        assert!(!is_fatal_line("I0000 00:00:1 port.cc:153] oneDNN custom operations are on"));
+        assert!(!is_fatal_line(
+            "I0000 00:00:1 port.cc:153] oneDNN custom operations are on"
+        ));
         assert!(!is_fatal_line("Found 3 files"));
     }
 
@@ -820,7 +875,10 @@ mod tests {
         ]));
         let status = std::process::ExitStatus::from_raw(libc::SIGABRT);
         let message = death_message(&tenant, 42, Ok(status), &lines);
-        assert!(message.contains("pid 42) was killed by signal 6 (SIGABRT)"), "{message}");
+        assert!(
+            message.contains("pid 42) was killed by signal 6 (SIGABRT)"),
+            "{message}"
+        );
         assert!(message.contains("Check failed: dims >= 0"), "{message}");
         assert!(!message.contains("I0000"), "{message}");
         let killed = death_message(

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::tenant::limits::{Limits, LimitsTable, LIMIT_NAMES};
-use crate::tenant::tokens::{find_by_hash, TokenStore};
+use crate::tenant::tokens::{find_by_hash, IssuedToken, TokenStore};
 use std::time::SystemTime;
 
 /// The prefix of a token in the `user-agent` header.
@@ -320,6 +320,21 @@ impl Identifier {
             (Some(bound), None) => Ok(bound),
             (_, asked) => Ok(asked),
         }
+    }
+
+    /// Whether the tenant of `gone` (a token just revoked or expired) can still
+    /// be identified: as its Unix user (under an `--auth` that accepts uids),
+    /// by a tenants file token, or by another valid issued token.
+    pub fn still_admits(&self, gone: &IssuedToken, now: SystemTime) -> bool {
+        if gone.uid.is_some() && self.mode.accepts_uid() {
+            return true;
+        }
+        let listed = self.tenants.entries.iter().any(|e| match gone.uid {
+            Some(uid) => e.uid == Some(uid),
+            None => e.uid.is_none() && e.name == gone.tenant,
+        });
+        // Some (if only default limits) while a valid token of the tenant remains.
+        listed || self.issued.limits_of(gone, now).is_some()
     }
 
     /// Every request is `tenant`'s: an executor process serves one tenant,

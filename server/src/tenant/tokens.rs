@@ -30,6 +30,16 @@ impl IssuedToken {
     pub fn expired(&self, now: SystemTime) -> bool {
         self.expires_at.is_some_and(|at| now >= at)
     }
+
+    /// Whether both tokens identify the same tenant: one Unix user, or one
+    /// name among tokens bound to no user.
+    pub fn same_tenant(&self, other: &IssuedToken) -> bool {
+        match (self.uid, other.uid) {
+            (Some(a), Some(b)) => a == b,
+            (None, None) => self.tenant == other.tenant,
+            _ => false,
+        }
+    }
 }
 
 /// A token presented that is known but no longer valid.
@@ -122,18 +132,42 @@ impl TokenStore {
         self.lock().clone()
     }
 
-    /// The limits valid tokens give `tenant` (a later token's over an earlier one's).
-    pub fn limits_of(&self, tenant: &str, now: SystemTime) -> Option<Limits> {
+    /// The limits valid tokens give the tenant `like` is for (the same Unix
+    /// user, or the same name for tokens bound to none): each token is a job
+    /// placed here, so their memory reservations and job counts add up, and
+    /// the highest weight and priority limit apply.
+    pub fn limits_of(&self, like: &IssuedToken, now: SystemTime) -> Option<Limits> {
         let tokens = self.lock();
         let mut granted: Option<Limits> = None;
         for token in tokens
             .iter()
-            .filter(|t| t.tenant == tenant && !t.expired(now))
+            .filter(|t| t.same_tenant(like) && !t.expired(now))
         {
-            let merged = granted.take().unwrap_or_default();
-            granted = Some(token.limits.over(&merged));
+            granted = Some(match granted {
+                None => token.limits.clone(),
+                Some(sum) => Limits {
+                    weight: max_of(sum.weight, token.limits.weight),
+                    max_jobs: sum_of(sum.max_jobs, token.limits.max_jobs),
+                    max_priority: max_of(sum.max_priority, token.limits.max_priority),
+                    memory: sum_of(sum.memory, token.limits.memory),
+                },
+            });
         }
         granted
+    }
+}
+
+fn max_of<T: Ord>(a: Option<T>, b: Option<T>) -> Option<T> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+fn sum_of<T: std::ops::Add<Output = T>>(a: Option<T>, b: Option<T>) -> Option<T> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a + b),
+        (a, b) => a.or(b),
     }
 }
 
@@ -219,14 +253,44 @@ mod tests {
         let after = record.issued_at + Duration::from_secs(60);
         assert!(store.find(&token, before).unwrap().is_some());
         assert_eq!(
-            store.limits_of("job-2", before).unwrap().max_priority,
+            store.limits_of(&record, before).unwrap().max_priority,
             Some(2)
         );
         let expired = store.find(&token, after).unwrap_err();
         assert_eq!(expired.tenant, "job-2");
-        assert_eq!(store.limits_of("job-2", after), None);
+        assert_eq!(store.limits_of(&record, after), None);
         assert_eq!(store.sweep(after).len(), 1);
         assert_eq!(store.find(&token, after), Ok(None));
+    }
+
+    #[test]
+    fn tokens_of_one_user_add_up_their_memory_and_jobs() {
+        let store = TokenStore::default();
+        let limits = |f: &[&str]| Limits::parse(f.iter().copied()).unwrap();
+        let (_, first) = store
+            .issue(
+                "alice",
+                Some(1001),
+                limits(&["memory=1GiB", "max-jobs=2", "max-priority=1"]),
+                None,
+            )
+            .unwrap();
+        store
+            .issue(
+                "slurm-7",
+                Some(1001),
+                limits(&["memory=2GiB", "max-jobs=1", "max-priority=3"]),
+                None,
+            )
+            .unwrap();
+        store
+            .issue("alice", None, limits(&["memory=8G"]), None)
+            .unwrap();
+        let granted = store.limits_of(&first, SystemTime::now()).unwrap();
+        assert_eq!(granted.memory, Some(3 << 30));
+        assert_eq!(granted.max_jobs, Some(3));
+        assert_eq!(granted.max_priority, Some(3));
+        assert_eq!(granted.weight, None);
     }
 
     #[test]
