@@ -50,6 +50,13 @@ pub enum CtlCommand {
         #[command(flatten)]
         limits: LimitArgs,
     },
+    /// Device memory this server shares and how much tokens reserve: what a
+    /// cluster engine's config needs (Slurm's salusmem GRES count, Ray's
+    /// salus_mem_mib resource), in MiB.
+    Capacity {
+        #[arg(long)]
+        json: bool,
+    },
     /// Tokens issued at run time (admins only): issue, revoke, list.
     Token {
         #[command(subcommand)]
@@ -140,6 +147,8 @@ pub enum CtlError {
     Rpc(#[from] tonic::Status),
     #[error("{0}")]
     Usage(String),
+    #[error("this server shares no device memory: start it with --memory-capacity SIZE (or, built with --features cuda, on a GPU)")]
+    NoCapacity,
 }
 
 async fn connect(server: &str) -> Result<AdminClient<Channel>, CtlError> {
@@ -182,6 +191,20 @@ pub async fn run(args: CtlArgs) -> Result<String, CtlError> {
             format!("limits of {tenant}: {}\n", limits_text(Some(&now)))
         }
         CtlCommand::Token { action } => token(&mut admin, action).await?,
+        CtlCommand::Capacity { json } => {
+            let info = admin
+                .get_server_info(GetServerInfoRequest {})
+                .await?
+                .into_inner();
+            if info.memory_capacity_bytes == 0 {
+                return Err(CtlError::NoCapacity);
+            }
+            if json {
+                pretty(&capacity_json(&info))
+            } else {
+                capacity_text(&info)
+            }
+        }
         CtlCommand::Stats { json } => {
             let stats = admin.get_stats(GetStatsRequest {}).await?.into_inner();
             let info = admin
@@ -633,6 +656,35 @@ fn parse_duration(text: &str) -> Result<f64, CtlError> {
 }
 
 /// "weight=2 max-jobs=4" (the tenants file's words), or "none".
+const MIB: u64 = 1 << 20;
+
+fn capacity_json(info: &ServerInfo) -> Value {
+    json!({
+        "capacity_bytes": info.memory_capacity_bytes,
+        "capacity_mib": info.memory_capacity_bytes / MIB,
+        "reserved_bytes": info.memory_reserved_bytes,
+        "held_back_bytes": info.memory_held_back_bytes,
+        "free_bytes": info.memory_free_bytes,
+        "unreserved_mib": info.memory_capacity_bytes.saturating_sub(info.memory_reserved_bytes) / MIB,
+    })
+}
+
+/// The capacity, and the lines an engine's config takes it in.
+fn capacity_text(info: &ServerInfo) -> String {
+    let mib = info.memory_capacity_bytes / MIB;
+    format!(
+        "capacity   {mib} MiB ({} bytes)\n\
+         reserved   {} MiB by tokens ({} MiB of it not used yet)\n\
+         free       {} MiB not given to any lane\n\
+         slurm      gres.conf: Name=salusmem Count={mib} Flags=CountOnly; slurm.conf node: Gres=salusmem:{mib}\n\
+         ray        ray start --resources '{{\"salus_mem_mib\": {mib}}}'\n",
+        info.memory_capacity_bytes,
+        info.memory_reserved_bytes / MIB,
+        info.memory_held_back_bytes / MIB,
+        info.memory_free_bytes / MIB,
+    )
+}
+
 /// Lines on the memory issued tokens reserve (none without reservations).
 pub fn reservations_text(reservations: &[Reservation]) -> String {
     let mut out = String::new();
