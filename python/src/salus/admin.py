@@ -106,6 +106,25 @@ class AdminClient:
         server's "now", so no clock sync is needed."""
         return self._call("GetTimeline", pb.GetTimelineRequest(seconds=seconds))
 
+    def issue_token(self, tenant: str, uid: int | None = None, memory_bytes: int | None = None,
+                    max_priority: int | None = None, max_jobs: int | None = None, weight: int | None = None,
+                    expires_seconds: float = 0.0) -> dict:
+        """A new token for `tenant` (admins only): {'token': ..., 'info': {'id', 'tenant', 'limits', ...}}.
+        `memory_bytes` is also a reservation held on this server while the token is valid; the server
+        refuses one that would not fit (AdminError, RESOURCE_EXHAUSTED). 0 seconds: until revoked."""
+        limits = pb.TenantLimits(weight=weight, max_jobs=max_jobs, max_priority=max_priority,
+                                 memory_bytes=memory_bytes)
+        return self._call("IssueToken", pb.IssueTokenRequest(tenant=tenant, uid=uid, limits=limits,
+                                                             expires_seconds=expires_seconds))
+
+    def revoke_tokens(self, which: str) -> list[dict]:
+        """Revokes the token with this id, or every token of this tenant (admins only); returns those revoked."""
+        return self._call("RevokeTokens", pb.RevokeTokensRequest(which=which))["tokens"]
+
+    def list_tokens(self) -> list[dict]:
+        """The tokens issued and valid (admins only): id, tenant, uid, limits, expiry; never the tokens."""
+        return self._call("ListTokens", pb.ListTokensRequest())["tokens"]
+
 
 def job_json(job: dict) -> dict:
     """A job with the keys of `salus-server ctl jobs --json`."""
