@@ -11,9 +11,9 @@ reservation; the losses equal an in-process run of the same script; after releas
 reservations are gone. Also: a placement larger than every node, and one that no longer fits once both are
 placed, fail with NoRoom naming the largest room.
 
-Cost: about 60-90 s on 2 cores (two salus-servers, two Ray nodes, four Ray workers, two trainings and a local
-reference run), one module-scoped scenario. No timing assertions. Needs .venv-ray (scripts/setup_ray.sh);
-skips with that reason when it is missing.
+Cost: 46-56 s measured on 2 cores (two salus-servers, two Ray nodes, a few Ray workers, two trainings and a
+local reference run), one module-scoped scenario; allow about 2 minutes on a loaded machine. No timing
+assertions. Needs .venv-ray (scripts/setup_ray.sh); skips with that reason when it is missing.
 """
 
 from __future__ import annotations
@@ -172,9 +172,9 @@ def scenario(tmp_path_factory):
             started.append(servers[name])
         head_port = free_port()
         head_address = f"127.0.0.1:{head_port}"
-        nodes = {"head": RayNode(base / "head", servers["head"].address, ["--head", "--port", str(head_port), "--include-dashboard", "false",
-                                                "--dashboard-port", str(free_port()),
-                                                "--ray-client-server-port", str(free_port())])}
+        head_args = ["--head", "--port", str(head_port), "--include-dashboard", "false",
+                     "--dashboard-port", str(free_port()), "--ray-client-server-port", str(free_port())]
+        nodes = {"head": RayNode(base / "head", servers["head"].address, head_args)}
         started.append(nodes["head"])
         nodes["worker"] = RayNode(base / "worker", servers["worker"].address, ["--address", head_address])
         started.append(nodes["worker"])

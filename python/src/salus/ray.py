@@ -35,7 +35,8 @@ free: the hard affinity never moves them elsewhere, where their token would not 
 
 Errors. NoRoom when no live Salus node has the memory available in Ray's view (naming the largest
 available and where), or when every node that fits refused the token (each node's reason). A node's
-server that cannot be reached is skipped like a full one. The token's reservation lasts until
+server that cannot be reached, or a node whose token task fails (the node died; its worker did not
+start within TASK_TIMEOUT_S), is skipped like a full one. The token's reservation lasts until
 release() (or the `with` block's end), its expiry, or the server's restart; give `expires` so that a
 driver that dies without releasing does not hold memory for ever.
 
@@ -238,7 +239,12 @@ def place(memory, priority: int | None = None, expires=None, uid: int | None = N
                "expires_seconds": seconds}
     refusals = []
     for node in fitting:
-        reply = _on_node(_issue_here, node.node_id, node.server, request)
+        try:
+            reply = _on_node(_issue_here, node.node_id, node.server, request)
+        except Exception as e:  # the node died, or its worker did not start in time
+            refusals.append(f"node {node.node_id} (salus {node.server}): the token task failed: "
+                            f"{type(e).__name__}: {str(e)[:300]}")
+            continue
         if "error" in reply:
             refusals.append(f"node {node.node_id} (salus {node.server}, admin {reply['admin']}): "
                             f"{reply['code']}: {reply['error']}")
