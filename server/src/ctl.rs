@@ -345,7 +345,7 @@ pub fn stats_json(s: &SchedulerStats) -> Value {
             json!({
                 "tenant": t.tenant, "weight": t.weight, "device_s": t.device_seconds, "jobs": t.jobs, "queued": t.queued,
                 "memory_bytes": t.memory_bytes, "refusals": t.refusals,
-                "max_jobs": l.max_jobs, "max_priority": l.max_priority, "memory_bytes": l.memory_bytes,
+                "max_jobs": l.max_jobs, "max_priority": l.max_priority, "max_memory_bytes": l.memory_bytes,
             })
         }).collect::<Vec<_>>(),
     })

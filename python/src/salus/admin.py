@@ -184,8 +184,8 @@ def stats_json(s: dict) -> dict:
         "share": s["share"],
         "tenants": [{"tenant": t["tenant"], "weight": t["weight"], "device_s": t["device_seconds"], "jobs": t["jobs"],
                      "queued": t["queued"], "max_jobs": t["limits"]["max_jobs"],
-                     "max_priority": t["limits"]["max_priority"], "memory_bytes": t["memory_bytes"],
-                     "refusals": t["refusals"]}
+                     "max_priority": t["limits"]["max_priority"], "max_memory_bytes": t["limits"]["memory_bytes"],
+                     "memory_bytes": t["memory_bytes"], "refusals": t["refusals"]}
                     for t in s["tenants"]],
     }
 

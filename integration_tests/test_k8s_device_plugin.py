@@ -1,0 +1,254 @@
+"""salus-device-plugin against a stand-in kubelet that speaks the kubelet's device-plugin protocol
+(deviceplugin/v1beta1, generated here from k8s/proto with grpc_tools): a Registration server on kubelet.sock
+that takes the plugin's registration, then calls the plugin on its socket as the kubelet does
+(GetDevicePluginOptions, ListAndWatch, GetPreferredAllocation, Allocate). No real kubelet or Kubernetes
+scheduler can run here (see deploy/k8s/README.md).
+
+Checked: registration (version, resource, socket); the real server's 2 GiB advertised as 8 units of 256 MiB,
+healthy, unhealthy while the server is down and healthy again when it is back; Allocate returns SALUS_SERVER
+and SALUS_TOKEN whose token reserves the units on the server, and an unmodified Keras 3 script trains with them
+through the server with the numbers it gets in-process; devices allocated again release their old token; a
+token whose job never came (after 25 s), and one whose jobs ended (after 2 s), are released; the plugin registers again when kubelet.sock
+is recreated (a kubelet restart); unknown devices and reservations beyond the server are refused with the
+server's reason. Costs about 30 s: two TensorFlow processes (the script in-process and through the server),
+one server restart, a few seconds of the plugin's release timers.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import time
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+
+from conftest import REPO, SalusProcess, last_json_line, venv_python, wait_until
+from server_ctl import ctl, ctl_json
+from test_python_adapter import salus_package  # noqa: F401  (module fixture: python/ installed)
+from tf2_common import SERVER_JOB, assert_devices, assert_same_numbers, run_workload, tf2_env
+
+PROTO_DIR = REPO / "k8s" / "proto"
+UNIT_MIB = 256
+RESOURCE = "salus.io/gpu-mem"
+
+
+def plugin_bin() -> Path:
+    return Path(os.environ.get("SALUS_DEVICE_PLUGIN_BIN", REPO / "target" / "release" / "salus-device-plugin"))
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory):
+    """The generated v1beta1 messages and stubs."""
+    out = tmp_path_factory.mktemp("deviceplugin-api")
+    subprocess.run([venv_python(), "-m", "grpc_tools.protoc", f"-I{PROTO_DIR}", f"--python_out={out}",
+                    f"--grpc_python_out={out}", "deviceplugin/v1beta1/api.proto"], check=True, timeout=60)
+    sys.path.insert(0, str(out))
+    from deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+    return api_pb2, api_pb2_grpc
+
+
+class StandInKubelet:
+    """The kubelet's Registration service on DIR/kubelet.sock; each registration lands in `registrations`."""
+
+    def __init__(self, api, directory: Path):
+        pb, rpc = api
+        self.pb, self.rpc = pb, rpc
+        self.directory = directory
+        self.registrations: queue.Queue = queue.Queue()
+        self.server = None
+        self.start()
+
+    def start(self) -> None:
+        pb, rpc, registrations = self.pb, self.rpc, self.registrations
+
+        class Registration(rpc.RegistrationServicer):
+            def Register(self, request, context):
+                registrations.put(request)
+                return pb.Empty()
+
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        rpc.add_RegistrationServicer_to_server(Registration(), self.server)
+        self.server.add_insecure_port(f"unix://{self.directory / 'kubelet.sock'}")
+        self.server.start()
+
+    def restart(self) -> None:
+        """As a kubelet restart looks to plugins: kubelet.sock goes away and comes back, a new file."""
+        self.server.stop(0).wait()
+        (self.directory / "kubelet.sock").unlink(missing_ok=True)
+        self.start()
+
+    def registered(self, timeout: float = 30):
+        return self.registrations.get(timeout=timeout)
+
+    def plugin(self, endpoint: str):
+        # As the kubelet dials plugins: authority "localhost" (a socket path is no valid HTTP/2 authority).
+        channel = grpc.insecure_channel(f"unix://{self.directory / endpoint}",
+                                        options=[("grpc.default_authority", "localhost")])
+        return self.rpc.DevicePluginStub(channel)
+
+    def stop(self) -> None:
+        self.server.stop(0)
+
+
+@pytest.fixture(scope="module")
+def node(api, tmp_path_factory):
+    """A salus-server (2 GiB), the plugin, and the stand-in kubelet."""
+    binary = plugin_bin()
+    if not binary.exists():
+        pytest.fail(f"{binary} is missing: build it (cargo build --release -p salus-k8s)")
+    directory = tmp_path_factory.mktemp("k8s")
+    plugins = directory / "device-plugins"
+    plugins.mkdir()
+    server = SalusProcess(directory / "salus-server.stderr.log", ("--memory-capacity", "2GiB"))
+    kubelet = StandInKubelet(api, plugins)
+    log = open(directory / "plugin.stderr.log", "wb")
+    plugin = subprocess.Popen([str(binary), "--server", server.address, "--plugin-dir", str(plugins),
+                               "--unit-mib", str(UNIT_MIB), "--poll", "0.3", "--release-after", "2",
+                               "--unused-timeout", "25"], stderr=log, stdout=log, stdin=subprocess.DEVNULL)
+    state = {"server": server, "kubelet": kubelet, "plugin": plugin, "log": directory / "plugin.stderr.log",
+             "dir": directory}
+    try:
+        yield state
+    finally:
+        if plugin.poll() is None:
+            plugin.send_signal(signal.SIGTERM)
+            try:
+                plugin.wait(10)
+            except subprocess.TimeoutExpired:
+                plugin.kill()
+                plugin.wait(10)
+        log.close()
+        kubelet.stop()
+        state["server"].kill()
+
+
+def plugin_log(node) -> str:
+    return node["log"].read_text(errors="replace")[-4000:]
+
+
+def devices_stream(node):
+    stub = node["kubelet"].plugin(node["endpoint"])
+    return stub, stub.ListAndWatch(node["kubelet"].pb.Empty(), timeout=120)
+
+
+def next_devices(stream, want, timeout: float = 30):
+    """Reads ListAndWatch until `want(devices)` holds (the plugin sends the list on every change)."""
+    deadline = time.time() + timeout
+    for response in stream:
+        if want(response.devices):
+            return response.devices
+        if time.time() > deadline:
+            break
+    pytest.fail("ListAndWatch never sent the expected devices")
+
+
+def allocate(node, ids):
+    pb = node["kubelet"].pb
+    stub = node["kubelet"].plugin(node["endpoint"])
+    request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)])
+    return stub.Allocate(request, timeout=30).container_responses[0]
+
+
+def reserved_lines(address: str) -> list[str]:
+    return [line for line in ctl(address, "jobs").stdout.splitlines() if line.startswith("reserved for")]
+
+
+def test_registers_and_advertises_the_servers_memory(node):
+    reg = node["kubelet"].registered()
+    assert (reg.version, reg.resource_name) == ("v1beta1", RESOURCE), reg
+    assert reg.endpoint == "salus-gpu-mem.sock" and reg.options.get_preferred_allocation_available, reg
+    node["endpoint"] = reg.endpoint
+    stub, stream = devices_stream(node)
+    devices = next_devices(stream, lambda d: len(d) > 0)
+    assert len(devices) == 2048 // UNIT_MIB and {d.health for d in devices} == {"Healthy"}, devices
+    assert devices[0].ID == "salus-mem-0"
+    stream.cancel()
+    pb = node["kubelet"].pb
+    options = stub.GetDevicePluginOptions(pb.Empty(), timeout=10)
+    assert not options.pre_start_required
+    preferred = stub.GetPreferredAllocation(pb.PreferredAllocationRequest(container_requests=[
+        pb.ContainerPreferredAllocationRequest(available_deviceIDs=["salus-mem-3", "salus-mem-4", "salus-mem-5"],
+                                               must_include_deviceIDs=["salus-mem-5"], allocation_size=2)]),
+        timeout=10)
+    assert list(preferred.container_responses[0].deviceIDs) == ["salus-mem-5", "salus-mem-3"]
+
+
+def token_ids(address: str) -> list[str]:
+    return [t["id"] for t in ctl_json(address, "token", "list")]
+
+
+def test_an_allocation_trains_through_its_token_and_is_released_when_its_job_ends(node):
+    address = node["server"].address
+    # Never used by any job: released after --unused-timeout, while the rest of this test runs.
+    unused = allocate(node, ["salus-mem-7"]).annotations["salus.io/token-id"]
+    local = last_json_line(run_workload("tf2_keras3.py", tf2_env()).stdout)
+
+    reply = allocate(node, ["salus-mem-0", "salus-mem-1"])
+    env = dict(reply.envs)
+    assert env["SALUS_SERVER"] == address and env["SALUS_RESERVED_MIB"] == str(2 * UNIT_MIB), env
+    tenant = reply.annotations["salus.io/tenant"]
+    assert any(line.startswith(f"reserved for {tenant}: {512 << 20} bytes") for line in reserved_lines(address))
+    remote = last_json_line(run_workload("tf2_keras3.py", tf2_env(SALUS_SERVER=env["SALUS_SERVER"],
+                                                                  SALUS_TOKEN=env["SALUS_TOKEN"])).stdout)
+    assert_devices(remote, SERVER_JOB)
+    assert_same_numbers(local, remote)
+    stats = ctl_json(address, "stats")
+    assert any(t["tenant"] == tenant and t["device_s"] > 0 for t in stats["tenants"]), stats["tenants"]
+    # Its job ended (the script exited; the server closes its context): released after --release-after.
+    token = reply.annotations["salus.io/token-id"]
+    assert wait_until(lambda: token not in token_ids(address), timeout=60, interval=0.3), plugin_log(node)
+    assert not any(line.startswith(f"reserved for {tenant}") for line in reserved_lines(address))
+    assert wait_until(lambda: unused not in token_ids(address), timeout=60, interval=0.3), plugin_log(node)
+    assert not reserved_lines(address)
+
+
+def test_devices_allocated_again_release_the_old_token(node):
+    address = node["server"].address
+    first = allocate(node, ["salus-mem-2", "salus-mem-3"]).annotations["salus.io/token-id"]
+    second = allocate(node, ["salus-mem-3", "salus-mem-4"]).annotations["salus.io/token-id"]
+    ids = token_ids(address)
+    assert first not in ids and second in ids, ids
+    allocate(node, ["salus-mem-4"])  # and the second goes the same way
+    assert second not in token_ids(address)
+
+
+def test_refusals_carry_the_reason(node):
+    address = node["server"].address
+    with pytest.raises(grpc.RpcError) as unknown:
+        allocate(node, ["salus-mem-99"])
+    assert unknown.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "unknown device" in unknown.value.details()
+    # Someone else (an admin, a Slurm prolog) reserved 1 GiB: all 8 units cannot be reserved too.
+    other = ctl_json(address, "token", "issue", "--tenant", "elsewhere", "--memory", "1GiB")
+    try:
+        with pytest.raises(grpc.RpcError) as over:
+            allocate(node, [f"salus-mem-{i}" for i in range(8)])
+        assert over.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, over.value.details()
+        assert "cannot reserve" in over.value.details(), over.value.details()
+    finally:
+        ctl(address, "token", "revoke", other["id"])
+
+
+def test_health_follows_the_server_and_the_plugin_registers_again_after_a_kubelet_restart(node):
+    _, stream = devices_stream(node)
+    next_devices(stream, lambda d: d and all(x.health == "Healthy" for x in d))
+    address = node["server"].address
+    assert node["server"].stop() == 0
+    next_devices(stream, lambda d: d and all(x.health == "Unhealthy" for x in d))
+    node["server"] = SalusProcess(node["dir"] / "salus-server-2.stderr.log", ("--memory-capacity", "2GiB"),
+                                  listen=address)
+    next_devices(stream, lambda d: len(d) == 8 and all(x.health == "Healthy" for x in d))
+    stream.cancel()
+
+    node["kubelet"].restart()
+    again = node["kubelet"].registered()
+    assert again.resource_name == RESOURCE
+    _, stream = devices_stream(node)
+    assert len(next_devices(stream, lambda d: len(d) > 0)) == 8
+    stream.cancel()
+    assert node["plugin"].poll() is None, plugin_log(node)
