@@ -101,6 +101,14 @@ if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
     fi
 fi
 
+# The cluster engines for integration_tests/test_slurm.py and test_ray.py: Debian's Slurm (munge,
+# slurmctld, slurmd; apt, as root) and Ray 2.60 in a venv of its own (.venv-ray). Made with
+# SALUS_CLUSTER=1 (scripts/test.sh sets it) or under CI; each script is idempotent and quick once done.
+if [[ "${SALUS_CLUSTER:-}" == 1 || -n "${CI:-}" || -n "${SALUS_CI:-}" ]]; then
+    bash scripts/setup_slurm.sh
+    bash scripts/setup_ray.sh
+fi
+
 # TensorFlow's C API ships inside the wheel, split over two libraries.
 tf_dir="$("$venv/bin/python" -c 'import importlib.util, os; print(os.path.dirname(importlib.util.find_spec("tensorflow").origin))')"
 for lib in libtensorflow_cc.so.2 libtensorflow_framework.so.2; do

@@ -14,6 +14,8 @@ done
 
 # The TF2 suites also run a TensorFlow 2.16 client (setup makes .venv-tf2.16 for it).
 export SALUS_OLD_TF=1
+# And the cluster engines (Slurm, Ray) for their suites.
+export SALUS_CLUSTER=1
 scripts/setup.sh
 # Release profile: shares the dependency build with the server binary.
 cargo test --release --locked --workspace 2>&1
