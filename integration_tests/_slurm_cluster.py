@@ -106,7 +106,8 @@ class SlurmCluster:
             "SlurmdUser=root",
             "AuthType=auth/munge",
             "CredType=cred/munge",
-            f"AuthInfo=socket={r / 'munge' / 'munge.socket.2'}",
+            # A requeued job may start again once its old credential expired (default 120 s): 10 s.
+            f"AuthInfo=socket={r / 'munge' / 'munge.socket.2'},cred_expire=10",
             f"StateSaveLocation={r / 'ctld'}",
             f"SlurmdSpoolDir={r / 'spool'}/%n",
             f"SlurmctldPidFile={r / 'run' / 'slurmctld.pid'}",
@@ -122,6 +123,8 @@ class SlurmCluster:
             "JobCompType=jobcomp/none",
             "MpiDefault=none",
             "SchedulerType=sched/builtin",
+            # The main scheduling pass every 2 s (default 60): a requeued job waiting for its begin time starts soon.
+            "SchedulerParameters=sched_interval=2",
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_CPU",
             "SlurmdParameters=config_overrides",
