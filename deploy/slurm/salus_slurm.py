@@ -186,7 +186,7 @@ def cmd_config(a) -> int:
     print("  nodes             node name -> salus-server address, read by the prolog")
     print("  prolog, epilog, task-prolog, salus_slurm.py")
     print(f"                    copy the directory to {install} on every node (the paths are baked in), then")
-    print("                    `scontrol reconfigure` (GresTypes and node Gres need the daemons restarted)")
+    print("                    restart slurmctld and every slurmd (a new GresTypes and node Gres need a restart)")
     print(f"users: sbatch --gres={GRES_NAME}:MiB job.sh  [--comment salus-priority=N]")
     return 0
 
@@ -228,11 +228,15 @@ def read_vars(path: Path) -> dict[str, str]:
 # --- reading the job from Slurm ---------------------------------------------------------------------------
 
 def scontrol_job(job_id: str) -> str:
-    proc = subprocess.run(["scontrol", "show", "job", "-d", job_id], capture_output=True, text=True,
-                          timeout=60, stdin=subprocess.DEVNULL)
-    if proc.returncode != 0:
-        raise Failure(f"scontrol show job -d {job_id}: {ctl_error(proc)}")
-    return proc.stdout
+    """`scontrol show job -d ID`, retried a few times (a busy slurmctld may time out)."""
+    for attempt in range(CONNECT_RETRIES):
+        proc = subprocess.run(["scontrol", "show", "job", "-d", job_id], capture_output=True, text=True,
+                              timeout=60, stdin=subprocess.DEVNULL)
+        if proc.returncode == 0:
+            return proc.stdout
+        if attempt + 1 < CONNECT_RETRIES:
+            time.sleep(CONNECT_RETRY_PAUSE_S)
+    raise Failure(f"scontrol show job -d {job_id}: {ctl_error(proc)}")
 
 
 def expand_hostlist(hostlist: str) -> list[str]:
@@ -332,14 +336,18 @@ def cmd_prolog(a) -> int:
     if proc.returncode != 0:
         raise Failure(f"job {job_id}: cannot reserve {mib} MiB for {entry.pw_name} on {address}: {ctl_error(proc)}")
     issued = json.loads(proc.stdout)
-    state = Path(a.state_dir)
-    state.mkdir(mode=0o711, parents=True, exist_ok=True)
     record = f"SALUS_SERVER={address}\nSALUS_TOKEN_ID={issued['id']}\nSALUS_MEMORY_MIB={mib}\n"
-    write_file(root_file, record, 0, 0)
     exported = f"SALUS_SERVER={address}\nSALUS_TOKEN={issued['token']}\n"
     if priority is not None:
         exported += f"SALUS_PRIORITY={cap}\n"
-    write_file(user_file, exported, entry.pw_uid, entry.pw_gid)
+    try:
+        Path(a.state_dir).mkdir(mode=0o711, parents=True, exist_ok=True)
+        write_file(root_file, record, 0, 0)
+        write_file(user_file, exported, entry.pw_uid, entry.pw_gid)
+    except OSError as e:  # no token may outlive a job that cannot use it
+        revoke(a.salus_server, address, issued["id"])
+        root_file.unlink(missing_ok=True)
+        raise Failure(f"job {job_id}: cannot write its files in {a.state_dir}: {e}") from None
     log(f"job {job_id}: {mib} MiB reserved for {entry.pw_name} on {address} (token {issued['id']}"
         + (f", expires in {limit + a.expiry_margin} s" if limit is not None else ", no expiry")
         + (f", max priority {cap}" if cap is not None else "") + ")")
