@@ -51,7 +51,7 @@ class SlurmCluster:
         self.procs: list[tuple[str, subprocess.Popen]] = []
         self.hostname = socket.gethostname().split(".")[0]
         root.mkdir(mode=0o711, exist_ok=True)
-        for sub in ("etc", "munge", "ctld", "spool", "run", "log", "state"):
+        for sub in ("etc", "munge", "ctld", "spool", "run", "log"):
             (root / sub).mkdir(mode=0o755, exist_ok=True)
         os.chmod(root, 0o711)
         os.chmod(root / "munge", 0o711)  # munged refuses a socket directory others may write; users need x
@@ -61,9 +61,8 @@ class SlurmCluster:
         self.conf = root / "etc" / "slurm.conf"
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
         self.env.pop("SLURM_JOB_ID", None)
-        # The state directory as the prolog would make it (root, 0711: users open their own file by name).
+        # Made by the first prolog that reserves (root, 0711: users open their own file by name).
         self.state_dir = root / "state"
-        os.chmod(self.state_dir, 0o711)
         self.config_output = self._generate(servers, salus_server_bin)
         self._write_slurm_conf(servers)
         try:

@@ -14,9 +14,10 @@ this host (munged, slurmctld, `slurmd -N n1` and `-N n2`), each node with its ow
   which runs once the server is back and the node resumed.
 
 Needs root and Slurm/munge (`bash scripts/setup_slurm.sh`); skips, saying so, without them.
-Cost: about 60-90 s on 2 cores (two salus-servers and the Slurm daemons start once for the module, 3
-TensorFlow processes: one reference run in-process and two jobs; Slurm's builtin scheduler starts a job
-within a few seconds; the failure test waits out the prolog's connection retries and a server restart).
+Cost: about 50 s on 2 cores (measured 50-54 s): two salus-servers and the Slurm daemons start once for the
+module (~3 s), 3 TensorFlow processes (one reference run in-process, two jobs; ~8 s each), Slurm's scheduler
+starts a job within ~2 s, and the failure test (~18 s) waits out the prolog's connection retries (~4 s) and
+the 10 s a requeued job waits before it may start again (`cred_expire`, 120 s by default).
 """
 
 from __future__ import annotations
@@ -112,7 +113,8 @@ class Cluster:
             f"job {job_id} never printed {text!r}:\n{self.output(user, job_id)}\n{self.slurm.logs()}"
 
     def job_files(self) -> list[str]:
-        return sorted(p.name for p in self.slurm.state_dir.iterdir())
+        d = self.slurm.state_dir
+        return sorted(p.name for p in d.iterdir()) if d.exists() else []
 
 
 def tenant(user) -> str:
@@ -185,6 +187,19 @@ def test_config_writes_gres_and_slurm_lines_from_each_servers_capacity(cluster):
         assert line in conf.splitlines(), conf
     assert (etc / "nodes").read_text().splitlines()[-2:] == [f"n1 {cluster.address('n1')}",
                                                             f"n2 {cluster.address('n2')}"]
+    # A node whose server this host cannot ask: its capacity given by hand (what `ctl capacity` printed there).
+    other = cluster.root / "config-by-hand"
+    proc = subprocess.run(["python3", str(_slurm_cluster.SALUS_SLURM), "config", "--out", str(other),
+                           "--node", "gpu7=127.0.0.1:1", "--capacity", "gpu7=81920", "--salus-server",
+                           str(server_bin().resolve())], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "NodeName=gpu7 Name=salusmem Count=81920 Flags=CountOnly" in (other / "gres.conf").read_text()
+    assert "#NodeName=gpu7 Gres=salusmem:81920" in (other / "slurm.conf.salus").read_text().splitlines()
+    # Without it, a server that cannot be reached is an error that says so.
+    proc = subprocess.run(["python3", str(_slurm_cluster.SALUS_SLURM), "config", "--out", str(other),
+                           "--node", "gpu7=127.0.0.1:1", "--salus-server", str(server_bin().resolve())],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "cannot connect" in proc.stderr, proc.stderr
     # Slurm took the counts: each node offers its server's capacity in MiB (Slurm writes 2048 as 2K).
     shown = cluster.slurm.scontrol("show", "node", "n1").stdout
     assert "Gres=salusmem:2K" in shown, shown
@@ -211,7 +226,8 @@ def test_sbatch_job_trains_through_its_nodes_server_as_its_user(cluster, unix_us
         # The other node's server knows nothing of it.
         assert ctl_json(cluster.address("n2"), "jobs") == []
         assert_no_salus_state(cluster, "n2")
-        # The job's files: root's record and the user's own, 0600.
+        # The job's files: root's record and the user's own, 0600, in a directory users may only pass through.
+        assert cluster.slurm.state_dir.stat().st_mode & 0o777 == 0o711
         files = cluster.job_files()
         assert files == [f"job-{job}.env", f"job-{job}.root"], files
         st = (cluster.slurm.state_dir / f"job-{job}.env").stat()

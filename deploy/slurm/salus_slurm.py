@@ -99,6 +99,13 @@ def parse_node(spec: str) -> tuple[str, str]:
     return name, address
 
 
+def parse_capacity(spec: str) -> tuple[str, int]:
+    name, sep, mib = spec.partition("=")
+    if not sep or not name or not mib.isdigit() or int(mib) <= 0:
+        raise argparse.ArgumentTypeError(f"--capacity wants NAME=MiB, got {spec!r}")
+    return name, int(mib)
+
+
 def read_nodes(path: Path) -> dict[str, str]:
     """The node -> server map written by `config`: `NAME HOST:PORT` lines, `#` comments."""
     nodes = {}
@@ -127,8 +134,16 @@ def cmd_config(a) -> int:
         return 2
     salus_server = str(Path(salus_server).resolve())
     nodes = dict(a.node)
+    given = dict(a.capacity or [])
+    unknown = sorted(set(given) - set(nodes))
+    if unknown:
+        log(f"--capacity for {', '.join(unknown)}, which no --node names")
+        return 2
     counts = {}
     for name, address in nodes.items():
+        if name in given:
+            counts[name] = given[name]
+            continue
         try:
             cap = capacity_mib(salus_server, address)
         except Failure as e:
@@ -391,7 +406,11 @@ def main(argv: list[str] | None = None) -> int:
 
     c = sub.add_parser("config", help="write gres.conf, slurm.conf lines, node map and wrappers")
     c.add_argument("--node", action="append", type=parse_node, required=True, metavar="NAME=HOST:PORT",
-                   help="a Slurm node and its salus-server (started with --memory-capacity); repeat per node")
+                   help="a Slurm node and the address of its salus-server (started with --memory-capacity) "
+                        "that the prolog and the node's jobs use, normally 127.0.0.1:PORT; repeat per node")
+    c.add_argument("--capacity", action="append", type=parse_capacity, metavar="NAME=MiB",
+                   help="a node's salusmem in MiB (what `salus-server ctl capacity` prints on it), for a node "
+                        "whose server this host cannot ask; otherwise config asks HOST:PORT from here")
     c.add_argument("--out", required=True, help="directory to write into")
     c.add_argument("--install-dir", help="where the directory will be on every node (default: --out)")
     c.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help="per-job files on each node (root, 0711)")
