@@ -7,7 +7,7 @@
 #   scripts/build_image.sh            # build (or refresh) the image; prints its size
 #
 # What it does, each step only when needed:
-#   1. installs podman, runc and mmdebstrap from apt (a policy-rc.d refusing service starts is put in place
+#   1. installs podman, runc, catatonit and mmdebstrap from apt (a policy-rc.d refusing service starts is put in place
 #      during the install if there is none, and removed afterwards);
 #   2. writes a containers.conf ($CONTAINERS_CONF, default /etc/containers/containers-salus.conf): runc (crun
 #      fails on this machine's cgroups) and ulimits of 1024 (the defaults fail here); podman commands on this
@@ -42,6 +42,8 @@ missing=()
 command -v podman >/dev/null 2>&1 || missing+=(podman)
 command -v runc >/dev/null 2>&1 || missing+=(runc)
 command -v mmdebstrap >/dev/null 2>&1 || missing+=(mmdebstrap)
+# podman builds its pod infra ("pause") image from catatonit (podman kube play, podman pod create).
+[[ -x /usr/libexec/podman/catatonit ]] || command -v catatonit >/dev/null 2>&1 || missing+=(catatonit)
 if [[ ${#missing[@]} -gt 0 ]]; then
     say "installing ${missing[*]} (apt)"
     own_policy=""
@@ -52,9 +54,9 @@ if [[ ${#missing[@]} -gt 0 ]]; then
     fi
     status=0
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        podman runc mmdebstrap >/dev/null; } || status=$?
+        "${missing[@]}" >/dev/null; } || status=$?
     [[ -n "$own_policy" ]] && rm -f /usr/sbin/policy-rc.d
-    [[ $status == 0 ]] || die "apt-get install podman runc mmdebstrap failed ($status)"
+    [[ $status == 0 ]] || die "apt-get install ${missing[*]} failed ($status)"
 fi
 
 # 2. containers.conf.

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Builds the container image if needed (scripts/build_image.sh: idempotent, seconds when its layers are cached,
+# minutes the first time) and runs integration_tests/test_container.py against it. Needs root. NOT run by CI
+# (scripts/test.sh), where that test skips because the image is not built. See deploy/k8s/README.md.
+#
+#   scripts/test_container.sh [pytest args]      # SALUS_SKIP_BUILD=1: use the image as it is
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export CONTAINERS_CONF="${CONTAINERS_CONF:-/etc/containers/containers-salus.conf}"
+if [[ "${SALUS_SKIP_BUILD:-}" != 1 ]]; then
+    "$REPO/scripts/build_image.sh"
+fi
+cd "$REPO"
+exec "$REPO/.venv/bin/python" -m pytest integration_tests/test_container.py -v "$@"
