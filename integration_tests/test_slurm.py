@@ -347,7 +347,7 @@ def test_a_node_whose_server_is_down_is_drained_and_the_job_requeued(cluster, un
     assert wait_until(lambda: "DRAIN" in cluster.slurm.scontrol("show", "node", "n2").stdout, JOB_TIMEOUT_S, 0.3), \
         cluster.slurm.scontrol("show", "node", "n2").stdout + cluster.slurm.logs()
     node = cluster.slurm.scontrol("show", "node", "n2").stdout
-    assert "Prolog" in node, node
+    assert "Reason=Prolog error" in node, node
     info = cluster.wait_state(job, {"PENDING"})
     assert info["Restarts"] != "0" or "requeue" in info.get("Reason", "").lower(), info
     # Back: the server on its address, the node resumed, the job released: it runs with its reservation.
