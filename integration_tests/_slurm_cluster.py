@@ -99,7 +99,7 @@ class SlurmCluster:
         assert set(node_gres) == set(servers), node_gres
         lines = [
             "ClusterName=salustest",
-            f"SlurmctldHost={self.hostname}",
+            f"SlurmctldHost={self.hostname}(127.0.0.1)",  # no name lookup needed
             f"SlurmctldPort={self.ctld_port}",
             "SlurmUser=root",
             "SlurmdUser=root",
