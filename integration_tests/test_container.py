@@ -11,8 +11,14 @@ Checked:
   env as the device plugin's Allocate would give them, against a salus-server on the host holding a token of
   tenant pod-1 (512 MiB reserved of 2 GiB): its eager work ran on the server (variables on /job:worker), its
   numbers equal those of the same script run in-process here, and its job showed on `ctl jobs --json` as
-  tenant pod-1.
-Every container and pod started is removed (podman rm -f, podman kube down). About 40 s.
+  tenant pod-1;
+- the node agent: deploy/k8s/daemonset.yaml's pod template (salus-server + salus-device-plugin, its ConfigMap,
+  its capabilities) played as a Pod with a stand-in kubelet (test_k8s_device_plugin's) on its device-plugin
+  directory: the plugin registers, advertises 16 GiB as 64 healthy units, Allocate of 8 gives SALUS_SERVER and
+  SALUS_TOKEN, and training-pod.yaml trains with them (its tenant the plugin's, numbers as in-process).
+  podman differs from a kubelet: no status.hostIP and no $(VAR) expansion in args (the node's address is
+  loopback here), no port mappings with hostNetwork (dropped); a free port stands for 5501.
+Every container and pod started is removed (podman rm -f, podman kube down). About 50 s (three TensorFlow clients in containers, one in-process).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -29,12 +36,14 @@ import pytest
 
 from conftest import REPO, SalusProcess, last_json_line, server_bin
 from server_ctl import ctl_json
+from test_k8s_device_plugin import StandInKubelet, api  # noqa: F401  (module fixture: the v1beta1 stubs)
 from tf2_common import SERVER_JOB, assert_devices, assert_same_numbers, run_workload, salus_lines, tf2_env
 
 IMAGE = os.environ.get("SALUS_IMAGE", "localhost/salus:dev")
 # scripts/build_image.sh writes it: runc and ulimits of 1024 (podman's defaults fail on this machine).
 CONTAINERS_CONF = "/etc/containers/containers-salus.conf"
 POD_YAML = REPO / "deploy" / "k8s" / "training-pod.yaml"
+DAEMONSET_YAML = REPO / "deploy" / "k8s" / "daemonset.yaml"
 RUN_TIMEOUT = 300
 
 
@@ -136,19 +145,28 @@ def configmap_script(text: str) -> str:
     return "\n".join(line[4:] for line in lines) + "\n"
 
 
-def test_a_pod_trains_through_the_hosts_server_with_its_token(tmp_path):
-    server = SalusProcess(tmp_path / "salus-server.stderr.log", extra_args=("--memory-capacity", "2GiB"))
-    unique = f"salus-test-pod-{os.getpid()}"
-    yaml_path = tmp_path / "pod.yaml"
+@pytest.fixture(scope="module")
+def local_result(tmp_path_factory) -> dict:
+    """training-pod.yaml's script run in-process here (the numbers every pod must match)."""
+    script = tmp_path_factory.mktemp("in-process") / "train.py"
+    script.write_text(configmap_script(POD_YAML.read_text()))
+    local = last_json_line(run_workload(str(script), tf2_env()).stdout)
+    assert_devices(local, "/job:localhost")
+    return local
+
+
+def run_training_pod(tmp_path: Path, unique: str, address: str, token: str):
+    """Plays training-pod.yaml (as `unique`) until its script exits; returns its logs, the jobs the server
+    listed meanwhile (by name) and the server's stats afterwards. Removes the pod."""
+    yaml_path = tmp_path / f"{unique}.yaml"
     container = f"{unique}-train"
     try:
-        token = ctl_json(server.address, "token", "issue", "--tenant", "pod-1", "--memory", "512MiB")
-        yaml_path.write_text(pod_yaml(unique, server.address, token["token"]))
+        yaml_path.write_text(pod_yaml(unique, address, token))
         podman("kube", "play", str(yaml_path), timeout=120)
         seen: dict[str, dict] = {}
         deadline = time.monotonic() + RUN_TIMEOUT
         while True:  # the job is listed while the script runs (its context closes seconds after it exits)
-            for row in ctl_json(server.address, "jobs"):
+            for row in ctl_json(address, "jobs"):
                 seen[row["name"]] = row
             state = podman("inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", container).stdout.split()
             if state[0] in ("exited", "stopped"):
@@ -159,20 +177,104 @@ def test_a_pod_trains_through_the_hosts_server_with_its_token(tmp_path):
         assert state[1] == "0", f"the pod's script exited with {state[1]}:\n{logs.stdout[-3000:]}\n{logs.stderr[-6000:]}"
         user = podman("inspect", "--format", "{{.Config.User}}", container).stdout.strip()
         assert user == "65534", user
-        stats = ctl_json(server.address, "stats")
+        stats = ctl_json(address, "stats")
     finally:
         if yaml_path.exists():
             podman("kube", "down", str(yaml_path), check=False, timeout=120)
         podman("pod", "rm", "-f", "--ignore", unique, check=False, timeout=120)
-        server.stop()
     assert not salus_lines(logs.stderr), f"the adapter warned:\n{logs.stderr[-4000:]}"
+    return logs, seen, stats
+
+
+def check_pod_result(logs, seen: dict, stats: dict, local: dict, unique: str, tenant: str) -> None:
     remote = last_json_line(logs.stdout)
     assert_devices(remote, SERVER_JOB)
-    script = tmp_path / "train.py"
-    script.write_text(configmap_script(POD_YAML.read_text()))
-    local = last_json_line(run_workload(str(script), tf2_env()).stdout)
-    assert_devices(local, "/job:localhost")
     assert_same_numbers(local, remote)
     jobs = [row for row in seen.values() if row["name"].split("?")[0] == unique]
-    assert jobs and all(row["tenant"] == "pod-1" and row["kind"] == "eager" for row in jobs), seen
-    assert any(t["tenant"] == "pod-1" and t["device_s"] > 0 for t in stats["tenants"]), stats["tenants"]
+    assert jobs and all(row["tenant"] == tenant and row["kind"] == "eager" for row in jobs), seen
+    assert any(t["tenant"] == tenant and t["device_s"] > 0 for t in stats["tenants"]), stats["tenants"]
+
+
+def test_a_pod_trains_through_the_hosts_server_with_its_token(tmp_path, local_result):
+    server = SalusProcess(tmp_path / "salus-server.stderr.log", extra_args=("--memory-capacity", "2GiB"))
+    unique = f"salus-test-pod-{os.getpid()}"
+    try:
+        token = ctl_json(server.address, "token", "issue", "--tenant", "pod-1", "--memory", "512MiB")
+        logs, seen, stats = run_training_pod(tmp_path, unique, server.address, token["token"])
+    finally:
+        server.stop()
+    check_pod_result(logs, seen, stats, local_result, unique, "pod-1")
+
+
+SYSTEM_PYTHON = "/usr/bin/python3"  # with PyYAML (python3-yaml): the venv has none
+
+DAEMONSET_AS_POD = r"""
+import sys, yaml
+text, name, port, plugins = sys.stdin.read(), sys.argv[1], sys.argv[2], sys.argv[3]
+# A free port for the node's 5501; podman expands no $(VAR) in args (Kubernetes does), and has no
+# status.hostIP: the node's address is loopback here.
+text = text.replace("127.0.0.1:5501", "127.0.0.1:" + port).replace("$(NODE_IP):5501", "127.0.0.1:" + port)
+docs = list(yaml.safe_load_all(text))
+config = next(d for d in docs if d["kind"] == "ConfigMap")
+config["metadata"].pop("namespace", None)
+config["data"]["SALUS_LISTEN"] = "127.0.0.1:" + port
+template = next(d for d in docs if d["kind"] == "DaemonSet")["spec"]["template"]
+spec = template["spec"]
+for c in spec["containers"]:
+    c.pop("ports", None)  # podman refuses port mappings with hostNetwork (Kubernetes ignores them)
+    for e in c.get("env", []):
+        if e["name"] == "NODE_IP":
+            e.pop("valueFrom")
+            e["value"] = "127.0.0.1"
+for v in spec["volumes"]:
+    if v.get("hostPath", {}).get("path") == "/var/lib/kubelet/device-plugins":
+        v["hostPath"]["path"] = plugins
+pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": template["metadata"]["labels"]},
+       "spec": spec}
+print(yaml.safe_dump_all([config, pod]))
+"""
+
+
+def test_the_daemonset_pod_serves_a_training_pod_through_its_device_plugin(api, tmp_path, local_result):
+    """deploy/k8s/daemonset.yaml's pod (server + device plugin), played as a Pod with a stand-in kubelet on its
+    device-plugin directory: the plugin registers and advertises the ConfigMap's 16 GiB as 64 units; the
+    kubelet's Allocate of 8 units gives SALUS_SERVER and SALUS_TOKEN; training-pod.yaml trains with them."""
+    if not Path(SYSTEM_PYTHON).exists() or subprocess.run([SYSTEM_PYTHON, "-c", "import yaml"]).returncode != 0:
+        pytest.skip(f"{SYSTEM_PYTHON} has no PyYAML (apt-get install python3-yaml)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    plugins = tmp_path / "device-plugins"
+    plugins.mkdir()
+    node = f"salus-test-node-{os.getpid()}"
+    node_yaml = tmp_path / "node.yaml"
+    node_yaml.write_text(subprocess.run([SYSTEM_PYTHON, "-c", DAEMONSET_AS_POD, node, port, str(plugins)],
+                                        input=DAEMONSET_YAML.read_text(), capture_output=True, text=True,
+                                        check=True, timeout=60).stdout)
+    kubelet = StandInKubelet(api, plugins)
+    address = f"127.0.0.1:{port}"
+    try:
+        podman("kube", "play", str(node_yaml), timeout=120)
+        registration = kubelet.registered(timeout=60)
+        assert registration.resource_name == "salus.io/gpu-mem", registration
+        stub = kubelet.plugin(registration.endpoint)
+        pb = kubelet.pb
+        deadline = time.monotonic() + 120
+        for response in stub.ListAndWatch(pb.Empty(), timeout=120):  # healthy once the server answers
+            if len(response.devices) == 64 and all(d.health == "Healthy" for d in response.devices):
+                break
+            assert time.monotonic() < deadline, "the plugin never advertised 64 healthy units"
+        reply = stub.Allocate(pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(
+            devices_ids=[f"salus-mem-{i}" for i in range(8)])]), timeout=30).container_responses[0]
+        env = dict(reply.envs)
+        assert env["SALUS_SERVER"] == address, env
+        tenant = reply.annotations["salus.io/tenant"]
+        unique = f"salus-test-k8s-pod-{os.getpid()}"
+        logs, seen, stats = run_training_pod(tmp_path, unique, env["SALUS_SERVER"], env["SALUS_TOKEN"])
+    finally:
+        for container in (f"{node}-salus-server", f"{node}-salus-device-plugin"):  # shown if the test fails
+            print(f"--- {container}:\n{podman('logs', container, check=False).stderr[-3000:]}")
+        podman("kube", "down", str(node_yaml), check=False, timeout=120)
+        podman("pod", "rm", "-f", "--ignore", node, check=False, timeout=120)
+        kubelet.stop()
+    check_pod_result(logs, seen, stats, local_result, unique, tenant)
