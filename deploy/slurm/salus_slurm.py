@@ -437,6 +437,9 @@ def main(argv: list[str] | None = None) -> int:
     except Failure as e:
         log(f"{a.command}: {e}")
         return 1
+    except Exception as e:  # noqa: BLE001 - said in slurmd's log, not as a bare traceback
+        log(f"{a.command}: unexpected {type(e).__name__}: {e}")
+        return 1
 
 
 if __name__ == "__main__":
