@@ -18,7 +18,8 @@ Checked:
   SALUS_TOKEN, and training-pod.yaml trains with them (its tenant the plugin's, numbers as in-process).
   podman differs from a kubelet: no status.hostIP and no $(VAR) expansion in args (the node's address is
   loopback here), no port mappings with hostNetwork (dropped); a free port stands for 5501.
-Every container and pod started is removed (podman rm -f, podman kube down). About 50 s (three TensorFlow clients in containers, one in-process).
+Every container and pod started is removed (podman rm -f, podman kube down). About 50 s (three TensorFlow
+clients in containers, one in-process).
 """
 
 from __future__ import annotations
@@ -133,8 +134,9 @@ def pod_yaml(unique: str, address: str, token: str) -> str:
     for anchor in ("  restartPolicy: Never\n", "      env:\n", "name: keras-train"):
         assert anchor in text, f"{POD_YAML} lost {anchor!r}"
     text = text.replace("  restartPolicy: Never\n", "  restartPolicy: Never\n  hostNetwork: true\n", 1)
-    text = text.replace("      env:\n", f"      env:\n        - name: SALUS_SERVER\n          value: {json.dumps(address)}\n"
-                                         f"        - name: SALUS_TOKEN\n          value: {json.dumps(token)}\n", 1)
+    env = (f"      env:\n        - name: SALUS_SERVER\n          value: {json.dumps(address)}\n"
+           f"        - name: SALUS_TOKEN\n          value: {json.dumps(token)}\n")
+    text = text.replace("      env:\n", env, 1)
     return text.replace("keras-train", unique)
 
 
@@ -174,7 +176,8 @@ def run_training_pod(tmp_path: Path, unique: str, address: str, token: str):
             assert time.monotonic() < deadline, f"the pod ran past {RUN_TIMEOUT}s"
             time.sleep(0.3)
         logs = podman("logs", container)
-        assert state[1] == "0", f"the pod's script exited with {state[1]}:\n{logs.stdout[-3000:]}\n{logs.stderr[-6000:]}"
+        assert state[1] == "0", \
+            f"the pod's script exited with {state[1]}:\n{logs.stdout[-3000:]}\n{logs.stderr[-6000:]}"
         user = podman("inspect", "--format", "{{.Config.User}}", container).stdout.strip()
         assert user == "65534", user
         stats = ctl_json(address, "stats")
