@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
+import subprocess
 import time
+from pathlib import Path
 
 import grpc
 import pytest
 import tensorflow as tf
 
 import salus_wire as wire
-from conftest import SalusProcess, wait_until
+from conftest import SalusProcess, child_env, venv_python, wait_until
 from server_ctl import ctl, ctl_json
 
 ADMIN = "/salus.v1.Admin/"
@@ -136,6 +139,32 @@ def test_tenants_see_and_change_only_their_own_jobs(server):
         for ch in [*own.values(), me]:
             ch.close()
 
+
+
+def test_ctl_and_the_python_client_carry_a_token(server):
+    """`ctl --token` / SALUS_TOKEN and the Python admin client identify by token, not by this process's user
+    (root, an admin): a tenant's token sees only its jobs and may not issue tokens; an admin token may."""
+    bot1 = channel(server.address, "bot1")
+    handle = open_session(bot1, "carried")
+    try:
+        rows = ctl_json(server.address, "--token", TOKENS["bot1"], "jobs")
+        assert rows and {r["tenant"] for r in rows} == {"bot1"}, rows
+        refused = ctl(server.address, "--token", TOKENS["bot1"], "token", "list", check=False)
+        assert refused.returncode != 0 and "needs an admin" in refused.stderr, refused.stderr
+        assert ctl(server.address, "--token", TOKENS["boss"], "token", "list").returncode == 0
+        bad = ctl(server.address, "--token", "two words", "jobs", check=False)
+        assert bad.returncode != 0 and "token" in bad.stderr and "two words" not in bad.stderr, bad.stderr
+
+        env = {k: v for k, v in child_env().items() if not k.startswith("SALUS_")}
+        salus = str(Path(venv_python()).parent / "salus")
+        listed = subprocess.run([salus, "jobs", "--json"], capture_output=True, text=True, timeout=60,
+                                env={**env, "SALUS_SERVER": server.address, "SALUS_TOKEN": TOKENS["bot1"]})
+        assert listed.returncode == 0, listed.stderr
+        rows = json.loads(listed.stdout)
+        assert rows and {r["tenant"] for r in rows} == {"bot1"}, rows
+    finally:
+        wire.call(bot1, "CloseSession", wire.close_session_request(handle))
+        bot1.close()
 
 
 def stats_tenants(ch: grpc.Channel) -> list[str]:

@@ -12,6 +12,11 @@ pub struct CtlArgs {
     /// Address of the salus-server to talk to.
     #[arg(long, env = "SALUS_SERVER", default_value = "127.0.0.1:5501")]
     pub server: String,
+    /// The token to identify with (an admin token from --admins, or a
+    /// tenant's); without one the server identifies a loopback caller by its
+    /// Unix user.
+    #[arg(long, env = "SALUS_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
     #[command(subcommand)]
     pub command: CtlCommand,
 }
@@ -151,13 +156,42 @@ pub enum CtlError {
     NoCapacity,
 }
 
-async fn connect(server: &str) -> Result<AdminClient<Channel>, CtlError> {
+/// Why `token` cannot travel in a user-agent word (never quoting it).
+fn token_problem(token: &str) -> Option<&'static str> {
+    if token.is_empty() {
+        return Some("is empty");
+    }
+    if token.len() > 256 {
+        return Some("is longer than 256 characters");
+    }
+    if token
+        .chars()
+        .any(|c| !c.is_ascii_graphic() || matches!(c, ',' | '=' | '"' | '\\'))
+    {
+        return Some("contains a space, a control or non-ASCII character, or one of , = \" \\");
+    }
+    None
+}
+
+async fn connect(server: &str, token: Option<&str>) -> Result<AdminClient<Channel>, CtlError> {
     let url = if server.contains("://") {
         server.replace("grpc://", "http://")
     } else {
         format!("http://{server}")
     };
-    let endpoint = Channel::from_shared(url).map_err(|_| CtlError::Address(server.to_string()))?;
+    let mut endpoint =
+        Channel::from_shared(url).map_err(|_| CtlError::Address(server.to_string()))?;
+    if let Some(token) = token {
+        if let Some(problem) = token_problem(token) {
+            return Err(CtlError::Usage(format!(
+                "the token (--token or SALUS_TOKEN) {problem}"
+            )));
+        }
+        // Where the server looks for it, as the adapters put it: a `salus1.TOKEN` word.
+        endpoint = endpoint
+            .user_agent(format!("salus1.{token}"))
+            .map_err(|_| CtlError::Usage("the token cannot be sent in a header".into()))?;
+    }
     let channel = endpoint
         .connect()
         .await
@@ -170,7 +204,7 @@ async fn connect(server: &str) -> Result<AdminClient<Channel>, CtlError> {
 
 /// Runs one command and returns what to print.
 pub async fn run(args: CtlArgs) -> Result<String, CtlError> {
-    let mut admin = connect(&args.server).await?;
+    let mut admin = connect(&args.server, args.token.as_deref()).await?;
     Ok(match args.command {
         CtlCommand::Jobs { json } => {
             let listed = admin.list_jobs(ListJobsRequest {}).await?.into_inner();

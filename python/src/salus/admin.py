@@ -46,10 +46,21 @@ def _server_address(server: str | None) -> str:
 
 
 class AdminClient:
-    def __init__(self, server: str | None = None, timeout: float = DEFAULT_TIMEOUT_S):
+    def __init__(self, server: str | None = None, timeout: float = DEFAULT_TIMEOUT_S, token: str | None = None):
+        """`token` (default: SALUS_TOKEN) identifies the caller: a tenant's, or an admin token named in the
+        server's --admins; without one the server identifies a loopback caller by its Unix user."""
+        import os
+        from . import _token
         self.address = _server_address(server)
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(self.address)
+        token = token if token is not None else os.environ.get(_token.ENV_TOKEN)
+        options = []
+        if token:
+            problem = _token.token_problem(token)
+            if problem is not None:
+                raise AdminError(f"the token {problem} ({_token.RULE})")
+            options.append((_token.USER_AGENT_KEY, f"salus1.{token}"))
+        self._channel = grpc.insecure_channel(self.address, options=options)
         self._stub = pb_grpc.AdminStub(self._channel)
 
     def close(self) -> None:
