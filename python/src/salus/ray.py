@@ -144,7 +144,9 @@ def _issue_here(server: str, request: dict) -> dict:
     from .admin import AdminClient, AdminError
     address = _admin_address(server)
     try:
-        with AdminClient(address, timeout=30) as admin:
+        # As this node's Ray user over loopback (root or the server's own: an admin), never as a
+        # SALUS_TOKEN tenant that happens to be in the worker's environment.
+        with AdminClient(address, timeout=30, token="") as admin:
             return {"ok": admin.issue_token(**request), "admin": address}
     except AdminError as e:
         return {"error": str(e), "code": getattr(e.code, "name", str(e.code)), "admin": address}
@@ -154,7 +156,7 @@ def _revoke_here(server: str, token_id: str) -> dict:
     from .admin import AdminClient, AdminError
     address = _admin_address(server)
     try:
-        with AdminClient(address, timeout=30) as admin:
+        with AdminClient(address, timeout=30, token="") as admin:
             return {"ok": admin.revoke_tokens(token_id)}
     except AdminError as e:
         return {"error": str(e), "code": getattr(e.code, "name", str(e.code))}
