@@ -237,6 +237,7 @@ def _initialize(ctx, original):
                       f"({_state['reason']}); eager work runs locally")
                 return original(ctx)
             _state.update(mode="connected", server=settings.server)
+            _install_pipeline()
             return result
         except ConnectionError:
             raise
@@ -269,6 +270,17 @@ def _connect_now(ctx, settings) -> None:
         raise
     _set_default_device(ctx)
     _state.update(mode="connected", server=settings.server or _config.DEFAULT_SERVER)
+    _install_pipeline()
+
+
+def _install_pipeline() -> None:
+    """Python in the input pipeline runs in this process from now on (_pipeline)."""
+    try:
+        from . import _pipeline
+        _pipeline.install()
+    except Exception as e:  # never break the script over the adapter
+        _warn(f"could not keep Python input pipelines in this process ({type(e).__name__}: {e}); "
+              f"datasets that call Python fail on the server")
 
 
 def connect(settings: "_config.Settings") -> None:

@@ -205,11 +205,10 @@ pub struct StreamState {
     /// worker ends the stream at the first error.
     pub failed: AtomicBool,
     /// The failure of a request whose last op has no outputs. The stock client
-    /// keeps nothing of such an op that could raise an error in its response
-    /// (it only poisons outputs), and learns of failures from its next sync,
-    /// as with TensorFlow's own worker, which runs stream requests
-    /// asynchronously: so the request is answered as done and the stream's
-    /// next sync item fails with this.
+    /// does not wait for such an op (it only poisons outputs), so the request
+    /// is answered as done and the stream's next op or sync fails with this
+    /// instead of running: the script hears of the failure at its next call,
+    /// not at a later, unrelated symptom (a table "not initialized").
     held: Mutex<Option<TfError>>,
     /// Set once the stream's error status has been handed to the transport.
     status_sent: (Mutex<bool>, std::sync::Condvar),
@@ -515,6 +514,22 @@ impl Drop for EagerJob {
     }
 }
 
+/// The message a held failure is reported with, by a later call: it names the
+/// op that failed, since the call that raises it is another.
+fn held_message(item: &Item, err: &Error) -> String {
+    let what = match item {
+        Item::Execute(op) if op.is_function => format!("function {}", op.name),
+        Item::Execute(op) => format!("op {}", op.name),
+        other => other.label(),
+    };
+    let text = err.to_string();
+    if text.contains(&what) {
+        format!("an earlier {what} (no outputs, so not waited for) failed: {text}")
+    } else {
+        format!("an earlier {what} (no outputs, so not waited for) failed: {what}: {text}")
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -680,15 +695,26 @@ impl Worker {
     ) -> Result<Vec<ItemOutput>> {
         let mut outputs = Vec::with_capacity(items.len());
         for (index, item) in items.iter().enumerate() {
-            let result = match (item, stream) {
-                (Item::Sync, Some(stream)) => match lock(&stream.held).take() {
-                    Some(held) => Err(Error::Tensorflow(held)),
-                    None => Ok(ItemOutput::default()),
-                },
-                _ => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_item(item)))
-                    .unwrap_or_else(|_| {
-                        Err(Error::Internal("an eager queue item panicked".into()))
-                    }),
+            let held = match (item, stream) {
+                (Item::Sync, Some(stream)) => Some(lock(&stream.held).take()),
+                // An op the client waits for (not a `_Send`: its pull learns
+                // of failures on its own; not another silent one: it runs).
+                (Item::Execute(op), Some(stream))
+                    if op.send_tensor_name().is_none() && !self.failure_is_silent(items, index) =>
+                {
+                    lock(&stream.held).take().map(Some)
+                }
+                _ => None,
+            };
+            let result = match held {
+                Some(Some(held)) => Err(Error::Tensorflow(held)),
+                Some(None) => Ok(ItemOutput::default()),
+                None => {
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_item(item)))
+                        .unwrap_or_else(|_| {
+                            Err(Error::Internal("an eager queue item panicked".into()))
+                        })
+                }
             };
             match result {
                 Ok(output) => outputs.push(output),
@@ -700,7 +726,7 @@ impl Worker {
                         tracing::debug!(context = self.shared.context_id, cause = %err,
                                         "an op without outputs failed; its stream's next sync reports it");
                         lock(&stream.held).get_or_insert_with(|| {
-                            TfError::new(err.code() as i32, err.to_string())
+                            TfError::new(err.code() as i32, held_message(item, &err))
                         });
                         outputs.push(ItemOutput::default());
                         continue;
@@ -751,8 +777,29 @@ impl Worker {
                 function_def,
                 library,
             } => {
+                // A function refused by the tenant's rules is answered as
+                // registered: the stock client registers every function it
+                // traces with the server, also those it runs itself (a
+                // pipeline that calls Python), and only logs a failed
+                // registration. Running it, or an op naming it, is refused
+                // with the reason (see `refusal`).
+                let mut refused_dependency = None;
                 for def in library.iter().chain(std::iter::once(function_def)) {
-                    self.register_function(def)?;
+                    match self.register_function(def) {
+                        Ok(()) => {}
+                        Err(Error::PermissionDenied(why)) => {
+                            refused_dependency.get_or_insert(why);
+                        }
+                        Err(other) => return Err(other),
+                    }
+                }
+                if let Some(why) = refused_dependency {
+                    if let Some(name) = FunctionDefView::decode(function_def.as_ref())
+                        .ok()
+                        .and_then(|v| v.signature.map(|s| s.name))
+                    {
+                        self.remember_refused(name, why);
+                    }
                 }
                 Ok(ItemOutput::default())
             }
@@ -833,7 +880,8 @@ impl Worker {
     /// directory: relative paths are placed in it, a path outside fails the op
     /// with INVALID_ARGUMENT (the rule graph jobs' guards enforce).
     fn confine_checkpoint_paths(&self, op: &OpRequest) -> Result<HashMap<usize, TensorHandle>> {
-        let Some(indices) = checkpoint_path_inputs(&op.name).filter(|_| self.shared.tenant.confined)
+        let Some(indices) =
+            checkpoint_path_inputs(&op.name).filter(|_| self.shared.tenant.confined)
         else {
             return Ok(HashMap::new());
         };
@@ -975,11 +1023,8 @@ impl Worker {
         // Also for function calls: TensorFlow resolves a name to a primitive op
         // before a function, so a function named like a refused op is that op.
         self.shared.tenant.check_eager_op(&op.name)?;
-        if let Some(why) = self.refused.get(&op.name) {
-            return Err(Error::PermissionDenied(format!(
-                "function {:?} was refused when registered: {why}",
-                op.name
-            )));
+        if let Some(refusal) = self.refusal(op) {
+            return Err(refusal);
         }
         self.check_new_id(op.id)?;
         let device = self.local_device(&op.device)?;
@@ -1253,6 +1298,43 @@ impl Worker {
         })
     }
 
+    fn remember_refused(&mut self, function: String, why: String) {
+        // Bounded: a client that keeps registering refused functions only
+        // loses the better message.
+        if self.refused.len() < 1024 {
+            self.refused.entry(function).or_insert(why);
+        }
+    }
+
+    /// Why `op` may not run: it calls a function refused at registration, or
+    /// names one in an attribute (a dataset op's `f`).
+    fn refusal(&self, op: &OpRequest) -> Option<Error> {
+        if self.refused.is_empty() {
+            return None;
+        }
+        if let Some(why) = self.refused.get(&op.name) {
+            return Some(Error::PermissionDenied(format!(
+                "function {:?} was refused when registered: {why}",
+                op.name
+            )));
+        }
+        op.attrs.iter().find_map(|(attr, value)| {
+            let functions = match AttrValue::decode(value.as_ref()).ok()?.value? {
+                attr_value::Value::Func(f) => vec![f.name],
+                attr_value::Value::List(list) => list.func.into_iter().map(|f| f.name).collect(),
+                _ => return None,
+            };
+            functions.into_iter().find_map(|name| {
+                let why = self.refused.get(&name)?;
+                Some(Error::PermissionDenied(format!(
+                    "op {} names function {name:?} (attribute {attr}), which was refused when \
+                     registered: {why}",
+                    op.name
+                )))
+            })
+        })
+    }
+
     /// Registers a FunctionDef with its nodes' devices mapped to this context.
     fn register_function(&mut self, def: &[u8]) -> Result<()> {
         let view = FunctionDefView::decode(def)
@@ -1272,11 +1354,7 @@ impl Worker {
             .tenant
             .check_function(&name, view.node_def.iter().map(|n| n.op.as_str()))
         {
-            // Bounded: a client that keeps registering refused functions only
-            // loses the better message.
-            if self.refused.len() < 1024 {
-                self.refused.insert(name, err.to_string());
-            }
+            self.remember_refused(name, err.to_string());
             return Err(err);
         }
         let max = self.shared.tenant.max_context_functions;

@@ -1,0 +1,365 @@
+"""Python in the input pipeline: the parts of a TF2 script that call Python run in the script's process.
+
+`Dataset.from_generator`, `tf.py_function` / `tf.numpy_function` in a dataset's `map`, Keras 3's `PyDataset`
+and generator inputs all compile to ops (EagerPyFunc, PyFunc) that call back into the Python interpreter that
+built them. The server has none, so once the eager context is connected (_eager) these run here:
+
+- **Datasets.** Every tf.data op is wrapped: one whose function calls Python, or whose input dataset is
+  already here, is built on this process's CPU (`CLIENT_DEVICE`) instead of the server. An input dataset
+  already built on the server is moved here by value (serialized with DatasetToGraphV2, rebuilt with
+  DatasetFromGraph). Everything downstream follows, so the whole pipeline and its iterators run here, and
+  `for batch in dataset` yields tensors in this process that the next op sends to the server.
+- **Eager `tf.py_function` / `tf.numpy_function`** (outside any tf.function) run here too.
+- **Keras 3 `fit` / `evaluate`** hand the epoch's iterator to a tf.function that runs on the server, so a
+  pipeline here is bridged: the epoch iterator becomes one over a server-side dataset that dequeues from a
+  FIFO queue on the server, and right before each train/test call the adapter pulls `steps_per_execution`
+  elements from the pipeline here and enqueues them (an end marker when it runs out). The enqueue ops
+  precede the call on the same eager stream, so the server never waits for data; the step itself runs on
+  the server as one iteration, as with any other input. `predict` takes its batches eagerly: straight from
+  the pipeline here, sent with the call.
+
+Not bridged (see README, "Known limits"): a tf.function of the script's own that takes an iterator of a
+pipeline that calls Python (its `next()` would run here, the rest on the server: TensorFlow splits such a
+function, which the server refuses with what to do), and a `tf.py_function` inside a tf.function that runs on
+the server (refused at registration with PERMISSION_DENIED naming the op).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+PYTHON_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
+CLIENT_DEVICE = "/job:localhost/replica:0/task:0/device:CPU:0"
+KERAS_TRAINER_MODULE = "keras.src.backend.tensorflow.trainer"
+# Generated op modules whose functions build or consume datasets.
+_DATASET_OP_MODULES = ("tensorflow.python.ops.gen_dataset_ops",
+                       "tensorflow.python.ops.gen_experimental_dataset_ops")
+_SCRIPT_OP_MODULE = "tensorflow.python.ops.gen_script_ops"
+_SCRIPT_OPS = ("eager_py_func", "py_func", "py_func_stateless")
+
+_state = {"installed": False}
+_originals: dict[str, object] = {}
+
+
+class PipelineError(RuntimeError):
+    """A pipeline that calls Python could not be moved into the script's process."""
+
+
+def _connected() -> bool:
+    eager = sys.modules.get("salus._eager")
+    return eager is not None and eager.mode() == "connected"
+
+
+# --- which ops run here ------------------------------------------------------------------------------------
+
+def _eager_tensors(values):
+    from tensorflow.python.framework import ops
+    for value in values:
+        if isinstance(value, ops.EagerTensor):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            yield from (v for v in value if isinstance(v, ops.EagerTensor))
+
+
+def _is_here(tensor) -> bool:
+    return "/job:localhost/" in (tensor.device or "")
+
+
+def _is_variant(tensor) -> bool:
+    from tensorflow.python.framework import dtypes
+    return tensor.dtype == dtypes.variant
+
+
+def function_calls_python(function) -> bool:
+    """Whether a traced function (or one it calls) contains an op that calls Python."""
+    graph = getattr(function, "graph", None)
+    if graph is None or not hasattr(graph, "as_graph_def"):
+        return False
+    graph_def = graph.as_graph_def()
+    if any(node.op in PYTHON_OPS for node in graph_def.node):
+        return True
+    return any(node.op in PYTHON_OPS for f in graph_def.library.function for node in f.node_def)
+
+
+def _functions(values):
+    for value in values:
+        if hasattr(value, "graph") and hasattr(value, "function_def"):  # ConcreteFunction, AtomicFunction
+            yield value
+
+
+def dataset_here(variant):
+    """A dataset variant of the server rebuilt in this process, by value."""
+    from tensorflow.python.framework import ops
+    to_graph = _originals.get("dataset_to_graph_v2")
+    from_graph = _originals.get("dataset_from_graph")
+    if to_graph is None or from_graph is None:
+        from tensorflow.python.ops import gen_dataset_ops
+        to_graph, from_graph = gen_dataset_ops.dataset_to_graph_v2, gen_dataset_ops.dataset_from_graph
+    try:
+        with ops.device(variant.device):
+            # external_state_policy 0 (WARN): a stateful op upstream (a random seed) is rebuilt as written.
+            graph_def = to_graph(variant, external_state_policy=0, strip_device_assignment=True)
+        # Fetched first: an op here with an input on the server would be split between the two.
+        graph_def = graph_def.numpy()
+        with ops.device(CLIENT_DEVICE):
+            return from_graph(graph_def)
+    except Exception as e:
+        raise PipelineError(
+            f"salus: this tf.data pipeline calls Python, so it runs in the script's process, but the part of "
+            f"it built before the Python could not be moved there ({type(e).__name__}: {e}). Build the "
+            f"pipeline's source in the same statement, or start it from Dataset.from_generator") from e
+
+
+def tensor_here(tensor, op_name: str):
+    """A tensor input of a dataset op built here (a batch size, a captured constant), copied here."""
+    from tensorflow.python.framework import dtypes
+    if tensor.dtype == dtypes.resource:
+        raise PipelineError(
+            f"salus: this tf.data pipeline calls Python, so it runs in the script's process, but its "
+            f"{op_name} uses state that lives on the server (a tf.Variable, table or other resource). "
+            f"Create that state inside the pipeline's functions, or pass its value as a tensor")
+    return tensor._copy_to_device(CLIENT_DEVICE)
+
+
+def _wrap_dataset_op(name: str, op):
+    @functools.wraps(op)
+    def wrapper(*args, **kwargs):
+        if not _connected():
+            return op(*args, **kwargs)
+        from tensorflow.python.eager import context
+        if not context.executing_eagerly():
+            return op(*args, **kwargs)
+        values = (*args, *kwargs.values())
+        variants = [t for t in _eager_tensors(values) if _is_variant(t)]
+        here = any(_is_here(t) for t in variants) or any(function_calls_python(f) for f in _functions(values))
+        if not here:
+            return op(*args, **kwargs)
+        _patch_keras_if_loaded()
+
+        def moved(value):
+            if isinstance(value, (list, tuple)):
+                return type(value)(moved(v) for v in value)
+            if isinstance(value, ops.EagerTensor) and not _is_here(value):
+                return dataset_here(value) if _is_variant(value) else tensor_here(value, name)
+            return value
+
+        from tensorflow.python.framework import ops
+        args = tuple(moved(a) for a in args)
+        kwargs = {k: moved(v) for k, v in kwargs.items()}
+        with ops.device(CLIENT_DEVICE):
+            return op(*args, **kwargs)
+
+    wrapper._salus_original = op
+    return wrapper
+
+
+def _wrap_script_op(op):
+    @functools.wraps(op)
+    def wrapper(*args, **kwargs):
+        if _connected():
+            from tensorflow.python.eager import context
+            if context.executing_eagerly():
+                from tensorflow.python.framework import ops
+                with ops.device(CLIENT_DEVICE):
+                    return op(*args, **kwargs)
+        return op(*args, **kwargs)
+
+    wrapper._salus_original = op
+    return wrapper
+
+
+def _is_op_function(name: str, value) -> bool:
+    return (callable(value) and not name.startswith("_") and "eager_fallback" not in name
+            and getattr(value, "__module__", "").startswith("tensorflow.python.ops.gen_"))
+
+
+def install() -> None:
+    """Wraps TensorFlow's generated dataset and Python-callback op functions (idempotent)."""
+    if _state["installed"]:
+        return
+    import importlib
+    for module_name in _DATASET_OP_MODULES:
+        module = importlib.import_module(module_name)
+        for name, value in list(vars(module).items()):
+            if not _is_op_function(name, value) or hasattr(value, "_salus_original"):
+                continue
+            # Iterator ops take the iterator's resource and run where it lives already.
+            if name.startswith(("iterator", "anonymous_iterator", "multi_device_iterator")):
+                continue
+            _originals.setdefault(name, value)
+            setattr(module, name, _wrap_dataset_op(name, value))
+    script = importlib.import_module(_SCRIPT_OP_MODULE)
+    for name in _SCRIPT_OPS:
+        value = getattr(script, name, None)
+        if value is not None and not hasattr(value, "_salus_original"):
+            setattr(script, name, _wrap_script_op(value))
+    _state["installed"] = True
+    _patch_keras_if_loaded()
+
+
+# --- Keras 3: feeding the server's step from a pipeline here ---------------------------------------------
+
+def is_dataset_here(dataset) -> bool:
+    from tensorflow.python.data.ops import dataset_ops
+    from tensorflow.python.framework import ops
+    if not isinstance(dataset, dataset_ops.DatasetV2):
+        return False
+    try:
+        variant = dataset._variant_tensor
+    except Exception:
+        return False
+    return isinstance(variant, ops.EagerTensor) and _is_here(variant)
+
+
+class Feed:
+    """A server-side iterator whose elements this process enqueues from a pipeline that runs here."""
+
+    def __init__(self, dataset, server_device: str):
+        import tensorflow as tf
+        from tensorflow.python.data.util import structure
+
+        self._spec = dataset.element_spec
+        self._flat = structure.get_flat_tensor_specs(self._spec)
+        if any(s.dtype in (tf.variant, tf.resource) for s in self._flat):
+            raise PipelineError("salus: only datasets of dense tensors can feed a step on the server")
+        self._ended = False
+        self._source = iter(dataset)
+        spec, flat = self._spec, self._flat
+        with tf.device(server_device):
+            queue = tf.queue.FIFOQueue(-1, [tf.bool] + [s.dtype for s in flat])
+            self._queue = queue
+            self._true = tf.constant(True)
+            self._end = [tf.constant(False)] + [
+                tf.zeros([d if d is not None else 0 for d in s.shape.as_list()] if s.shape.rank is not None
+                         else [0], s.dtype) for s in flat]
+
+            def dequeue(_):
+                values = queue.dequeue()
+                return values[0], tuple(values[1:])
+
+            def element(_, components):
+                components = list(components)
+                for c, s in zip(components, flat):
+                    c.set_shape(s.shape)
+                return structure.from_compatible_tensor_list(spec, components)
+
+            # No read-ahead on the server: a dequeue runs only inside the step's get_next, after the
+            # elements were enqueued; a prefetch thread would wait on the queue past the end marker.
+            options = tf.data.Options()
+            options.autotune.enabled = False
+            options.experimental_optimization.inject_prefetch = False
+            options.experimental_optimization.map_parallelization = False
+            served = (tf.data.Dataset.from_tensors(0).repeat().map(dequeue)
+                      .take_while(lambda flag, _: flag).map(element).with_options(options))
+            self.iterator = FeedIterator(served, self)
+
+    def __del__(self):
+        # Closing wakes a dequeue that still waits (it fails with OutOfRange), so that the queue is never
+        # destroyed under a waiting thread.
+        try:
+            if not self._ended:
+                self._queue.close(cancel_pending_enqueues=True)
+        except Exception:
+            pass
+
+    def next_here(self):
+        return next(self._source)
+
+    def push(self, count: int) -> None:
+        """Enqueues the pipeline's next `count` elements (or what is left and the end marker)."""
+        from tensorflow.python.data.util import structure
+        for _ in range(max(1, int(count))):
+            if self._ended:
+                return
+            try:
+                element = next(self._source)
+            except StopIteration:
+                self._ended = True
+                self._queue.enqueue(self._end)
+                return
+            self._queue.enqueue([self._true] + structure.to_tensor_list(self._spec, element))
+
+
+def _iterator_class():
+    from tensorflow.python.data.ops import iterator_ops
+
+    class _FeedIterator(iterator_ops.OwnedIterator):
+        """The iterator Keras's step function takes; `_salus_feed` fills it."""
+
+        def __init__(self, dataset, feed):
+            super().__init__(dataset)
+            self._salus_feed = feed
+
+        def __next__(self):
+            # Taken eagerly (Keras's predict does): straight from the pipeline here, not via the server.
+            return self._salus_feed.next_here()
+
+    return _FeedIterator
+
+
+def FeedIterator(dataset, feed):  # noqa: N802  (the class needs TensorFlow, made on first use)
+    cls = _state.get("feed_iterator")
+    if cls is None:
+        cls = _state["feed_iterator"] = _iterator_class()
+    return cls(dataset, feed)
+
+
+class _FeedSource:
+    """What a patched TFEpochIterator iterates for a pipeline here: each iter() is a new feed (an epoch)."""
+
+    def __init__(self, dataset, server_device: str):
+        self._dataset = dataset
+        self._device = server_device
+
+    def __iter__(self):
+        return Feed(self._dataset, self._device).iterator
+
+
+def patch_keras_trainer(module) -> None:
+    """Keras 3's TensorFlow trainer: its epoch iterator over a pipeline here becomes a feed, filled right
+    before each train/test step takes from it; a step's error reaches the script with its type."""
+    epoch_iterator = getattr(module, "TFEpochIterator", None)
+    trainer = getattr(module, "TensorFlowTrainer", None)
+    if epoch_iterator is None or trainer is None or getattr(trainer, "_salus_patched", False):
+        return
+    original_get = epoch_iterator._get_iterator
+    original_make = trainer._make_function
+
+    def _get_iterator(self):
+        source = original_get(self)
+        if _connected() and is_dataset_here(source):
+            from . import _eager
+            return _FeedSource(source, _eager.SERVER_DEVICE)
+        return source
+
+    def _make_function(self, step_function):
+        function = original_make(self, step_function)
+
+        @functools.wraps(function)
+        def fed_step(iterator, *args, **kwargs):
+            feed = getattr(iterator, "_salus_feed", None)
+            if feed is not None:
+                feed.push(getattr(self, "steps_per_execution", 1) or 1)
+            try:
+                return function(iterator, *args, **kwargs)
+            except ValueError:
+                # TensorFlow's remote-eager client does not wait for a function call; an error of the step
+                # (OutOfRange at the end of a dataset of unknown length) poisons its outputs, and reading
+                # one's device raises a ValueError. A sync raises it with its type, as in-process.
+                if _connected():
+                    from tensorflow.python.eager import context
+                    context.context().sync_executors()
+                raise
+
+        return fed_step
+
+    epoch_iterator._get_iterator = _get_iterator
+    trainer._make_function = _make_function
+    trainer._salus_patched = True
+
+
+def _patch_keras_if_loaded() -> None:
+    module = sys.modules.get(KERAS_TRAINER_MODULE)
+    if module is not None and hasattr(module, "TFEpochIterator"):
+        patch_keras_trainer(module)
