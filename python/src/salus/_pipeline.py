@@ -161,6 +161,16 @@ def _wrap_script_op(op):
             from tensorflow.python.eager import context
             if context.executing_eagerly():
                 from tensorflow.python.framework import ops
+
+                def here(value):  # inputs on the server are fetched first (see dataset_here)
+                    if isinstance(value, (list, tuple)):
+                        return type(value)(here(v) for v in value)
+                    if isinstance(value, ops.EagerTensor) and not _is_here(value):
+                        return value._copy_to_device(CLIENT_DEVICE)
+                    return value
+
+                args = tuple(here(a) for a in args)
+                kwargs = {k: here(v) for k, v in kwargs.items()}
                 with ops.device(CLIENT_DEVICE):
                     return op(*args, **kwargs)
         return op(*args, **kwargs)
@@ -245,26 +255,25 @@ class Feed:
                 return structure.from_compatible_tensor_list(spec, components)
 
             # No read-ahead on the server: a dequeue runs only inside the step's get_next, after the
-            # elements were enqueued; a prefetch thread would wait on the queue past the end marker.
+            # elements were enqueued. A prefetch thread would wait on the queue past the end marker, and
+            # TensorFlow crashes when a queue is destroyed under a waiting dequeue (the feed of an
+            # abandoned epoch is dropped without closing its queue: a close from __del__ could land in
+            # whatever function is being traced at that moment).
             options = tf.data.Options()
             options.autotune.enabled = False
             options.experimental_optimization.inject_prefetch = False
             options.experimental_optimization.map_parallelization = False
-            served = (tf.data.Dataset.from_tensors(0).repeat().map(dequeue)
-                      .take_while(lambda flag, _: flag).map(element).with_options(options))
-            self.iterator = FeedIterator(served, self)
-
-    def __del__(self):
-        # Closing wakes a dequeue that still waits (it fails with OutOfRange), so that the queue is never
-        # destroyed under a waiting thread.
-        try:
-            if not self._ended:
-                self._queue.close(cancel_pending_enqueues=True)
-        except Exception:
-            pass
+            self.served = (tf.data.Dataset.from_tensors(0).repeat().map(dequeue)
+                           .take_while(lambda flag, _: flag).map(element).with_options(options))
 
     def next_here(self):
-        return next(self._source)
+        if self._source is None:
+            raise StopIteration
+        try:
+            return next(self._source)
+        except StopIteration:
+            self._source = None
+            raise
 
     def push(self, count: int) -> None:
         """Enqueues the pipeline's next `count` elements (or what is left and the end marker)."""
@@ -275,7 +284,9 @@ class Feed:
             try:
                 element = next(self._source)
             except StopIteration:
-                self._ended = True
+                # Released at once, not by a later garbage collection: the iterator's threads may need
+                # the interpreter lock to stop, and a collection at exit holds it.
+                self._ended, self._source = True, None
                 self._queue.enqueue(self._end)
                 return
             self._queue.enqueue([self._true] + structure.to_tensor_list(self._spec, element))
@@ -313,7 +324,10 @@ class _FeedSource:
         self._device = server_device
 
     def __iter__(self):
-        return Feed(self._dataset, self._device).iterator
+        # The iterator holds the feed, not the other way round: no cycle, so an abandoned epoch's
+        # pipeline is released when Keras drops the iterator, not by a garbage collection at exit.
+        feed = Feed(self._dataset, self._device)
+        return FeedIterator(feed.served, feed)
 
 
 def patch_keras_trainer(module) -> None:

@@ -1,0 +1,53 @@
+"""Python in the input pipeline (workloads/tf2_python_pipeline.py, an unmodified Keras 3 script): fit,
+evaluate and predict on Dataset.from_generator, PyDataset (with and without worker threads), a
+keras.utils.Sequence, a Python generator, and datasets that map tf.py_function / tf.numpy_function; eager
+iteration, a custom loop and an eager tf.py_function. Run once in-process and once through the server: every
+number must be the same, the model's variables must live on the server, and every Python callback must have
+run in the script's own process (its call counts are the script's).
+
+Cost: two runs of one script (about 10 s each here).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import last_json_line
+from test_python_adapter import salus_package  # noqa: F401  (module fixture: python/ installed)
+from tf2_common import SERVER_JOB, assert_same_numbers, run_workload, salus_lines, tf2_env
+
+SCRIPT = "tf2_python_pipeline.py"
+# Cases whose callbacks run exactly once per element the script asks for (the generator is run to its end
+# each epoch): the same count in both runs. The others read ahead through a prefetch, by a number of
+# elements that depends on thread timing.
+EXACT_COUNTS = ("from_generator", "from_generator_spe3", "py_function_map", "numpy_function_map")
+BATCHES_PER_EPOCH = 6
+
+
+@pytest.fixture(scope="module")
+def runs(salus_address):
+    local = run_workload(SCRIPT, tf2_env())
+    remote = run_workload(SCRIPT, tf2_env(SALUS_SERVER=salus_address))
+    assert not salus_lines(remote.stderr), f"the adapter warned:\n{remote.stderr[-4000:]}"
+    return last_json_line(local.stdout), last_json_line(remote.stdout)
+
+
+def test_numbers_equal_in_process(runs):
+    local, remote = runs
+    assert remote["devices"] == [SERVER_JOB + "/replica:0/task:0/device:CPU:0"], remote["devices"]
+    assert_same_numbers(local, remote, ignore=("devices", "calls"))
+
+
+def test_callbacks_ran_in_the_scripts_process(runs):
+    local, remote = runs
+    assert set(remote["calls"]) == set(local["calls"]), (local["calls"], remote["calls"])
+    for case in EXACT_COUNTS:
+        assert remote["calls"][case] == local["calls"][case], (case, local["calls"], remote["calls"])
+    for case in ("pydataset", "pydataset_workers", "sequence", "python_generator"):
+        assert remote["calls"][case] >= 2 * BATCHES_PER_EPOCH, (case, remote["calls"])
+
+
+def test_a_failing_generator_raises_its_error_in_the_script(runs):
+    local, remote = runs
+    assert remote["failing_generator"] == local["failing_generator"], (local, remote)
+    assert remote["failing_generator"][1] is True, remote["failing_generator"]
