@@ -66,4 +66,41 @@ attempt("save_relative", lambda: ckpt.write("ckpt/model"))
 attempt("save_outside", lambda: ckpt.write("/tmp/salus-escape/model"))
 v.assign([0.0, 0.0, 0.0])
 attempt("restore", lambda: ckpt.read(job_dir + "/ckpt/model").assert_consumed())
+
+
+# Errors where they happen: a refused op without outputs is not waited for by TensorFlow's client, so it is
+# reported (with its own message) by the next call, never as a later, unrelated symptom.
+def at_which_call(name, first, then):
+    for step, fn in (("first", first), ("next", then)):
+        try:
+            fn()
+        except tf.errors.OpError as e:
+            outcomes[name] = [step, type(e).__name__, e.message[:400]]
+            _settle()
+            return
+    outcomes[name] = ["none"]
+
+
+at_which_call("late_write", lambda: tf.io.write_file("/tmp/salus-tenant-test", "x"),
+              lambda: (tf.constant(1.0) + 1).numpy())
+with open("vocab.txt", "w") as f:
+    f.write("a\nb\n")
+table_init = tf.lookup.TextFileInitializer("vocab.txt", tf.string, tf.lookup.TextFileIndex.WHOLE_LINE,
+                                           tf.int64, tf.lookup.TextFileIndex.LINE_NUMBER)
+tables = []
+at_which_call("late_table", lambda: tables.append(tf.lookup.StaticHashTable(table_init, -1)),
+              lambda: tables[0].lookup(tf.constant(["b"])).numpy())
+
+
+@tf.function
+def python_inside(x):
+    return tf.py_function(lambda a: a * 2.0, [x], tf.float32) + 1.0
+
+
+at_which_call("py_function_in_function", lambda: python_inside(tf.constant(1.0)).numpy(), lambda: None)
+# A pipeline that calls Python runs in the script's process, for this tenant too.
+attempt("python_pipeline", lambda: outcomes.update(python_pipeline_values=[int(x) for x in tf.data.Dataset.range(
+    4).map(lambda x: tf.py_function(lambda a: a * 2, [x], tf.int64))]))
 print(json.dumps({"outcomes": outcomes, "restored": v.numpy().tolist(), "device": v.device}), flush=True)
+# The script's last op is refused, and no call follows that could report it: the adapter does, at exit.
+tf.io.write_file("/tmp/salus-tenant-test-last", "x")

@@ -145,6 +145,7 @@ def _register_atexit() -> None:
     if not _state["atexit"]:
         _state["atexit"] = True
         atexit.register(warn_if_local_work)
+        atexit.register(report_unwaited_failure)
 
 
 # --- the automatic path -----------------------------------------------------------------------------------
@@ -311,6 +312,21 @@ def _did_eager_work() -> bool:
         return bool(getattr(ctx, "_initialized", True))
     except Exception:
         return False
+
+
+def report_unwaited_failure() -> None:
+    """At exit: TensorFlow's client does not wait for an op without outputs (a file write), and the server
+    reports such an op's failure by the next call. When the script made none, say it here."""
+    if _state["mode"] != "connected":
+        return
+    try:
+        from tensorflow.python.eager import context
+        ctx = context.context()
+        if getattr(ctx, "_initialized", False):
+            ctx.sync_executors()
+    except Exception as e:
+        _warn(f"error: an op of this script failed on the Salus server after its last call, which could not "
+              f"report it: {type(e).__name__}: {_one_line(e, 1000)}")
 
 
 def warn_if_local_work() -> None:

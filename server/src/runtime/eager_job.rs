@@ -523,11 +523,15 @@ fn held_message(item: &Item, err: &Error) -> String {
         other => other.label(),
     };
     let text = err.to_string();
-    if text.contains(&what) {
-        format!("an earlier {what} (no outputs, so not waited for) failed: {text}")
+    let named = if text.contains(&what) {
+        text
     } else {
-        format!("an earlier {what} (no outputs, so not waited for) failed: {what}: {text}")
-    }
+        format!("{what}: {text}")
+    };
+    format!(
+        "{named} (reported by this later call: the failed {what} has no outputs, so TensorFlow's \
+         client did not wait for it)"
+    )
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
