@@ -31,7 +31,12 @@ use super::status::{with_status, TfError};
 pub enum TensorError {
     #[error("unknown dtype {0}")]
     UnknownDtype(i32),
-    #[error("dtype {0} cannot be sent over the master protocol")]
+    #[error(
+        "dtype {0} cannot be sent to the server: a resource or variant stands for state in the process that \
+         made it (a tf.data dataset or iterator of the client's own process, such as one whose pipeline \
+         calls Python, cannot be passed to a function on the server: iterate it in the client and pass \
+         the batches as arguments)"
+    )]
     UnsupportedDtype(&'static str),
     #[error("tensor shape has unknown rank; a fed tensor needs a fully defined shape")]
     UnknownRank,
