@@ -5,7 +5,9 @@ iteration, a custom loop and an eager tf.py_function. Run once in-process and on
 number must be the same, the model's variables must live on the server, and every Python callback must have
 run in the script's own process (its call counts are the script's).
 
-Cost: two runs of one script (about 10 s each here).
+The same for tf-keras (TF_USE_LEGACY_KERAS=1, eager): workloads/tf2_legacy_python_pipeline.py.
+
+Cost: four script runs (about 10 s each here).
 """
 
 from __future__ import annotations
@@ -51,3 +53,16 @@ def test_a_failing_generator_raises_its_error_in_the_script(runs):
     local, remote = runs
     assert remote["failing_generator"] == local["failing_generator"], (local, remote)
     assert remote["failing_generator"][1] is True, remote["failing_generator"]
+
+
+def test_tf_keras_fits_on_python_pipelines_with_in_process_numbers(salus_address):
+    script = "tf2_legacy_python_pipeline.py"
+    local = last_json_line(run_workload(script, tf2_env(TF_USE_LEGACY_KERAS="1")).stdout)
+    proc = run_workload(script, tf2_env(TF_USE_LEGACY_KERAS="1", SALUS_SERVER=salus_address))
+    assert not salus_lines(proc.stderr), f"the adapter warned:\n{proc.stderr[-4000:]}"
+    remote = last_json_line(proc.stdout)
+    assert remote["device"].startswith(SERVER_JOB), remote["device"]
+    assert_same_numbers(local, remote, ignore=("device", "calls"))
+    for case in ("from_generator", "py_function_map", "sequence"):
+        assert remote["calls"][case] == local["calls"][case], (case, local["calls"], remote["calls"])
+    assert remote["calls"]["python_generator"] >= 8, remote["calls"]

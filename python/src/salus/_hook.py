@@ -2,14 +2,15 @@
 
 salus_tf.pth (top of site-packages) calls install_from_env() only when SALUS_SERVER is set (before it, with
 SALUS_TOKEN set, _token.apply_env(), whether or not SALUS_SERVER is). This module never imports TensorFlow: a
-meta-path finder watches for three modules and acts right after each has run:
+meta-path finder watches for four modules and acts right after each has run:
 
 - `tensorflow.python.client.session` (every way of importing TensorFlow or tf-keras loads it): BaseSession
   is patched so graph sessions go to the master front end (_patch);
 - `tensorflow`, the top-level package, once its import has completed: the eager context is armed to connect
   to the server with TensorFlow's remote-eager protocol (_eager; not with SALUS_EAGER=0);
-- Keras 3's TensorFlow trainer: its epoch iterator feeds steps on the server from input pipelines that call
-  Python, which run in this process (_pipeline; inactive unless the eager context is connected).
+- Keras 3's TensorFlow trainer and tf-keras's training module: their steps on the server are fed from input
+  pipelines that call Python, which run in this process (_pipeline; inactive unless the eager context is
+  connected).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from ._log import warn as _warn
 SESSION_MODULE = "tensorflow.python.client.session"
 TF_MODULE = "tensorflow"
 KERAS_TRAINER_MODULE = "keras.src.backend.tensorflow.trainer"
-_WATCHED = (SESSION_MODULE, TF_MODULE, KERAS_TRAINER_MODULE)
+TF_KERAS_TRAINING_MODULE = "tf_keras.src.engine.training"
+_WATCHED = (SESSION_MODULE, TF_MODULE, KERAS_TRAINER_MODULE, TF_KERAS_TRAINING_MODULE)
 
 _installed = False
 _from_env_done = False
@@ -42,7 +44,7 @@ class _PatchingLoader:
         self._real.exec_module(module)
         if self._fullname == SESSION_MODULE:
             _on_session_module(module)
-        elif self._fullname == KERAS_TRAINER_MODULE:
+        elif self._fullname in (KERAS_TRAINER_MODULE, TF_KERAS_TRAINING_MODULE):
             _on_keras_trainer_module(module)
         else:
             _on_tensorflow_module(module)
@@ -94,7 +96,10 @@ def _on_tensorflow_module(module) -> None:
 def _on_keras_trainer_module(module) -> None:
     try:
         from . import _pipeline
-        _pipeline.patch_keras_trainer(module)
+        if module.__name__ == TF_KERAS_TRAINING_MODULE:
+            _pipeline.patch_tf_keras_training(module)
+        else:
+            _pipeline.patch_keras_trainer(module)
     except Exception as e:  # never break the user's Keras import
         _warn(f"could not feed Keras steps from Python input pipelines ({type(e).__name__}: {e})")
 
@@ -119,14 +124,14 @@ def install() -> None:
     _installed = True
     session_module = _imported(SESSION_MODULE)
     tf_module = _imported(TF_MODULE)
-    trainer_module = _imported(KERAS_TRAINER_MODULE)
-    if session_module is None or tf_module is None or trainer_module is None:
+    trainers = [m for m in map(_imported, (KERAS_TRAINER_MODULE, TF_KERAS_TRAINING_MODULE)) if m is not None]
+    if session_module is None or tf_module is None or len(trainers) < 2:
         sys.meta_path.insert(0, _SessionModuleFinder())
     if session_module is not None:
         _on_session_module(session_module)
     if tf_module is not None:
         _on_tensorflow_module(tf_module)
-    if trainer_module is not None:
+    for trainer_module in trainers:
         _on_keras_trainer_module(trainer_module)
 
 

@@ -16,7 +16,8 @@ built them. The server has none, so once the eager context is connected (_eager)
   elements from the pipeline here and enqueues them (an end marker when it runs out). The enqueue ops
   precede the call on the same eager stream, so the server never waits for data; the step itself runs on
   the server as one iteration, as with any other input. `predict` takes its batches eagerly: straight from
-  the pipeline here, sent with the call.
+  the pipeline here, sent with the call. tf-keras (TF_USE_LEGACY_KERAS=1, eager) makes the epoch's iterator
+  itself: its train/test functions are wrapped to pass a feed filled from that iterator instead.
 
 Not bridged (see README, "Known limits"): a tf.function of the script's own that takes an iterator of a
 pipeline that calls Python (its `next()` would run here, the rest on the server: TensorFlow splits such a
@@ -32,6 +33,7 @@ import sys
 PYTHON_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
 CLIENT_DEVICE = "/job:localhost/replica:0/task:0/device:CPU:0"
 KERAS_TRAINER_MODULE = "keras.src.backend.tensorflow.trainer"
+TF_KERAS_TRAINING_MODULE = "tf_keras.src.engine.training"
 # Generated op modules whose functions build or consume datasets.
 _DATASET_OP_MODULES = ("tensorflow.python.ops.gen_dataset_ops",
                        "tensorflow.python.ops.gen_experimental_dataset_ops")
@@ -225,16 +227,17 @@ def is_dataset_here(dataset) -> bool:
 class Feed:
     """A server-side iterator whose elements this process enqueues from a pipeline that runs here."""
 
-    def __init__(self, dataset, server_device: str):
+    def __init__(self, dataset, server_device: str, source=None):
+        """`source`: an iterator of `dataset` already made here (tf-keras makes its own), else a new one."""
         import tensorflow as tf
         from tensorflow.python.data.util import structure
 
-        self._spec = dataset.element_spec
+        self._spec = dataset.element_spec if dataset is not None else source.element_spec
         self._flat = structure.get_flat_tensor_specs(self._spec)
         if any(s.dtype in (tf.variant, tf.resource) for s in self._flat):
             raise PipelineError("salus: only datasets of dense tensors can feed a step on the server")
         self._ended = False
-        self._source = iter(dataset)
+        self._source = source if source is not None else iter(dataset)
         spec, flat = self._spec, self._flat
         with tf.device(server_device):
             queue = tf.queue.FIFOQueue(-1, [tf.bool] + [s.dtype for s in flat])
@@ -330,6 +333,31 @@ class _FeedSource:
         return FeedIterator(feed.served, feed)
 
 
+def _typed_errors_and_fed(function, feed_for, steps_per_call):
+    """A Keras step function that first fills its feed (`feed_for(iterator)`: the feed iterator to pass
+    instead, or None) with `steps_per_call()` elements, and whose remote errors keep their type."""
+
+    @functools.wraps(function)
+    def fed_step(iterator, *args, **kwargs):
+        fed = feed_for(iterator) if _connected() else None
+        if fed is not None:
+            fed._salus_feed.push(steps_per_call())
+            iterator = fed
+        try:
+            return function(iterator, *args, **kwargs)
+        except ValueError:
+            # TensorFlow's remote-eager client does not wait for a function call; an error of the step
+            # (OutOfRange at the end of a dataset of unknown length) poisons its outputs, and reading
+            # one's device raises a ValueError. A sync raises it with its type, as in-process.
+            if _connected():
+                from tensorflow.python.eager import context
+                context.context().sync_executors()
+            raise
+
+    fed_step._salus_fed = True
+    return fed_step
+
+
 def patch_keras_trainer(module) -> None:
     """Keras 3's TensorFlow trainer: its epoch iterator over a pipeline here becomes a feed, filled right
     before each train/test step takes from it; a step's error reaches the script with its type."""
@@ -348,32 +376,66 @@ def patch_keras_trainer(module) -> None:
         return source
 
     def _make_function(self, step_function):
-        function = original_make(self, step_function)
-
-        @functools.wraps(function)
-        def fed_step(iterator, *args, **kwargs):
-            feed = getattr(iterator, "_salus_feed", None)
-            if feed is not None:
-                feed.push(getattr(self, "steps_per_execution", 1) or 1)
-            try:
-                return function(iterator, *args, **kwargs)
-            except ValueError:
-                # TensorFlow's remote-eager client does not wait for a function call; an error of the step
-                # (OutOfRange at the end of a dataset of unknown length) poisons its outputs, and reading
-                # one's device raises a ValueError. A sync raises it with its type, as in-process.
-                if _connected():
-                    from tensorflow.python.eager import context
-                    context.context().sync_executors()
-                raise
-
-        return fed_step
+        return _typed_errors_and_fed(
+            original_make(self, step_function),
+            lambda iterator: iterator if getattr(iterator, "_salus_feed", None) is not None else None,
+            lambda: getattr(self, "steps_per_execution", 1) or 1)
 
     epoch_iterator._get_iterator = _get_iterator
     trainer._make_function = _make_function
     trainer._salus_patched = True
 
 
+def patch_tf_keras_training(module) -> None:
+    """tf-keras (TF_USE_LEGACY_KERAS=1) in eager mode: its train/test functions take the epoch's iterator,
+    made by its DataHandler; over a pipeline here, each call gets a feed iterator filled from it."""
+    import weakref
+    model_cls = getattr(module, "Model", None)
+    if model_cls is None or getattr(model_cls, "_salus_patched", False):
+        return
+    feeds: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> (local iterator id, feed it)
+
+    def feed_for(model):
+        def lookup(iterator):
+            from tensorflow.python.data.ops import iterator_ops
+            if not isinstance(iterator, iterator_ops.OwnedIterator):
+                return None
+            if not _is_here(iterator._iterator_resource):
+                return None
+            held = feeds.get(model)
+            if held is None or held[0] != id(iterator):
+                from . import _eager
+                feed = Feed(None, _eager.SERVER_DEVICE, source=iterator)
+                held = feeds[model] = (id(iterator), FeedIterator(feed.served, feed))
+            return held[1]
+        return lookup
+
+    def steps_of(model):
+        def read():
+            spe = getattr(model, "_steps_per_execution", None)
+            return int(spe.numpy()) if spe is not None else 1
+        return read
+
+    for name in ("make_train_function", "make_test_function"):
+        original = getattr(model_cls, name)
+
+        def make(self, force=False, _original=original):
+            function = _original(self, force=force)
+            if function is None or getattr(function, "_salus_fed", False) or not _connected():
+                return function
+            wrapped = _typed_errors_and_fed(function, feed_for(self), steps_of(self))
+            attr = "train_function" if _original.__name__ == "make_train_function" else "test_function"
+            setattr(self, attr, wrapped)
+            return wrapped
+
+        setattr(model_cls, name, make)
+    model_cls._salus_patched = True
+
+
 def _patch_keras_if_loaded() -> None:
     module = sys.modules.get(KERAS_TRAINER_MODULE)
     if module is not None and hasattr(module, "TFEpochIterator"):
         patch_keras_trainer(module)
+    module = sys.modules.get(TF_KERAS_TRAINING_MODULE)
+    if module is not None and hasattr(module, "Model"):
+        patch_tf_keras_training(module)
