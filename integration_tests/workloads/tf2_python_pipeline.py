@@ -1,5 +1,5 @@
-"""An unmodified TF2 / Keras 3 script whose input pipeline calls Python: Keras fit, evaluate and predict on
-Dataset.from_generator (length unknown, steps_per_execution 1 and 3), on a PyDataset (in this thread, and with
+"""An unmodified TF2 / Keras 3 script whose input pipeline calls Python: Keras fit (with validation data),
+evaluate and predict on Dataset.from_generator (length unknown, steps_per_execution 1 and 3), on a PyDataset (in this thread, and with
 worker threads), on a keras.utils.Sequence subclass and on a plain Python generator; tf.py_function and
 tf.numpy_function inside a dataset's map (Keras fit, and a custom loop over the batches); the dataset iterated
 eagerly; an eager tf.py_function; a generator that raises. Every callback counts its calls in this process.
@@ -71,7 +71,8 @@ def fit_case(case, data, **kwargs):
 # Dataset.from_generator: length unknown, so each epoch ends with OutOfRange from the step.
 for case in ("from_generator", "from_generator_spe3"):
     ds = tf.data.Dataset.from_generator(generator(case), output_signature=SPEC)
-    model = fit_case(case, ds)
+    validation = tf.data.Dataset.from_generator(generator(case, n=32), output_signature=SPEC)
+    model = fit_case(case, ds, validation_data=validation)
     out[case]["evaluate"] = [float(v) for v in model.evaluate(ds, verbose=0)]
     out[case]["predict"] = [float(v) for v in model.predict(ds, verbose=0).ravel()[:12]]
 
