@@ -18,8 +18,8 @@ use salus_proto::tensorflow::eager::eager_service_client::EagerServiceClient;
 use salus_proto::tensorflow::eager::*;
 use salus_proto::tensorflow::worker_service_client::WorkerServiceClient;
 use salus_proto::tensorflow::{
-    attr_value, tensor_shape_proto, AttrValue, DataType, GetStatusRequest, RecvTensorRequest,
-    TensorProto, TensorShapeProto,
+    attr_value, tensor_shape_proto, AttrValue, DataType, GetStatusRequest, NameAttrList,
+    RecvTensorRequest, TensorProto, TensorShapeProto,
 };
 use salus_server::config::Config;
 use tonic::transport::Channel;
@@ -584,14 +584,53 @@ async fn hostile_eager_requests_get_clear_errors_and_leave_the_server_healthy() 
         .unwrap_err();
     assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
     assert!(err.message().contains("ReadFile"), "{err:?}");
-    let err = s
-        .enqueue(
-            21,
-            vec![register(square_function("__inference_read_3", "ReadFile"))],
-        )
-        .await
-        .unwrap_err();
+    // A refused function is answered as registered (the stock client registers every function it
+    // traces and only logs a failure); calling it, or naming it in an op's attribute, is refused.
+    s.enqueue(
+        21,
+        vec![register(square_function("__inference_read_3", "ReadFile"))],
+    )
+    .await
+    .unwrap();
+    let mut call = op(30, "__inference_read_3", vec![handle(6)], vec![]);
+    if let Some(queue_item::Item::Operation(o)) = &mut call.item {
+        o.is_function = true;
+    }
+    let err = s.enqueue(21, vec![call]).await.unwrap_err();
     assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(
+        err.message().contains("refused when registered") && err.message().contains("ReadFile"),
+        "{err:?}"
+    );
+    let naming = op(
+        31,
+        "MapDataset",
+        vec![handle(6)],
+        vec![(
+            "f",
+            attr(attr_value::Value::Func(NameAttrList {
+                name: "__inference_read_3".into(),
+                ..Default::default()
+            })),
+        )],
+    );
+    let err = s.enqueue(21, vec![naming]).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(err.message().contains("attribute f"), "{err:?}");
+    // Python callbacks are refused for every tenant, saying where they run instead.
+    s.enqueue(
+        21,
+        vec![register(square_function("__inference_py_4", "EagerPyFunc"))],
+    )
+    .await
+    .unwrap();
+    let mut call = op(32, "__inference_py_4", vec![handle(6)], vec![]);
+    if let Some(queue_item::Item::Operation(o)) = &mut call.item {
+        o.is_function = true;
+    }
+    let err = s.enqueue(21, vec![call]).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(err.message().contains("script's process"), "{err:?}");
     // A device on the client's own job.
     let mut on_client = float_op(8, "Neg", vec![handle(6)]);
     if let Some(queue_item::Item::Operation(o)) = &mut on_client.item {
@@ -717,7 +756,7 @@ async fn contexts_hold_a_bounded_number_of_handles_and_functions() {
 /// from its next sync: on a stream, such a request is answered as done and the
 /// stream's next sync item fails with its error, once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_op_without_outputs_is_reported_by_the_streams_next_sync() {
+async fn a_failed_op_without_outputs_is_reported_by_the_streams_next_call_or_sync() {
     let mut s = TestServer::start().await;
     s.create_context(41, "silent").await;
     let request = |queue: Vec<QueueItem>| EnqueueRequest {
@@ -772,9 +811,38 @@ async fn a_failed_op_without_outputs_is_reported_by_the_streams_next_sync() {
     }
     let reported = responses.message().await.unwrap_err();
     assert_eq!(
-        (reported.code(), reported.message()),
-        (unary.code(), unary.message()),
-        "the first failure"
+        reported.code(),
+        unary.code(),
+        "the first failure: {reported:?}"
+    );
+    assert!(
+        reported.message().starts_with("op AssignVariableOp: ")
+            && reported.message().contains(unary.message())
+            && reported.message().contains("reported by this later call"),
+        "the first failure, naming its op: {reported:?}"
+    );
+
+    // The next op the client waits for (one with outputs) reports it too, instead of running.
+    let requests = vec![
+        request(vec![assign(6)]),
+        request(vec![float_op(7, "Neg", vec![handle(1)])]),
+    ];
+    let mut responses = s
+        .eager
+        .streaming_enqueue(tokio_stream::iter(requests))
+        .await
+        .unwrap()
+        .into_inner();
+    responses
+        .message()
+        .await
+        .expect("answered as done")
+        .expect("a response");
+    let err = responses.message().await.unwrap_err();
+    assert!(
+        err.message().contains("AssignVariableOp")
+            && err.message().contains("reported by this later call"),
+        "{err:?}"
     );
 
     // Reported once; an op with outputs fails its own request, ending the stream there.
