@@ -96,10 +96,7 @@ def _on_tensorflow_module(module) -> None:
 def _on_keras_trainer_module(module) -> None:
     try:
         from . import _pipeline
-        if module.__name__ == TF_KERAS_TRAINING_MODULE:
-            _pipeline.patch_tf_keras_training(module)
-        else:
-            _pipeline.patch_keras_trainer(module)
+        _pipeline.patch_keras_module(module)
     except Exception as e:  # never break the user's Keras import
         _warn(f"could not feed Keras steps from Python input pipelines ({type(e).__name__}: {e})")
 

@@ -30,10 +30,10 @@ from __future__ import annotations
 import functools
 import sys
 
+from ._hook import KERAS_TRAINER_MODULE, TF_KERAS_TRAINING_MODULE
+
 PYTHON_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
 CLIENT_DEVICE = "/job:localhost/replica:0/task:0/device:CPU:0"
-KERAS_TRAINER_MODULE = "keras.src.backend.tensorflow.trainer"
-TF_KERAS_TRAINING_MODULE = "tf_keras.src.engine.training"
 # Generated op modules whose functions build or consume datasets.
 _DATASET_OP_MODULES = ("tensorflow.python.ops.gen_dataset_ops",
                        "tensorflow.python.ops.gen_experimental_dataset_ops")
@@ -41,7 +41,6 @@ _SCRIPT_OP_MODULE = "tensorflow.python.ops.gen_script_ops"
 _SCRIPT_OPS = ("eager_py_func", "py_func", "py_func_stateless")
 
 _state = {"installed": False}
-_originals: dict[str, object] = {}
 
 
 class PipelineError(RuntimeError):
@@ -93,17 +92,14 @@ def _functions(values):
 def dataset_here(variant):
     """A dataset variant of the server rebuilt in this process, by value."""
     from tensorflow.python.framework import ops
-    to_graph = _originals.get("dataset_to_graph_v2")
-    from_graph = _originals.get("dataset_from_graph")
-    if to_graph is None or from_graph is None:
-        from tensorflow.python.ops import gen_dataset_ops
-        to_graph, from_graph = gen_dataset_ops.dataset_to_graph_v2, gen_dataset_ops.dataset_from_graph
+    from tensorflow.python.ops import gen_dataset_ops, gen_experimental_dataset_ops
+    to_graph, from_graph = (_unwrapped(gen_dataset_ops.dataset_to_graph_v2),
+                            _unwrapped(gen_experimental_dataset_ops.dataset_from_graph))
     try:
         with ops.device(variant.device):
             # external_state_policy 0 (WARN): a stateful op upstream (a random seed) is rebuilt as written.
             graph_def = to_graph(variant, external_state_policy=0, strip_device_assignment=True)
-        # Fetched first: an op here with an input on the server would be split between the two.
-        graph_def = graph_def.numpy()
+        graph_def = graph_def.numpy()  # fetched first (see _call_here)
         with ops.device(CLIENT_DEVICE):
             return from_graph(graph_def)
     except Exception as e:
@@ -124,6 +120,29 @@ def tensor_here(tensor, op_name: str):
     return tensor._copy_to_device(CLIENT_DEVICE)
 
 
+def _unwrapped(op):
+    """TensorFlow's own op function behind one of this module's wrappers."""
+    return getattr(op, "_salus_original", op)
+
+
+def _call_here(op, args, kwargs, move):
+    """Runs `op` on this process's CPU, its tensor inputs on the server first made local by `move`: an op
+    here with an input on the server would be split between the two, which the server refuses."""
+    from tensorflow.python.framework import ops
+
+    def here(value):
+        if isinstance(value, (list, tuple)):
+            return type(value)(here(v) for v in value)
+        if isinstance(value, ops.EagerTensor) and not _is_here(value):
+            return move(value)
+        return value
+
+    args = tuple(here(a) for a in args)
+    kwargs = {k: here(v) for k, v in kwargs.items()}
+    with ops.device(CLIENT_DEVICE):
+        return op(*args, **kwargs)
+
+
 def _wrap_dataset_op(name: str, op):
     @functools.wraps(op)
     def wrapper(*args, **kwargs):
@@ -138,19 +157,8 @@ def _wrap_dataset_op(name: str, op):
         if not here:
             return op(*args, **kwargs)
         _patch_keras_if_loaded()
-
-        def moved(value):
-            if isinstance(value, (list, tuple)):
-                return type(value)(moved(v) for v in value)
-            if isinstance(value, ops.EagerTensor) and not _is_here(value):
-                return dataset_here(value) if _is_variant(value) else tensor_here(value, name)
-            return value
-
-        from tensorflow.python.framework import ops
-        args = tuple(moved(a) for a in args)
-        kwargs = {k: moved(v) for k, v in kwargs.items()}
-        with ops.device(CLIENT_DEVICE):
-            return op(*args, **kwargs)
+        return _call_here(op, args, kwargs,
+                          lambda t: dataset_here(t) if _is_variant(t) else tensor_here(t, name))
 
     wrapper._salus_original = op
     return wrapper
@@ -162,19 +170,7 @@ def _wrap_script_op(op):
         if _connected():
             from tensorflow.python.eager import context
             if context.executing_eagerly():
-                from tensorflow.python.framework import ops
-
-                def here(value):  # inputs on the server are fetched first (see dataset_here)
-                    if isinstance(value, (list, tuple)):
-                        return type(value)(here(v) for v in value)
-                    if isinstance(value, ops.EagerTensor) and not _is_here(value):
-                        return value._copy_to_device(CLIENT_DEVICE)
-                    return value
-
-                args = tuple(here(a) for a in args)
-                kwargs = {k: here(v) for k, v in kwargs.items()}
-                with ops.device(CLIENT_DEVICE):
-                    return op(*args, **kwargs)
+                return _call_here(op, args, kwargs, lambda t: t._copy_to_device(CLIENT_DEVICE))
         return op(*args, **kwargs)
 
     wrapper._salus_original = op
@@ -199,7 +195,6 @@ def install() -> None:
             # Iterator ops take the iterator's resource and run where it lives already.
             if name.startswith(("iterator", "anonymous_iterator", "multi_device_iterator")):
                 continue
-            _originals.setdefault(name, value)
             setattr(module, name, _wrap_dataset_op(name, value))
     script = importlib.import_module(_SCRIPT_OP_MODULE)
     for name in _SCRIPT_OPS:
@@ -269,6 +264,10 @@ class Feed:
             self.served = (tf.data.Dataset.from_tensors(0).repeat().map(dequeue)
                            .take_while(lambda flag, _: flag).map(element).with_options(options))
 
+    def iterator(self):
+        """A server-side iterator over this feed (it holds the feed; the feed does not hold it)."""
+        return FeedIterator(self.served, self)
+
     def next_here(self):
         if self._source is None:
             raise StopIteration
@@ -329,8 +328,7 @@ class _FeedSource:
     def __iter__(self):
         # The iterator holds the feed, not the other way round: no cycle, so an abandoned epoch's
         # pipeline is released when Keras drops the iterator, not by a garbage collection at exit.
-        feed = Feed(self._dataset, self._device)
-        return FeedIterator(feed.served, feed)
+        return Feed(self._dataset, self._device).iterator()
 
 
 def _typed_errors_and_fed(function, feed_for, steps_per_call):
@@ -405,8 +403,7 @@ def patch_tf_keras_training(module) -> None:
             held = feeds.get(model)
             if held is None or held[0] != id(iterator):
                 from . import _eager
-                feed = Feed(None, _eager.SERVER_DEVICE, source=iterator)
-                held = feeds[model] = (id(iterator), FeedIterator(feed.served, feed))
+                held = feeds[model] = (id(iterator), Feed(None, _eager.SERVER_DEVICE, source=iterator).iterator())
             return held[1]
         return lookup
 
@@ -417,25 +414,28 @@ def patch_tf_keras_training(module) -> None:
         return read
 
     for name in ("make_train_function", "make_test_function"):
-        original = getattr(model_cls, name)
-
-        def make(self, force=False, _original=original):
+        def make(self, force=False, _original=getattr(model_cls, name), _attr=name.removeprefix("make_")):
             function = _original(self, force=force)
             if function is None or getattr(function, "_salus_fed", False) or not _connected():
                 return function
             wrapped = _typed_errors_and_fed(function, feed_for(self), steps_of(self))
-            attr = "train_function" if _original.__name__ == "make_train_function" else "test_function"
-            setattr(self, attr, wrapped)
+            setattr(self, _attr, wrapped)  # what the original set: train_function / test_function
             return wrapped
 
         setattr(model_cls, name, make)
     model_cls._salus_patched = True
 
 
-def _patch_keras_if_loaded() -> None:
-    module = sys.modules.get(KERAS_TRAINER_MODULE)
-    if module is not None and hasattr(module, "TFEpochIterator"):
-        patch_keras_trainer(module)
-    module = sys.modules.get(TF_KERAS_TRAINING_MODULE)
-    if module is not None and hasattr(module, "Model"):
+def patch_keras_module(module) -> None:
+    """Keras 3's trainer or tf-keras's training module, by name (the import hook and the dataset wrappers)."""
+    if module.__name__ == TF_KERAS_TRAINING_MODULE:
         patch_tf_keras_training(module)
+    else:
+        patch_keras_trainer(module)
+
+
+def _patch_keras_if_loaded() -> None:
+    for name in (KERAS_TRAINER_MODULE, TF_KERAS_TRAINING_MODULE):
+        module = sys.modules.get(name)
+        if module is not None:
+            patch_keras_module(module)
