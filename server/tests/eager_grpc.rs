@@ -187,6 +187,14 @@ fn register(function_def: Bytes) -> QueueItem {
     }
 }
 
+/// The stream's next response, which must be a success (`what` says why).
+async fn answered(
+    responses: &mut tonic::Streaming<EnqueueResponse>,
+    what: &str,
+) -> EnqueueResponse {
+    responses.message().await.expect(what).expect("a response")
+}
+
 struct TestServer {
     eager: EagerServiceClient<Channel>,
     worker: WorkerServiceClient<Channel>,
@@ -195,6 +203,15 @@ struct TestServer {
 }
 
 impl TestServer {
+    /// Sends `requests` on one StreamingEnqueue stream; its responses, in order.
+    async fn stream(&mut self, requests: Vec<EnqueueRequest>) -> tonic::Streaming<EnqueueResponse> {
+        self.eager
+            .streaming_enqueue(tokio_stream::iter(requests))
+            .await
+            .unwrap()
+            .into_inner()
+    }
+
     async fn start() -> TestServer {
         TestServer::start_with(Config::default()).await
     }
@@ -395,12 +412,7 @@ async fn eager_ops_functions_sends_and_streams_run_on_the_server() {
             )],
         })
         .collect();
-    let mut responses = s
-        .eager
-        .streaming_enqueue(tokio_stream::iter(requests))
-        .await
-        .unwrap()
-        .into_inner();
+    let mut responses = s.stream(requests).await;
     let mut count = 0;
     while let Some(response) = responses.message().await.unwrap() {
         assert_eq!(response.queue_response[0].shape[0].dim[0].size, 3);
@@ -666,12 +678,7 @@ async fn hostile_eager_requests_get_clear_errors_and_leave_the_server_healthy() 
             queue: vec![float_op(10, "Neg", vec![handle(6)])],
         },
     ];
-    let mut responses = s
-        .eager
-        .streaming_enqueue(tokio_stream::iter(requests))
-        .await
-        .unwrap()
-        .into_inner();
+    let mut responses = s.stream(requests).await;
     let err = responses.message().await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
 
@@ -795,18 +802,9 @@ async fn a_failed_op_without_outputs_is_reported_by_the_streams_next_call_or_syn
         request(vec![assign(4)]),
         request(vec![sync.clone()]),
     ];
-    let mut responses = s
-        .eager
-        .streaming_enqueue(tokio_stream::iter(requests))
-        .await
-        .unwrap()
-        .into_inner();
+    let mut responses = s.stream(requests).await;
     for _ in 0..2 {
-        let done = responses
-            .message()
-            .await
-            .expect("answered as done")
-            .expect("a response");
+        let done = answered(&mut responses, "answered as done").await;
         assert_eq!(done.queue_response.len(), 1);
     }
     let reported = responses.message().await.unwrap_err();
@@ -827,17 +825,8 @@ async fn a_failed_op_without_outputs_is_reported_by_the_streams_next_call_or_syn
         request(vec![assign(6)]),
         request(vec![float_op(7, "Neg", vec![handle(1)])]),
     ];
-    let mut responses = s
-        .eager
-        .streaming_enqueue(tokio_stream::iter(requests))
-        .await
-        .unwrap()
-        .into_inner();
-    responses
-        .message()
-        .await
-        .expect("answered as done")
-        .expect("a response");
+    let mut responses = s.stream(requests).await;
+    answered(&mut responses, "answered as done").await;
     let err = responses.message().await.unwrap_err();
     assert!(
         err.message().contains("AssignVariableOp")
@@ -850,17 +839,8 @@ async fn a_failed_op_without_outputs_is_reported_by_the_streams_next_call_or_syn
         request(vec![sync.clone()]),
         request(vec![float_op(5, "Neg", vec![handle(12345)])]),
     ];
-    let mut responses = s
-        .eager
-        .streaming_enqueue(tokio_stream::iter(requests))
-        .await
-        .unwrap()
-        .into_inner();
-    responses
-        .message()
-        .await
-        .expect("nothing held")
-        .expect("a response");
+    let mut responses = s.stream(requests).await;
+    answered(&mut responses, "nothing held").await;
     let err = responses.message().await.unwrap_err();
     assert!(err.message().contains("12345"), "{err:?}");
     s.assert_healthy(41, 10).await;

@@ -699,20 +699,11 @@ impl Worker {
     ) -> Result<Vec<ItemOutput>> {
         let mut outputs = Vec::with_capacity(items.len());
         for (index, item) in items.iter().enumerate() {
-            let held = match (item, stream) {
-                (Item::Sync, Some(stream)) => Some(lock(&stream.held).take()),
-                // An op the client waits for (not a `_Send`: its pull learns
-                // of failures on its own; not another silent one: it runs).
-                (Item::Execute(op), Some(stream))
-                    if op.send_tensor_name().is_none() && !self.failure_is_silent(items, index) =>
-                {
-                    lock(&stream.held).take().map(Some)
-                }
-                _ => None,
-            };
+            let held = stream
+                .filter(|_| self.reports_held_failure(items, index))
+                .and_then(|stream| lock(&stream.held).take());
             let result = match held {
-                Some(Some(held)) => Err(Error::Tensorflow(held)),
-                Some(None) => Ok(ItemOutput::default()),
+                Some(held) => Err(Error::Tensorflow(held)),
                 None => {
                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_item(item)))
                         .unwrap_or_else(|_| {
@@ -728,7 +719,7 @@ impl Worker {
                     crate::runtime::run_errors::record(err.code());
                     if let Some(stream) = stream.filter(|_| self.failure_is_silent(items, index)) {
                         tracing::debug!(context = self.shared.context_id, cause = %err,
-                                        "an op without outputs failed; its stream's next sync reports it");
+                                        "an op without outputs failed; its stream's next call or sync reports it");
                         lock(&stream.held).get_or_insert_with(|| {
                             TfError::new(err.code() as i32, held_message(item, &err))
                         });
@@ -750,6 +741,19 @@ impl Worker {
             }
         }
         Ok(outputs)
+    }
+
+    /// Whether item `index` reports its stream's held failure instead of
+    /// running: a sync, or an op the client waits for (not a `_Send`: its pull
+    /// learns of failures on its own; not another silent one: that one runs).
+    fn reports_held_failure(&self, items: &[Item], index: usize) -> bool {
+        match &items[index] {
+            Item::Sync => true,
+            Item::Execute(op) => {
+                op.send_tensor_name().is_none() && !self.failure_is_silent(items, index)
+            }
+            _ => false,
+        }
     }
 
     /// Whether item `index`, failed, is the request's last and an op (or
