@@ -8,6 +8,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/tensorflow/graph.proto",
         "proto/tensorflow/step_stats.proto",
         "proto/salus/v1/admin.proto",
+        "proto/salus/v1/callbacks.proto",
         "proto/salus/seam/v1/seam.proto",
     ];
     println!("cargo:rerun-if-changed=proto");

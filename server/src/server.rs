@@ -6,6 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use salus_proto::salus::v1::admin_server::AdminServer;
+use salus_proto::salus::v1::python_callbacks_server::PythonCallbacksServer;
 use salus_proto::tensorflow::eager::eager_service_server::EagerServiceServer;
 use salus_proto::tensorflow::master_service_server::MasterServiceServer;
 use salus_proto::tensorflow::worker_service_server::WorkerServiceServer;
@@ -235,6 +236,11 @@ impl Server {
                 .with_admins(self.config.admins.clone())
                 .with_identifier(identifier.clone()),
         );
+        crate::tf::python_kernel::install(limit as u64);
+        let (close_callbacks, callbacks_closing) = tokio::sync::watch::channel(false);
+        let callbacks = PythonCallbacksServer::new(crate::frontend::callbacks::Callbacks::new(callbacks_closing))
+            .max_decoding_message_size(limit)
+            .max_encoding_message_size(limit);
         let (health, health_service) = tonic_health::server::health_reporter();
         health.set_serving::<MasterServiceServer<Master>>().await;
         health.set_serving::<EagerServiceServer<Eager>>().await;
@@ -254,6 +260,7 @@ impl Server {
             .add_service(eager)
             .add_service(worker)
             .add_service(admin)
+            .add_service(callbacks)
             .serve_with_incoming_shutdown(incoming, async move {
                 shutdown.await;
                 tracing::info!("shutting down: finishing in-flight requests");
@@ -262,6 +269,8 @@ impl Server {
                 // (_Send, RecvTensor): keep serving those until eager jobs are
                 // quiet, then stop taking requests.
                 draining.drain_contexts(grace).await;
+                // Scripts keep their Python callback streams open for as long as they run.
+                let _ = close_callbacks.send(true);
                 after_drain();
             });
         let reaper = self

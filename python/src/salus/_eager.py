@@ -238,7 +238,7 @@ def _initialize(ctx, original):
                       f"({_state['reason']}); eager work runs locally")
                 return original(ctx)
             _state.update(mode="connected", server=settings.server)
-            _install_pipeline()
+            _serve_callbacks()
             return result
         except ConnectionError:
             raise
@@ -271,17 +271,19 @@ def _connect_now(ctx, settings) -> None:
         raise
     _set_default_device(ctx)
     _state.update(mode="connected", server=settings.server or _config.DEFAULT_SERVER)
-    _install_pipeline()
+    _serve_callbacks()
 
 
-def _install_pipeline() -> None:
-    """Python in the input pipeline runs in this process from now on (_pipeline)."""
+def _serve_callbacks() -> None:
+    """Reading a pending result waits without the interpreter lock from now on, so that the Python callbacks
+    of the op it waits for can run in this process (_callbacks)."""
     try:
-        from . import _pipeline
-        _pipeline.install()
+        from . import _callbacks
+        _callbacks.release_lock_while_waiting()
+        _callbacks.run_eager_python_here()
     except Exception as e:  # never break the script over the adapter
-        _warn(f"could not keep Python input pipelines in this process ({type(e).__name__}: {e}); "
-              f"datasets that call Python fail on the server")
+        _warn(f"could not prepare this script to run the Python of its ops that run on the server "
+              f"({type(e).__name__}: {e}); a step that calls Python may wait forever")
 
 
 def connect(settings: "_config.Settings") -> None:

@@ -2,15 +2,13 @@
 
 salus_tf.pth (top of site-packages) calls install_from_env() only when SALUS_SERVER is set (before it, with
 SALUS_TOKEN set, _token.apply_env(), whether or not SALUS_SERVER is). This module never imports TensorFlow: a
-meta-path finder watches for four modules and acts right after each has run:
+meta-path finder watches for two modules and acts right after each has run:
 
 - `tensorflow.python.client.session` (every way of importing TensorFlow or tf-keras loads it): BaseSession
   is patched so graph sessions go to the master front end (_patch);
-- `tensorflow`, the top-level package, once its import has completed: the eager context is armed to connect
-  to the server with TensorFlow's remote-eager protocol (_eager; not with SALUS_EAGER=0);
-- Keras 3's TensorFlow trainer and tf-keras's training module: their steps on the server are fed from input
-  pipelines that call Python, which run in this process (_pipeline; inactive unless the eager context is
-  connected).
+- `tensorflow`, the top-level package, once its import has completed: Python functions that ops call back
+  are served to the server (_callbacks), and the eager context is armed to connect to the server with
+  TensorFlow's remote-eager protocol (_eager; not with SALUS_EAGER=0).
 """
 
 from __future__ import annotations
@@ -22,9 +20,7 @@ from ._log import warn as _warn
 
 SESSION_MODULE = "tensorflow.python.client.session"
 TF_MODULE = "tensorflow"
-KERAS_TRAINER_MODULE = "keras.src.backend.tensorflow.trainer"
-TF_KERAS_TRAINING_MODULE = "tf_keras.src.engine.training"
-_WATCHED = (SESSION_MODULE, TF_MODULE, KERAS_TRAINER_MODULE, TF_KERAS_TRAINING_MODULE)
+_WATCHED = (SESSION_MODULE, TF_MODULE)
 
 _installed = False
 _from_env_done = False
@@ -44,8 +40,6 @@ class _PatchingLoader:
         self._real.exec_module(module)
         if self._fullname == SESSION_MODULE:
             _on_session_module(module)
-        elif self._fullname in (KERAS_TRAINER_MODULE, TF_KERAS_TRAINING_MODULE):
-            _on_keras_trainer_module(module)
         else:
             _on_tensorflow_module(module)
 
@@ -84,6 +78,11 @@ def _on_session_module(module) -> None:
 
 def _on_tensorflow_module(module) -> None:
     try:
+        from . import _callbacks
+        _callbacks.install()
+    except Exception as e:  # never break the user's TensorFlow import
+        _warn(f"could not serve this script's Python functions to the Salus server ({type(e).__name__}: {e})")
+    try:
         from . import _eager
         _eager.on_tensorflow_imported()
     except ConnectionError:  # TensorFlow was already in use and the server is unreachable: say so
@@ -91,14 +90,6 @@ def _on_tensorflow_module(module) -> None:
     except Exception as e:  # never break the user's TensorFlow import
         _warn(f"could not route TensorFlow eager work to the Salus server ({type(e).__name__}: {e}); "
               f"it runs locally")
-
-
-def _on_keras_trainer_module(module) -> None:
-    try:
-        from . import _pipeline
-        _pipeline.patch_keras_module(module)
-    except Exception as e:  # never break the user's Keras import
-        _warn(f"could not feed Keras steps from Python input pipelines ({type(e).__name__}: {e})")
 
 
 def _imported(name: str):
@@ -121,15 +112,12 @@ def install() -> None:
     _installed = True
     session_module = _imported(SESSION_MODULE)
     tf_module = _imported(TF_MODULE)
-    trainers = [m for m in map(_imported, (KERAS_TRAINER_MODULE, TF_KERAS_TRAINING_MODULE)) if m is not None]
-    if session_module is None or tf_module is None or len(trainers) < 2:
+    if session_module is None or tf_module is None:
         sys.meta_path.insert(0, _SessionModuleFinder())
     if session_module is not None:
         _on_session_module(session_module)
     if tf_module is not None:
         _on_tensorflow_module(tf_module)
-    for trainer_module in trainers:
-        _on_keras_trainer_module(trainer_module)
 
 
 def install_from_env() -> None:

@@ -2,6 +2,7 @@
 //! on the [`runtime`](crate::runtime) and its answers back into responses.
 
 pub mod admin;
+pub mod callbacks;
 pub mod eager;
 pub mod identify;
 pub mod master;

@@ -12,6 +12,7 @@ pub mod graph_job;
 pub mod jobs;
 pub mod latency;
 pub mod memory_profile;
+pub mod python_calls;
 pub mod rendezvous;
 pub mod run_class;
 pub mod run_errors;

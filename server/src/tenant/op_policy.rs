@@ -81,26 +81,6 @@ pub const HOST_ACCESS_OPS: &[(&str, &str)] = &[
     ("GcsConfigureBlockCache", "configures cloud storage"),
 ];
 
-/// Ops that call back into the Python of the script that built them. The
-/// server has no Python (nor their kernels), whoever the tenant, so they are
-/// refused for everyone, with where such code runs instead.
-pub const PYTHON_OPS: &[&str] = &["PyFunc", "PyFuncStateless", "EagerPyFunc"];
-
-/// Refuses the first op of `ops` that calls Python, saying what to do.
-pub fn refuse_python<'a>(ops: impl IntoIterator<Item = &'a str>) -> Result<(), Error> {
-    match ops.into_iter().find(|op| PYTHON_OPS.contains(op)) {
-        None => Ok(()),
-        Some(op) => Err(Error::PermissionDenied(format!(
-            "op {op} (tf.py_function, tf.numpy_function, Dataset.from_generator) calls back into the \
-             script's Python, which does not run inside the Salus server. With the salus adapter a \
-             tf.data pipeline that calls Python runs in the script's process (iterate it, or give it \
-             to Keras fit/evaluate/predict); inside a tf.function, call the Python before the \
-             tf.function (eagerly or in the dataset's map) and pass its result in; in a graph session, \
-             feed the Python's results with feed_dict"
-        ))),
-    }
-}
-
 /// Checkpoint ops and the inputs that name files: allowed, with those paths
 /// confined to the job's checkpoint directory.
 pub const CHECKPOINT_OPS: &[(&str, &[i32])] = &[
@@ -174,16 +154,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn python_ops_are_refused_for_everyone_with_what_to_do() {
-        assert!(refuse_python(["MatMul", "MapDataset"]).is_ok());
-        let err = refuse_python(["Const", "EagerPyFunc"]).unwrap_err();
-        assert!(matches!(err, Error::PermissionDenied(_)));
-        let text = err.to_string();
-        assert!(text.contains("op EagerPyFunc"), "{text}");
-        assert!(text.contains("script's process"), "{text}");
-        assert!(!text.contains("--allow-ops"), "{text}");
-        // Not in the deny list that --allow-ops adjusts: allowing it could not help.
-        assert!(!OpPolicy::default().is_denied("PyFunc"));
+    fn python_ops_are_not_denied() {
+        // They run on the server with their Python in the script's process
+        // (runtime::python_calls), for every tenant.
+        for op in ["PyFunc", "PyFuncStateless", "EagerPyFunc"] {
+            assert!(!OpPolicy::default().is_denied(op));
+        }
     }
 
     #[test]

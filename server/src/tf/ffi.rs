@@ -150,3 +150,94 @@ pub mod eager {
         );
     }
 }
+
+/// The kernel C API (`tensorflow/c/kernels.h`), exported by
+/// `libtensorflow_framework.so.2`: the server's own kernels for ops whose
+/// TensorFlow kernels live in TensorFlow's Python extension (see
+/// `tf::python_kernel`).
+pub mod kernels {
+    use std::ffi::{c_char, c_int, c_void};
+
+    use tensorflow_sys::{TF_Status, TF_Tensor};
+
+    #[repr(C)]
+    pub struct TF_KernelBuilder {
+        _private: [u8; 0],
+    }
+    #[repr(C)]
+    pub struct TF_OpKernelConstruction {
+        _private: [u8; 0],
+    }
+    #[repr(C)]
+    pub struct TF_OpKernelContext {
+        _private: [u8; 0],
+    }
+    #[repr(C)]
+    pub struct TF_StringView {
+        pub data: *const c_char,
+        pub len: usize,
+    }
+
+    pub type CreateFn = unsafe extern "C" fn(*mut TF_OpKernelConstruction) -> *mut c_void;
+    pub type ComputeFn = unsafe extern "C" fn(*mut c_void, *mut TF_OpKernelContext);
+    pub type DeleteFn = unsafe extern "C" fn(*mut c_void);
+
+    extern "C" {
+        pub fn TF_NewKernelBuilder(
+            op_name: *const c_char,
+            device_name: *const c_char,
+            create_func: Option<CreateFn>,
+            compute_func: Option<ComputeFn>,
+            delete_func: Option<DeleteFn>,
+        ) -> *mut TF_KernelBuilder;
+        pub fn TF_RegisterKernelBuilder(
+            kernel_name: *const c_char,
+            builder: *mut TF_KernelBuilder,
+            status: *mut TF_Status,
+        );
+        pub fn TF_OpKernelConstruction_GetAttrSize(
+            ctx: *mut TF_OpKernelConstruction,
+            attr_name: *const c_char,
+            list_size: *mut i32,
+            total_size: *mut i32,
+            status: *mut TF_Status,
+        );
+        pub fn TF_OpKernelConstruction_GetAttrString(
+            ctx: *mut TF_OpKernelConstruction,
+            attr_name: *const c_char,
+            value: *mut c_char,
+            max_length: usize,
+            status: *mut TF_Status,
+        );
+        pub fn TF_OpKernelConstruction_GetName(ctx: *mut TF_OpKernelConstruction) -> TF_StringView;
+        pub fn TF_OpKernelConstruction_Failure(
+            ctx: *mut TF_OpKernelConstruction,
+            status: *mut TF_Status,
+        );
+        pub fn TF_NumInputs(ctx: *mut TF_OpKernelContext) -> c_int;
+        pub fn TF_NumOutputs(ctx: *mut TF_OpKernelContext) -> c_int;
+        pub fn TF_GetInput(
+            ctx: *mut TF_OpKernelContext,
+            i: c_int,
+            tensor: *mut *mut TF_Tensor,
+            status: *mut TF_Status,
+        );
+        pub fn TF_SetOutput(
+            ctx: *mut TF_OpKernelContext,
+            i: c_int,
+            tensor: *const TF_Tensor,
+            status: *mut TF_Status,
+        );
+        /// The dtype number of output `i` (TF_DataType).
+        pub fn TF_ExpectedOutputDataType(ctx: *mut TF_OpKernelContext, i: c_int) -> c_int;
+        pub fn TF_OpKernelContext_Failure(ctx: *mut TF_OpKernelContext, status: *mut TF_Status);
+    }
+}
+
+#[allow(clashing_extern_declarations)]
+extern "C" {
+    /// `TF_SetStatus` taking the raw code number (tensorflow-sys's `TF_Code`
+    /// is a Rust enum: a number from a client must not be transmuted into it).
+    #[link_name = "TF_SetStatus"]
+    pub fn TF_SetStatusRaw(status: *mut TF_Status, code: i32, message: *const std::ffi::c_char);
+}

@@ -9,6 +9,7 @@
 //! - [`session`]: TF_Session runs, partial runs, devices.
 //! - [`eager`]: TFE contexts, tensor handles, op and function execution.
 //! - [`op_registry`]: facts about registered ops (which declare no outputs).
+//! - [`python_kernel`]: the server's kernels for the ops that call a script's Python.
 //! - `buffer`, `ffi`: TF_Buffer helpers and the declarations tensorflow-sys lacks.
 
 mod buffer;
@@ -16,6 +17,7 @@ pub mod eager;
 mod ffi;
 pub mod graph;
 pub mod op_registry;
+pub mod python_kernel;
 pub mod session;
 pub mod status;
 pub mod tensor;

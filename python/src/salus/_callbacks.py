@@ -1,0 +1,330 @@
+"""Python callbacks: this process serves the Python of its ops that run on the server.
+
+`tf.py_function`, `tf.numpy_function`, `Dataset.from_generator`, Keras's `PyDataset` and generator inputs compile
+to ops (PyFunc, PyFuncStateless, EagerPyFunc) whose `token` attribute names a Python function in this process's
+registry (tensorflow.python.ops.script_ops._py_funcs). Such an op runs on the server as part of its step, in a
+graph session, a tf.function or a tf.data pipeline alike; the server's kernel for it sends the op's inputs here
+and waits, and this process runs the function and answers with its outputs (or its exception's code and
+message), as TensorFlow's own kernel would call into the interpreter in-process.
+
+- Tokens: every token the registry hands out gets the suffix `@salus:<client id>`, a random id of this process,
+  so the server knows whom to call. The local registry looks tokens up as they are, so ops that run here
+  (a session or eager context that is not connected) work as before.
+- The stream: `salus.v1.PythonCallbacks/Serve` (proto/salus/v1/callbacks.proto), opened on a daemon thread when
+  the script creates its first Python op, and reopened if it drops. Its first message names the client id.
+- Calls run on a small thread pool under this process's CPU device (a callback's own TensorFlow ops run here:
+  sent to the server, they would queue behind the step that waits for them).
+
+- Waiting without the interpreter lock: a remote function call returns before the server has run it, and
+  TensorFlow reads a pending result's device, shape or value (`.device`, `.shape`, `.numpy()`) while holding the
+  interpreter lock, so a callback that step needs could never run here. Once the eager context is connected
+  (`release_lock_while_waiting`), those accessors first wait for the thread's pending ops through the call
+  TensorFlow itself uses for this, which releases the lock (TFE_ExecutorWaitForAllPendingNodes).
+
+Imported once TensorFlow has been imported (the hook's `tensorflow` step). The encoding of the two messages is
+written out here (see _proto for why the adapter does not generate protobuf code).
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import queue
+import secrets
+import threading
+import time
+import traceback
+
+from . import _config, _token
+from ._log import warn as _warn
+
+TOKEN_MARK = "@salus:"
+SERVE_METHOD = "/salus.v1.PythonCallbacks/Serve"
+CLIENT_DEVICE = "/job:localhost/replica:0/task:0/device:CPU:0"
+# Callbacks run concurrently as in-process kernels would (a dataset map with parallel calls, several sessions).
+MAX_CONCURRENT_CALLS = 16
+_RETRY_SECONDS = (0.2, 0.5, 1.0, 2.0, 5.0)
+
+# tensorflow.error.Code for the exceptions TensorFlow's own kernel maps (python/lib/core/py_func.cc).
+_UNKNOWN, _INVALID_ARGUMENT, _RESOURCE_EXHAUSTED, _OUT_OF_RANGE, _UNIMPLEMENTED = 2, 3, 8, 11, 12
+
+_state = {"installed": False, "started": False, "client": secrets.token_hex(16), "stopping": False,
+          "call": None}
+_lock = threading.Lock()
+_thread = threading.local()  # serving: this thread runs callbacks (its tensors are local and ready)
+
+
+def client_id() -> str:
+    return _state["client"]
+
+
+def install() -> None:
+    """Marks every token TensorFlow's Python-function registry hands out from now on; the stream opens with the
+    first one. Idempotent."""
+    with _lock:
+        if _state["installed"]:
+            return
+        from tensorflow.python.ops import script_ops
+        registry = script_ops._py_funcs
+        next_token = registry._next_unique_token
+
+        def marked_token():
+            _start()
+            return f"{next_token()}{TOKEN_MARK}{_state['client']}"
+
+        registry._next_unique_token = marked_token
+        _state["installed"] = True
+
+
+def settle() -> None:
+    """Waits for this thread's pending eager ops with the interpreter lock released (not in a callback thread,
+    whose tensors are local and ready). An error of a pending op is raised here, with its type, as the
+    accessor that called this would have raised it."""
+    from tensorflow.python import pywrap_tfe
+    from tensorflow.python.eager import context
+    ctx = context.context()
+    if ctx._context_handle is not None and not getattr(_thread, "serving", False):
+        pywrap_tfe.TFE_ExecutorWaitForAllPendingNodes(
+            pywrap_tfe.TFE_ContextGetExecutorForThread(ctx._context_handle))
+
+
+def run_eager_python_here() -> None:
+    """An eager `tf.py_function` / `tf.numpy_function` (outside any tf.function) runs in this process with its
+    inputs copied here: TensorFlow pins the op to this process's CPU, and an op here with inputs on the server
+    would be split between the two (RunComponentFunction, which the server does not serve). Idempotent."""
+    from tensorflow.python.eager import context
+    from tensorflow.python.framework import ops
+    from tensorflow.python.ops import gen_script_ops
+
+    def here(value):
+        if isinstance(value, (list, tuple)):
+            return type(value)(here(v) for v in value)
+        if isinstance(value, ops.EagerTensor) and "/job:localhost/" not in value.device:
+            return value._copy_to_device(CLIENT_DEVICE)
+        return value
+
+    for name in ("eager_py_func", "py_func", "py_func_stateless"):
+        op = getattr(gen_script_ops, name, None)
+        if op is None or hasattr(op, "_salus_original"):
+            continue
+
+        def wrapper(*args, _op=op, **kwargs):
+            if not context.executing_eagerly():
+                return _op(*args, **kwargs)
+            args = tuple(here(a) for a in args)
+            kwargs = {k: here(v) for k, v in kwargs.items()}
+            with ops.device(CLIENT_DEVICE):
+                return _op(*args, **kwargs)
+
+        wrapper._salus_original = op
+        setattr(gen_script_ops, name, wrapper)
+
+
+def release_lock_while_waiting() -> None:
+    """Makes EagerTensor's device, shape, rank and value accessors wait for the thread's pending ops with the
+    interpreter lock released first (see the module docstring). Idempotent."""
+    from tensorflow.python.framework import ops
+    tensor_type = ops.EagerTensor
+    if getattr(tensor_type, "_salus_settles", False):
+        return
+    for name in ("_numpy", "_shape_tuple", "_rank"):
+        def settled(self, _original=getattr(tensor_type, name)):
+            settle()
+            return _original(self)
+        setattr(tensor_type, name, settled)
+    device = tensor_type.device
+
+    def settled_device(self):
+        settle()
+        return device.__get__(self)
+
+    tensor_type.device = property(settled_device, doc=device.__doc__)
+    tensor_type._salus_settles = True
+
+
+# --- the stream -----------------------------------------------------------------------------------------------
+
+def _start() -> None:
+    with _lock:
+        if _state["started"]:
+            return
+        _state["started"] = True
+    atexit.register(_stop)
+    threading.Thread(target=_serve_forever, name="salus-python-callbacks", daemon=True).start()
+
+
+def _stop() -> None:
+    _state["stopping"] = True
+    call = _state["call"]
+    if call is not None:
+        call.cancel()
+
+
+def _serve_forever() -> None:
+    import grpc
+    failures = 0
+    pool = concurrent.futures.ThreadPoolExecutor(MAX_CONCURRENT_CALLS, thread_name_prefix="salus-callback",
+                                                 initializer=_serving_thread)
+    while not _state["stopping"]:
+        server = _config.current().server or _config.DEFAULT_SERVER
+        replies: queue.SimpleQueue = queue.SimpleQueue()
+        replies.put(_encode_reply(client=_state["client"]))
+        options = _token.grpc_options() + [("grpc.max_receive_message_length", -1),
+                                           ("grpc.max_send_message_length", -1)]
+        try:
+            with grpc.insecure_channel(server, options=options) as channel:
+                call = channel.stream_stream(SERVE_METHOD)(_outgoing(replies))
+                _state["call"] = call
+                for raw in call:
+                    failures = 0
+                    pool.submit(_answer, replies, raw)
+        except Exception:  # grpc.RpcError, a closed channel at exit
+            # Quietly: the server reports an op whose script it cannot reach, at that op. Retried: the server
+            # may be restarting.
+            if _state["stopping"]:
+                break
+        finally:
+            _state["call"] = None
+            replies.put(None)
+        failures += 1
+        time.sleep(_RETRY_SECONDS[min(failures, len(_RETRY_SECONDS)) - 1])
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _serving_thread() -> None:
+    """A callback thread gets an executor of its own: its ops must not queue behind the thread that waits for
+    the step that called it (the default executor is shared by threads that set none)."""
+    from tensorflow.python.eager import context, executor
+    _thread.serving = True
+    context.context().executor = executor.new_executor(enable_async=False)
+
+
+def _outgoing(replies: queue.SimpleQueue):
+    while True:
+        item = replies.get()
+        if item is None:
+            return
+        yield item
+
+
+def _answer(replies: queue.SimpleQueue, raw: bytes) -> None:
+    try:
+        call, token, inputs, op, node = _decode_call(raw)
+    except Exception as e:
+        _warn(f"a malformed Python callback from the server was ignored ({e})")
+        return
+    try:
+        outputs = _run(token, inputs)
+        replies.put(_encode_reply(call=call, outputs=outputs))
+    except BaseException as e:  # the function's exception goes to the op, as in-process
+        replies.put(_encode_reply(call=call, code=_code_of(e), message=_message_of(e)))
+
+
+def _run(token: str, inputs: list) -> list:
+    """Runs the registered function for `token` as TensorFlow's kernel does; returns serialized TensorProtos."""
+    import numpy as np
+    from tensorflow.python.framework import constant_op, dtypes, ops, tensor_util
+    from tensorflow.python.ops import script_ops
+    from tensorflow.core.framework import tensor_pb2
+    from tensorflow.python.eager import context
+
+    registry = script_ops._py_funcs
+    func = registry.get(token)
+    if func is None:
+        raise ValueError(f"callback {token} is not registered in this script (it was created before the "
+                         f"salus adapter was installed, or garbage-collected)")
+    protos = [tensor_pb2.TensorProto.FromString(raw) for raw in inputs]
+    # Eager mode, as in TensorFlow's kernel (which makes EagerTensors even for a graph-mode script).
+    with context.eager_mode(), ops.device(CLIENT_DEVICE):
+        if isinstance(func, script_ops.EagerFunc):
+            args = [constant_op.constant(tensor_util.MakeNdarray(p), dtype=dtypes.as_dtype(p.dtype))
+                    for p in protos]
+        else:
+            # Scalars arrive as numpy scalars, as TensorFlow's kernel passes them (PyArray_Return).
+            args = [a[()] if a.ndim == 0 else a for a in map(tensor_util.MakeNdarray, protos)]
+        result = registry(token, CLIENT_DEVICE, args)
+    if result is None:
+        values = []
+    elif isinstance(result, (list, tuple)):
+        values = list(result)
+    else:
+        values = [result]
+    out = []
+    for value in values:
+        if isinstance(value, ops.EagerTensor):
+            value = value.numpy()
+        out.append(tensor_util.make_tensor_proto(np.asarray(value) if not isinstance(value, np.ndarray)
+                                                 else value).SerializeToString())
+    return out
+
+
+def _code_of(e: BaseException) -> int:
+    from tensorflow.python.framework import errors
+    if isinstance(e, errors.OpError):
+        return e.error_code
+    if isinstance(e, (ValueError, TypeError)):
+        return _INVALID_ARGUMENT
+    if isinstance(e, StopIteration):
+        return _OUT_OF_RANGE
+    if isinstance(e, MemoryError):
+        return _RESOURCE_EXHAUSTED
+    if isinstance(e, NotImplementedError):
+        return _UNIMPLEMENTED
+    return _UNKNOWN
+
+
+def _message_of(e: BaseException) -> str:
+    tb = "".join(traceback.format_tb(e.__traceback__))
+    return f"{type(e).__name__}: {e}\nTraceback (most recent call last):\n\n{tb}"
+
+
+# --- the two messages -------------------------------------------------------------------------------------------
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _encode_reply(client: str = "", call: int = 0, outputs=(), code: int = 0, message: str = "") -> bytes:
+    """salus.v1.CallbackReply."""
+    out = bytearray()
+    if client:
+        out += _field(1, client.encode())
+    if call:
+        out += _varint(2 << 3) + _varint(call)
+    for proto in outputs:
+        out += _field(3, proto)
+    if code:
+        out += _varint(4 << 3) + _varint(code)
+    if message:
+        out += _field(5, message.encode("utf-8", errors="replace"))
+    return bytes(out)
+
+
+def _decode_call(raw: bytes):
+    """salus.v1.CallbackCall: (call, token, [TensorProto bytes], op, node)."""
+    from ._proto import _raw_fields
+    call, token, inputs, op, node = 0, "", [], "", ""
+    for number, _, value in _raw_fields(raw):
+        if number == 1:
+            call = value
+        elif number == 2:
+            token = bytes(value).decode()
+        elif number == 3:
+            inputs.append(bytes(value))
+        elif number == 4:
+            op = bytes(value).decode()
+        elif number == 5:
+            node = bytes(value).decode()
+    return call, token, inputs, op, node

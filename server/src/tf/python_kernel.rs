@@ -1,0 +1,193 @@
+//! The server's CPU kernels for the ops that call Python (PyFunc,
+//! PyFuncStateless, EagerPyFunc). TensorFlow's own kernels for them live in
+//! its Python extension, which the server does not load; these hand the op's
+//! inputs to the script that built it and wait for its outputs
+//! (`runtime::python_calls`).
+
+use std::ffi::{c_void, CString};
+use std::sync::Once;
+
+use tensorflow_sys as sys;
+
+use super::ffi::kernels as k;
+use super::ffi::TF_SetStatusRaw;
+use super::status::Status;
+use super::{Tensor, TfError};
+use crate::runtime::python_calls::{python_calls, unsendable_input};
+
+/// The most bytes one output the script returns may take (its proto is
+/// bounded by the stream's message size; one value can fill a large shape).
+static MAX_OUTPUT_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1 << 32);
+
+struct Kernel {
+    op: &'static str,
+    node: String,
+    token: String,
+}
+
+/// Registers the kernels once per process; `max_output_bytes` bounds one
+/// output. Errors are logged: without them such ops fail with TensorFlow's
+/// "no kernel" error.
+pub fn install(max_output_bytes: u64) {
+    MAX_OUTPUT_BYTES.store(max_output_bytes, std::sync::atomic::Ordering::Relaxed);
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        for (op, create) in [
+            ("PyFunc", create_py_func as k::CreateFn),
+            ("PyFuncStateless", create_py_func_stateless as k::CreateFn),
+            ("EagerPyFunc", create_eager_py_func as k::CreateFn),
+        ] {
+            let name = CString::new(op).expect("op names have no NUL");
+            let status = Status::new();
+            // SAFETY: valid C strings; the builder is consumed by the registration.
+            unsafe {
+                let builder = k::TF_NewKernelBuilder(
+                    name.as_ptr(),
+                    c"CPU".as_ptr(),
+                    Some(create),
+                    Some(compute),
+                    Some(delete),
+                );
+                k::TF_RegisterKernelBuilder(name.as_ptr(), builder, status.as_ptr());
+            }
+            if let Err(e) = status.check() {
+                tracing::warn!(op, error = %e, "could not register the Python callback kernel");
+            }
+        }
+    });
+}
+
+unsafe extern "C" fn create_py_func(ctx: *mut k::TF_OpKernelConstruction) -> *mut c_void {
+    create("PyFunc", ctx)
+}
+unsafe extern "C" fn create_py_func_stateless(ctx: *mut k::TF_OpKernelConstruction) -> *mut c_void {
+    create("PyFuncStateless", ctx)
+}
+unsafe extern "C" fn create_eager_py_func(ctx: *mut k::TF_OpKernelConstruction) -> *mut c_void {
+    create("EagerPyFunc", ctx)
+}
+
+/// Reads the node's name and `token` attribute.
+unsafe fn create(op: &'static str, ctx: *mut k::TF_OpKernelConstruction) -> *mut c_void {
+    let view = k::TF_OpKernelConstruction_GetName(ctx);
+    let node = if view.data.is_null() {
+        String::new()
+    } else {
+        String::from_utf8_lossy(std::slice::from_raw_parts(view.data.cast::<u8>(), view.len))
+            .into_owned()
+    };
+    let status = Status::new();
+    let (mut list_size, mut total_size) = (0i32, 0i32);
+    k::TF_OpKernelConstruction_GetAttrSize(
+        ctx,
+        c"token".as_ptr(),
+        &mut list_size,
+        &mut total_size,
+        status.as_ptr(),
+    );
+    let mut token = Vec::new();
+    if status.check().is_ok() {
+        token = vec![0u8; total_size.max(0) as usize + 1];
+        k::TF_OpKernelConstruction_GetAttrString(
+            ctx,
+            c"token".as_ptr(),
+            token.as_mut_ptr().cast(),
+            token.len(),
+            status.as_ptr(),
+        );
+        token.truncate(total_size.max(0) as usize);
+    }
+    if status.check().is_err() {
+        k::TF_OpKernelConstruction_Failure(ctx, status.as_ptr());
+        return std::ptr::null_mut();
+    }
+    let kernel = Kernel {
+        op,
+        node,
+        token: String::from_utf8_lossy(&token).into_owned(),
+    };
+    Box::into_raw(Box::new(kernel)).cast()
+}
+
+unsafe extern "C" fn delete(kernel: *mut c_void) {
+    if !kernel.is_null() {
+        drop(Box::from_raw(kernel.cast::<Kernel>()));
+    }
+}
+
+unsafe extern "C" fn compute(kernel: *mut c_void, ctx: *mut k::TF_OpKernelContext) {
+    let kernel = &*kernel.cast::<Kernel>();
+    if let Err(e) = run(kernel, ctx) {
+        fail(ctx, &e);
+    }
+}
+
+unsafe fn fail(ctx: *mut k::TF_OpKernelContext, error: &TfError) {
+    let code = if (1..=16).contains(&error.code) {
+        error.code
+    } else {
+        2
+    };
+    let message = CString::new(error.message.replace('\0', " ")).expect("NULs replaced");
+    let status = Status::new();
+    TF_SetStatusRaw(status.as_ptr(), code, message.as_ptr());
+    k::TF_OpKernelContext_Failure(ctx, status.as_ptr());
+}
+
+unsafe fn run(kernel: &Kernel, ctx: *mut k::TF_OpKernelContext) -> Result<(), TfError> {
+    let (op, node) = (kernel.op, kernel.node.as_str());
+    let mut inputs = Vec::new();
+    for i in 0..k::TF_NumInputs(ctx) {
+        let status = Status::new();
+        let mut raw: *mut sys::TF_Tensor = std::ptr::null_mut();
+        k::TF_GetInput(ctx, i, &mut raw, status.as_ptr());
+        status.check()?;
+        let tensor = Tensor::from_raw(raw)
+            .ok_or_else(|| unsendable_input(op, node, i as usize, "TensorFlow gave no tensor"))?;
+        let proto = tensor
+            .into_proto()
+            .map_err(|e| unsendable_input(op, node, i as usize, &e.to_string()))?;
+        inputs.push(proto);
+    }
+    let outputs = python_calls().call(&kernel.token, op, node, inputs)?;
+    let expected = k::TF_NumOutputs(ctx);
+    if outputs.len() != expected as usize {
+        return Err(TfError::new(
+            3,
+            format!(
+                "op {op} ({node}): the script's Python returned {} values; the op has {expected} outputs",
+                outputs.len()
+            ),
+        ));
+    }
+    let max_bytes = MAX_OUTPUT_BYTES.load(std::sync::atomic::Ordering::Relaxed);
+    for (i, proto) in outputs.iter().enumerate() {
+        let tensor = Tensor::from_proto(proto, max_bytes).map_err(|e| {
+            TfError::new(
+                3,
+                format!("op {op} ({node}): output {i} from the script's Python: {e}"),
+            )
+        })?;
+        let want = k::TF_ExpectedOutputDataType(ctx, i as i32);
+        if tensor.dtype_raw() != want {
+            return Err(TfError::new(
+                3,
+                format!(
+                    "op {op} ({node}): output {i} from the script's Python has dtype {}, the op declares {}",
+                    dtype_name(tensor.dtype_raw()),
+                    dtype_name(want)
+                ),
+            ));
+        }
+        let status = Status::new();
+        k::TF_SetOutput(ctx, i as i32, tensor.as_ptr(), status.as_ptr());
+        status.check()?;
+    }
+    Ok(())
+}
+
+fn dtype_name(raw: i32) -> &'static str {
+    salus_proto::tensorflow::DataType::try_from(raw)
+        .map(|d| d.as_str_name())
+        .unwrap_or("unknown")
+}
