@@ -4,7 +4,7 @@ are refused (eagerly and inside a tf.function) with PERMISSION_DENIED while the 
 writes land in the job's checkpoint directory on the server, a path outside it fails, and restoring from that
 directory (same machine) gives the saved values back. A refused op without outputs (a file write, a lookup
 table's file initialiser) raises its own PERMISSION_DENIED at the next call; a tf.py_function inside a
-tf.function is refused at its call, naming the op; a pipeline that calls Python runs in the script.
+tf.function and a pipeline that calls Python run, their Python in the script.
 """
 
 from __future__ import annotations
@@ -45,9 +45,7 @@ def test_tf2_script_cannot_touch_server_files_and_checkpoints_are_confined(tmp_p
         assert o["late_write"][:2] == ["next", "PermissionDeniedError"] and "WriteFile" in o["late_write"][2], o
         assert o["late_table"][0] in ("first", "next") and o["late_table"][1] == "PermissionDeniedError", o
         assert "InitializeTableFromTextFile" in o["late_table"][2], o
-        assert o["py_function_in_function"][:2] == ["first", "PermissionDeniedError"], o
-        assert "EagerPyFunc" in o["py_function_in_function"][2], o
-        assert "script's process" in o["py_function_in_function"][2], o
+        assert o["py_function_in_function"] == "ok" and o["py_function_in_function_value"] == 3.0, o
         assert "salus: error: an op of this script failed" in proc.stderr and "WriteFile" in proc.stderr, \
             proc.stderr[-3000:]
         assert o["python_pipeline"] == "ok" and o["python_pipeline_values"] == [0, 2, 4, 6], o

@@ -97,8 +97,9 @@ def python_inside(x):
     return tf.py_function(lambda a: a * 2.0, [x], tf.float32) + 1.0
 
 
-at_which_call("py_function_in_function", lambda: python_inside(tf.constant(1.0)).numpy(), lambda: None)
-# A pipeline that calls Python runs in the script's process, for this tenant too.
+# Python inside a tf.function and in a pipeline runs (in the script's process), for this tenant too.
+attempt("py_function_in_function", lambda: outcomes.update(
+    py_function_in_function_value=float(python_inside(tf.constant(1.0)).numpy())))
 attempt("python_pipeline", lambda: outcomes.update(python_pipeline_values=[int(x) for x in tf.data.Dataset.range(
     4).map(lambda x: tf.py_function(lambda a: a * 2, [x], tf.int64))]))
 print(json.dumps({"outcomes": outcomes, "restored": v.numpy().tolist(), "device": v.device}), flush=True)

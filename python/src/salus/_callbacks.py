@@ -79,13 +79,19 @@ def install() -> None:
 def settle() -> None:
     """Waits for this thread's pending eager ops with the interpreter lock released (not in a callback thread,
     whose tensors are local and ready). An error of a pending op is raised here, with its type, as the
-    accessor that called this would have raised it."""
+    accessor that called this would have raised it, and only here."""
     from tensorflow.python import pywrap_tfe
     from tensorflow.python.eager import context
     ctx = context.context()
     if ctx._context_handle is not None and not getattr(_thread, "serving", False):
-        pywrap_tfe.TFE_ExecutorWaitForAllPendingNodes(
-            pywrap_tfe.TFE_ContextGetExecutorForThread(ctx._context_handle))
+        executor = pywrap_tfe.TFE_ContextGetExecutorForThread(ctx._context_handle)
+        try:
+            pywrap_tfe.TFE_ExecutorWaitForAllPendingNodes(executor)
+        except Exception:
+            # Raised once, here, as in-process; the executor would otherwise keep it and raise it again at
+            # every later wait.
+            pywrap_tfe.TFE_ExecutorClearError(executor)
+            raise
 
 
 def run_eager_python_here() -> None:
