@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """What Python in the input pipeline costs through Salus: a Keras 3 fit on a PyDataset (its __getitem__ runs in
-the script's process; the adapter feeds each step on the server from it) against the same fit in-process and
+the script's process, called back by the server's pipeline for each batch) against the same fit in-process and
 against the same fit on numpy arrays through the server (Keras then builds its whole pipeline on the server).
 
 Each client is a fresh process that builds one model, fits one warm-up epoch and then times EPOCHS epochs;
