@@ -184,10 +184,11 @@ def _serve_forever() -> None:
                 for raw in call:
                     failures = 0
                     pool.submit(_answer, replies, raw)
-        except Exception:  # grpc.RpcError, a closed channel at exit
+        except Exception as e:  # grpc.RpcError, a closed channel at exit
             # Quietly: the server reports an op whose script it cannot reach, at that op. Retried: the server
-            # may be restarting.
-            if _state["stopping"]:
+            # may be restarting; not a server without the service (TensorFlow's own).
+            code = getattr(e, "code", None)
+            if _state["stopping"] or (callable(code) and code() == grpc.StatusCode.UNIMPLEMENTED):
                 break
         finally:
             _state["call"] = None
