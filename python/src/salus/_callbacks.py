@@ -257,12 +257,22 @@ def _run(token: str, inputs: list) -> list:
     else:
         values = [result]
     out = []
-    for value in values:
+    for index, value in enumerate(values):
         if isinstance(value, ops.EagerTensor):
             value = value.numpy()
-        out.append(tensor_util.make_tensor_proto(np.asarray(value) if not isinstance(value, np.ndarray)
-                                                 else value).SerializeToString())
+        array = value if isinstance(value, np.ndarray) else np.asarray(value)
+        try:
+            out.append(tensor_util.make_tensor_proto(array).SerializeToString())
+        except Exception as e:
+            # What TensorFlow's kernel says of a value it cannot convert (UNIMPLEMENTED).
+            what = (f"Unsupported numpy type {array.dtype}" if array.dtype.kind == "V"
+                    else f"Unsupported object type {type(value).__name__}")
+            raise _Unconvertible(f"{what} (value {index} returned by {token}): {e}") from None
     return out
+
+
+class _Unconvertible(NotImplementedError):
+    """A callback returned a value that is not a tensor."""
 
 
 def _code_of(e: BaseException) -> int:
@@ -281,8 +291,10 @@ def _code_of(e: BaseException) -> int:
 
 
 def _message_of(e: BaseException) -> str:
-    tb = "".join(traceback.format_tb(e.__traceback__))
-    return f"{type(e).__name__}: {e}\nTraceback (most recent call last):\n\n{tb}"
+    """As TensorFlow's kernel words it: the exception, then its traceback (which ends with it again)."""
+    if isinstance(e, _Unconvertible):
+        return str(e)
+    return f"{type(e).__name__}: {e}\n" + "".join(traceback.format_exception(e))
 
 
 # --- the two messages -------------------------------------------------------------------------------------------
