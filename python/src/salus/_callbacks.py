@@ -46,7 +46,7 @@ MAX_CONCURRENT_CALLS = 16
 _RETRY_SECONDS = (0.2, 0.5, 1.0, 2.0, 5.0)
 
 # tensorflow.error.Code for the exceptions TensorFlow's own kernel maps (python/lib/core/py_func.cc).
-_UNKNOWN, _INVALID_ARGUMENT, _RESOURCE_EXHAUSTED, _OUT_OF_RANGE, _UNIMPLEMENTED = 2, 3, 8, 11, 12
+_UNKNOWN, _INVALID_ARGUMENT, _RESOURCE_EXHAUSTED, _OUT_OF_RANGE, _UNIMPLEMENTED, _INTERNAL = 2, 3, 8, 11, 12, 13
 
 _state = {"installed": False, "started": False, "client": secrets.token_hex(16), "stopping": False,
           "call": None}
@@ -264,14 +264,14 @@ def _run(token: str, inputs: list) -> list:
         try:
             out.append(tensor_util.make_tensor_proto(array).SerializeToString())
         except Exception as e:
-            # What TensorFlow's kernel says of a value it cannot convert (UNIMPLEMENTED).
+            # What TensorFlow's kernel says of a value it cannot convert (INTERNAL in TF 2.21).
             what = (f"Unsupported numpy type {array.dtype}" if array.dtype.kind == "V"
                     else f"Unsupported object type {type(value).__name__}")
             raise _Unconvertible(f"{what} (value {index} returned by {token}): {e}") from None
     return out
 
 
-class _Unconvertible(NotImplementedError):
+class _Unconvertible(Exception):
     """A callback returned a value that is not a tensor."""
 
 
@@ -279,6 +279,8 @@ def _code_of(e: BaseException) -> int:
     from tensorflow.python.framework import errors
     if isinstance(e, errors.OpError):
         return e.error_code
+    if isinstance(e, _Unconvertible):
+        return _INTERNAL
     if isinstance(e, (ValueError, TypeError)):
         return _INVALID_ARGUMENT
     if isinstance(e, StopIteration):
