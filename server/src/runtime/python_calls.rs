@@ -14,7 +14,7 @@
 //! Knowing a client id is what lets a stream serve those ops: it is 128 random
 //! bits that only the script's process and the graphs it sent know.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -50,9 +50,15 @@ struct Client {
 #[derive(Default)]
 struct Inner {
     clients: HashMap<String, Client>,
+    /// Clients whose stream ended (oldest first, at most `DEPARTED_KEPT`): an op
+    /// of theirs fails at once instead of waiting for a stream that will not
+    /// come (a generator's finalizer when a departed script's context closes).
+    departed: VecDeque<String>,
     next_call: u64,
     next_generation: u64,
 }
+
+const DEPARTED_KEPT: usize = 4096;
 
 /// The clients of this process serving their Python, by client id.
 #[derive(Default)]
@@ -115,6 +121,7 @@ impl PythonCalls {
                 "Python callback client {client} is already served by another stream"
             )));
         }
+        inner.departed.retain(|gone| gone != client);
         inner.next_generation += 1;
         let generation = inner.next_generation;
         let (calls, receiver) = mpsc::unbounded_channel();
@@ -176,6 +183,10 @@ impl PythonCalls {
         {
             // Dropping the waiters' senders fails their calls (see `call`).
             inner.clients.remove(&registration.client);
+            if inner.departed.len() == DEPARTED_KEPT {
+                inner.departed.pop_front();
+            }
+            inner.departed.push_back(registration.client.clone());
             tracing::debug!(client = %registration.client, "python callbacks no longer served");
         }
     }
@@ -199,6 +210,15 @@ impl PythonCalls {
         let mut inner = self.lock();
         while !inner.clients.contains_key(client) {
             let now = Instant::now();
+            if inner.departed.iter().any(|gone| gone == client) {
+                return Err(TfError::new(
+                    ABORTED,
+                    format!(
+                        "op {op} ({node}) calls back into the Python of the script that built it, and \
+                         that script's process has disconnected"
+                    ),
+                ));
+            }
             if now >= deadline {
                 return Err(TfError::new(
                     ABORTED,
@@ -333,6 +353,17 @@ mod tests {
             assert_eq!(err.code, ABORTED);
             assert!(err.message.contains("disconnected"), "{err}");
         });
+        // A later op of the departed client fails at once, saying so (no grace wait).
+        let err = calls
+            .call(
+                &format!("pyfunc_1{TOKEN_MARK}{client}"),
+                "PyFunc",
+                "h",
+                vec![],
+            )
+            .unwrap_err();
+        assert_eq!(err.code, ABORTED);
+        assert!(err.message.ends_with("has disconnected"), "{err}");
         // The id can be served again by a new stream.
         assert!(calls.register(client).is_ok());
     }
