@@ -56,24 +56,27 @@ pub fn on_free(ptr: *mut c_void) {
     }
 }
 
-/// Bytes in live heap blocks now (glibc's count, all arenas): unlike RSS, not
-/// the freed memory the heap keeps for reuse (`tf_env` never trims it).
+/// Bytes in live heap blocks now (glibc's count, all arenas, less the blocks
+/// [`crate::block_cache`] keeps): unlike RSS, not the freed memory the heap
+/// keeps for reuse (`tf_env` never trims it).
 pub fn heap_in_use() -> u64 {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
         // SAFETY: mallinfo2 only reads the allocator's statistics.
         let info = unsafe { libc::mallinfo2() };
-        (info.uordblks + info.hblkhd) as u64
+        ((info.uordblks + info.hblkhd) as u64)
+            .saturating_sub(crate::block_cache::cached_bytes() as u64)
     }
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
     0
 }
 
-/// Returns the heap's free memory to the system (glibc's `malloc_trim`):
-/// `tf_env` turns automatic trimming off so that one step's freed memory is
-/// there for the next, so after a job ends (its context's tensors and caches
-/// freed) this is what brings RSS back down. Unless `now` (the last job ended),
-/// at most once a second: a trim walks the whole heap.
+/// Returns the heap's free memory to the system (the blocks
+/// [`crate::block_cache`] keeps, then glibc's `malloc_trim`): `tf_env` turns
+/// automatic trimming off so that one step's freed memory is there for the
+/// next, so after a job ends (its context's tensors and caches freed) this is
+/// what brings RSS back down. Unless `now` (the last job ended), at most once a
+/// second: a trim walks the whole heap.
 pub fn return_free_memory(now: bool) {
     static LAST_SECOND: AtomicI64 = AtomicI64::new(0);
     let second = std::time::SystemTime::now()
@@ -82,6 +85,7 @@ pub fn return_free_memory(now: bool) {
     if LAST_SECOND.swap(second, Ordering::Relaxed) == second && !now {
         return;
     }
+    crate::block_cache::drain();
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only releases free pages of the heap.
     unsafe {

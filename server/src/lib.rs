@@ -57,8 +57,11 @@
 //! - [`tf_env`]: TensorFlow settings chosen through the environment.
 //! - [`heap_meter`]: the heap a stretch of work takes (eager jobs' memory),
 //!   counted by the binary's `malloc` hooks (`malloc_hooks.rs`).
+//! - [`block_cache`]: large freed blocks kept for reuse by those hooks, so a
+//!   step's activations do not cost fresh page faults every iteration.
 //! - [`error`]: the error type and its mapping to gRPC/TensorFlow codes.
 
+pub mod block_cache;
 pub mod config;
 pub mod ctl;
 pub mod error;

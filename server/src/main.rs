@@ -98,6 +98,7 @@ fn main() -> anyhow::Result<()> {
         std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "2");
     }
     init_logging(config.verbose, stderr.try_clone()?);
+    malloc_hooks::enable_block_cache(config.block_cache_bytes);
     if !salus_server::heap_meter::install() {
         tracing::warn!("the malloc hooks are not in effect: eager jobs' per-iteration memory will not be measured");
     }

@@ -8,9 +8,14 @@
 //! is [`heap_meter`]'s counting while a measurement window is open. No block
 //! gets a header, so a block allocated or freed by a path that bypasses these
 //! (glibc's internal calls) is still valid everywhere.
+//!
+//! Large freed blocks go to [`block_cache`] instead of glibc, and large
+//! requests take a fitting one from there first (see that module for why).
+//! A request glibc refuses is asked again once the cache was emptied.
 
 use std::ffi::{c_int, c_void};
 
+use salus_server::block_cache;
 use salus_server::heap_meter::{on_alloc, on_free};
 
 extern "C" {
@@ -27,16 +32,35 @@ extern "C" {
 /// The C `malloc` contract.
 #[no_mangle]
 pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
-    let ptr = __libc_malloc(size);
+    let mut ptr = block_cache::take(size, 1);
+    if ptr.is_null() {
+        ptr = or_after_drain(__libc_malloc(size), || __libc_malloc(size));
+    }
     on_alloc(ptr);
     ptr
+}
+
+/// Starts the block cache (`--block-cache`), releasing through glibc's `free`.
+pub fn enable_block_cache(max_bytes: usize) {
+    block_cache::enable(__libc_free, max_bytes);
+}
+
+/// `ptr`, or when glibc refused and the cache held blocks, `again()` after
+/// they went back to glibc: an allocation fails only when nothing is held.
+#[inline]
+unsafe fn or_after_drain(ptr: *mut c_void, again: impl FnOnce() -> *mut c_void) -> *mut c_void {
+    if ptr.is_null() && block_cache::drain() {
+        again()
+    } else {
+        ptr
+    }
 }
 
 /// # Safety
 /// The C `calloc` contract.
 #[no_mangle]
 pub unsafe extern "C" fn calloc(count: usize, size: usize) -> *mut c_void {
-    let ptr = __libc_calloc(count, size);
+    let ptr = or_after_drain(__libc_calloc(count, size), || __libc_calloc(count, size));
     on_alloc(ptr);
     ptr
 }
@@ -48,7 +72,13 @@ pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: usize) -> *mut c_void {
     // Counted as a release and a new block; if glibc fails, the old block
     // stays live and is counted back.
     on_free(ptr);
-    let new = __libc_realloc(ptr, size);
+    let new = or_after_drain(__libc_realloc(ptr, size), || {
+        if size == 0 {
+            std::ptr::null_mut() // realloc(p, 0) freed p: not to be called again
+        } else {
+            __libc_realloc(ptr, size)
+        }
+    });
     if new.is_null() && size != 0 {
         on_alloc(ptr);
     } else {
@@ -61,15 +91,25 @@ pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: usize) -> *mut c_void {
 /// The C `free` contract.
 #[no_mangle]
 pub unsafe extern "C" fn free(ptr: *mut c_void) {
+    if ptr.is_null() {
+        return;
+    }
     on_free(ptr);
-    __libc_free(ptr);
+    if !block_cache::keep(ptr, libc::malloc_usable_size(ptr)) {
+        __libc_free(ptr);
+    }
 }
 
 /// # Safety
 /// The C `memalign` contract.
 #[no_mangle]
 pub unsafe extern "C" fn memalign(alignment: usize, size: usize) -> *mut c_void {
-    let ptr = __libc_memalign(alignment, size);
+    let mut ptr = block_cache::take(size, alignment);
+    if ptr.is_null() {
+        ptr = or_after_drain(__libc_memalign(alignment, size), || {
+            __libc_memalign(alignment, size)
+        });
+    }
     on_alloc(ptr);
     ptr
 }
@@ -109,7 +149,7 @@ pub unsafe extern "C" fn posix_memalign(
 /// The `valloc` contract.
 #[no_mangle]
 pub unsafe extern "C" fn valloc(size: usize) -> *mut c_void {
-    let ptr = __libc_valloc(size);
+    let ptr = or_after_drain(__libc_valloc(size), || __libc_valloc(size));
     on_alloc(ptr);
     ptr
 }
@@ -118,7 +158,7 @@ pub unsafe extern "C" fn valloc(size: usize) -> *mut c_void {
 /// The `pvalloc` contract.
 #[no_mangle]
 pub unsafe extern "C" fn pvalloc(size: usize) -> *mut c_void {
-    let ptr = __libc_pvalloc(size);
+    let ptr = or_after_drain(__libc_pvalloc(size), || __libc_pvalloc(size));
     on_alloc(ptr);
     ptr
 }

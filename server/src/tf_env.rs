@@ -13,14 +13,13 @@ const SYSTEM_ALLOCATOR: &str = "TF_ONEDNN_USE_SYSTEM_ALLOCATOR";
 /// heap and are reused instead; a request the heap cannot hold still fails at
 /// once, which is what the system allocator is for.
 ///
-/// Not every such block is reused: a thread's own arena (glibc gives
-/// TensorFlow's threads arenas of their own) grows in heaps of at most 64 MiB, and a block that
-/// does not fit gets a fresh heap that glibc unmaps as soon as it is free,
-/// whatever the trim threshold. Measured on the TF1 CNN of `bench_master.py`
-/// (strace, perf): one such heap created and unmapped per step, 500-1700 page
-/// faults a step, steps 3-11% slower than in-process; with oneDNN's own
-/// allocator (set `TF_ONEDNN_USE_SYSTEM_ALLOCATOR=false`) 20-50 faults and
-/// within noise of in-process (which takes 0-30).
+/// Not every such block is reused by glibc: a thread's own arena (glibc gives
+/// TensorFlow's threads arenas of their own) grows in heaps of at most 64 MiB,
+/// and a block that does not fit gets a fresh heap that glibc unmaps as soon as
+/// it is free, whatever the trim threshold (measured on the TF1 CNN of
+/// `bench_master.py`: 500-1700 page faults a step, steps 3-11% slower than
+/// in-process). The binary's `free` keeps such blocks for reuse instead
+/// ([`crate::block_cache`]).
 const MMAP_THRESHOLD_BYTES: i32 = 1 << 30;
 /// The heap is not trimmed while less than this much of its top is free, so
 /// memory freed by one step is there for the next.

@@ -235,6 +235,8 @@ impl Drop for Session {
                 tracing::warn!(cause = %err, "deleting a TensorFlow session failed");
             }
         }
+        // Blocks kept for this session's next step go back to the heap.
+        crate::block_cache::drain();
     }
 }
 
