@@ -103,7 +103,11 @@ def test_a_tenants_crashes_end_only_its_own_jobs(server, unix_users, in_process_
         outcomes = {mode: crash(ta, mode, server) for mode in ("eager", "function", "tf1")}
         print(json.dumps(outcomes, indent=1))
         for mode, outcome in outcomes.items():
-            assert outcome["error"] == "InternalError", (mode, outcome)
+            # TF1: the master client retries the closed connection and the tenant's next executor answers
+            # INTERNAL with how its predecessor died. TF2's eager client does not retry: it reports the
+            # supervisor's GOAWAY for the dead executor's connection, with the same cause, as UNAVAILABLE.
+            want = "InternalError" if mode == "tf1" else "UnavailableError"
+            assert outcome["error"] == want, (mode, outcome)
             assert "executor process of tenant salus-ta" in outcome["message"], (mode, outcome)
             # In TensorFlow's own process the pipeline segfaults; in an executor (glibc's malloc entry points
             # behind the server's counting hooks) the same allocation usually ends in std::bad_alloc and SIGABRT

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark: Keras 3 `fit` (TF2 eager) in-process, through TensorFlow's own server, and through salus-server in both
-isolation modes (--isolation tenant: a supervisor relaying to the tenant's own executor process; none: one
-process), side by side in one run.
+isolation modes (--isolation tenant: a supervisor that hands the client's connection to the tenant's own
+executor process; none: one process), side by side in one run.
 
 Each target is one long-lived client process running the same unmodified Keras code: "in-process" without
 SALUS_SERVER, "tf-server", "salus-tenant" and "salus-none" with SALUS_SERVER pointing at the server, so the

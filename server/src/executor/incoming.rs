@@ -3,7 +3,7 @@
 //! the bytes the supervisor read from it first.
 
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -71,6 +71,18 @@ pub fn connections(
     tokio_stream::once(Ok(Conn::Relay(relay)))
         .chain(tokio_stream::pending())
         .merge(clients)
+}
+
+/// The supervisor keeps a copy of each handed-over socket (to end it if this
+/// process dies: `supervisor::handed`), so closing ours alone would leave the
+/// connection open: shut it down, which ends it for every copy.
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if let Conn::Client(conn) = self {
+            // SAFETY: shutting down a socket this value owns; it is closed right after.
+            unsafe { libc::shutdown(conn.get_ref().as_raw_fd(), libc::SHUT_RDWR) };
+        }
+    }
 }
 
 impl AsyncRead for Conn {

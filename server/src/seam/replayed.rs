@@ -43,6 +43,11 @@ impl<S> Replayed<S> {
         replayed
     }
 
+    /// The connection underneath.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
     fn take_in(&mut self, bytes: &[u8]) {
         let rest = match &mut self.scan {
             None => bytes,

@@ -34,24 +34,27 @@ pub enum Route {
     Executor(Arc<Tenant>),
 }
 
-/// Connections of TensorFlow's own client whose first call is to its master
-/// service (TF1 graph sessions) are handed to their tenant's executor. Everything else is served
-/// here: the admin API and health checks, calls without a tenant (refused here
-/// with the reason), and TF2's remote-eager and worker calls, which the relay
-/// carries to the executor.
+/// Connections of TensorFlow's own client whose first call is one of its
+/// services (master: TF1 graph sessions; eager and worker: TF2) are handed to
+/// their tenant's executor. Everything else is served here: the admin API and
+/// health checks, calls without a tenant (refused here with the reason), and
+/// other clients' calls (grpcio tools), which the relay carries to the executor.
 ///
-/// Why eager calls keep the relay (measured): when an executor dies, the
-/// connections it holds close. TF1's master client retries a call that failed
-/// UNAVAILABLE; the retry reaches the tenant's next executor, which answers
-/// with how its predecessor died. TF2's remote-eager client does not retry: a
-/// handed-over eager connection would end its in-flight call with a bare
-/// "Socket closed". Through the relay the supervisor answers it with the cause.
+/// Why TF2's calls are handed over too (measured, TF2 CNN step of
+/// `bench_eager.py`): through the relay they took 4-7% longer than in one
+/// process (about 200 us a call), handed over 0-5%. A handed-over connection
+/// would close with a dead executor, which TF2's eager client reports as a bare
+/// "Socket closed" without retrying; the supervisor keeps a copy of each and
+/// ends it with the cause instead (`handed`).
 pub fn route(request: &FirstRequest, peer: &PeerUser, identifier: &Identifier) -> Route {
     let tensorflows_client = request.user_agent.as_deref().is_some_and(|ua| {
         ua.split_ascii_whitespace()
             .any(|word| word.starts_with(TENSORFLOW_AGENT))
     });
-    if !request.path.starts_with(HANDED_OVER_PREFIX) || !tensorflows_client {
+    let tensorflows_service = HANDED_OVER_SERVICES
+        .iter()
+        .any(|service| request.path.starts_with(service));
+    if !tensorflows_service || !tensorflows_client {
         return Route::Here;
     }
     match identifier.identify(peer, request.user_agent.as_deref()) {
@@ -60,7 +63,11 @@ pub fn route(request: &FirstRequest, peer: &PeerUser, identifier: &Identifier) -
     }
 }
 
-const HANDED_OVER_PREFIX: &str = "/tensorflow.MasterService/";
+const HANDED_OVER_SERVICES: [&str; 3] = [
+    "/tensorflow.MasterService/",
+    "/tensorflow.eager.EagerService/",
+    "/tensorflow.WorkerService/",
+];
 /// TensorFlow's own gRPC (C++) names itself so in `user-agent`. Its channels
 /// carry only TensorFlow's calls; other clients (grpcio tools, the `salus`
 /// CLI) may mix admin calls into a connection, which only this process serves.
@@ -226,23 +233,24 @@ mod tests {
     use crate::tenant::identity::{AuthMode, TenantsFile};
 
     #[test]
-    fn master_calls_go_to_executors_the_rest_stays_here() {
+    fn tensorflows_calls_go_to_executors_the_rest_stays_here() {
         let identifier = Identifier::new(AuthMode::Uid, TenantsFile::default());
         let first = |path: &str| FirstRequest {
             path: path.into(),
             user_agent: Some("grpc-c++/1.74.0 grpc-c/49.0.0 (linux; chttp2)".into()),
         };
         let user = PeerUser::Uid(1000);
-        assert!(matches!(
-            route(&first("/tensorflow.MasterService/CreateSession"), &user, &identifier),
-            Route::Executor(t) if t.uid == Some(1000)
-        ));
         for path in [
+            "/tensorflow.MasterService/CreateSession",
             "/tensorflow.eager.EagerService/CreateContext",
-            "/tensorflow.WorkerService/RecvTensor",
-            "/salus.v1.Admin/ListJobs",
-            "/grpc.health.v1.Health/Check",
+            "/tensorflow.WorkerService/GetStatus",
         ] {
+            assert!(
+                matches!(route(&first(path), &user, &identifier), Route::Executor(t) if t.uid == Some(1000)),
+                "{path}"
+            );
+        }
+        for path in ["/salus.v1.Admin/ListJobs", "/grpc.health.v1.Health/Check"] {
             assert!(
                 matches!(route(&first(path), &user, &identifier), Route::Here),
                 "{path}"

@@ -27,6 +27,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use crate::runtime::admission::Admission;
 use crate::runtime::executor::Executor;
 use crate::seam::handover::Handed;
+use crate::supervisor::handed::HandedConnections;
 use crate::supervisor::link::Link;
 use crate::supervisor::relay::RelayRequestBody;
 use crate::tenant::identity::{Tenant, TenantKey};
@@ -130,6 +131,8 @@ pub struct ExecutorHandle {
     pub sender: SendRequest<RelayRequestBody>,
     /// Where client connections are handed to the executor.
     handover: Arc<OwnedFd>,
+    /// Copies of the connections handed over, to end them if it dies.
+    handed: Arc<HandedConnections>,
     pub link: Arc<Link>,
     pub death: Arc<DeathNote>,
     in_flight: AtomicUsize,
@@ -165,6 +168,15 @@ impl ExecutorHandle {
     /// Gives the executor a client connection to serve, with the bytes the
     /// supervisor read from it; when that fails, the connection comes back if it can.
     pub async fn hand_over(&self, handed: Handed) -> Result<(), HandoverFailed> {
+        let copy = match handed.conn.try_clone() {
+            Ok(copy) => copy,
+            Err(err) => {
+                return Err(HandoverFailed {
+                    why: format!("cannot keep a copy of the connection: {err}"),
+                    returned: Some(handed),
+                })
+            }
+        };
         let channel = self.handover.clone();
         let sent = tokio::task::spawn_blocking(move || {
             let result = crate::seam::handover::send(
@@ -177,7 +189,10 @@ impl ExecutorHandle {
         })
         .await;
         match sent {
-            Ok((_, Ok(()))) => Ok(()),
+            Ok((_, Ok(()))) => {
+                self.handed.keep(copy);
+                Ok(())
+            }
             Ok((handed, Err(err))) => Err(HandoverFailed {
                 returned: Some(handed),
                 why: err.to_string(),
@@ -233,8 +248,8 @@ pub struct Executors {
     serial: AtomicU64,
     /// Set at shutdown: no new executors.
     closing: std::sync::atomic::AtomicBool,
-    /// Executors killed on purpose ([`Self::stop_tenant`]), until reaped.
-    killed: Mutex<std::collections::HashSet<u32>>,
+    /// Executors killed on purpose ([`Self::stop_tenant`]) and why, until reaped.
+    killed: Mutex<HashMap<u32, String>>,
     pub counts: ExecutorCounts,
 }
 
@@ -495,6 +510,7 @@ impl Executors {
         )
         .map_err(|e| format!("cannot watch the executor of tenant {tenant}: {e}"))?;
         let death = Arc::new(DeathNote::default());
+        let handed = Arc::new(HandedConnections::default());
         // Reaps the process whenever it ends.
         let (exited_tx, mut exited_rx) = tokio::sync::watch::channel(false);
         {
@@ -502,6 +518,7 @@ impl Executors {
             let link = link.clone();
             let tenant = tenant.clone();
             let executors = Arc::downgrade(self);
+            let handed = handed.clone();
             std::thread::Builder::new()
                 .name(format!("salus-reap-{pid}"))
                 .spawn(move || {
@@ -515,9 +532,13 @@ impl Executors {
                     link.die();
                     death.record(message.clone());
                     let _ = exited_tx.send(true);
-                    if let Some(executors) = executors.upgrade() {
-                        executors.reaped(&tenant, pid, clean, &message);
-                    }
+                    let why = match executors.upgrade() {
+                        Some(executors) => executors.reaped(&tenant, pid, clean, &message),
+                        None => (!clean).then(|| message.clone()),
+                    };
+                    // After `reaped`: a client that retries on a new connection
+                    // reaches a successor that knows how this one ended.
+                    handed.end_all(why.as_deref());
                 })
                 .map_err(|e| format!("cannot start a reaper thread: {e}"))?;
         }
@@ -563,6 +584,7 @@ impl Executors {
             pid,
             sender,
             handover: Arc::new(handover_ours),
+            handed,
             link,
             death,
             in_flight: AtomicUsize::new(0),
@@ -570,9 +592,10 @@ impl Executors {
         }))
     }
 
-    fn reaped(&self, tenant: &Arc<Tenant>, pid: u32, clean: bool, message: &str) {
-        // Killed on purpose (its tenant's token revoked): no failure.
-        let clean = clean || lock(&self.killed).remove(&pid);
+    /// Books an ended executor; returns what its clients are told, if it did
+    /// not stop cleanly.
+    fn reaped(&self, tenant: &Arc<Tenant>, pid: u32, clean: bool, message: &str) -> Option<String> {
+        let stopped_because = lock(&self.killed).remove(&pid);
         let mut slots = lock(&self.slots);
         let ours = slots
             .get(&tenant.key)
@@ -582,15 +605,23 @@ impl Executors {
             slots.remove(&tenant.key);
         }
         drop(slots);
+        if let Some(why) = stopped_because {
+            // Killed on purpose (its tenant's token revoked): no failure.
+            tracing::info!(tenant = %tenant, pid, "executor stopped");
+            return Some(format!(
+                "the server stopped the executor process of tenant {tenant}: {why}"
+            ));
+        }
         if clean {
             tracing::info!(tenant = %tenant, pid, "executor stopped");
-        } else {
-            self.counts.failed.fetch_add(1, Ordering::Relaxed);
-            tracing::error!(tenant = %tenant, pid, "executor failed: {message}");
-            // Its clients' connections closed with it; their next calls reach
-            // the successor, which tells them why their sessions are gone.
-            lock(&self.deaths).insert(tenant.key.clone(), message.to_string());
+            return None;
         }
+        self.counts.failed.fetch_add(1, Ordering::Relaxed);
+        tracing::error!(tenant = %tenant, pid, "executor failed: {message}");
+        // Its clients' connections end with it; their next calls reach
+        // the successor, which tells them why their sessions are gone.
+        lock(&self.deaths).insert(tenant.key.clone(), message.to_string());
+        Some(message.to_string())
     }
 
     /// Stops `tenant`'s executor, if it runs, because the tenant may no longer
@@ -605,18 +636,21 @@ impl Executors {
         };
         tracing::info!(tenant = %handle.tenant, pid = handle.pid, "stopping the executor: {why}");
         self.forget_handle(&handle);
-        lock(&self.killed).insert(handle.pid);
+        lock(&self.killed).insert(handle.pid, why.to_string());
         // SAFETY: signalling our own child. SIGKILL: a drain would let its
         // open connections go on being served.
         unsafe { libc::kill(handle.pid as i32, libc::SIGKILL) };
     }
 
-    /// Stops executors idle longer than the spec allows (checked every few seconds).
+    /// Stops executors idle longer than the spec allows, and drops copies of
+    /// ended connections (checked every few seconds).
     pub async fn stop_idle(self: Arc<Self>) {
         let mut tick = tokio::time::interval(Duration::from_secs(2));
         loop {
             tick.tick().await;
             for handle in self.running() {
+                // Copies of connections the client closed since.
+                handle.handed.prune();
                 if handle
                     .idle_for()
                     .is_some_and(|idle| idle >= self.spec.idle_timeout)

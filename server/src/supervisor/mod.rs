@@ -8,6 +8,7 @@
 
 pub mod accept;
 pub mod executors;
+pub mod handed;
 pub mod link;
 pub mod prologue;
 pub mod relay;

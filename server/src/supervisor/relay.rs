@@ -4,11 +4,11 @@
 //! supervisor runs no TensorFlow and parses no tenant protobuf.
 //!
 //! It carries the calls of connections that are not handed over (see
-//! `accept::route`): TF2's remote-eager and worker calls. When an executor
-//! dies, a handed-over connection closes with it, and TF2's eager client
-//! reports its in-flight call as a bare UNAVAILABLE "Socket closed" without
-//! retrying; here the supervisor answers such calls with INTERNAL and what
-//! happened. The price is a hop: about 200 us per call on a 2-core machine.
+//! `accept::route`): TensorFlow calls from other gRPC clients (grpcio
+//! tools), and connections an executor could not take. When an executor
+//! dies, it answers their calls in flight with INTERNAL and what happened.
+//! The price is a hop: about 200 us per call on a 2-core machine, which is
+//! why TensorFlow's own clients are handed over instead.
 
 use std::convert::Infallible;
 use std::future::Future;

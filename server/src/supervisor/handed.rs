@@ -1,0 +1,175 @@
+//! The supervisor's copies of the client connections it handed to an
+//! executor, so that it can answer for an executor that died.
+//!
+//! When an executor dies, the kernel would close every connection it held,
+//! and TensorFlow's clients would see only "Socket closed" (TF2's eager client
+//! does not retry it). The supervisor keeps a duplicate of each handed-over
+//! socket: the connection outlives the executor, and the supervisor ends it
+//! with an HTTP/2 GOAWAY whose debug text says what happened (last stream 0:
+//! no call was processed, so the client may retry its unanswered calls on a
+//! new connection, where the tenant's next executor answers them with the same
+//! cause), then shuts it down.
+//!
+//! A duplicate would also keep open a connection the executor is done with,
+//! so the executor shuts each handed-over socket down when it drops it
+//! (`executor::incoming`), and copies whose socket is shut down or closed by
+//! the client are dropped here (at each hand-over and every few seconds).
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Mutex;
+
+/// HTTP/2 frame type GOAWAY and error code INTERNAL_ERROR (RFC 9113 §6.8, §7).
+const GOAWAY: u8 = 0x7;
+const INTERNAL_ERROR: u32 = 0x2;
+/// Debug text is cut to this many bytes (the frame must fit the client's
+/// smallest allowed frame size, 16 KiB).
+const MAX_DEBUG_BYTES: usize = 4096;
+
+#[derive(Default)]
+pub struct HandedConnections {
+    sockets: Mutex<Vec<OwnedFd>>,
+}
+
+impl HandedConnections {
+    /// Keeps a copy of a connection being handed over.
+    pub fn keep(&self, copy: OwnedFd) {
+        let mut sockets = self.sockets.lock().unwrap_or_else(|e| e.into_inner());
+        sockets.retain(|socket| !is_finished(socket));
+        sockets.push(copy);
+    }
+
+    /// Drops the copies of connections that ended.
+    pub fn prune(&self) {
+        let mut sockets = self.sockets.lock().unwrap_or_else(|e| e.into_inner());
+        sockets.retain(|socket| !is_finished(socket));
+    }
+
+    /// How many copies are kept.
+    pub fn len(&self) -> usize {
+        self.sockets.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Ends every kept connection: with a GOAWAY carrying `failure` when the
+    /// executor failed, then a shutdown, so the client sees the end.
+    pub fn end_all(&self, failure: Option<&str>) {
+        let sockets = std::mem::take(&mut *self.sockets.lock().unwrap_or_else(|e| e.into_inner()));
+        for socket in sockets {
+            if is_finished(&socket) {
+                continue;
+            }
+            if let Some(why) = failure {
+                let frame = goaway_frame(why);
+                // SAFETY: a plain write of an owned buffer to an owned socket;
+                // MSG_DONTWAIT: a client that reads nothing does not stall the reaper.
+                unsafe {
+                    libc::send(
+                        socket.as_raw_fd(),
+                        frame.as_ptr().cast(),
+                        frame.len(),
+                        libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                    );
+                }
+            }
+            // SAFETY: shutting down an owned socket.
+            unsafe { libc::shutdown(socket.as_raw_fd(), libc::SHUT_RDWR) };
+        }
+    }
+}
+
+/// Whether a connection has ended: shut down by the executor (reads return
+/// end of file at once) or by the client, or broken.
+fn is_finished(socket: &OwnedFd) -> bool {
+    let mut byte = 0u8;
+    // SAFETY: a non-blocking peek of one byte into a local.
+    let n = unsafe {
+        libc::recv(
+            socket.as_raw_fd(),
+            (&mut byte as *mut u8).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    if n > 0 {
+        return false;
+    }
+    n == 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::WouldBlock
+}
+
+/// A GOAWAY frame: last stream 0, INTERNAL_ERROR, `why` as debug data.
+fn goaway_frame(why: &str) -> Vec<u8> {
+    let mut debug = why.as_bytes();
+    if debug.len() > MAX_DEBUG_BYTES {
+        debug = &debug[..MAX_DEBUG_BYTES];
+    }
+    let length = 8 + debug.len();
+    let mut frame = Vec::with_capacity(9 + length);
+    frame.extend_from_slice(&(length as u32).to_be_bytes()[1..]);
+    frame.push(GOAWAY);
+    frame.push(0); // flags
+    frame.extend_from_slice(&0u32.to_be_bytes()); // stream 0: the connection
+    frame.extend_from_slice(&0u32.to_be_bytes()); // last stream processed: none
+    frame.extend_from_slice(&INTERNAL_ERROR.to_be_bytes());
+    frame.extend_from_slice(debug);
+    frame
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+
+    #[test]
+    fn a_goaway_frame_is_well_formed() {
+        let frame = goaway_frame("executor died");
+        assert_eq!(&frame[..3], &[0, 0, 8 + 13]);
+        assert_eq!(frame[3], GOAWAY);
+        assert_eq!(&frame[5..9], &[0, 0, 0, 0]);
+        assert_eq!(&frame[9..13], &[0, 0, 0, 0]);
+        assert_eq!(&frame[13..17], &[0, 0, 0, 2]);
+        assert_eq!(&frame[17..], b"executor died");
+        assert_eq!(
+            goaway_frame(&"x".repeat(10_000)).len(),
+            9 + 8 + MAX_DEBUG_BYTES
+        );
+    }
+
+    #[test]
+    fn a_failed_executors_connections_get_the_cause_then_end() {
+        let (client, server) = UnixStream::pair().unwrap();
+        let handed = HandedConnections::default();
+        handed.keep(OwnedFd::from(server));
+        assert_eq!(handed.len(), 1);
+        handed.end_all(Some("killed by signal 9 (SIGKILL)"));
+        let mut got = Vec::new();
+        (&client).read_to_end(&mut got).unwrap();
+        assert_eq!(got, goaway_frame("killed by signal 9 (SIGKILL)"));
+        assert!(handed.is_empty());
+    }
+
+    #[test]
+    fn finished_connections_are_dropped_and_live_ones_kept() {
+        let (client_a, server_a) = UnixStream::pair().unwrap();
+        let (client_b, server_b) = UnixStream::pair().unwrap();
+        let handed = HandedConnections::default();
+        // Unread bytes: still live (the executor has yet to read them).
+        (&client_a).write_all(b"request").unwrap();
+        handed.keep(server_a.try_clone().unwrap().into());
+        // The executor shut b down.
+        handed.keep(server_b.try_clone().unwrap().into());
+        server_b.shutdown(std::net::Shutdown::Both).unwrap();
+        let (_c, spare) = UnixStream::pair().unwrap();
+        handed.keep(OwnedFd::from(spare));
+        assert_eq!(handed.len(), 2, "b was dropped, a and the spare kept");
+        // A clean stop ends them without a frame.
+        handed.end_all(None);
+        let mut got = Vec::new();
+        (&client_b).read_to_end(&mut got).unwrap();
+        assert!(got.is_empty());
+        drop(client_a);
+    }
+}
