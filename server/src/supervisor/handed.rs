@@ -140,7 +140,12 @@ mod tests {
 
     #[test]
     fn a_failed_executors_connections_get_the_cause_then_end() {
-        let (client, server) = UnixStream::pair().unwrap();
+        // TCP with a request the dead executor never read: closing the socket
+        // resets the connection, and the client still reads the GOAWAY first.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        (&client).write_all(&[7u8; 100_000]).unwrap();
         let handed = HandedConnections::default();
         handed.keep(OwnedFd::from(server));
         assert_eq!(handed.len(), 1);
