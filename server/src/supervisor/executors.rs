@@ -191,6 +191,11 @@ impl ExecutorHandle {
         match sent {
             Ok((_, Ok(()))) => {
                 self.handed.keep(copy);
+                // Died meanwhile: the reaper (which records the death before it
+                // ends the copies) may have ended the others already.
+                if let Some(why) = self.death.get() {
+                    self.handed.end_all(Some(why));
+                }
                 Ok(())
             }
             Ok((handed, Err(err))) => Err(HandoverFailed {
