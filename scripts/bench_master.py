@@ -14,7 +14,7 @@ Workloads
   cnn    a CNN training step on a 32x32x3 batch of 32 (at least 20 ms in-process)
 
 Goals (printed next to the measured ratios; exit status only with --check)
-  TF1 tiny step   salus-tenant / salus-none  <= 1.1   (the go/done round trip with the supervisor)
+  TF1 tiny step   salus-tenant / salus-none  <= 1.1   (a brief run: its report to the supervisor)
   TF1 CNN step    salus-tenant / in-process  <= 1.02  (also salus-none / in-process <= 1.02)
   tiny and train  salus-* / tf-server        <= 0.6
 The "isolation" block of the output has one line per ratio of the two modes, e.g.

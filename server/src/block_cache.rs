@@ -239,6 +239,12 @@ pub fn drain() -> bool {
     true
 }
 
+/// Whether blocks may be kept (`enable` with a size above 0).
+#[inline]
+pub fn is_enabled() -> bool {
+    MAX_BYTES.load(Ordering::Relaxed) != 0
+}
+
 /// Bytes in kept blocks: live to glibc, free to the program.
 pub fn cached_bytes() -> usize {
     CACHED_BYTES.load(Ordering::Relaxed)

@@ -34,7 +34,7 @@ extern "C" {
 pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
     let mut ptr = block_cache::take(size, 1);
     if ptr.is_null() {
-        ptr = or_after_drain(__libc_malloc(size), || __libc_malloc(size));
+        ptr = retried(|| __libc_malloc(size));
     }
     on_alloc(ptr);
     ptr
@@ -45,12 +45,14 @@ pub fn enable_block_cache(max_bytes: usize) {
     block_cache::enable(__libc_free, max_bytes);
 }
 
-/// `ptr`, or when glibc refused and the cache held blocks, `again()` after
-/// they went back to glibc: an allocation fails only when nothing is held.
+/// `alloc()`, and when glibc refused and the cache held blocks, `alloc()`
+/// again after they went back to glibc: an allocation fails only when nothing
+/// is held.
 #[inline]
-unsafe fn or_after_drain(ptr: *mut c_void, again: impl FnOnce() -> *mut c_void) -> *mut c_void {
+unsafe fn retried(alloc: impl Fn() -> *mut c_void) -> *mut c_void {
+    let ptr = alloc();
     if ptr.is_null() && block_cache::drain() {
-        again()
+        alloc()
     } else {
         ptr
     }
@@ -60,7 +62,7 @@ unsafe fn or_after_drain(ptr: *mut c_void, again: impl FnOnce() -> *mut c_void) 
 /// The C `calloc` contract.
 #[no_mangle]
 pub unsafe extern "C" fn calloc(count: usize, size: usize) -> *mut c_void {
-    let ptr = or_after_drain(__libc_calloc(count, size), || __libc_calloc(count, size));
+    let ptr = retried(|| __libc_calloc(count, size));
     on_alloc(ptr);
     ptr
 }
@@ -72,13 +74,11 @@ pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: usize) -> *mut c_void {
     // Counted as a release and a new block; if glibc fails, the old block
     // stays live and is counted back.
     on_free(ptr);
-    let new = or_after_drain(__libc_realloc(ptr, size), || {
-        if size == 0 {
-            std::ptr::null_mut() // realloc(p, 0) freed p: not to be called again
-        } else {
-            __libc_realloc(ptr, size)
-        }
-    });
+    let new = if size == 0 {
+        __libc_realloc(ptr, 0) // frees `ptr`: never asked twice
+    } else {
+        retried(|| __libc_realloc(ptr, size))
+    };
     if new.is_null() && size != 0 {
         on_alloc(ptr);
     } else {
@@ -95,7 +95,8 @@ pub unsafe extern "C" fn free(ptr: *mut c_void) {
         return;
     }
     on_free(ptr);
-    if !block_cache::keep(ptr, libc::malloc_usable_size(ptr)) {
+    // The block's size is only looked up when the cache could keep it.
+    if !(block_cache::is_enabled() && block_cache::keep(ptr, libc::malloc_usable_size(ptr))) {
         __libc_free(ptr);
     }
 }
@@ -106,9 +107,7 @@ pub unsafe extern "C" fn free(ptr: *mut c_void) {
 pub unsafe extern "C" fn memalign(alignment: usize, size: usize) -> *mut c_void {
     let mut ptr = block_cache::take(size, alignment);
     if ptr.is_null() {
-        ptr = or_after_drain(__libc_memalign(alignment, size), || {
-            __libc_memalign(alignment, size)
-        });
+        ptr = retried(|| __libc_memalign(alignment, size));
     }
     on_alloc(ptr);
     ptr
@@ -149,7 +148,7 @@ pub unsafe extern "C" fn posix_memalign(
 /// The `valloc` contract.
 #[no_mangle]
 pub unsafe extern "C" fn valloc(size: usize) -> *mut c_void {
-    let ptr = or_after_drain(__libc_valloc(size), || __libc_valloc(size));
+    let ptr = retried(|| __libc_valloc(size));
     on_alloc(ptr);
     ptr
 }
@@ -158,7 +157,7 @@ pub unsafe extern "C" fn valloc(size: usize) -> *mut c_void {
 /// The `pvalloc` contract.
 #[no_mangle]
 pub unsafe extern "C" fn pvalloc(size: usize) -> *mut c_void {
-    let ptr = or_after_drain(__libc_pvalloc(size), || __libc_pvalloc(size));
+    let ptr = retried(|| __libc_pvalloc(size));
     on_alloc(ptr);
     ptr
 }

@@ -16,11 +16,11 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use crate::error::{Error, Result};
-use crate::seam::frame::{read_frame, write_frame};
-use crate::seam::msg::{self, to_executor, to_supervisor};
-use crate::seam::hints_to_msg;
 use crate::sched::lanes::MemoryNeed;
 use crate::sched::{Hints, JobId, LaneId};
+use crate::seam::frame::{read_frame, write_frame};
+use crate::seam::hints_to_msg;
+use crate::seam::msg::{self, to_executor, to_supervisor};
 use crate::tf::TfError;
 
 /// What the supervisor said of a wanted turn.
@@ -44,7 +44,22 @@ pub struct SeamClient {
     reporter: OnceLock<Reporter>,
     /// Recent answers to "is this job outranked?", by job: a job doing
     /// thousands of brief runs a second asks once per [`OUTRANKED_TTL`].
-    outranked: Mutex<HashMap<JobId, (Instant, bool)>>,
+    outranked: Mutex<HashMap<JobId, Ranking>>,
+    /// Queries refreshing a cached ranking in the background, by id.
+    refreshes: Mutex<HashMap<u64, JobId>>,
+    /// [`OUTRANKED_TTL`] and [`OUTRANKED_STALE`] (longer in tests, which
+    /// cannot keep time).
+    ranking_fresh: Duration,
+    ranking_usable: Duration,
+}
+
+/// The supervisor's last answer to "is this job outranked?".
+#[derive(Clone, Copy)]
+struct Ranking {
+    at: Instant,
+    outranked: bool,
+    /// A background query for a newer answer is under way.
+    refreshing: bool,
 }
 
 /// How long an answer about a job's brief runs stands: a brief run may skip
@@ -52,6 +67,12 @@ pub struct SeamClient {
 /// queued (a round trip to the supervisor costs tens of microseconds, a brief
 /// run less than a millisecond).
 const OUTRANKED_TTL: Duration = Duration::from_millis(2);
+
+/// An answer older than [`OUTRANKED_TTL`] but younger than this still decides
+/// a brief run while a newer one is asked for in the background (a job running
+/// back-to-back brief runs never waits for the round trip); an older one is
+/// asked for and waited for.
+const OUTRANKED_STALE: Duration = Duration::from_millis(4);
 
 /// How long a query (brief-run ranking, GPU lane choice) waits for its answer
 /// before the executor decides alone (the supervisor is stalled or gone).
@@ -69,6 +90,15 @@ impl SeamClient {
         stream: UnixStream,
         on_close: impl FnOnce() + Send + 'static,
     ) -> std::io::Result<Arc<SeamClient>> {
+        Self::start_with(stream, on_close, OUTRANKED_TTL, OUTRANKED_STALE)
+    }
+
+    fn start_with(
+        stream: UnixStream,
+        on_close: impl FnOnce() + Send + 'static,
+        ranking_fresh: Duration,
+        ranking_usable: Duration,
+    ) -> std::io::Result<Arc<SeamClient>> {
         let reader = stream.try_clone()?;
         let client = Arc::new(SeamClient {
             writer: Mutex::new(stream),
@@ -80,6 +110,9 @@ impl SeamClient {
             closed: AtomicBool::new(false),
             reporter: OnceLock::new(),
             outranked: Mutex::new(HashMap::new()),
+            refreshes: Mutex::new(HashMap::new()),
+            ranking_fresh,
+            ranking_usable,
         });
         let weak = Arc::downgrade(&client);
         std::thread::Builder::new()
@@ -135,6 +168,8 @@ impl SeamClient {
             Some(to_executor::Msg::Answer(answer)) => {
                 if let Some(tx) = lock(&self.answers).remove(&answer.id) {
                     let _ = tx.send(answer);
+                } else if let Some(job) = lock(&self.refreshes).remove(&answer.id) {
+                    self.remember_ranking(job, answer.yes);
                 }
             }
             Some(to_executor::Msg::Opened(opened)) => {
@@ -153,11 +188,7 @@ impl SeamClient {
                 let _ = std::thread::Builder::new()
                     .name("salus-report".into())
                     .spawn(move || {
-                        let mut report = client
-                            .reporter
-                            .get()
-                            .map(|r| r())
-                            .unwrap_or_default();
+                        let mut report = client.reporter.get().map(|r| r()).unwrap_or_default();
                         report.id = request.id;
                         client.send(to_supervisor::Msg::Report(report));
                     });
@@ -173,6 +204,7 @@ impl SeamClient {
         lock(&self.answers).clear();
         lock(&self.admissions).clear();
         lock(&self.openings).clear();
+        lock(&self.refreshes).clear();
     }
 
     pub fn is_closed(&self) -> bool {
@@ -204,7 +236,9 @@ impl SeamClient {
         let (tx, rx) = mpsc::sync_channel(1);
         lock(&self.turns).insert(turn, tx);
         let deadline_ms = deadline.map_or(0, |d| {
-            d.saturating_duration_since(Instant::now()).as_millis().max(1) as u64
+            d.saturating_duration_since(Instant::now())
+                .as_millis()
+                .max(1) as u64
         });
         self.send(to_supervisor::Msg::Want(msg::Want {
             turn,
@@ -244,20 +278,56 @@ impl SeamClient {
     /// the supervisor does not answer in time).
     pub fn outranked(&self, job: JobId) -> bool {
         let now = Instant::now();
-        if let Some((at, yes)) = lock(&self.outranked).get(&job) {
-            if now.duration_since(*at) < OUTRANKED_TTL {
-                return *yes;
+        let cached = lock(&self.outranked).get(&job).copied();
+        if let Some(ranking) = cached {
+            let age = now.saturating_duration_since(ranking.at);
+            if age < self.ranking_fresh {
+                return ranking.outranked;
+            }
+            if age < self.ranking_usable {
+                if !ranking.refreshing {
+                    self.refresh_ranking(job);
+                }
+                return ranking.outranked;
             }
         }
         let yes = self
             .query(msg::query::What::Outranked(job.0))
             .is_some_and(|a| a.yes);
+        self.remember_ranking(job, yes);
+        yes
+    }
+
+    /// Asks for `job`'s ranking without waiting: the answer updates the cache.
+    fn refresh_ranking(&self, job: JobId) {
+        if self.is_closed() {
+            return;
+        }
+        if let Some(ranking) = lock(&self.outranked).get_mut(&job) {
+            ranking.refreshing = true;
+        }
+        let id = self.next_id();
+        lock(&self.refreshes).insert(id, job);
+        self.send(to_supervisor::Msg::Query(msg::Query {
+            id,
+            what: Some(msg::query::What::Outranked(job.0)),
+        }));
+    }
+
+    fn remember_ranking(&self, job: JobId, outranked: bool) {
+        let now = Instant::now();
         let mut cache = lock(&self.outranked);
         if cache.len() > 10_000 {
-            cache.retain(|_, (at, _)| now.duration_since(*at) < OUTRANKED_TTL);
+            cache.retain(|_, r| now.saturating_duration_since(r.at) < self.ranking_usable);
         }
-        cache.insert(job, (now, yes));
-        yes
+        cache.insert(
+            job,
+            Ranking {
+                at: now,
+                outranked,
+                refreshing: false,
+            },
+        );
     }
 
     /// With fixed (GPU) lanes, the lane for a new graph.
@@ -332,7 +402,9 @@ impl SeamClient {
             Some(msg::admitted::Outcome::Error(err)) => {
                 Err(Error::Tensorflow(TfError::new(err.code, err.message)))
             }
-            None => Err(Error::Internal("the supervisor's admission answer was empty".into())),
+            None => Err(Error::Internal(
+                "the supervisor's admission answer was empty".into(),
+            )),
         }
     }
 }
@@ -356,5 +428,98 @@ impl Drop for Turn {
             turn: self.turn,
             go_delay_ns: self.go_delay_ns,
         }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stand-in supervisor: answers each Outranked query with the next
+    /// value `answers` yields, and counts the queries.
+    fn supervisor(
+        stream: UnixStream,
+        answers: mpsc::Receiver<bool>,
+        queries: Arc<AtomicU64>,
+    ) -> std::thread::JoinHandle<()> {
+        std::thread::spawn(move || {
+            let mut reader = stream.try_clone().unwrap();
+            let mut writer = stream;
+            while let Ok(Some(frame)) = read_frame::<_, msg::ToSupervisor>(&mut reader) {
+                if let Some(to_supervisor::Msg::Query(query)) = frame.msg {
+                    queries.fetch_add(1, Ordering::SeqCst);
+                    let Ok(yes) = answers.recv() else { return };
+                    let answer = msg::ToExecutor {
+                        msg: Some(to_executor::Msg::Answer(msg::Answer {
+                            id: query.id,
+                            yes,
+                            lane: None,
+                        })),
+                    };
+                    write_frame(&mut writer, &answer).unwrap();
+                }
+            }
+        })
+    }
+
+    fn age(client: &SeamClient, job: JobId, by: Duration) {
+        let mut cache = lock(&client.outranked);
+        let ranking = cache.get_mut(&job).unwrap();
+        ranking.at -= by;
+    }
+
+    #[test]
+    fn a_stale_ranking_decides_while_a_newer_one_is_fetched() {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let ending = ours.try_clone().unwrap();
+        let (answer, answers) = mpsc::channel();
+        let queries = Arc::new(AtomicU64::new(0));
+        let fake = supervisor(theirs, answers, queries.clone());
+        // Answers are fresh 20 s and usable 40 s: the test may be slow (and
+        // the clock is aged back by those, so they must stay short of uptime).
+        let fresh = Duration::from_secs(20);
+        let usable = 2 * fresh;
+        let client = SeamClient::start_with(ours, || {}, fresh, usable).unwrap();
+        let job = JobId(7);
+
+        // No answer yet: asked and waited for.
+        answer.send(false).unwrap();
+        assert!(!client.outranked(job));
+        assert_eq!(queries.load(Ordering::SeqCst), 1);
+        // Fresh: from the cache.
+        assert!(!client.outranked(job));
+        assert_eq!(queries.load(Ordering::SeqCst), 1);
+
+        // Stale: the old answer decides at once (the supervisor has not
+        // answered yet), and one newer one is asked for.
+        age(&client, job, fresh);
+        assert!(!client.outranked(job));
+        assert!(!client.outranked(job));
+        answer.send(true).unwrap();
+        let waited = Instant::now();
+        while !lock(&client.outranked)[&job].outranked {
+            assert!(
+                waited.elapsed() < Duration::from_secs(10),
+                "the refresh never came"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(client.outranked(job));
+        assert_eq!(
+            queries.load(Ordering::SeqCst),
+            2,
+            "one refresh for two stale reads"
+        );
+
+        // Too old to use: asked and waited for again.
+        age(&client, job, usable);
+        answer.send(false).unwrap();
+        assert!(!client.outranked(job));
+        assert_eq!(queries.load(Ordering::SeqCst), 3);
+
+        // Both readers see the end.
+        ending.shutdown(std::net::Shutdown::Both).unwrap();
+        drop(answer);
+        fake.join().unwrap();
     }
 }

@@ -32,25 +32,28 @@ pub struct HandedConnections {
 
 impl HandedConnections {
     /// Keeps a copy of a connection being handed over.
+    /// Keeps a copy of a connection being handed over (dropping the copies of
+    /// connections that ended meanwhile).
     pub fn keep(&self, copy: OwnedFd) {
-        let mut sockets = self.sockets.lock().unwrap_or_else(|e| e.into_inner());
-        sockets.retain(|socket| !is_finished(socket));
+        let mut sockets = self.pruned();
         sockets.push(copy);
     }
 
     /// Drops the copies of connections that ended.
     pub fn prune(&self) {
+        drop(self.pruned());
+    }
+
+    fn pruned(&self) -> std::sync::MutexGuard<'_, Vec<OwnedFd>> {
         let mut sockets = self.sockets.lock().unwrap_or_else(|e| e.into_inner());
         sockets.retain(|socket| !is_finished(socket));
+        sockets
     }
 
     /// How many copies are kept.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.sockets.lock().unwrap_or_else(|e| e.into_inner()).len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// Ends every kept connection: with a GOAWAY carrying `failure` when the
@@ -153,7 +156,7 @@ mod tests {
         let mut got = Vec::new();
         (&client).read_to_end(&mut got).unwrap();
         assert_eq!(got, goaway_frame("killed by signal 9 (SIGKILL)"));
-        assert!(handed.is_empty());
+        assert_eq!(handed.len(), 0);
     }
 
     #[test]
