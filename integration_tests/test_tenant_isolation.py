@@ -5,8 +5,10 @@ and in a TF1 session, and has its executor SIGKILLed mid-step, while salus-tb tr
 its in-process run, salus-ta gets a clear error at once (not a retry), and its next job works. Each user's file
 operations on the server behave exactly as in its own process: its own files are read and written, checkpoints,
 summaries and TFRecord training work; the other user's 0600 file and 0700 directory are refused by the OS.
+A main iteration of salus-ta that blocks (a dequeue from a queue nobody fills) holds the lane only until
+--lane-hold-limit: salus-tb's training runs beside it.
 
-Costs about 2 minutes: one server, two executors at a time, about fifteen TensorFlow client processes.
+Costs about 2.5 minutes: two servers, two executors at a time, about seventeen TensorFlow client processes.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import time
 import pytest
 
 from conftest import WORKLOADS, SalusProcess, last_json_line, run_as, venv_python, wait_until
-from server_ctl import jobs_by_name
+from server_ctl import ctl_json, jobs_by_name
 from tf2_common import tf2_env
 
 # Long enough (about 25 s alone here, more beside the crashes) that salus-ta's three crashes, one after the other
@@ -173,3 +175,57 @@ def test_each_user_does_with_files_what_it_does_in_its_own_process(server, unix_
     assert not os.path.exists(os.path.join(tb.pw_dir, "intruder.txt"))
     written = os.path.join(ta.pw_dir, "salus", "written.txt")
     assert os.stat(written).st_uid == ta.pw_uid, "the file was written as the tenant's user"
+
+
+# A TF1 main iteration (a fetch named salus_main_iter) that waits on a queue nobody fills, up to a deadline of its
+# own (so the test ends even when the lane is never given up); prints a line when it is about to block.
+BLOCKER = """
+import sys, tensorflow as tf
+tf.compat.v1.disable_eager_execution()
+queue = tf.queue.FIFOQueue(1, tf.float32, shapes=[])
+step = tf.identity(queue.dequeue(), name="salus_main_iter")
+config = tf.compat.v1.ConfigProto()
+config.experimental.session_metadata.name = "ta-blocker"
+with tf.compat.v1.Session(sys.argv[1], config=config) as s:
+    print("blocking", flush=True)
+    try:
+        s.run(step, options=tf.compat.v1.RunOptions(timeout_in_ms=int(sys.argv[2])))
+    except tf.errors.DeadlineExceededError:
+        print("deadline", flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def short_hold_server(tmp_path_factory, unix_users):
+    s = SalusProcess(tmp_path_factory.mktemp("hold") / "salus-server.stderr.log",
+                     ("--isolation", "tenant", "--lane-hold-limit", "2", "--shutdown-grace", "5"))
+    yield s
+    assert s.stop() == 0, s.stderr_tail()
+
+
+def test_a_blocked_iteration_holds_the_lane_only_until_the_limit(short_hold_server, unix_users):
+    server = short_hold_server
+    ta, tb = unix_users["salus-ta"], unix_users["salus-tb"]
+    env = {**os.environ, "HOME": ta.pw_dir}
+    blocker = subprocess.Popen([venv_python(), "-c", BLOCKER, server.target, "90000"], user=ta.pw_uid,
+                               group=ta.pw_gid, extra_groups=[], env=env, cwd=ta.pw_dir, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        assert blocker.stdout.readline().strip() == "blocking", blocker.stderr.read()[-3000:]
+        # Its iteration has the lane (the supervisor's core runs it), then salus-tb trains on the same lane.
+        assert wait_until(lambda: any(q["running"] for q in ctl_json(server.address, "stats")["lanes"]),
+                          timeout=60, interval=0.2), "the blocking iteration never started"
+        trainer = run_as(tb, [venv_python(), str(WORKLOADS / "sched_job.py"), "--target", server.target,
+                              "--name", "tb-beside", "--steps", "200", "--tiny", "--force-main", "--digest-only"],
+                         timeout=240)
+        assert trainer.returncode == 0, trainer.stderr[-3000:]
+        assert last_json_line(trainer.stdout)["steps"] == 200
+        stats = ctl_json(server.address, "stats")
+        # Without the limit salus-tb's steps would have waited for salus-ta's deadline (90 s), and nothing is
+        # counted; with it the lane moved on while the blocked iteration ran on.
+        assert stats["lane_holds_released"] >= 1, stats
+        assert blocker.poll() is None, "salus-ta's iteration was ended, not left running"
+    finally:
+        blocker.kill()
+        blocker.communicate()
+    assert server.proc.poll() is None, "the server died"

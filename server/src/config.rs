@@ -218,6 +218,14 @@ pub struct Args {
     #[arg(long, env = "SALUS_BLOCK_CACHE", default_value = "512MiB", value_parser = parse_size)]
     pub block_cache: u64,
 
+    /// Seconds a main iteration may hold its lane (--isolation tenant): past
+    /// it, the scheduler starts other jobs' iterations beside it (it runs on,
+    /// charged for the time) and counts it in `lane_holds_released`, so an
+    /// iteration that blocks (a dequeue from a queue nobody fills, a hung
+    /// input pipeline) cannot stop other tenants' jobs. 0: no limit.
+    #[arg(long, env = "SALUS_LANE_HOLD_LIMIT", default_value_t = 60)]
+    pub lane_hold_limit: u64,
+
     /// Seconds an executor process with no open job and no request lives on
     /// before it is stopped (its tenant's next request starts a new one).
     #[arg(long, env = "SALUS_EXECUTOR_IDLE_TIMEOUT", default_value_t = 60)]
@@ -274,6 +282,8 @@ pub struct Config {
     pub isolate_tenants: bool,
     pub executor_memory: Option<u64>,
     pub executor_idle_timeout: Duration,
+    /// How long a tenant's main iteration may hold its lane; None: no limit.
+    pub lane_hold_limit: Option<Duration>,
     /// Bytes of freed large blocks kept for reuse (`block_cache`).
     pub block_cache_bytes: usize,
 }
@@ -305,6 +315,7 @@ impl Default for Config {
             isolate_tenants: true,
             executor_memory: None,
             executor_idle_timeout: Duration::from_secs(60),
+            lane_hold_limit: Some(Duration::from_secs(60)),
             block_cache_bytes: crate::block_cache::DEFAULT_MAX_BYTES,
         }
     }
@@ -401,6 +412,8 @@ impl TryFrom<Args> for Config {
             isolate_tenants: args.isolation == "tenant",
             executor_memory: args.executor_memory,
             executor_idle_timeout: Duration::from_secs(args.executor_idle_timeout),
+            lane_hold_limit: (args.lane_hold_limit > 0)
+                .then(|| Duration::from_secs(args.lane_hold_limit)),
             block_cache_bytes: usize::try_from(args.block_cache).unwrap_or(usize::MAX),
         })
     }

@@ -368,6 +368,7 @@ pub fn stats_json(s: &SchedulerStats) -> Value {
         "queued": s.queued,
         "cheap_runs_total": s.cheap_runs_total,
         "dropped_iterations": s.dropped_iterations,
+        "lane_holds_released": s.lane_holds_released,
         "switch_latency_us": {"count": l.count, "p50": l.p50_us, "p99": l.p99_us, "max": l.max_us, "buckets": l.buckets},
         "iteration_time_us": latency_json(s.iteration_time.as_ref()),
         "queue_wait_us": latency_json(s.queue_wait.as_ref()),
@@ -523,13 +524,14 @@ pub fn jobs_table(jobs: &[JobInfo]) -> String {
 
 pub fn stats_text(s: &SchedulerStats) -> String {
     let mut out = format!(
-        "policy           {}\niterations       {} ({:.1}/s over the last minute)\ncheap runs       {}\nqueued           {}\ndropped          {}\nswitch latency   {}\niteration time   {}\nqueue wait       {}\n",
+        "policy           {}\niterations       {} ({:.1}/s over the last minute)\ncheap runs       {}\nqueued           {}\ndropped          {}\nlane holds cut   {}\nswitch latency   {}\niteration time   {}\nqueue wait       {}\n",
         s.policy,
         s.iterations_total,
         s.iterations_per_second,
         s.cheap_runs_total,
         s.queued,
         s.dropped_iterations,
+        s.lane_holds_released,
         latency_line(s.switch_latency.as_ref()),
         latency_line(s.iteration_time.as_ref()),
         latency_line(s.queue_wait.as_ref()),

@@ -171,6 +171,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         args: std::env::args_os().skip(1).collect(),
         memory_limit: server.config().executor_memory,
         idle_timeout: server.config().executor_idle_timeout,
+        lane_hold_limit: server.config().lane_hold_limit,
         start_timeout: std::time::Duration::from_secs(120),
         verbose: server.config().verbose > 0,
     });

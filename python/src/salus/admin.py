@@ -189,6 +189,7 @@ def stats_json(s: dict) -> dict:
         "queued": s["queued"],
         "cheap_runs_total": s["cheap_runs_total"],
         "dropped_iterations": s["dropped_iterations"],
+        "lane_holds_released": s.get("lane_holds_released", 0),
         "switch_latency_us": {"count": lat["count"], "p50": lat["p50_us"], "p99": lat["p99_us"],
                               "max": lat["max_us"], "buckets": lat["buckets"]},
         "lanes": [{"lane": q["lane"], "queued": q["queued"], "running": q["running"]} for q in s["lanes"]],

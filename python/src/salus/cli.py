@@ -152,6 +152,7 @@ def cmd_stats(args) -> int:
            f"cheap runs       {s['cheap_runs_total']}\n"
            f"queued           {s['queued']}\n"
            f"dropped          {s['dropped_iterations']}\n"
+           f"lane holds cut   {s.get('lane_holds_released', 0)}\n"
            f"switch latency   {lat['count']} samples, p50 {lat['p50_us']:.1f} us, p99 {lat['p99_us']:.1f} us, "
            f"max {lat['max_us']:.1f} us\n")
     for q in s["lanes"]:

@@ -379,6 +379,7 @@ impl AdminService {
                 .collect(),
             cheap_runs_total: stats.cheap_runs_total,
             dropped_iterations: stats.dropped_iterations,
+            lane_holds_released: stats.lane_holds_released,
             iteration_time: Some(latency_summary(&stats.runs.iteration_time)),
             queue_wait: Some(latency_summary(&stats.runs.queue_wait)),
             share: stats.share.name().into(),

@@ -113,6 +113,9 @@ pub struct ExecStats {
     pub lanes: Vec<(LaneId, u64, u64)>,
     pub cheap_runs_total: u64,
     pub dropped_iterations: u64,
+    /// Main iterations that held their lane past the hold limit (tenant
+    /// isolation) and ran on beside others.
+    pub lane_holds_released: u64,
     /// Iteration-time and queue-wait histograms.
     pub runs: RunStatsSnapshot,
 }
@@ -138,6 +141,7 @@ struct Inner {
     rate: VecDeque<(u64, u64)>,
     cheap_runs_total: u64,
     dropped: u64,
+    lane_holds_released: u64,
     run_stats: RunStats,
     running: Vec<(LaneId, usize)>,
     stopping: bool,
@@ -211,6 +215,7 @@ impl Executor {
                     rate: VecDeque::new(),
                     cheap_runs_total: 0,
                     dropped: 0,
+                    lane_holds_released: 0,
                     run_stats: RunStats::default(),
                     running: Vec::new(),
                     stopping: false,
@@ -390,6 +395,11 @@ impl Executor {
         }
         self.shared.wake.notify_all();
         Ok(())
+    }
+
+    /// Counts a main iteration whose lane stopped waiting for it (the hold limit).
+    pub fn count_released_hold(&self) {
+        self.shared.lock().lane_holds_released += 1;
     }
 
     /// Records how long an executor process took from a go-ahead to starting
@@ -657,6 +667,7 @@ impl Executor {
             lanes,
             cheap_runs_total: inner.cheap_runs_total,
             dropped_iterations: inner.dropped,
+            lane_holds_released: inner.lane_holds_released,
             runs: inner.run_stats.snapshot(),
         }
     }

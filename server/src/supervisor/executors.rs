@@ -90,6 +90,9 @@ pub struct ExecutorSpec {
     pub idle_timeout: Duration,
     /// Longest wait for a new executor to start serving.
     pub start_timeout: Duration,
+    /// `--lane-hold-limit`: how long the scheduler waits for a main
+    /// iteration's end before it starts others beside it.
+    pub lane_hold_limit: Option<Duration>,
     /// `-v`: pass the executors' TensorFlow INFO/WARNING lines on too.
     pub verbose: bool,
 }
@@ -512,6 +515,7 @@ impl Executors {
             self.runtime.clone(),
             label.clone(),
             Tenant::clone(&tenant),
+            self.spec.lane_hold_limit,
         )
         .map_err(|e| format!("cannot watch the executor of tenant {tenant}: {e}"))?;
         let death = Arc::new(DeathNote::default());
@@ -711,6 +715,15 @@ impl Executors {
             let left = deadline.saturating_duration_since(Instant::now());
             if h.death.wait(left).await.is_none() {
                 tracing::warn!(tenant = %h.tenant, pid = h.pid, "executor did not stop in time: killing it");
+                // Stopped on purpose: reaped as such, not as a failure.
+                lock(&self.killed).insert(
+                    h.pid,
+                    format!(
+                        "the server is stopping, and work of the executor (a run that does not end, such as a \
+                         dequeue from a queue nobody fills) was still running after {} s",
+                        limit.as_secs()
+                    ),
+                );
                 // SAFETY: as above.
                 unsafe { libc::kill(h.pid as i32, libc::SIGKILL) };
                 h.death.wait(Duration::from_secs(5)).await;

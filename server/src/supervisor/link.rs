@@ -5,7 +5,10 @@
 //! A reader thread per executor handles its messages in order. A wanted main
 //! iteration is queued in the core as a [`RemoteIteration`]: when the core
 //! picks it, the lane thread sends Go and waits for Done, so the lane is held
-//! for exactly the iteration, in whichever process it runs. When the executor
+//! for exactly the iteration, in whichever process it runs, or for the lane
+//! hold limit at most: an iteration still running then (blocked on a queue
+//! nobody fills, say) runs on while the lane starts others, so no tenant's
+//! iteration can hold a lane for good. When the executor
 //! dies, [`Link::die`] forgets its jobs, returns their memory and wakes every
 //! lane thread waiting on it.
 
@@ -50,6 +53,8 @@ pub struct Link {
     hello: Mutex<Option<oneshot::Sender<msg::Hello>>>,
     /// The executor's tenant: the owner of every job it opens.
     owner: Tenant,
+    /// Longest wait for an iteration's Done before its lane moves on.
+    hold_limit: Option<Duration>,
     dead: AtomicBool,
     /// Set when the executor, shutting down, has drained its eager jobs (or died).
     drained: tokio::sync::watch::Sender<bool>,
@@ -65,6 +70,7 @@ impl Link {
         runtime: tokio::runtime::Handle,
         label: String,
         owner: Tenant,
+        hold_limit: Option<Duration>,
     ) -> std::io::Result<(Arc<Link>, oneshot::Receiver<msg::Hello>)> {
         let reader = stream.try_clone()?;
         let (hello_tx, hello_rx) = oneshot::channel();
@@ -81,6 +87,7 @@ impl Link {
             next_report: std::sync::atomic::AtomicU64::new(1),
             hello: Mutex::new(Some(hello_tx)),
             owner,
+            hold_limit,
             dead: AtomicBool::new(false),
             drained: tokio::sync::watch::Sender::new(false),
         });
@@ -177,6 +184,7 @@ impl Link {
                 let iteration = Box::new(Turn {
                     link: self.clone(),
                     turn: want.turn,
+                    job: JobId(want.job),
                     ran: false,
                 });
                 // On refusal the iteration is dropped, which tells the executor.
@@ -340,6 +348,7 @@ impl Link {
 struct Turn {
     link: Arc<Link>,
     turn: u64,
+    job: JobId,
     ran: bool,
 }
 
@@ -356,8 +365,25 @@ impl RemoteIteration for Turn {
             turn: self.turn,
             sent_mono_ns: crate::seam::mono_ns(),
         }));
-        // Done, or the executor's death (which drops the sender).
-        let _ = rx.recv();
+        // Done, or the executor's death (which drops the sender), or the
+        // hold limit.
+        let Some(limit) = self.link.hold_limit else {
+            let _ = rx.recv();
+            return;
+        };
+        if let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(limit) {
+            // Its Done, if it still comes, finds no waiter and is ignored.
+            if lock(&self.link.running).remove(&self.turn).is_some() {
+                self.link.executor.count_released_hold();
+                tracing::warn!(
+                    tenant = %self.link.owner,
+                    job = self.job.0,
+                    limit_s = limit.as_secs_f64(),
+                    "a main iteration held its lane past --lane-hold-limit: other jobs' \
+                     iterations start beside it (it runs on, charged for the time)"
+                );
+            }
+        }
     }
 }
 

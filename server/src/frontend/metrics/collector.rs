@@ -308,6 +308,12 @@ impl Scrape {
             "Queued iterations dropped without running (client gone, deadline passed, job closed).",
             s.dropped_iterations,
         )?;
+        counter(
+            enc,
+            "salus_lane_holds_released",
+            "Main iterations that held their lane past --lane-hold-limit and ran on beside other jobs' iterations.",
+            s.lane_holds_released,
+        )?;
         gauge(
             enc,
             "salus_queued_iterations",
