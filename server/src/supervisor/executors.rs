@@ -442,7 +442,7 @@ impl Executors {
                     TenantKey::Named(name) => format!("name:{name}"),
                 },
             )
-            .env(env::JOB_BASE, (serial << 32).to_string());
+            .env(env::JOB_BASE, job_ids(serial).start.to_string());
         if let Some(base) = &checkpoint_base {
             command.env(env::CHECKPOINT_BASE, base);
         }
@@ -516,6 +516,7 @@ impl Executors {
             label.clone(),
             Tenant::clone(&tenant),
             self.spec.lane_hold_limit,
+            job_ids(serial),
         )
         .map_err(|e| format!("cannot watch the executor of tenant {tenant}: {e}"))?;
         let death = Arc::new(DeathNote::default());
@@ -730,6 +731,12 @@ impl Executors {
             }
         }
     }
+}
+
+/// The job ids of the executor with this serial number (it numbers its jobs
+/// from the start of the range, `SALUS_EXECUTOR_JOB_BASE`).
+fn job_ids(serial: u64) -> std::ops::Range<u64> {
+    serial << 32..(serial + 1) << 32
 }
 
 /// Where a tenant that is no Unix user keeps its jobs' checkpoint directories,

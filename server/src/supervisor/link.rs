@@ -8,11 +8,15 @@
 //! for exactly the iteration, in whichever process it runs, or for the lane
 //! hold limit at most: an iteration still running then (blocked on a queue
 //! nobody fills, say) runs on while the lane starts others, so no tenant's
-//! iteration can hold a lane for good. When the executor
+//! iteration can hold a lane for good. Every message naming a job must name
+//! one of the executor's own (its id range, given at its start): an executor
+//! runs what its tenant sent, and one subverted by a hostile graph must not
+//! reach other tenants' jobs through the seam. When the executor
 //! dies, [`Link::die`] forgets its jobs, returns their memory and wakes every
 //! lane thread waiting on it.
 
 use std::collections::{HashMap, HashSet};
+use std::ops::Range;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -55,6 +59,10 @@ pub struct Link {
     owner: Tenant,
     /// Longest wait for an iteration's Done before its lane moves on.
     hold_limit: Option<Duration>,
+    /// The job ids this executor may name (`SALUS_EXECUTOR_JOB_BASE` on).
+    job_ids: Range<u64>,
+    /// Messages refused for naming a job not the executor's.
+    foreign: std::sync::atomic::AtomicU64,
     dead: AtomicBool,
     /// Set when the executor, shutting down, has drained its eager jobs (or died).
     drained: tokio::sync::watch::Sender<bool>,
@@ -71,6 +79,7 @@ impl Link {
         label: String,
         owner: Tenant,
         hold_limit: Option<Duration>,
+        job_ids: Range<u64>,
     ) -> std::io::Result<(Arc<Link>, oneshot::Receiver<msg::Hello>)> {
         let reader = stream.try_clone()?;
         let (hello_tx, hello_rx) = oneshot::channel();
@@ -88,6 +97,8 @@ impl Link {
             hello: Mutex::new(Some(hello_tx)),
             owner,
             hold_limit,
+            job_ids,
+            foreign: std::sync::atomic::AtomicU64::new(0),
             dead: AtomicBool::new(false),
             drained: tokio::sync::watch::Sender::new(false),
         });
@@ -137,8 +148,54 @@ impl Link {
         }
     }
 
+    /// Messages refused so far for naming a job not the executor's.
+    pub fn foreign_messages(&self) -> u64 {
+        self.foreign.load(Ordering::Relaxed)
+    }
+
+    /// Answers a message that names a job outside the executor's range as a
+    /// refusal (where the executor waits for an answer), and logs the first.
+    fn refuse_foreign(&self, message: to_supervisor::Msg, job: u64) {
+        if self.foreign.fetch_add(1, Ordering::Relaxed) == 0 {
+            tracing::warn!(
+                tenant = %self.owner,
+                job,
+                "an executor named a job that is not its own (refused; later ones are counted, not logged)"
+            );
+        }
+        let refusal = || msg::AdmitError {
+            code: salus_proto::tensorflow::error::Code::PermissionDenied as i32,
+            message: format!("job {job} is not this executor's"),
+        };
+        match message {
+            to_supervisor::Msg::OpenJob(open) => self.send(to_executor::Msg::Opened(msg::Opened {
+                id: open.id,
+                error: Some(refusal()),
+            })),
+            to_supervisor::Msg::Admit(admit) => self.send(to_executor::Msg::Admitted(msg::Admitted {
+                id: admit.id,
+                outcome: Some(msg::admitted::Outcome::Error(refusal())),
+            })),
+            to_supervisor::Msg::Want(want) => self.send(to_executor::Msg::Dropped(msg::Dropped {
+                turn: want.turn,
+                reason: refusal().message,
+            })),
+            to_supervisor::Msg::Query(query) => self.send(to_executor::Msg::Answer(msg::Answer {
+                id: query.id,
+                ..Default::default()
+            })),
+            _ => {}
+        }
+    }
+
     fn handle(self: &Arc<Self>, message: msg::ToSupervisor) {
         let Some(message) = message.msg else { return };
+        if let Some(job) = named_job(&message) {
+            if !self.job_ids.contains(&job) {
+                self.refuse_foreign(message, job);
+                return;
+            }
+        }
         match message {
             to_supervisor::Msg::Hello(hello) => {
                 if let Some(tx) = lock(&self.hello).take() {
@@ -344,6 +401,32 @@ impl Link {
     }
 }
 
+/// The job a message acts on, if it names one.
+fn named_job(message: &to_supervisor::Msg) -> Option<u64> {
+    use to_supervisor::Msg;
+    match message {
+        Msg::AddJob(m) => Some(m.job),
+        Msg::OpenJob(m) => Some(m.job),
+        Msg::RemoveJob(m) => Some(m.job),
+        Msg::Want(m) => Some(m.job),
+        Msg::CheapRun(m) => Some(m.job),
+        Msg::Admit(m) => Some(m.job),
+        Msg::Withdraw(m) => Some(m.job),
+        Msg::Release(m) => Some(m.job),
+        Msg::SetHints(m) => Some(m.job),
+        Msg::Query(msg::Query {
+            what: Some(msg::query::What::Outranked(job)),
+            ..
+        }) => Some(*job),
+        Msg::Query(_)
+        | Msg::Hello(_)
+        | Msg::Done(_)
+        | Msg::Cancel(_)
+        | Msg::Drained(_)
+        | Msg::Report(_) => None,
+    }
+}
+
 /// One wanted iteration, queued in the core.
 struct Turn {
     link: Arc<Link>,
@@ -400,5 +483,113 @@ impl Drop for Turn {
                     .into(),
             }));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sched::policy::by_name;
+    use crate::sched::{Hints, SchedConfig};
+
+    fn send(to: &mut UnixStream, message: to_supervisor::Msg) {
+        write_frame(to, &msg::ToSupervisor { msg: Some(message) }).unwrap();
+    }
+
+    fn answer(from: &mut UnixStream) -> to_executor::Msg {
+        read_frame::<_, msg::ToExecutor>(from)
+            .unwrap()
+            .and_then(|m| m.msg)
+            .expect("an answer")
+    }
+
+    #[test]
+    fn an_executor_reaches_only_its_own_jobs() {
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let core = Executor::new(by_name("fifo").unwrap(), SchedConfig::default());
+        // Another tenant's job, of another executor's range.
+        let victim = JobId(5 << 32);
+        core.open_local_job(victim, "victim", JobKind::Graph, Some(&Tenant::named("other")))
+            .unwrap();
+        core.add_job(victim, LaneId(0), Hints::default()).unwrap();
+
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let (link, _hello) = Link::start(
+            ours,
+            core.clone(),
+            None,
+            runtime.handle().clone(),
+            "test".into(),
+            Tenant::named("hostile"),
+            None,
+            1 << 32..2 << 32,
+        )
+        .unwrap();
+        let mut executor = theirs;
+        let mut reading = executor.try_clone().unwrap();
+
+        send(&mut executor, to_supervisor::Msg::RemoveJob(msg::RemoveJob { job: victim.0 }));
+        send(
+            &mut executor,
+            to_supervisor::Msg::SetHints(msg::SetHints {
+                job: victim.0,
+                hints: Some(msg::JobHints {
+                    priority: 1000,
+                    ..Default::default()
+                }),
+            }),
+        );
+        send(
+            &mut executor,
+            to_supervisor::Msg::Want(msg::Want {
+                turn: 1,
+                job: victim.0,
+                deadline_ms: 0,
+            }),
+        );
+        match answer(&mut reading) {
+            to_executor::Msg::Dropped(d) => {
+                assert_eq!(d.turn, 1);
+                assert!(d.reason.contains("not this executor's"), "{}", d.reason);
+            }
+            other => panic!("{other:?}"),
+        }
+        send(
+            &mut executor,
+            to_supervisor::Msg::OpenJob(msg::OpenJob {
+                job: victim.0,
+                name: "stolen".into(),
+                eager: false,
+                id: 2,
+            }),
+        );
+        match answer(&mut reading) {
+            to_executor::Msg::Opened(o) => {
+                assert_eq!(o.id, 2);
+                let code = o.error.expect("refused").code;
+                assert_eq!(code, salus_proto::tensorflow::error::Code::PermissionDenied as i32);
+            }
+            other => panic!("{other:?}"),
+        }
+        let status = core.job_status(victim).expect("the victim's job is still there");
+        assert_eq!(status.hints.priority, Hints::default().priority);
+        assert_eq!(status.queued, 0, "no iteration was queued for it");
+        assert_eq!(link.foreign_messages(), 4);
+
+        // Its own jobs open.
+        send(
+            &mut executor,
+            to_supervisor::Msg::OpenJob(msg::OpenJob {
+                job: (1 << 32) + 1,
+                name: "mine".into(),
+                eager: false,
+                id: 3,
+            }),
+        );
+        match answer(&mut reading) {
+            to_executor::Msg::Opened(o) => assert_eq!((o.id, o.error), (3, None)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(link.open_jobs(), 1);
     }
 }
