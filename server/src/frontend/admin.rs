@@ -165,7 +165,12 @@ impl AdminService {
         executors
             .running()
             .iter()
-            .filter_map(|h| Some((h.tenant.clone(), h.link.report(REPORT_TIMEOUT)?)))
+            .filter_map(|h| {
+                let mut report = h.link.report(REPORT_TIMEOUT)?;
+                // Rows of jobs not its own would show another tenant's scheduler view.
+                report.jobs.retain(|row| h.link.owns_job(row.id));
+                Some((h.tenant.clone(), report))
+            })
             .collect()
     }
 

@@ -148,6 +148,11 @@ impl Link {
         }
     }
 
+    /// Whether `job` is one of this executor's (in its id range).
+    pub fn owns_job(&self, job: u64) -> bool {
+        self.job_ids.contains(&job)
+    }
+
     /// Messages refused so far for naming a job not the executor's.
     pub fn foreign_messages(&self) -> u64 {
         self.foreign.load(Ordering::Relaxed)
@@ -191,7 +196,7 @@ impl Link {
     fn handle(self: &Arc<Self>, message: msg::ToSupervisor) {
         let Some(message) = message.msg else { return };
         if let Some(job) = named_job(&message) {
-            if !self.job_ids.contains(&job) {
+            if !self.owns_job(job) {
                 self.refuse_foreign(message, job);
                 return;
             }
