@@ -98,6 +98,7 @@ fn main() -> anyhow::Result<()> {
         std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "2");
     }
     init_logging(config.verbose, stderr.try_clone()?);
+    raise_open_file_limit();
     malloc_hooks::enable_block_cache(config.block_cache_bytes);
     if !salus_server::heap_meter::install() {
         tracing::warn!("the malloc hooks are not in effect: eager jobs' per-iteration memory will not be measured");
@@ -217,5 +218,27 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = ctrl_c => tracing::info!("SIGINT received"),
         _ = term.recv() => tracing::info!("SIGTERM received"),
+    }
+}
+
+/// A server holds a socket per client connection (the supervisor also a copy
+/// of each one it handed over): lift the soft limit on open files to the hard
+/// one, as servers commonly do, so a default of 1,024 does not cap clients.
+/// Executor processes inherit it.
+fn raise_open_file_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain calls with a valid out-parameter.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 || limit.rlim_cur >= limit.rlim_max {
+            return;
+        }
+        let soft = limit.rlim_cur;
+        limit.rlim_cur = limit.rlim_max;
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+            tracing::debug!(from = soft, to = limit.rlim_max, "raised the open-file limit");
+        }
     }
 }
