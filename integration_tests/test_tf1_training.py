@@ -1,9 +1,12 @@
 """TF1 graph training through the server equals the same script run in-process, bit for bit.
 
 Same graph-building code, same graph and op seeds, same CPU kernels: the losses must be identical, not just
-close. Covers variables, AdamOptimizer slots, global_step, a tf.data one-shot iterator, and Saver
-save/restore into a fresh session on the server.
+close. Covers variables, AdamOptimizer slots, global_step, a tf.data one-shot iterator, Saver
+save/restore into a fresh session on the server, and a QueueRunner input pipeline (enqueue runs from
+threads beside the training steps that dequeue).
 """
+
+import time
 
 import numpy as np
 import pytest
@@ -79,3 +82,45 @@ def test_saver_restore_into_fresh_session(salus_target, is_salus, tmp_path, refe
     # Everything equals the in-process run.
     for key in ("losses", "trained", "fresh", "restored", "more", "after"):
         assert remote[key] == ref[key], key
+
+
+QUEUE_STEPS = 100
+
+
+def queue_runner_training(target: str) -> tuple[np.ndarray, list[float]]:
+    """TF1's queue input pipeline: two QueueRunner threads enqueue into a queue of capacity 1 while the training
+    loop's steps dequeue from it. Through the server the enqueue runs are not iterations (they would hold the
+    lane while the queue is full, and the step that empties it would wait for the lane)."""
+    g = tf.Graph()
+    with g.as_default():
+        batch = tf.reshape(tf.range(64, dtype=tf.float32) / 64.0, [4, 16])
+        queue = tf.queue.FIFOQueue(1, [tf.float32], shapes=[[4, 16]])
+        enqueue = queue.enqueue([batch])
+        tf.compat.v1.train.add_queue_runner(tf.compat.v1.train.QueueRunner(queue, [enqueue] * 2))
+        w = tf.compat.v1.get_variable("w", [16, 1], initializer=tf.compat.v1.constant_initializer(0.5))
+        loss = tf.reduce_mean(tf.square(tf.matmul(queue.dequeue(), w) - 1.0))
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+        with tf.compat.v1.Session(target) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            coord = tf.train.Coordinator()
+            threads = tf.compat.v1.train.start_queue_runners(sess, coord)
+            started = time.monotonic()
+            losses = []
+            for _ in range(QUEUE_STEPS):
+                losses.append(float(sess.run([loss, train])[0]))
+                # A watchdog, not a timing: 100 tiny steps take well under a second here; a pipeline that
+                # deadlocks with the steps stalls for the server's lane hold limit (60 s) each time.
+                if time.monotonic() - started > 120:
+                    pytest.fail(f"the queue pipeline stalled the training steps ({len(losses)} steps in 120 s)")
+            coord.request_stop()
+            sess.run(queue.close(cancel_pending_enqueues=True))
+            coord.join(threads, stop_grace_period_secs=10)
+            return sess.run(w), losses
+
+
+def test_queue_runner_pipeline_trains_as_in_process(salus_target):
+    remote_w, remote_losses = queue_runner_training(salus_target)
+    local_w, local_losses = queue_runner_training("")
+    assert remote_losses[-1] < remote_losses[0]
+    np.testing.assert_array_equal(remote_losses, local_losses)
+    np.testing.assert_array_equal(remote_w, local_w)

@@ -16,6 +16,21 @@ use crate::tenant::checkpoint_guard::RESERVED_PREFIX;
 use crate::tenant::op_policy::checkpoint_path_inputs;
 use crate::tf::{Graph, ImportMappings};
 
+/// Ops that put input into a queue or staging area for a training step to
+/// take, and block while it is full. A run of one is the input pipeline of a
+/// TF1 script (`QueueRunner` threads, a Python feeder thread), not an
+/// iteration: scheduled as one, it would hold the lane while it waits for the
+/// step that empties the queue, which waits for the lane.
+pub const FEEDING_OPS: &[&str] = &[
+    "QueueEnqueue",
+    "QueueEnqueueV2",
+    "QueueEnqueueMany",
+    "QueueEnqueueManyV2",
+    "Stage",
+    "MapStage",
+    "OrderedMapStage",
+];
+
 /// Why a graph cannot be imported.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum GraphError {
@@ -83,6 +98,8 @@ pub struct CheckedDelta {
     pub checkpoint_nodes: Vec<(String, String)>,
     /// Nodes with a `container` attribute: (node name, container), for Reset.
     pub containers: Vec<(String, String)>,
+    /// Nodes that feed a queue or staging area ([`FEEDING_OPS`]).
+    pub feeding_nodes: Vec<String>,
     /// Persistent memory the delta's variables declare (see [`variable_bytes`]).
     pub variables: VariableBytes,
 }
@@ -176,6 +193,9 @@ pub fn check_delta(bytes: &[u8], graph: &Graph) -> Result<CheckedDelta, GraphErr
     }
     for node in &def.node {
         checked.ops.insert(node.op.clone());
+        if FEEDING_OPS.contains(&node.op.as_str()) {
+            checked.feeding_nodes.push(node.name.clone());
+        }
         if checkpoint_path_inputs(&node.op).is_some() {
             checked
                 .checkpoint_nodes
@@ -306,6 +326,28 @@ mod tests {
         let device = |name: &str| graph.operation(name).unwrap().device();
         assert_eq!(device("v"), "/device:GPU:1");
         assert_eq!(device("pinned"), "/device:CPU:0");
+    }
+
+    #[test]
+    fn enqueue_nodes_are_found_as_feeding_ones() {
+        let node = |name: &str, op: &str| NodeDef {
+            name: name.into(),
+            op: op.into(),
+            ..Default::default()
+        };
+        let delta = GraphDef {
+            node: vec![
+                node("q", "FIFOQueueV2"),
+                node("enqueue", "QueueEnqueueV2"),
+                node("enqueue_many", "QueueEnqueueManyV2"),
+                node("dequeue", "QueueDequeueV2"),
+                node("stage", "Stage"),
+            ],
+            ..Default::default()
+        }
+        .encode_to_vec();
+        let checked = check_delta(&delta, &Graph::new()).unwrap();
+        assert_eq!(checked.feeding_nodes, ["enqueue", "enqueue_many", "stage"]);
     }
 
     #[test]

@@ -117,11 +117,17 @@ pub use crate::runtime::run_class::{
     MemoryEstimate, RunClass, RunProfile, MAIN_MARKER, WARMUP_RUNS,
 };
 
-fn is_marker(name: &str) -> bool {
+/// The node a fetch or target names ("^name", "name:1" -> "name").
+fn node_name(name: &str) -> &str {
     let op = name.trim_start_matches('^');
-    let op = op.split_once(':').map_or(op, |(op, _)| op);
+    op.split_once(':').map_or(op, |(op, _)| op)
+}
+
+fn is_marker(name: &str) -> bool {
+    let op = node_name(name);
     op == MAIN_MARKER || op.ends_with(&format!("/{MAIN_MARKER}"))
 }
+
 
 /// RunOptions field `trace_level`, and FULL_TRACE (needed for memory records).
 const TRACE_LEVEL_FIELD: u64 = 1;
@@ -167,6 +173,8 @@ pub struct Job {
     /// Persistent memory declared by the graph's variables so far.
     variables: Mutex<VariableBytes>,
     run_profiles: Mutex<HashMap<RunKey, RunProfile>>,
+    /// The graph's nodes that feed a queue (`graph_delta::FEEDING_OPS`).
+    feeding_nodes: Mutex<HashSet<String>>,
     inline_below_ns: f64,
     cheap_below_ns: f64,
     max_tensor_bytes: u64,
@@ -242,6 +250,7 @@ impl Job {
     ) -> Result<Job> {
         let graph = Arc::new(Graph::new());
         let mut containers = Vec::new();
+        let mut feeding_nodes = HashSet::new();
         let mut variables = VariableBytes::default();
         let device = gpu_lane.map(|lane| GpuLanes::device(lane.0));
         let checkpoint_dir = rules.checkpoints.dir_for(&hints.name, id);
@@ -253,6 +262,7 @@ impl Job {
                 confine_checkpoints(&graph, &delta, &checkpoint_dir)?;
             }
             containers = delta.containers;
+            feeding_nodes.extend(delta.feeding_nodes);
             variables = delta.variables;
         }
         let session = Session::new(graph, config)?;
@@ -270,6 +280,7 @@ impl Job {
             containers: Mutex::new(containers),
             variables: Mutex::new(variables),
             run_profiles: Mutex::new(HashMap::new()),
+            feeding_nodes: Mutex::new(feeding_nodes),
             inline_below_ns: settings.inline_below.as_nanos() as f64,
             cheap_below_ns: settings.cheap_below.as_nanos() as f64,
             max_tensor_bytes: settings.max_tensor_bytes,
@@ -399,6 +410,7 @@ impl Job {
             return Err(err);
         }
         lock(&self.containers).extend(delta.containers);
+        lock(&self.feeding_nodes).extend(delta.feeding_nodes);
         *lock(&self.variables) += delta.variables;
         *version += 1;
         Ok(*version)
@@ -498,10 +510,19 @@ impl Job {
     }
 
     /// Main iteration or cheap run (see the module doc); `names` are the run's
-    /// fetches and targets.
-    pub fn classify<'a>(&self, key: RunKey, mut names: impl Iterator<Item = &'a str>) -> RunClass {
-        let marked = names.any(is_marker);
+    /// fetches and targets. A run that feeds a queue (a fetch or target is an
+    /// enqueue node) is always cheap: it is a TF1 script's input pipeline.
+    pub fn classify<'a>(&self, key: RunKey, names: impl Iterator<Item = &'a str> + Clone) -> RunClass {
+        let marked = names.clone().any(is_marker);
+        if !marked && self.feeds_a_queue(names) {
+            return RunClass::Cheap;
+        }
         self.profile(key).classify(self.cheap_below_ns, marked)
+    }
+
+    fn feeds_a_queue<'a>(&self, mut names: impl Iterator<Item = &'a str>) -> bool {
+        let feeding = lock(&self.feeding_nodes);
+        !feeding.is_empty() && names.any(|name| feeding.contains(node_name(name)))
     }
 
     /// Classifies a RunCallable.

@@ -8,7 +8,9 @@
 //! unless a queued iteration of a job the policy ranks ahead is waiting, and
 //! then it queues like a main iteration (so a client looping over small steps
 //! cannot take more than its share). Other runs are *main* iterations,
-//! scheduled by the policy. A run naming [`MAIN_MARKER`] is always main.
+//! scheduled by the policy. A run naming [`MAIN_MARKER`] is always main; a
+//! graph run of an enqueue node (a TF1 input pipeline) is always cheap
+//! (`graph_delta::FEEDING_OPS`).
 //! The time of runs that went at once is charged to the job's service.
 
 use crate::sched::lanes::MemoryNeed;
