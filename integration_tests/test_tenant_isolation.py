@@ -207,7 +207,7 @@ def test_a_blocked_iteration_holds_the_lane_only_until_the_limit(short_hold_serv
     server = short_hold_server
     ta, tb = unix_users["salus-ta"], unix_users["salus-tb"]
     env = {**os.environ, "HOME": ta.pw_dir}
-    blocker = subprocess.Popen([venv_python(), "-c", BLOCKER, server.target, "90000"], user=ta.pw_uid,
+    blocker = subprocess.Popen([venv_python(), "-c", BLOCKER, server.target, "600000"], user=ta.pw_uid,
                                group=ta.pw_gid, extra_groups=[], env=env, cwd=ta.pw_dir, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     try:
@@ -221,8 +221,9 @@ def test_a_blocked_iteration_holds_the_lane_only_until_the_limit(short_hold_serv
         assert trainer.returncode == 0, trainer.stderr[-3000:]
         assert last_json_line(trainer.stdout)["steps"] == 200
         stats = ctl_json(server.address, "stats")
-        # Without the limit salus-tb's steps would have waited for salus-ta's deadline (90 s), and nothing is
-        # counted; with it the lane moved on while the blocked iteration ran on.
+        # Without the limit salus-tb's steps would have waited for salus-ta's deadline (10 min: the trainer's
+        # timeout ends the test first), and nothing is counted; with it the lane moved on while the blocked
+        # iteration ran on (its deadline is far enough off that a loaded machine does not end it first).
         assert stats["lane_holds_released"] >= 1, stats
         assert blocker.poll() is None, "salus-ta's iteration was ended, not left running"
     finally:

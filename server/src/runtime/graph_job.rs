@@ -128,7 +128,6 @@ fn is_marker(name: &str) -> bool {
     op == MAIN_MARKER || op.ends_with(&format!("/{MAIN_MARKER}"))
 }
 
-
 /// RunOptions field `trace_level`, and FULL_TRACE (needed for memory records).
 const TRACE_LEVEL_FIELD: u64 = 1;
 const FULL_TRACE: u64 = 3;

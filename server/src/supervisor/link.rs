@@ -154,7 +154,8 @@ impl Link {
     }
 
     /// Messages refused so far for naming a job not the executor's.
-    pub fn foreign_messages(&self) -> u64 {
+    #[cfg(test)]
+    fn foreign_messages(&self) -> u64 {
         self.foreign.load(Ordering::Relaxed)
     }
 
