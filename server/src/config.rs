@@ -220,7 +220,7 @@ pub struct Args {
 
     /// Seconds a main iteration may hold its lane (--isolation tenant): past
     /// it, the scheduler starts other jobs' iterations beside it (it runs on,
-    /// charged for the time) and counts it in `lane_holds_released`, so an
+    /// charged the limit as device time) and counts it in `lane_holds_released`, so an
     /// iteration that blocks (a dequeue from a queue nobody fills, a hung
     /// input pipeline) cannot stop other tenants' jobs. 0: no limit.
     #[arg(long, env = "SALUS_LANE_HOLD_LIMIT", default_value_t = 60)]

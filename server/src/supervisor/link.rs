@@ -469,7 +469,7 @@ impl RemoteIteration for Turn {
                     job = self.job.0,
                     limit_s = limit.as_secs_f64(),
                     "a main iteration held its lane past --lane-hold-limit: other jobs' \
-                     iterations start beside it (it runs on, charged for the time)"
+                     iterations start beside it (it runs on, charged the limit as device time)"
                 );
             }
         }
