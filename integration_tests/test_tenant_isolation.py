@@ -6,9 +6,10 @@ its in-process run, salus-ta gets a clear error at once (not a retry), and its n
 operations on the server behave exactly as in its own process: its own files are read and written, checkpoints,
 summaries and TFRecord training work; the other user's 0600 file and 0700 directory are refused by the OS.
 A main iteration of salus-ta that blocks (a dequeue from a queue nobody fills) holds the lane only until
---lane-hold-limit: salus-tb's training runs beside it.
+--lane-hold-limit: salus-tb's training runs beside it. salus-ta printing 10 MiB to stderr grows the server's log
+only by --executor-log-rate's allowance.
 
-Costs about 2.5 minutes: two servers, two executors at a time, about seventeen TensorFlow client processes.
+Costs about 2.7 minutes: two servers, two executors at a time, about nineteen TensorFlow client processes.
 """
 
 from __future__ import annotations
@@ -175,6 +176,47 @@ def test_each_user_does_with_files_what_it_does_in_its_own_process(server, unix_
     assert not os.path.exists(os.path.join(tb.pw_dir, "intruder.txt"))
     written = os.path.join(ta.pw_dir, "salus", "written.txt")
     assert os.stat(written).st_uid == ta.pw_uid, "the file was written as the tenant's user"
+
+
+# Prints 8 x 1.25 MiB of 10-byte lines to the executor's stderr (tf.print in a TF1 session, as in the tenant's own
+# process, where it would reach the script's terminal).
+PRINTER = """
+import sys, tensorflow as tf
+tf.compat.v1.disable_eager_execution()
+text = tf.strings.reduce_join(tf.fill([1 << 17], "xxxxxxxxx\\n"))
+printed = tf.print(text, output_stream=sys.stderr)
+with tf.control_dependencies([printed]):
+    done = tf.constant(1)
+with tf.compat.v1.Session(sys.argv[1]) as s:
+    for _ in range(8):
+        s.run(done)
+print("PRINTED", flush=True)
+"""
+DROP_NOTE = "of this executor's output were not copied here"
+
+
+def test_a_tenant_printing_without_end_cannot_fill_the_servers_log(server, unix_users):
+    """The server copies an executor's stderr into its log within --executor-log-rate (64 KiB/s after a burst of
+    16 s of it, 1 MiB) and notes what it dropped: 10 MiB printed (34 MiB in the log with the executor's label)."""
+    log = server.log_path
+    before = log.stat().st_size
+    start = time.monotonic()
+    proc = run_as(unix_users["salus-ta"], [venv_python(), "-c", PRINTER, server.target])
+    assert "PRINTED" in proc.stdout, proc.stderr[-3000:]
+    # The copy may still be reading the pipe: its note of the drops comes once it is past the burst.
+    assert wait_until(lambda: DROP_NOTE.encode() in log.read_bytes()[before:], timeout=120, interval=0.5), \
+        "the server never noted the lines it dropped"
+    size = log.stat().st_size
+    while True:  # until the copy has caught up: the log stops growing
+        time.sleep(1)
+        if log.stat().st_size == size:
+            break
+        size = log.stat().st_size
+    grown = size - before
+    allowed = (1 << 20) + (64 << 10) * (time.monotonic() - start + 2) + (256 << 10)
+    print(f"the log grew by {grown} bytes in {time.monotonic() - start:.1f} s (allowed {allowed:.0f})")
+    assert grown <= allowed, f"the log grew by {grown} bytes, more than {allowed:.0f} in {time.monotonic() - start:.0f} s"
+    small_job_works(unix_users["salus-ta"], server)
 
 
 # A TF1 main iteration (a fetch named salus_main_iter) that waits on a queue nobody fills, up to a deadline of its

@@ -231,6 +231,15 @@ pub struct Args {
     #[arg(long, env = "SALUS_EXECUTOR_IDLE_TIMEOUT", default_value_t = 60)]
     pub executor_idle_timeout: u64,
 
+    /// Bytes per second of each executor's output (what its TensorFlow and the
+    /// tenant's ops such as tf.print write to stderr) copied into the server's
+    /// log, after a burst of 16 s of it, e.g. 64KiB; lines beyond it are
+    /// dropped and counted in a note, so a tenant printing without end cannot
+    /// fill the log or slow the server. An executor's last lines still explain
+    /// its death. 0: copy everything.
+    #[arg(long, env = "SALUS_EXECUTOR_LOG_RATE", default_value = "64KiB", value_parser = parse_size)]
+    pub executor_log_rate: u64,
+
     /// More output: -v adds TensorFlow's own logs and debug logs, -vv trace logs.
     /// RUST_LOG overrides the log filter.
     #[arg(short, long, env = "SALUS_VERBOSE", action = clap::ArgAction::Count)]
@@ -282,6 +291,8 @@ pub struct Config {
     pub isolate_tenants: bool,
     pub executor_memory: Option<u64>,
     pub executor_idle_timeout: Duration,
+    /// Bytes per second of an executor's output copied into the log; None: all.
+    pub executor_log_rate: Option<u64>,
     /// How long a tenant's main iteration may hold its lane; None: no limit.
     pub lane_hold_limit: Option<Duration>,
     /// Bytes of freed large blocks kept for reuse (`block_cache`).
@@ -315,6 +326,7 @@ impl Default for Config {
             isolate_tenants: true,
             executor_memory: None,
             executor_idle_timeout: Duration::from_secs(60),
+            executor_log_rate: Some(64 << 10),
             lane_hold_limit: Some(Duration::from_secs(60)),
             block_cache_bytes: crate::block_cache::DEFAULT_MAX_BYTES,
         }
@@ -412,6 +424,7 @@ impl TryFrom<Args> for Config {
             isolate_tenants: args.isolation == "tenant",
             executor_memory: args.executor_memory,
             executor_idle_timeout: Duration::from_secs(args.executor_idle_timeout),
+            executor_log_rate: (args.executor_log_rate > 0).then_some(args.executor_log_rate),
             lane_hold_limit: (args.lane_hold_limit > 0)
                 .then(|| Duration::from_secs(args.lane_hold_limit)),
             block_cache_bytes: usize::try_from(args.block_cache).unwrap_or(usize::MAX),

@@ -175,6 +175,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         lane_hold_limit: server.config().lane_hold_limit,
         start_timeout: std::time::Duration::from_secs(120),
         verbose: server.config().verbose > 0,
+        log_rate: server.config().executor_log_rate,
     });
     if let Some(metrics) = metrics {
         // A line of its own, after the first one, for tests and scripts too.

@@ -11,7 +11,6 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::OsString;
-use std::io::{BufRead, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -27,6 +26,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use crate::runtime::admission::Admission;
 use crate::runtime::executor::Executor;
 use crate::seam::handover::Handed;
+use crate::supervisor::executor_log::forward_stderr;
 use crate::supervisor::handed::HandedConnections;
 use crate::supervisor::link::Link;
 use crate::supervisor::relay::RelayRequestBody;
@@ -95,6 +95,9 @@ pub struct ExecutorSpec {
     pub lane_hold_limit: Option<Duration>,
     /// `-v`: pass the executors' TensorFlow INFO/WARNING lines on too.
     pub verbose: bool,
+    /// `--executor-log-rate`: bytes per second of each executor's output
+    /// copied into the server's log; `None`: all of it.
+    pub log_rate: Option<u64>,
 }
 
 /// What the supervisor knows of a finished executor.
@@ -506,7 +509,13 @@ impl Executors {
         let label = format!("{}:{pid}", tenant.name);
         let last_lines = Arc::new(Mutex::new(VecDeque::new()));
         let stderr_ended = child.stderr.take().map(|stderr| {
-            forward_stderr(stderr, label.clone(), last_lines.clone(), self.spec.verbose)
+            forward_stderr(
+                stderr,
+                label.clone(),
+                last_lines.clone(),
+                self.spec.verbose,
+                self.spec.log_rate,
+            )
         });
         let (link, hello) = Link::start(
             seam_ours,
@@ -800,37 +809,6 @@ fn prepare_checkpoint_dir(
                 account.name
             )
         })
-}
-
-/// Copies an executor's stderr to the server's, each line marked with the
-/// executor, and keeps the last lines for the message of its death.
-/// The returned channel hears when the executor's stderr ended.
-fn forward_stderr(
-    stderr: std::process::ChildStderr,
-    label: String,
-    last: Arc<Mutex<VecDeque<String>>>,
-    verbose: bool,
-) -> std::sync::mpsc::Receiver<()> {
-    let (ended_tx, ended) = std::sync::mpsc::channel();
-    let _ = std::thread::Builder::new()
-        .name("salus-exec-log".into())
-        .spawn(move || {
-            let reader = std::io::BufReader::new(stderr);
-            for line in reader.split(b'\n') {
-                let Ok(line) = line else { break };
-                let line = String::from_utf8_lossy(&line).into_owned();
-                if verbose || !crate::tf_log::is_tensorflow_noise(&line) {
-                    let _ = writeln!(std::io::stderr(), "[executor {label}] {line}");
-                }
-                let mut last = lock(&last);
-                if last.len() == 400 {
-                    last.pop_front();
-                }
-                last.push_back(line);
-            }
-            let _ = ended_tx.send(());
-        });
-    ended
 }
 
 /// "killed by signal 11 (SIGSEGV)" and what the executor said last that

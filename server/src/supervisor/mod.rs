@@ -7,6 +7,7 @@
 //! relayed ([`relay`]).
 
 pub mod accept;
+pub mod executor_log;
 pub mod executors;
 pub mod handed;
 pub mod link;

@@ -1,0 +1,181 @@
+//! An executor's stderr, copied into the server's: each line marked with the
+//! executor, within a byte budget per executor (`--executor-log-rate`), so a
+//! tenant printing without end (`tf.print` to stderr in a loop) cannot fill
+//! the server's log or take the supervisor's time from other tenants. The
+//! last lines are kept, budget or not, for the message of the executor's death.
+
+use std::collections::VecDeque;
+use std::io::{BufRead, Write};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Lines kept for the death message.
+const KEPT_LINES: usize = 400;
+
+/// Seconds of the rate an executor may print at once (its start-up lines, a
+/// traceback) before lines are dropped.
+const BURST_SECONDS: u64 = 16;
+
+/// How often, at most, a flood's dropped lines are reported while it lasts.
+const DROP_NOTE_EVERY: Duration = Duration::from_secs(10);
+
+/// A token bucket of bytes.
+pub struct LogBudget {
+    /// Bytes per second; `None`: no limit.
+    rate: Option<u64>,
+    tokens: f64,
+    at: Instant,
+    dropped_lines: u64,
+    dropped_bytes: u64,
+    noted: Option<Instant>,
+}
+
+impl LogBudget {
+    pub fn new(rate: Option<u64>, now: Instant) -> LogBudget {
+        LogBudget {
+            rate,
+            tokens: rate.map_or(0.0, |r| (r * BURST_SECONDS) as f64),
+            at: now,
+            dropped_lines: 0,
+            dropped_bytes: 0,
+            noted: None,
+        }
+    }
+
+    /// Whether a line of `len` bytes may be copied now; if not, it is
+    /// counted as dropped.
+    pub fn admit(&mut self, len: usize, now: Instant) -> bool {
+        let Some(rate) = self.rate else { return true };
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.at = now;
+        let burst = (rate * BURST_SECONDS) as f64;
+        self.tokens = (self.tokens + elapsed * rate as f64).min(burst);
+        if self.tokens >= len as f64 {
+            self.tokens -= len as f64;
+            return true;
+        }
+        self.dropped_lines += 1;
+        self.dropped_bytes += len as u64;
+        false
+    }
+
+    /// A note on the lines dropped since the last one: when copying resumes,
+    /// during a flood at most every [`DROP_NOTE_EVERY`], and at the end.
+    pub fn drop_note(&mut self, now: Instant, copying: bool, ended: bool) -> Option<String> {
+        if self.dropped_lines == 0 {
+            return None;
+        }
+        let due = copying
+            || ended
+            || self
+                .noted
+                .is_none_or(|at| now.saturating_duration_since(at) >= DROP_NOTE_EVERY);
+        if !due {
+            return None;
+        }
+        let note = format!(
+            "salus: {} lines ({} bytes) of this executor's output were not copied here: over \
+             --executor-log-rate ({} bytes/s)",
+            self.dropped_lines,
+            self.dropped_bytes,
+            self.rate.unwrap_or(0)
+        );
+        self.dropped_lines = 0;
+        self.dropped_bytes = 0;
+        self.noted = Some(now);
+        Some(note)
+    }
+}
+
+/// Copies an executor's stderr to the server's until it ends (on a thread of
+/// its own) and keeps the last lines in `last`; TensorFlow's INFO noise is
+/// left out unless `verbose`. The returned channel hears when it ended.
+pub fn forward_stderr(
+    stderr: std::process::ChildStderr,
+    label: String,
+    last: Arc<Mutex<VecDeque<String>>>,
+    verbose: bool,
+    rate: Option<u64>,
+) -> std::sync::mpsc::Receiver<()> {
+    let (ended_tx, ended) = std::sync::mpsc::channel();
+    let _ = std::thread::Builder::new()
+        .name("salus-exec-log".into())
+        .spawn(move || {
+            let mut budget = LogBudget::new(rate, Instant::now());
+            let reader = std::io::BufReader::with_capacity(64 << 10, stderr);
+            for line in reader.split(b'\n') {
+                let Ok(line) = line else { break };
+                let line = String::from_utf8_lossy(&line).into_owned();
+                if verbose || !crate::tf_log::is_tensorflow_noise(&line) {
+                    let now = Instant::now();
+                    // Charged as written: the label too (a flood of short lines).
+                    let copying = budget.admit(label.len() + line.len() + 12, now);
+                    if let Some(note) = budget.drop_note(now, copying, false) {
+                        write_line(&label, &note);
+                    }
+                    if copying {
+                        write_line(&label, &line);
+                    }
+                }
+                let mut last = last.lock().unwrap_or_else(|e| e.into_inner());
+                if last.len() == KEPT_LINES {
+                    last.pop_front();
+                }
+                last.push_back(line);
+            }
+            if let Some(note) = budget.drop_note(Instant::now(), false, true) {
+                write_line(&label, &note);
+            }
+            let _ = ended_tx.send(());
+        });
+    ended
+}
+
+/// One line, one write: lines of several executors never interleave.
+fn write_line(label: &str, line: &str) {
+    let mut out = Vec::with_capacity(label.len() + line.len() + 13);
+    let _ = writeln!(out, "[executor {label}] {line}");
+    let _ = std::io::stderr().lock().write_all(&out);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_flood_is_cut_to_the_rate_after_its_burst_and_reported() {
+        let start = Instant::now();
+        let mut budget = LogBudget::new(Some(100), start);
+        // The burst: 16 s of the rate at once.
+        let copied = (0..100).filter(|_| budget.admit(20, start)).count();
+        assert_eq!(copied, 80);
+        let note = budget
+            .drop_note(start, false, false)
+            .expect("first drop is noted");
+        assert!(note.contains("20 lines (400 bytes)"), "{note}");
+        // Within the note interval a further drop waits for its note.
+        assert!(!budget.admit(20, start));
+        assert_eq!(budget.drop_note(start, false, false), None);
+        // A second later 100 bytes are back: five lines, not six.
+        let later = start + Duration::from_secs(1);
+        let copied = (0..6).filter(|_| budget.admit(20, later)).count();
+        assert_eq!(copied, 5);
+        let note = budget
+            .drop_note(later, true, false)
+            .expect("noted when copying resumes");
+        assert!(note.contains("2 lines (40 bytes)"), "{note}");
+        assert_eq!(
+            budget.drop_note(later, false, true),
+            None,
+            "nothing new to say"
+        );
+    }
+
+    #[test]
+    fn no_rate_copies_everything() {
+        let now = Instant::now();
+        let mut budget = LogBudget::new(None, now);
+        assert!((0..10_000).all(|_| budget.admit(1 << 20, now)));
+        assert_eq!(budget.drop_note(now, false, true), None);
+    }
+}
