@@ -59,14 +59,15 @@ impl LogBudget {
         false
     }
 
-    /// A note on the lines dropped since the last one: when copying resumes,
-    /// during a flood at most every [`DROP_NOTE_EVERY`], and at the end.
-    pub fn drop_note(&mut self, now: Instant, copying: bool, ended: bool) -> Option<String> {
+    /// A note on the lines dropped since the last one: the first drop's at
+    /// once, then at most every [`DROP_NOTE_EVERY`] while drops go on (a
+    /// flood lets a line through now and then: no note for each), and the
+    /// rest at the end.
+    pub fn drop_note(&mut self, now: Instant, ended: bool) -> Option<String> {
         if self.dropped_lines == 0 {
             return None;
         }
-        let due = copying
-            || ended
+        let due = ended
             || self
                 .noted
                 .is_none_or(|at| now.saturating_duration_since(at) >= DROP_NOTE_EVERY);
@@ -110,7 +111,7 @@ pub fn forward_stderr(
                     let now = Instant::now();
                     // Charged as written: the label too (a flood of short lines).
                     let copying = budget.admit(label.len() + line.len() + 12, now);
-                    if let Some(note) = budget.drop_note(now, copying, false) {
+                    if let Some(note) = budget.drop_note(now, false) {
                         write_line(&label, &note);
                     }
                     if copying {
@@ -123,7 +124,7 @@ pub fn forward_stderr(
                 }
                 last.push_back(line);
             }
-            if let Some(note) = budget.drop_note(Instant::now(), false, true) {
+            if let Some(note) = budget.drop_note(Instant::now(), true) {
                 write_line(&label, &note);
             }
             let _ = ended_tx.send(());
@@ -143,29 +144,35 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_flood_is_cut_to_the_rate_after_its_burst_and_reported() {
+    fn a_flood_is_cut_to_the_rate_after_its_burst_and_noted_now_and_then() {
         let start = Instant::now();
         let mut budget = LogBudget::new(Some(100), start);
         // The burst: 16 s of the rate at once.
         let copied = (0..100).filter(|_| budget.admit(20, start)).count();
         assert_eq!(copied, 80);
         let note = budget
-            .drop_note(start, false, false)
-            .expect("first drop is noted");
+            .drop_note(start, false)
+            .expect("the first drop is noted at once");
         assert!(note.contains("20 lines (400 bytes)"), "{note}");
-        // Within the note interval a further drop waits for its note.
-        assert!(!budget.admit(20, start));
-        assert_eq!(budget.drop_note(start, false, false), None);
-        // A second later 100 bytes are back: five lines, not six.
+        // A second later 100 bytes are back: five lines, not six; the drop
+        // waits for its note (a flood lets lines through every second).
         let later = start + Duration::from_secs(1);
         let copied = (0..6).filter(|_| budget.admit(20, later)).count();
         assert_eq!(copied, 5);
-        let note = budget
-            .drop_note(later, true, false)
-            .expect("noted when copying resumes");
-        assert!(note.contains("2 lines (40 bytes)"), "{note}");
+        assert_eq!(budget.drop_note(later, false), None);
+        let much_later = start + DROP_NOTE_EVERY;
+        assert!(budget.admit(20, much_later));
+        let again = budget
+            .drop_note(much_later, false)
+            .expect("noted again after the interval");
+        assert!(again.contains("1 lines (20 bytes)"), "{again}");
+        assert!(!budget.admit(2000, much_later), "more than the burst");
+        let last = budget
+            .drop_note(much_later, true)
+            .expect("the rest at the end");
+        assert!(last.contains("1 lines (2000 bytes)"), "{last}");
         assert_eq!(
-            budget.drop_note(later, false, true),
+            budget.drop_note(much_later, true),
             None,
             "nothing new to say"
         );
@@ -176,6 +183,6 @@ mod tests {
         let now = Instant::now();
         let mut budget = LogBudget::new(None, now);
         assert!((0..10_000).all(|_| budget.admit(1 << 20, now)));
-        assert_eq!(budget.drop_note(now, false, true), None);
+        assert_eq!(budget.drop_note(now, true), None);
     }
 }
