@@ -5,12 +5,21 @@
 //! last lines are kept, budget or not, for the message of the executor's death.
 
 use std::collections::VecDeque;
-use std::io::{BufRead, Write};
+use std::io::{self, BufRead, Read, Write};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Lines kept for the death message.
 const KEPT_LINES: usize = 400;
+
+/// Bytes of a line kept for the death message (a fatal message is short; 400
+/// pieces of [`MAX_LINE`] would hold 25 MiB per executor).
+const KEPT_LINE_BYTES: usize = 1024;
+
+/// Longest line read as one: a longer one (a tenant printing gigabytes
+/// without a newline) is taken in pieces of this size, so the copy never
+/// holds more than this of an executor's output.
+const MAX_LINE: usize = 64 << 10;
 
 /// Seconds of the rate an executor may print at once (its start-up lines, a
 /// traceback) before lines are dropped.
@@ -103,10 +112,10 @@ pub fn forward_stderr(
         .name("salus-exec-log".into())
         .spawn(move || {
             let mut budget = LogBudget::new(rate, Instant::now());
-            let reader = std::io::BufReader::with_capacity(64 << 10, stderr);
-            for line in reader.split(b'\n') {
-                let Ok(line) = line else { break };
-                let line = String::from_utf8_lossy(&line).into_owned();
+            let mut reader = std::io::BufReader::with_capacity(64 << 10, stderr);
+            let mut piece = Vec::new();
+            while let Ok(true) = next_line(&mut reader, &mut piece) {
+                let line = String::from_utf8_lossy(&piece).into_owned();
                 if verbose || !crate::tf_log::is_tensorflow_noise(&line) {
                     let now = Instant::now();
                     // Charged as written: the label too (a flood of short lines).
@@ -122,7 +131,7 @@ pub fn forward_stderr(
                 if last.len() == KEPT_LINES {
                     last.pop_front();
                 }
-                last.push_back(line);
+                last.push_back(kept(line));
             }
             if let Some(note) = budget.drop_note(Instant::now(), true) {
                 write_line(&label, &note);
@@ -130,6 +139,29 @@ pub fn forward_stderr(
             let _ = ended_tx.send(());
         });
     ended
+}
+
+/// The next line without its newline, or a piece of [`MAX_LINE`] bytes of a
+/// longer one; false at the end of the stream.
+fn next_line(reader: &mut impl BufRead, line: &mut Vec<u8>) -> io::Result<bool> {
+    line.clear();
+    let read = reader.take(MAX_LINE as u64).read_until(b'\n', line)?;
+    if line.last() == Some(&b'\n') {
+        line.pop();
+    }
+    Ok(read > 0)
+}
+
+/// The start of `line`, at most [`KEPT_LINE_BYTES`] (on a character boundary).
+fn kept(mut line: String) -> String {
+    if line.len() > KEPT_LINE_BYTES {
+        let mut end = KEPT_LINE_BYTES;
+        while !line.is_char_boundary(end) {
+            end -= 1;
+        }
+        line.truncate(end);
+    }
+    line
 }
 
 /// One line, one write: lines of several executors never interleave.
@@ -176,6 +208,25 @@ mod tests {
             None,
             "nothing new to say"
         );
+    }
+
+    #[test]
+    fn a_line_without_end_is_read_in_pieces() {
+        let mut text = vec![b'x'; 3 * MAX_LINE + 5];
+        text.extend_from_slice(b"\nshort\n\nlast");
+        let mut reader = io::Cursor::new(text);
+        let mut line = Vec::new();
+        let mut lengths = Vec::new();
+        while next_line(&mut reader, &mut line).unwrap() {
+            lengths.push(line.len());
+        }
+        assert_eq!(lengths, [MAX_LINE, MAX_LINE, MAX_LINE, 5, 5, 0, 4]);
+        assert_eq!(kept("é".repeat(KEPT_LINE_BYTES)).len(), KEPT_LINE_BYTES);
+        assert_eq!(
+            kept(format!("x{}", "é".repeat(KEPT_LINE_BYTES))).len(),
+            KEPT_LINE_BYTES - 1
+        );
+        assert_eq!(kept("short".into()), "short");
     }
 
     #[test]
