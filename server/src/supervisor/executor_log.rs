@@ -32,6 +32,8 @@ const DROP_NOTE_EVERY: Duration = Duration::from_secs(10);
 pub struct LogBudget {
     /// Bytes per second; `None`: no limit.
     rate: Option<u64>,
+    /// The most `tokens` holds: [`BURST_SECONDS`] of the rate.
+    burst: f64,
     tokens: f64,
     at: Instant,
     dropped_lines: u64,
@@ -41,9 +43,11 @@ pub struct LogBudget {
 
 impl LogBudget {
     pub fn new(rate: Option<u64>, now: Instant) -> LogBudget {
+        let burst = rate.map_or(0.0, |r| r.saturating_mul(BURST_SECONDS) as f64);
         LogBudget {
             rate,
-            tokens: rate.map_or(0.0, |r| (r * BURST_SECONDS) as f64),
+            burst,
+            tokens: burst,
             at: now,
             dropped_lines: 0,
             dropped_bytes: 0,
@@ -57,8 +61,7 @@ impl LogBudget {
         let Some(rate) = self.rate else { return true };
         let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
         self.at = now;
-        let burst = (rate * BURST_SECONDS) as f64;
-        self.tokens = (self.tokens + elapsed * rate as f64).min(burst);
+        self.tokens = (self.tokens + elapsed * rate as f64).min(self.burst);
         if self.tokens >= len as f64 {
             self.tokens -= len as f64;
             return true;
@@ -112,14 +115,14 @@ pub fn forward_stderr(
         .name("salus-exec-log".into())
         .spawn(move || {
             let mut budget = LogBudget::new(rate, Instant::now());
-            let mut reader = std::io::BufReader::with_capacity(64 << 10, stderr);
+            let mut reader = std::io::BufReader::with_capacity(MAX_LINE, stderr);
             let mut piece = Vec::new();
             while let Ok(true) = next_line(&mut reader, &mut piece) {
                 let line = String::from_utf8_lossy(&piece).into_owned();
                 if verbose || !crate::tf_log::is_tensorflow_noise(&line) {
                     let now = Instant::now();
                     // Charged as written: the label too (a flood of short lines).
-                    let copying = budget.admit(label.len() + line.len() + 12, now);
+                    let copying = budget.admit(written_len(&label, &line), now);
                     if let Some(note) = budget.drop_note(now, false) {
                         write_line(&label, &note);
                     }
@@ -164,11 +167,21 @@ fn kept(mut line: String) -> String {
     line
 }
 
+/// Bytes [`write_line`] writes for `line`.
+fn written_len(label: &str, line: &str) -> usize {
+    "[executor ] \n".len() + label.len() + line.len()
+}
+
 /// One line, one write: lines of several executors never interleave.
 fn write_line(label: &str, line: &str) {
-    let mut out = Vec::with_capacity(label.len() + line.len() + 13);
+    let _ = std::io::stderr().lock().write_all(&labelled(label, line));
+}
+
+/// `line` as it is written into the server's log.
+fn labelled(label: &str, line: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(written_len(label, line));
     let _ = writeln!(out, "[executor {label}] {line}");
-    let _ = std::io::stderr().lock().write_all(&out);
+    out
 }
 
 #[cfg(test)]
@@ -227,6 +240,7 @@ mod tests {
             KEPT_LINE_BYTES - 1
         );
         assert_eq!(kept("short".into()), "short");
+        assert_eq!(written_len("ta:7", "é"), labelled("ta:7", "é").len());
     }
 
     #[test]
