@@ -10,7 +10,8 @@ none runs everything in one process. The benchmarks start one server per mode an
   executors run as `nobody` when the server runs as root). Fresh random tokens every run.
 - `first_calls()`: the wall time of a new token tenant's first call (its executor starts) and of its second call.
 - `jobs_with_tokens()`: trace_jobs' job processes, each with its own SALUS_TOKEN (so each its own tenant).
-- `tree_rss_mib()`: the resident memory of a server and its executor processes.
+- `tree_rss_mib()`, `tree_cpu_seconds()`: the resident memory and the CPU time of a server and its executor
+  processes.
 - `ratio_line()`: one printed "LABEL  a/b 1.07x (a 412.0 us, b 385.0 us)   goal <= 1.1: met" line.
 
 Standard library only at import (grpc is imported by first_calls()).
@@ -149,6 +150,22 @@ def _status(pid: int) -> dict[str, str]:
     return out
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid` (a tenant-mode server's executors), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            ppid = _status(int(entry)).get("PPid")
+            if ppid and ppid.isdigit():
+                children.setdefault(int(ppid), []).append(int(entry))
+    found, todo = [], list(children.get(pid, []))
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        todo.extend(children.get(p, []))
+    return found
+
+
 def tree_rss_mib(pid: int | None) -> tuple[float | None, int]:
     """VmRSS (MiB) of `pid` plus all its descendants (a tenant-mode server's executors), and how many descendants."""
     if not pid:
@@ -156,21 +173,28 @@ def tree_rss_mib(pid: int | None) -> tuple[float | None, int]:
     me = _status(pid)
     if "VmRSS" not in me:
         return None, 0
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            ppid = _status(int(entry)).get("PPid")
-            if ppid and ppid.isdigit():
-                children.setdefault(int(ppid), []).append(int(entry))
-    total, count, todo = int(me["VmRSS"].split()[0]), 0, list(children.get(pid, []))
-    while todo:
-        p = todo.pop()
+    total, count = int(me["VmRSS"].split()[0]), 0
+    for p in _descendants(pid):
         rss = _status(p).get("VmRSS")
         if rss:
             total += int(rss.split()[0])
             count += 1
-        todo.extend(children.get(p, []))
     return total / 1024, count
+
+
+def tree_cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds used so far by `pid` and its live descendants (0 without a pid)."""
+    if not pid:
+        return 0.0
+    total = 0
+    for p in [pid, *_descendants(pid)]:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def fmt_time(seconds: float) -> str:

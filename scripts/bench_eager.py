@@ -19,6 +19,10 @@ Workloads
 Goals (printed next to the measured ratios; exit status only with --check)
   TF2 CNN step   salus-tenant / in-process  <= 1.02   (salus-none / in-process <= 1.05)
   TF2 MLP step   salus-* / tf-server        <= 0.8
+Each comparison also prints, per target, the CPU time one step costs: the client process's own (Keras, and for
+the remote targets TensorFlow's remote-eager client) plus its server's processes' (supervisor and executors; 0 for
+in-process). On a machine whose cores the step already fills, the remote targets' extra CPU per step is where
+their extra wall time comes from.
 The "isolation" block of the output has one line per ratio, e.g.
   TF2 CNN step     tenant/in-process  1.010x (tenant 52.100 ms, in-process 51.600 ms)   goal <= 1.02: met
   TF2 CNN step     tenant/none        1.004x (tenant 52.100 ms, none 51.900 ms)
@@ -40,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -108,12 +113,17 @@ def client_main() -> int:
         def on_train_batch_end(self, batch, logs=None):
             self.t.append(time.perf_counter())
 
+    def cpu_seconds():
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+
     def run(name, steps):
         # One epoch of steps + 1 batches from a repeating dataset: steps gaps between batch ends, no epoch
-        # boundary inside the block.
+        # boundary inside the block. Also this process's CPU seconds for the steps + 1 batches.
         cb = Stamps()
+        cpu = cpu_seconds()
         models[name].fit(datasets[name], steps_per_epoch=steps + 1, epochs=1, verbose=0, callbacks=[cb])
-        return [b - a for a, b in zip(cb.t, cb.t[1:])]
+        return [b - a for a, b in zip(cb.t, cb.t[1:])], cpu_seconds() - cpu
 
     try:
         models = {name: build(name) for name in data}
@@ -140,7 +150,8 @@ def client_main() -> int:
         if cmd[0] == "quit":
             break
         try:
-            say({"gaps": run(cmd[0], int(cmd[1]))})
+            gaps, cpu = run(cmd[0], int(cmd[1]))
+            say({"gaps": gaps, "cpu": cpu})
         except Exception as e:
             say({"error": f"{type(e).__name__}: {' '.join(str(e).split())[:400]}"})
     return 0
@@ -151,14 +162,17 @@ def client_main() -> int:
 class Client:
     """One benchmark client process; speaks JSON lines over stdin/stdout."""
 
-    def __init__(self, name: str, server: str | None, timeout: float = 300):
+    def __init__(self, name: str, server: str | None, server_pid: int | None = None, timeout: float = 300):
         env = {k: v for k, v in os.environ.items() if not k.startswith("SALUS_") and k != "TF_USE_LEGACY_KERAS"}
         env["TF_CPP_MIN_LOG_LEVEL"] = "2"
         if server:
             env.update(SALUS_SERVER=server, SALUS_JOB_NAME=f"bench-eager-{name}")
         self.name = name
+        self.server_pid = server_pid
         self.error: str | None = None
         self.stderr: list[str] = []
+        # CPU seconds over the blocks of steps run so far, per workload: (batches, client, server)
+        self.cpu: dict[str, tuple[int, float, float]] = {}
         self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--client"], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         threading.Thread(target=self._drain, daemon=True).start()
@@ -189,6 +203,7 @@ class Client:
         return result[0]
 
     def steps(self, workload: str, n: int) -> list[float]:
+        server_cpu = tenants.tree_cpu_seconds(self.server_pid)
         self.proc.stdin.write(f"{workload} {n}\n")
         self.proc.stdin.flush()
         reply = self._read(600)
@@ -196,7 +211,15 @@ class Client:
             self.error = reply["error"]
             self.close()
             return []
+        server_cpu = tenants.tree_cpu_seconds(self.server_pid) - server_cpu
+        batches, client, server = self.cpu.get(workload, (0, 0.0, 0.0))
+        self.cpu[workload] = (batches + n + 1, client + reply["cpu"], server + server_cpu)
         return reply["gaps"]
+
+    def cpu_per_step(self, workload: str) -> tuple[float, float] | None:
+        """Mean CPU seconds per batch of this client's process and of its server's processes."""
+        batches, client, server = self.cpu.get(workload, (0, 0.0, 0.0))
+        return (client / batches, server / batches) if batches else None
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -233,6 +256,8 @@ def compare_once(workloads: list[str], clients: dict, addresses: dict, errors: d
     ratios: dict[tuple[str, str, str], float] = {}
     times: dict[str, dict[str, list[float]]] = {w: {t: [] for t in clients} for w in workloads}
     order = list(clients)
+    for c in clients.values():
+        c.cpu.clear()
     for r in range(rounds):
         rotated = order[r % len(order):] + order[:r % len(order)] if order else []
         for w in workloads:
@@ -256,6 +281,10 @@ def compare_once(workloads: list[str], clients: dict, addresses: dict, errors: d
             else:
                 cols.append(f"{t} error")
         print(f"{w:4s} median per step: " + "  ".join(cols), flush=True)
+        cpu = [(t, c.cpu_per_step(w)) for t, c in clients.items() if t not in errors]
+        print(f"{w:4s} CPU per step (client + server): " + "  ".join(
+            f"{t} {1e3 * a:.2f} + {1e3 * b:.2f} = {1e3 * (a + b):.2f} ms" for t, (a, b) in
+            ((t, v) for t, v in cpu if v)), flush=True)
 
     print("\nratios (median / median):")
     for w, m in medians.items():
@@ -333,7 +362,8 @@ def main() -> int:
         for name, address in addresses.items():
             if name in errors:
                 continue
-            c = Client(name, address)
+            server = next((s for s in servers if s.name == name), None)
+            c = Client(name, address, server.pid if server else None)
             if c.error:
                 errors[name] = c.error
             else:
