@@ -21,12 +21,41 @@ use std::sync::atomic::{AtomicI32, Ordering};
 static EARLY_PIPE: AtomicI32 = AtomicI32::new(-1);
 static REAL_STDERR: AtomicI32 = AtomicI32::new(-1);
 
+/// The value of `name` in a NULL-terminated `envp` array. In `.preinit_array`
+/// libc's `environ` is not set yet (`getenv` finds nothing), so the loader's
+/// `envp` is the only view of the environment.
+///
+/// # Safety
+/// `envp` is null or a NULL-terminated array of NUL-terminated strings.
+unsafe fn env_value<'a>(envp: *const *const c_char, name: &[u8]) -> Option<&'a [u8]> {
+    if envp.is_null() {
+        return None;
+    }
+    let mut entry = envp;
+    while !(*entry).is_null() {
+        let bytes = CStr::from_ptr(*entry).to_bytes();
+        if let Some(value) = bytes
+            .strip_prefix(name)
+            .and_then(|rest| rest.strip_prefix(b"="))
+        {
+            return Some(value);
+        }
+        entry = entry.add(1);
+    }
+    None
+}
+
 /// Whether the command line or environment asks for TensorFlow's logs.
 ///
 /// # Safety
-/// `argv` holds `argc` NUL-terminated strings, as the loader passes them.
-unsafe fn verbose_requested(argc: c_int, argv: *const *const c_char) -> bool {
-    if std::env::var_os("SALUS_VERBOSE").is_some_and(|v| !v.is_empty() && v != "0") {
+/// `argv` holds `argc` NUL-terminated strings and `envp` is null or a
+/// NULL-terminated array of them, as the loader passes them.
+unsafe fn verbose_requested(
+    argc: c_int,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> bool {
+    if env_value(envp, b"SALUS_VERBOSE").is_some_and(|v| !v.is_empty() && v != b"0") {
         return true;
     }
     (1..argc.max(0) as usize).any(|i| {
@@ -48,15 +77,15 @@ unsafe fn verbose_requested(argc: c_int, argv: *const *const c_char) -> bool {
 pub unsafe extern "C" fn early_redirect(
     argc: c_int,
     argv: *const *const c_char,
-    _envp: *const *const c_char,
+    envp: *const *const c_char,
 ) {
-    if argv.is_null() || verbose_requested(argc, argv) {
+    if argv.is_null() || verbose_requested(argc, argv, envp) {
         return;
     }
     // A tenant's executor writes straight into the pipe its supervisor reads
     // (and filters): a filter thread here would lose the last words of an
     // abort, which explain the executor's death.
-    if !libc::getenv(c"SALUS_EXECUTOR_TENANT".as_ptr()).is_null() {
+    if env_value(envp, b"SALUS_EXECUTOR_TENANT").is_some() {
         return;
     }
     let real = libc::fcntl(2, libc::F_DUPFD_CLOEXEC, 3);
@@ -132,6 +161,30 @@ pub fn filter_stderr() -> io::Result<File> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn finds_a_variable_in_the_loaders_environment() {
+        let entries = [
+            c"SALUS_EXECUTOR_TENANT_KEY=uid:0",
+            c"SALUS_VERBOSE=",
+            c"SALUS_EXECUTOR_TENANT=alice",
+        ];
+        let mut envp: Vec<*const c_char> = entries.iter().map(|e| e.as_ptr()).collect();
+        envp.push(std::ptr::null());
+        // SAFETY: a NULL-terminated array of C strings that outlive the calls.
+        unsafe {
+            let envp = envp.as_ptr();
+            assert_eq!(
+                env_value(envp, b"SALUS_EXECUTOR_TENANT"),
+                Some(&b"alice"[..])
+            );
+            assert_eq!(env_value(envp, b"SALUS_VERBOSE"), Some(&b""[..]));
+            assert_eq!(env_value(envp, b"SALUS_EXECUTOR"), None);
+            assert_eq!(env_value(std::ptr::null(), b"SALUS_VERBOSE"), None);
+            let argv = [c"salus-server".as_ptr(), std::ptr::null()];
+            assert!(!verbose_requested(1, argv.as_ptr(), envp));
+        }
+    }
 
     #[test]
     fn recognises_tensorflow_noise() {
