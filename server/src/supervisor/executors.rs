@@ -840,6 +840,7 @@ fn death_message(
         .iter()
         .map(String::as_str)
         .filter(|l| is_fatal_line(l))
+        .map(explained)
         .collect();
     let said = match telling.as_slice() {
         [] => String::new(),
@@ -852,6 +853,20 @@ fn death_message(
         "the executor process of tenant {tenant} (pid {pid}) {how}{said}. Its sessions and eager contexts \
          are lost; other tenants are not affected, and this tenant's next request starts a new executor"
     )
+}
+
+/// Rust's abort when a C++ exception unwinds into the executor's own frames
+/// (TensorFlow ran the op on the calling thread) names no exception.
+const FOREIGN_EXCEPTION: &str = "Rust cannot catch foreign exceptions";
+
+/// A fatal line as the tenant should read it.
+fn explained(line: &str) -> &str {
+    if line.contains(FOREIGN_EXCEPTION) {
+        "TensorFlow threw a C++ exception (most often std::bad_alloc: an absurd size) \
+         on the executor's own thread, which cannot catch it"
+    } else {
+        line
+    }
 }
 
 fn is_fatal_line(line: &str) -> bool {
@@ -867,6 +882,7 @@ fn is_fatal_line(line: &str) -> bool {
         || line.contains("corrupted")
         || line.contains("memory allocation")
         || line.starts_with("salus-server")
+        || line.starts_with("fatal runtime error")
 }
 
 fn signal_name(signal: i32) -> &'static str {
@@ -925,5 +941,13 @@ mod tests {
             &Mutex::new(VecDeque::new()),
         );
         assert!(killed.contains("--executor-memory"), "{killed}");
+        let foreign = Mutex::new(VecDeque::from(vec![
+            "fatal runtime error: Rust cannot catch foreign exceptions, aborting".to_string(),
+        ]));
+        let thrown = death_message(&tenant, 9, Ok(status), &foreign);
+        assert!(
+            thrown.contains("it said: TensorFlow threw a C++ exception"),
+            "{thrown}"
+        );
     }
 }
