@@ -17,6 +17,8 @@ Goals (printed next to the measured ratios; exit status only with --check)
   TF1 tiny step   salus-tenant / salus-none  <= 1.1   (a brief run: its report to the supervisor)
   TF1 CNN step    salus-tenant / in-process  <= 1.02  (also salus-none / in-process <= 1.02)
   tiny and train  salus-* / tf-server        <= 0.6
+Each comparison also prints each target's CPU time per step: this process's (the client; for in-process, the
+whole step) plus its server's processes' (supervisor and executors), which says where a ratio's extra time goes.
 The "isolation" block of the output has one line per ratio of the two modes, e.g.
   TF1 tiny step    tenant/none        1.070x (tenant 412.0 us, none 385.0 us)   goal <= 1.1: met
 
@@ -45,6 +47,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import signal
 import statistics
 import subprocess
@@ -207,10 +210,18 @@ WORKLOADS = {"tiny": tiny, "train": small_train, "cnn": cnn}
 BLOCKS = {"tiny": (200, 50), "train": (60, 20), "cnn": (4, 3)}
 
 
-def bench_workload(name: str, targets: dict[str, str], rounds: int) -> dict[str, list[float]]:
+def process_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def bench_workload(name: str, targets: dict[str, str], rounds: int, pids: dict[str, int | None]
+                   ) -> tuple[dict[str, list[float]], dict[str, tuple[float, float]]]:
+    """Each target's step times, and its CPU seconds over them: (this process's, its server's processes')."""
     graph, init, step = WORKLOADS[name]()
     block, warmup = BLOCKS[name]
     times: dict[str, list[float]] = {t: [] for t in targets}
+    cpu: dict[str, tuple[float, float]] = {t: (0.0, 0.0) for t in targets}
     with graph.as_default():
         sessions = {t: tf.compat.v1.Session(url) for t, url in targets.items()}
         try:
@@ -223,14 +234,18 @@ def bench_workload(name: str, targets: dict[str, str], rounds: int) -> dict[str,
                 rotated = order[r % len(order):] + order[:r % len(order)]
                 for t in rotated:
                     sess, out = sessions[t], times[t]
+                    client, server = process_cpu_seconds(), tenants.tree_cpu_seconds(pids.get(t))
                     for _ in range(block):
                         t0 = time.perf_counter()
                         step(sess)
                         out.append(time.perf_counter() - t0)
+                    client = process_cpu_seconds() - client
+                    server = tenants.tree_cpu_seconds(pids.get(t)) - server
+                    cpu[t] = (cpu[t][0] + client, cpu[t][1] + server)
         finally:
             for sess in sessions.values():
                 sess.close()
-    return times
+    return times, cpu
 
 
 def memory_with_sessions(target: str, pid: int | None, counts=(1, 20)) -> dict[str, tuple[float | None, int]]:
@@ -255,14 +270,19 @@ def memory_with_sessions(target: str, pid: int | None, counts=(1, 20)) -> dict[s
     return result
 
 
-def compare_once(workloads: list[str], targets: dict[str, str], rounds: int) -> dict[tuple[str, str, str], float]:
+def compare_once(workloads: list[str], targets: dict[str, str], rounds: int, pids: dict[str, int | None]
+                 ) -> dict[tuple[str, str, str], float]:
     """One whole comparison: per workload, the median step of each target, then the ratios; returns them."""
     medians: dict[str, dict[str, float]] = {}
     for name in workloads:
-        times = bench_workload(name, targets, rounds)
+        times, cpu = bench_workload(name, targets, rounds, pids)
         medians[name] = {t: statistics.median(v) for t, v in times.items()}
         row = "  ".join(f"{t} {fmt_time(m)}" for t, m in medians[name].items())
         print(f"{name:6s} median per step ({len(times['in-process'])} steps each): {row}", flush=True)
+        # This process is every target's client; the others idle while one target runs its block.
+        row = "  ".join(f"{t} {fmt_time(c / len(times[t]))} + {fmt_time(s / len(times[t])).strip()}"
+                        for t, (c, s) in cpu.items() if times[t] and (t == "in-process" or pids.get(t)))
+        print(f"{name:6s} CPU per step (client + server): {row}", flush=True)
     print("\nratios (median / median):")
     ratios = {}
     for name, m in medians.items():
@@ -380,7 +400,7 @@ def main() -> int:
         for run in range(args.repeat):
             if args.repeat > 1:
                 print(f"\n== run {run + 1} of {args.repeat}", flush=True)
-            runs.append(compare_once(args.workloads, targets, rounds))
+            runs.append(compare_once(args.workloads, targets, rounds, pids))
         if args.repeat > 1:
             print_summary(runs)
         missed = [f"{name} {a}/{b}" for (name, a, b), goal in GOALS.items()
