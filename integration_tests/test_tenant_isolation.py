@@ -9,7 +9,10 @@ A main iteration of salus-ta that blocks (a dequeue from a queue nobody fills) h
 --lane-hold-limit: salus-tb's training runs beside it. salus-ta printing 10 MiB to stderr grows the server's log
 only by --executor-log-rate's allowance.
 
-Costs about 2.7 minutes: two servers, two executors at a time, about nineteen TensorFlow client processes.
+--max-tenant-connections: salus-ta holding its cap of raw connections gets the rest refused with the reason, and
+salus-tb still connects and runs.
+
+Costs about 3 minutes: three servers, two executors at a time, about twenty-three TensorFlow client processes.
 """
 
 from __future__ import annotations
@@ -277,4 +280,76 @@ def test_a_blocked_iteration_holds_the_lane_only_until_the_limit(short_hold_serv
     finally:
         blocker.kill()
         blocker.communicate()
+    assert server.proc.poll() is None, "the server died"
+
+
+# Opens N raw TCP connections to the server and holds them; prints what the refused ones were told (the server's
+# SETTINGS, then a GOAWAY frame whose debug text starts at byte 9 + 17), then waits for stdin to close.
+HOLDER = r"""
+import json, socket, sys, time
+host, port = sys.argv[1].rsplit(":", 1)
+n, expect = int(sys.argv[2]), int(sys.argv[3])
+socks = [socket.create_connection((host, int(port))) for _ in range(n)]
+for s in socks:
+    s.setblocking(False)
+got = [b""] * n
+# Until the expected refusals came (none expected: for a second), and 30 s at most.
+deadline = time.time() + (30 if expect else 1)
+told = []
+while time.time() < deadline:
+    time.sleep(0.1)
+    for i, s in enumerate(socks):
+        try:
+            got[i] += s.recv(65536)
+        except BlockingIOError:
+            pass
+    told = [g[26:].decode(errors="replace") for g in got if len(g) > 26 and g[12] == 7]  # type GOAWAY
+    if expect and len(told) >= expect:
+        break
+print(json.dumps({"refused": len(told), "said": told[:1]}), flush=True)
+sys.stdin.readline()
+"""
+
+
+@pytest.fixture(scope="module")
+def capped_server(tmp_path_factory, unix_users):
+    s = SalusProcess(tmp_path_factory.mktemp("capped") / "salus-server.stderr.log",
+                     ("--isolation", "tenant", "--max-tenant-connections", "8"))
+    yield s
+    assert s.stop() == 0, s.stderr_tail()
+
+
+def hold_connections(user, server: SalusProcess, n: int, expect_refused: int) -> tuple[subprocess.Popen, dict]:
+    holder = subprocess.Popen([venv_python(), "-c", HOLDER, server.address, str(n), str(expect_refused)],
+                              user=user.pw_uid, group=user.pw_gid, extra_groups=[], cwd=user.pw_dir,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = holder.stdout.readline()
+    assert line, holder.stderr.read()[-3000:]
+    return holder, json.loads(line)
+
+
+def test_a_user_holding_its_connection_cap_does_not_lock_others_out(capped_server, unix_users):
+    server = capped_server
+    ta, tb = unix_users["salus-ta"], unix_users["salus-tb"]
+    holder, seen = hold_connections(ta, server, 12, 4)
+    try:
+        # The 9th to 12th connections were told why and closed; the first 8 stay open.
+        assert seen["refused"] == 4, seen
+        said = seen["said"][0]
+        assert f"Unix user {ta.pw_uid} already has 8 connections open" in said, said
+        assert "--max-tenant-connections" in said, said
+        # salus-tb's job runs while salus-ta holds its whole share (without the cap a user could hold every
+        # descriptor the server has: 20,000 here, and then nobody else could connect).
+        small_job_works(tb, server)
+    finally:
+        holder.stdin.close()
+        holder.wait(30)
+    # salus-ta's places come back as its connections close.
+    def all_admitted():
+        again, seen = hold_connections(ta, server, 8, 0)
+        again.stdin.close()
+        again.wait(30)
+        return seen["refused"] == 0
+    assert wait_until(all_admitted, timeout=30, interval=0.5)
+    small_job_works(ta, server)
     assert server.proc.poll() is None, "the server died"

@@ -158,6 +158,14 @@ pub struct Args {
     #[arg(long, env = "SALUS_MAX_SESSIONS", default_value_t = 1024)]
     pub max_sessions: usize,
 
+    /// Most connections one Unix user (a loopback client) or one client
+    /// address (any other client) may hold open at once; one more is told why
+    /// (an HTTP/2 GOAWAY) and closed, so that nobody can take every file
+    /// descriptor the server has. A TensorFlow client process holds one or two.
+    /// 0: no cap
+    #[arg(long, env = "SALUS_MAX_TENANT_CONNECTIONS", default_value_t = 1024)]
+    pub max_tenant_connections: usize,
+
     /// Seconds that in-flight requests get to finish on SIGINT/SIGTERM before the
     /// server closes all sessions and exits.
     #[arg(long, env = "SALUS_SHUTDOWN_GRACE", default_value_t = 30)]
@@ -280,6 +288,8 @@ pub struct Config {
     /// What jobs' graphs may do (ops, checkpoint directory, graph size).
     pub tenant: TenantRules,
     pub max_sessions: usize,
+    /// Connections one user or client address may hold open; 0: no cap.
+    pub max_tenant_connections: usize,
     /// Spans the run timeline keeps.
     pub timeline_capacity: usize,
     /// Which identities are accepted, and the tenants with tokens.
@@ -319,6 +329,7 @@ impl Default for Config {
             verbose: 0,
             tenant: TenantRules::default(),
             max_sessions: 1024,
+            max_tenant_connections: 1024,
             timeline_capacity: crate::runtime::timeline::DEFAULT_CAPACITY,
             auth: AuthMode::Both,
             tenants: TenantsFile::default(),
@@ -417,6 +428,7 @@ impl TryFrom<Args> for Config {
                 confined: true,
             },
             max_sessions: args.max_sessions,
+            max_tenant_connections: args.max_tenant_connections,
             timeline_capacity: args.timeline_capacity,
             auth: args.auth,
             tenants,
@@ -433,7 +445,8 @@ impl TryFrom<Args> for Config {
 }
 
 fn parse_share(text: &str) -> Result<Share, String> {
-    text.parse().map_err(|e: crate::sched::tenants::UnknownShare| e.to_string())
+    text.parse()
+        .map_err(|e: crate::sched::tenants::UnknownShare| e.to_string())
 }
 
 fn parse_auth(text: &str) -> Result<AuthMode, String> {

@@ -17,7 +17,6 @@ use crate::error::Error;
 use crate::frontend::admin::AdminService;
 use crate::frontend::eager::{Eager, Worker};
 use crate::frontend::identify::{identified_incoming, IdentifyLayer};
-use crate::tenant::identity::Identifier;
 use crate::frontend::master::Master;
 use crate::runtime::admission::Admission;
 use crate::runtime::exec;
@@ -26,9 +25,11 @@ use crate::runtime::graph_job::JobSettings;
 use crate::runtime::session_config::{session_config, GpuLanes};
 use crate::runtime::state::ServerState;
 use crate::runtime::timeline::Timeline;
-use crate::seam::client::SeamClient;
 use crate::sched::lanes::LaneManager;
 use crate::sched::policy;
+use crate::seam::client::SeamClient;
+use crate::tenant::connections::ConnectionCounts;
+use crate::tenant::identity::Identifier;
 use crate::tf::{self, Graph, Session};
 
 #[derive(Debug, thiserror::Error)]
@@ -170,10 +171,15 @@ impl Server {
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), ServeError> {
-        let identifier = Arc::new(Identifier::new(self.config.auth, self.config.tenants.clone()));
+        let identifier = Arc::new(Identifier::new(
+            self.config.auth,
+            self.config.tenants.clone(),
+        ));
         tracing::info!(auth = %self.config.auth, token_tenants = self.config.tenants.len(), "tenant identity");
-        let incoming = identified_incoming(listener, identifier.clone());
-        self.serve_incoming(incoming, identifier, shutdown, || {}).await
+        let counts = ConnectionCounts::new(self.config.max_tenant_connections);
+        let incoming = identified_incoming(listener, identifier.clone(), counts);
+        self.serve_incoming(incoming, identifier, shutdown, || {})
+            .await
     }
 
     /// An executor process: serves its tenant's connections (handed over by
@@ -238,9 +244,11 @@ impl Server {
         );
         crate::tf::python_kernel::install(limit as u64);
         let (close_callbacks, callbacks_closing) = tokio::sync::watch::channel(false);
-        let callbacks = PythonCallbacksServer::new(crate::frontend::callbacks::Callbacks::new(callbacks_closing))
-            .max_decoding_message_size(limit)
-            .max_encoding_message_size(limit);
+        let callbacks = PythonCallbacksServer::new(crate::frontend::callbacks::Callbacks::new(
+            callbacks_closing,
+        ))
+        .max_decoding_message_size(limit)
+        .max_encoding_message_size(limit);
         let (health, health_service) = tonic_health::server::health_reporter();
         health.set_serving::<MasterServiceServer<Master>>().await;
         health.set_serving::<EagerServiceServer<Eager>>().await;

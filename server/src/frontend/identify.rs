@@ -16,6 +16,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tonic::transport::server::Connected;
 
+use crate::tenant::connections::{ConnectionCounts, ConnectionPermit, Owner, Refused};
 use crate::tenant::identity::{Identifier, PeerUser, Tenant};
 use crate::tenant::peer_uid::peer_uid;
 
@@ -23,6 +24,9 @@ use crate::tenant::peer_uid::peer_uid;
 pub struct IdentifiedStream {
     stream: TcpStream,
     info: PeerInfo,
+    /// Its place among its owner's connections (`--max-tenant-connections`),
+    /// given back when the server lets the connection go.
+    permit: Option<ConnectionPermit>,
 }
 
 /// What is known of a connection's peer, in every request's extensions.
@@ -51,7 +55,19 @@ impl IdentifiedStream {
         IdentifiedStream {
             stream,
             info: PeerInfo { user, remote },
+            permit: None,
         }
+    }
+
+    /// Counts this connection against its owner's cap. A loopback peer's user
+    /// is looked up for it when the `--auth` mode did not.
+    pub fn admit(&mut self, counts: &Arc<ConnectionCounts>) -> Result<(), Refused> {
+        let owner = Owner::of(&self.info.user, self.info.remote, || {
+            let local = self.stream.local_addr().ok()?;
+            peer_uid(local, self.info.remote?).ok()
+        });
+        self.permit = Some(counts.admit(owner)?);
+        Ok(())
     }
 }
 
@@ -60,13 +76,22 @@ impl IdentifiedStream {
         &self.info
     }
 
-    /// The socket and what is known of its peer (to hand the socket on).
-    pub fn into_parts(self) -> (TcpStream, PeerInfo) {
-        (self.stream, self.info)
+    /// The socket, what is known of its peer and its place among its owner's
+    /// connections (to hand the socket on).
+    pub fn into_parts(self) -> (TcpStream, PeerInfo, Option<ConnectionPermit>) {
+        (self.stream, self.info, self.permit)
     }
 
-    pub fn from_parts(stream: TcpStream, info: PeerInfo) -> IdentifiedStream {
-        IdentifiedStream { stream, info }
+    pub fn from_parts(
+        stream: TcpStream,
+        info: PeerInfo,
+        permit: Option<ConnectionPermit>,
+    ) -> IdentifiedStream {
+        IdentifiedStream {
+            stream,
+            info,
+            permit,
+        }
     }
 }
 
@@ -119,18 +144,60 @@ impl AsyncWrite for IdentifiedStream {
 }
 
 /// `listener`'s connections, each with its peer's user as `identifier` needs
-/// it, with Nagle off (small RunSteps are latency-bound).
+/// it, with Nagle off (small RunSteps are latency-bound). A connection over
+/// its owner's cap is refused (told why, then closed) and not served.
 pub fn identified_incoming(
     listener: tokio::net::TcpListener,
     identifier: Arc<Identifier>,
+    counts: Arc<ConnectionCounts>,
 ) -> impl tokio_stream::Stream<Item = io::Result<IdentifiedStream>> {
     use tokio_stream::StreamExt;
-    tokio_stream::wrappers::TcpListenerStream::new(listener).map(move |stream| {
-        stream.map(|stream| {
-            let _ = stream.set_nodelay(true);
-            IdentifiedStream::accept(stream, &identifier)
-        })
+    tokio_stream::wrappers::TcpListenerStream::new(listener).filter_map(move |stream| {
+        let stream = match stream {
+            Ok(stream) => stream,
+            Err(err) => return Some(Err(err)),
+        };
+        let _ = stream.set_nodelay(true);
+        let mut stream = IdentifiedStream::accept(stream, &identifier);
+        match stream.admit(&counts) {
+            Ok(()) => Some(Ok(stream)),
+            Err(refused) => {
+                tokio::spawn(refuse(stream, refused));
+                None
+            }
+        }
     })
+}
+
+/// Tells a connection over its owner's cap why it is closed: the server's
+/// SETTINGS and a GOAWAY (ENHANCE_YOUR_CALM) whose debug text stock gRPC
+/// clients show in their error, then the end of the connection.
+pub async fn refuse(mut stream: IdentifiedStream, refused: Refused) {
+    use tokio::io::AsyncWriteExt;
+    log_refusal(&refused);
+    let mut bytes = crate::supervisor::prologue::EMPTY_SETTINGS.to_vec();
+    bytes.extend(crate::supervisor::handed::goaway_frame(
+        crate::supervisor::handed::ENHANCE_YOUR_CALM,
+        &refused.to_string(),
+    ));
+    // A client that reads nothing cannot hold this task: a second at most.
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), async {
+        let _ = stream.write_all(&bytes).await;
+        let _ = stream.shutdown().await;
+    })
+    .await;
+}
+
+/// Logs the server's first refusal, then one in 1,000 (a client retrying in a
+/// loop must not flood the log).
+fn log_refusal(refused: &Refused) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static REFUSED: AtomicU64 = AtomicU64::new(0);
+    let n = REFUSED.fetch_add(1, Ordering::Relaxed);
+    if n.is_multiple_of(1000) {
+        tracing::warn!(owner = %refused.owner, cap = refused.cap, refused_so_far = n + 1,
+            "connection refused: over --max-tenant-connections");
+    }
 }
 
 /// The request's tenant, put there by [`IdentifyLayer`]. A request that did

@@ -15,11 +15,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
-use crate::frontend::identify::IdentifiedStream;
+use crate::frontend::identify::{refuse, IdentifiedStream};
 use crate::seam::handover::{Handed, MAX_READ_AHEAD};
 use crate::seam::replayed::Replayed;
 use crate::supervisor::executors::Executors;
 use crate::supervisor::prologue::{FirstRequest, Prologue, Step, EMPTY_SETTINGS};
+use crate::tenant::connections::ConnectionCounts;
 use crate::tenant::identity::{Identifier, PeerUser, Tenant};
 
 /// How long a client may take, once connected, to send its first request.
@@ -79,6 +80,7 @@ pub fn incoming(
     listener: TcpListener,
     identifier: Arc<Identifier>,
     executors: Arc<Executors>,
+    counts: Arc<ConnectionCounts>,
 ) -> impl tokio_stream::Stream<Item = std::io::Result<Replayed<IdentifiedStream>>> {
     let (here_tx, here_rx) = mpsc::unbounded_channel();
     let acceptor = tokio::spawn(async move {
@@ -96,8 +98,13 @@ pub fn incoming(
             let identifier = identifier.clone();
             let executors = executors.clone();
             let here = here_tx.clone();
+            let counts = counts.clone();
             tokio::spawn(async move {
-                let stream = IdentifiedStream::accept(tcp, &identifier);
+                let mut stream = IdentifiedStream::accept(tcp, &identifier);
+                if let Err(refused) = stream.admit(&counts) {
+                    refuse(stream, refused).await;
+                    return;
+                }
                 dispatch(stream, &identifier, &executors, &here).await;
             });
         }
@@ -141,7 +148,7 @@ async fn dispatch(
             return;
         }
     };
-    let (conn, info) = stream.into_parts();
+    let (conn, info, permit) = stream.into_parts();
     let conn = match conn.into_std() {
         Ok(conn) => std::os::fd::OwnedFd::from(conn),
         Err(err) => {
@@ -154,16 +161,16 @@ async fn dispatch(
         read_ahead,
         settings_acked,
     };
-    let Err(failed) = handle.hand_over(handed).await else {
+    let Err(failed) = handle.hand_over(handed, permit).await else {
         return;
     };
     tracing::warn!(tenant = %tenant, cause = %failed.why, "cannot hand a connection to its executor: relaying it");
-    let Some(handed) = failed.returned else {
+    let Some((handed, permit)) = failed.returned else {
         return;
     };
     match tokio::net::TcpStream::from_std(std::net::TcpStream::from(handed.conn)) {
         Ok(tcp) => {
-            let stream = IdentifiedStream::from_parts(tcp, info);
+            let stream = IdentifiedStream::from_parts(tcp, info, permit);
             let _ = here.send(Ok(Replayed::new(
                 handed.read_ahead,
                 stream,

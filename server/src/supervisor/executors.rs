@@ -30,6 +30,7 @@ use crate::supervisor::executor_log::forward_stderr;
 use crate::supervisor::handed::HandedConnections;
 use crate::supervisor::link::Link;
 use crate::supervisor::relay::RelayRequestBody;
+use crate::tenant::connections::ConnectionPermit;
 use crate::tenant::identity::{Tenant, TenantKey};
 use crate::tenant::users::Account;
 
@@ -172,14 +173,19 @@ impl ExecutorHandle {
     }
 
     /// Gives the executor a client connection to serve, with the bytes the
-    /// supervisor read from it; when that fails, the connection comes back if it can.
-    pub async fn hand_over(&self, handed: Handed) -> Result<(), HandoverFailed> {
+    /// supervisor read from it; when that fails, the connection comes back if
+    /// it can. The connection's permit stays with the supervisor's copy.
+    pub async fn hand_over(
+        &self,
+        handed: Handed,
+        permit: Option<ConnectionPermit>,
+    ) -> Result<(), HandoverFailed> {
         let copy = match handed.conn.try_clone() {
             Ok(copy) => copy,
             Err(err) => {
                 return Err(HandoverFailed {
                     why: format!("cannot keep a copy of the connection: {err}"),
-                    returned: Some(handed),
+                    returned: Some((handed, permit)),
                 })
             }
         };
@@ -196,7 +202,7 @@ impl ExecutorHandle {
         .await;
         match sent {
             Ok((_, Ok(()))) => {
-                self.handed.keep(copy);
+                self.handed.keep(copy, permit);
                 // Died meanwhile: the reaper (which records the death before it
                 // ends the copies) may have ended the others already.
                 if let Some(why) = self.death.get() {
@@ -205,7 +211,7 @@ impl ExecutorHandle {
                 Ok(())
             }
             Ok((handed, Err(err))) => Err(HandoverFailed {
-                returned: Some(handed),
+                returned: Some((handed, permit)),
                 why: err.to_string(),
             }),
             Err(err) => Err(HandoverFailed {
@@ -232,7 +238,7 @@ impl ExecutorHandle {
 /// A connection the executor could not take: it comes back to be relayed,
 /// unless it was lost on the way.
 pub struct HandoverFailed {
-    pub returned: Option<Handed>,
+    pub returned: Option<(Handed, Option<ConnectionPermit>)>,
     pub why: String,
 }
 

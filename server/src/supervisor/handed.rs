@@ -18,25 +18,38 @@
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Mutex;
 
-/// HTTP/2 frame type GOAWAY and error code INTERNAL_ERROR (RFC 9113 §6.8, §7).
+use crate::tenant::connections::ConnectionPermit;
+
+/// HTTP/2 frame type GOAWAY and error codes INTERNAL_ERROR and
+/// ENHANCE_YOUR_CALM (RFC 9113 §6.8, §7).
 const GOAWAY: u8 = 0x7;
-const INTERNAL_ERROR: u32 = 0x2;
+pub const INTERNAL_ERROR: u32 = 0x2;
+pub const ENHANCE_YOUR_CALM: u32 = 0xb;
 /// Debug text is cut to this many bytes (the frame must fit the client's
 /// smallest allowed frame size, 16 KiB).
 const MAX_DEBUG_BYTES: usize = 4096;
 
 #[derive(Default)]
 pub struct HandedConnections {
-    sockets: Mutex<Vec<OwnedFd>>,
+    sockets: Mutex<Vec<Kept>>,
+}
+
+/// A copy of a handed-over connection, and the connection's place among its
+/// owner's (`--max-tenant-connections`), given back with the copy.
+struct Kept {
+    socket: OwnedFd,
+    _permit: Option<ConnectionPermit>,
 }
 
 impl HandedConnections {
-    /// Keeps a copy of a connection being handed over.
-    /// Keeps a copy of a connection being handed over (dropping the copies of
-    /// connections that ended meanwhile).
-    pub fn keep(&self, copy: OwnedFd) {
+    /// Keeps a copy of a connection being handed over, and its permit
+    /// (dropping the copies of connections that ended meanwhile).
+    pub fn keep(&self, copy: OwnedFd, permit: Option<ConnectionPermit>) {
         let mut sockets = self.pruned();
-        sockets.push(copy);
+        sockets.push(Kept {
+            socket: copy,
+            _permit: permit,
+        });
     }
 
     /// Drops the copies of connections that ended.
@@ -44,9 +57,9 @@ impl HandedConnections {
         drop(self.pruned());
     }
 
-    fn pruned(&self) -> std::sync::MutexGuard<'_, Vec<OwnedFd>> {
+    fn pruned(&self) -> std::sync::MutexGuard<'_, Vec<Kept>> {
         let mut sockets = self.sockets.lock().unwrap_or_else(|e| e.into_inner());
-        sockets.retain(|socket| !is_finished(socket));
+        sockets.retain(|kept| !is_finished(&kept.socket));
         sockets
     }
 
@@ -60,12 +73,12 @@ impl HandedConnections {
     /// executor failed, then a shutdown, so the client sees the end.
     pub fn end_all(&self, failure: Option<&str>) {
         let sockets = std::mem::take(&mut *self.sockets.lock().unwrap_or_else(|e| e.into_inner()));
-        for socket in sockets {
+        for Kept { socket, .. } in sockets {
             if is_finished(&socket) {
                 continue;
             }
             if let Some(why) = failure {
-                let frame = goaway_frame(why);
+                let frame = goaway_frame(INTERNAL_ERROR, why);
                 // SAFETY: a plain write of an owned buffer to an owned socket;
                 // MSG_DONTWAIT: a client that reads nothing does not stall the reaper.
                 unsafe {
@@ -102,8 +115,8 @@ fn is_finished(socket: &OwnedFd) -> bool {
     n == 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::WouldBlock
 }
 
-/// A GOAWAY frame: last stream 0, INTERNAL_ERROR, `why` as debug data.
-fn goaway_frame(why: &str) -> Vec<u8> {
+/// A GOAWAY frame: last stream 0, error `code`, `why` as debug data.
+pub fn goaway_frame(code: u32, why: &str) -> Vec<u8> {
     let mut debug = why.as_bytes();
     if debug.len() > MAX_DEBUG_BYTES {
         debug = &debug[..MAX_DEBUG_BYTES];
@@ -115,7 +128,7 @@ fn goaway_frame(why: &str) -> Vec<u8> {
     frame.push(0); // flags
     frame.extend_from_slice(&0u32.to_be_bytes()); // stream 0: the connection
     frame.extend_from_slice(&0u32.to_be_bytes()); // last stream processed: none
-    frame.extend_from_slice(&INTERNAL_ERROR.to_be_bytes());
+    frame.extend_from_slice(&code.to_be_bytes());
     frame.extend_from_slice(debug);
     frame
 }
@@ -123,12 +136,13 @@ fn goaway_frame(why: &str) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tenant::connections::{ConnectionCounts, Owner};
     use std::io::{Read, Write};
     use std::os::unix::net::UnixStream;
 
     #[test]
     fn a_goaway_frame_is_well_formed() {
-        let frame = goaway_frame("executor died");
+        let frame = goaway_frame(INTERNAL_ERROR, "executor died");
         assert_eq!(&frame[..3], &[0, 0, 8 + 13]);
         assert_eq!(frame[3], GOAWAY);
         assert_eq!(&frame[5..9], &[0, 0, 0, 0]);
@@ -136,7 +150,7 @@ mod tests {
         assert_eq!(&frame[13..17], &[0, 0, 0, 2]);
         assert_eq!(&frame[17..], b"executor died");
         assert_eq!(
-            goaway_frame(&"x".repeat(10_000)).len(),
+            goaway_frame(ENHANCE_YOUR_CALM, &"x".repeat(10_000)).len(),
             9 + 8 + MAX_DEBUG_BYTES
         );
     }
@@ -150,12 +164,15 @@ mod tests {
         let (server, _) = listener.accept().unwrap();
         (&client).write_all(&[7u8; 100_000]).unwrap();
         let handed = HandedConnections::default();
-        handed.keep(OwnedFd::from(server));
+        handed.keep(OwnedFd::from(server), None);
         assert_eq!(handed.len(), 1);
         handed.end_all(Some("killed by signal 9 (SIGKILL)"));
         let mut got = Vec::new();
         (&client).read_to_end(&mut got).unwrap();
-        assert_eq!(got, goaway_frame("killed by signal 9 (SIGKILL)"));
+        assert_eq!(
+            got,
+            goaway_frame(INTERNAL_ERROR, "killed by signal 9 (SIGKILL)")
+        );
         assert_eq!(handed.len(), 0);
     }
 
@@ -166,15 +183,24 @@ mod tests {
         let handed = HandedConnections::default();
         // Unread bytes: still live (the executor has yet to read them).
         (&client_a).write_all(b"request").unwrap();
-        handed.keep(server_a.try_clone().unwrap().into());
+        let counts = ConnectionCounts::new(0);
+        let owner = Owner::Uid(1000);
+        let permit = || Some(counts.admit(owner.clone()).unwrap());
+        handed.keep(server_a.try_clone().unwrap().into(), permit());
         // The executor shut b down.
-        handed.keep(server_b.try_clone().unwrap().into());
+        handed.keep(server_b.try_clone().unwrap().into(), permit());
         server_b.shutdown(std::net::Shutdown::Both).unwrap();
         let (_c, spare) = UnixStream::pair().unwrap();
-        handed.keep(OwnedFd::from(spare));
+        handed.keep(OwnedFd::from(spare), permit());
         assert_eq!(handed.len(), 2, "b was dropped, a and the spare kept");
+        assert_eq!(
+            counts.open(&owner),
+            2,
+            "b's place was given back with its copy"
+        );
         // A clean stop ends them without a frame.
         handed.end_all(None);
+        assert_eq!(counts.open(&owner), 0);
         let mut got = Vec::new();
         (&client_b).read_to_end(&mut got).unwrap();
         assert!(got.is_empty());

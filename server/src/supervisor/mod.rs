@@ -25,6 +25,7 @@ use crate::frontend::identify::IdentifyLayer;
 use crate::server::{ServeError, Server, H2_CONNECTION_WINDOW, H2_STREAM_WINDOW};
 use crate::supervisor::executors::{ExecutorSpec, Executors};
 use crate::supervisor::relay::Relay;
+use crate::tenant::connections::ConnectionCounts;
 use crate::tenant::identity::Identifier;
 
 /// Serves `listener` as the supervisor until `shutdown`: stops taking calls,
@@ -46,7 +47,8 @@ pub async fn serve(
     );
     let identifier = Arc::new(Identifier::new(config.auth, config.tenants.clone()));
     tracing::info!(auth = %config.auth, token_tenants = config.tenants.len(), "tenant identity; isolation: one executor process per tenant");
-    let incoming = accept::incoming(listener, identifier.clone(), executors.clone());
+    let counts = ConnectionCounts::new(config.max_tenant_connections);
+    let incoming = accept::incoming(listener, identifier.clone(), executors.clone(), counts);
     let admin = AdminService::with_executors(state.clone(), executors.clone())
         .with_admins(config.admins.clone())
         .with_identifier(identifier.clone());
@@ -87,7 +89,9 @@ pub async fn serve(
             stopping.drain_all(grace).await;
         })
         .await?;
-    executors.stop_all(grace + std::time::Duration::from_secs(5)).await;
+    executors
+        .stop_all(grace + std::time::Duration::from_secs(5))
+        .await;
     state.executor.stop();
     Ok(())
 }

@@ -4,6 +4,7 @@
 
 pub mod admins;
 pub mod checkpoint_guard;
+pub mod connections;
 pub mod identity;
 pub mod limits;
 pub mod op_policy;
