@@ -129,9 +129,28 @@ fn init_logging(verbose: u8, stderr: std::fs::File) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::sync::Mutex::new(stderr))
+        .with_writer(std::sync::Mutex::new(LossyWriter(stderr)))
         .with_ansi(false)
         .init();
+}
+
+/// The log's writer: a log line that cannot be written is lost, and nothing
+/// else happens. An executor's stderr is its supervisor's pipe, broken once the
+/// supervisor is gone; on a failed write tracing-subscriber would report it
+/// with `eprintln!`, which panics on that same broken stderr and ends the
+/// logging thread (the seam reader among them, before it could end the
+/// executor).
+struct LossyWriter(std::fs::File);
+
+impl Write for LossyWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let _ = self.0.write_all(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 async fn run(config: Config) -> anyhow::Result<()> {

@@ -119,21 +119,25 @@ impl SeamClient {
             .name("salus-seam".into())
             .spawn(move || {
                 let mut reader = reader;
-                loop {
+                let failed = loop {
                     let message = match read_frame::<_, msg::ToExecutor>(&mut reader) {
                         Ok(Some(m)) => m,
-                        Ok(None) => break,
-                        Err(err) => {
-                            tracing::error!(cause = %err, "the seam to the supervisor failed");
-                            break;
-                        }
+                        Ok(None) => break None,
+                        Err(err) => break Some(err),
                     };
-                    let Some(client) = weak.upgrade() else { break };
+                    let Some(client) = weak.upgrade() else {
+                        break None;
+                    };
                     client.dispatch(message);
-                }
+                };
                 // `on_close` first: in an executor it ends the process before
-                // any waiter, woken by `close`, could answer a client.
+                // any waiter, woken by `close`, could answer a client, and
+                // before anything is logged (the supervisor that would copy
+                // the log is gone with the seam).
                 on_close();
+                if let Some(err) = failed {
+                    tracing::error!(cause = %err, "the seam to the supervisor failed");
+                }
                 if let Some(client) = weak.upgrade() {
                     client.close();
                 }
