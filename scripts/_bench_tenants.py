@@ -11,7 +11,7 @@ none runs everything in one process. The benchmarks start one server per mode an
 - `first_calls()`: the wall time of a new token tenant's first call (its executor starts) and of its second call.
 - `jobs_with_tokens()`: trace_jobs' job processes, each with its own SALUS_TOKEN (so each its own tenant).
 - `tree_rss_mib()`, `tree_cpu_seconds()`: the resident memory and the CPU time of a server and its executor
-  processes.
+  processes; `process_cpu_seconds()`: this process's CPU time.
 - `ratio_line()`: one printed "LABEL  a/b 1.07x (a 412.0 us, b 385.0 us)   goal <= 1.1: met" line.
 
 Standard library only at import (grpc is imported by first_calls()).
@@ -180,6 +180,13 @@ def tree_rss_mib(pid: int | None) -> tuple[float | None, int]:
             total += int(rss.split()[0])
             count += 1
     return total / 1024, count
+
+
+def process_cpu_seconds() -> float:
+    """User + system CPU seconds used so far by this process (all its threads)."""
+    import resource
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def tree_cpu_seconds(pid: int | None) -> float:

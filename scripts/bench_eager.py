@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -113,17 +112,13 @@ def client_main() -> int:
         def on_train_batch_end(self, batch, logs=None):
             self.t.append(time.perf_counter())
 
-    def cpu_seconds():
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        return usage.ru_utime + usage.ru_stime
-
     def run(name, steps):
         # One epoch of steps + 1 batches from a repeating dataset: steps gaps between batch ends, no epoch
         # boundary inside the block. Also this process's CPU seconds for the steps + 1 batches.
         cb = Stamps()
-        cpu = cpu_seconds()
+        cpu = tenants.process_cpu_seconds()
         models[name].fit(datasets[name], steps_per_epoch=steps + 1, epochs=1, verbose=0, callbacks=[cb])
-        return [b - a for a, b in zip(cb.t, cb.t[1:])], cpu_seconds() - cpu
+        return [b - a for a, b in zip(cb.t, cb.t[1:])], tenants.process_cpu_seconds() - cpu
 
     try:
         models = {name: build(name) for name in data}
@@ -281,10 +276,13 @@ def compare_once(workloads: list[str], clients: dict, addresses: dict, errors: d
             else:
                 cols.append(f"{t} error")
         print(f"{w:4s} median per step: " + "  ".join(cols), flush=True)
-        cpu = [(t, c.cpu_per_step(w)) for t, c in clients.items() if t not in errors]
-        print(f"{w:4s} CPU per step (client + server): " + "  ".join(
-            f"{t} {1e3 * a:.2f} + {1e3 * b:.2f} = {1e3 * (a + b):.2f} ms" for t, (a, b) in
-            ((t, v) for t, v in cpu if v)), flush=True)
+        cols = []
+        for t, c in clients.items():
+            per_step = None if t in errors else c.cpu_per_step(w)
+            if per_step:
+                client, server = per_step
+                cols.append(f"{t} {1e3 * client:.2f} + {1e3 * server:.2f} = {1e3 * (client + server):.2f} ms")
+        print(f"{w:4s} CPU per step (client + server): " + "  ".join(cols), flush=True)
 
     print("\nratios (median / median):")
     for w, m in medians.items():

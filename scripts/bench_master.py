@@ -47,7 +47,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import resource
 import signal
 import statistics
 import subprocess
@@ -210,11 +209,6 @@ WORKLOADS = {"tiny": tiny, "train": small_train, "cnn": cnn}
 BLOCKS = {"tiny": (200, 50), "train": (60, 20), "cnn": (4, 3)}
 
 
-def process_cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def bench_workload(name: str, targets: dict[str, str], rounds: int, pids: dict[str, int | None]
                    ) -> tuple[dict[str, list[float]], dict[str, tuple[float, float]]]:
     """Each target's step times, and its CPU seconds over them: (this process's, its server's processes')."""
@@ -234,12 +228,12 @@ def bench_workload(name: str, targets: dict[str, str], rounds: int, pids: dict[s
                 rotated = order[r % len(order):] + order[:r % len(order)]
                 for t in rotated:
                     sess, out = sessions[t], times[t]
-                    client, server = process_cpu_seconds(), tenants.tree_cpu_seconds(pids.get(t))
+                    client, server = tenants.process_cpu_seconds(), tenants.tree_cpu_seconds(pids.get(t))
                     for _ in range(block):
                         t0 = time.perf_counter()
                         step(sess)
                         out.append(time.perf_counter() - t0)
-                    client = process_cpu_seconds() - client
+                    client = tenants.process_cpu_seconds() - client
                     server = tenants.tree_cpu_seconds(pids.get(t)) - server
                     cpu[t] = (cpu[t][0] + client, cpu[t][1] + server)
         finally:

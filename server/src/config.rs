@@ -445,8 +445,7 @@ impl TryFrom<Args> for Config {
 }
 
 fn parse_share(text: &str) -> Result<Share, String> {
-    text.parse()
-        .map_err(|e: crate::sched::tenants::UnknownShare| e.to_string())
+    text.parse().map_err(|e: crate::sched::tenants::UnknownShare| e.to_string())
 }
 
 fn parse_auth(text: &str) -> Result<AuthMode, String> {

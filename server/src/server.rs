@@ -17,6 +17,8 @@ use crate::error::Error;
 use crate::frontend::admin::AdminService;
 use crate::frontend::eager::{Eager, Worker};
 use crate::frontend::identify::{identified_incoming, IdentifyLayer};
+use crate::tenant::identity::Identifier;
+use crate::tenant::connections::ConnectionCounts;
 use crate::frontend::master::Master;
 use crate::runtime::admission::Admission;
 use crate::runtime::exec;
@@ -25,11 +27,9 @@ use crate::runtime::graph_job::JobSettings;
 use crate::runtime::session_config::{session_config, GpuLanes};
 use crate::runtime::state::ServerState;
 use crate::runtime::timeline::Timeline;
+use crate::seam::client::SeamClient;
 use crate::sched::lanes::LaneManager;
 use crate::sched::policy;
-use crate::seam::client::SeamClient;
-use crate::tenant::connections::ConnectionCounts;
-use crate::tenant::identity::Identifier;
 use crate::tf::{self, Graph, Session};
 
 #[derive(Debug, thiserror::Error)]
@@ -171,15 +171,11 @@ impl Server {
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), ServeError> {
-        let identifier = Arc::new(Identifier::new(
-            self.config.auth,
-            self.config.tenants.clone(),
-        ));
+        let identifier = Arc::new(Identifier::new(self.config.auth, self.config.tenants.clone()));
         tracing::info!(auth = %self.config.auth, token_tenants = self.config.tenants.len(), "tenant identity");
         let counts = ConnectionCounts::new(self.config.max_tenant_connections);
         let incoming = identified_incoming(listener, identifier.clone(), counts);
-        self.serve_incoming(incoming, identifier, shutdown, || {})
-            .await
+        self.serve_incoming(incoming, identifier, shutdown, || {}).await
     }
 
     /// An executor process: serves its tenant's connections (handed over by
@@ -244,11 +240,9 @@ impl Server {
         );
         crate::tf::python_kernel::install(limit as u64);
         let (close_callbacks, callbacks_closing) = tokio::sync::watch::channel(false);
-        let callbacks = PythonCallbacksServer::new(crate::frontend::callbacks::Callbacks::new(
-            callbacks_closing,
-        ))
-        .max_decoding_message_size(limit)
-        .max_encoding_message_size(limit);
+        let callbacks = PythonCallbacksServer::new(crate::frontend::callbacks::Callbacks::new(callbacks_closing))
+            .max_decoding_message_size(limit)
+            .max_encoding_message_size(limit);
         let (health, health_service) = tonic_health::server::health_reporter();
         health.set_serving::<MasterServiceServer<Master>>().await;
         health.set_serving::<EagerServiceServer<Eager>>().await;

@@ -89,9 +89,7 @@ pub async fn serve(
             stopping.drain_all(grace).await;
         })
         .await?;
-    executors
-        .stop_all(grace + std::time::Duration::from_secs(5))
-        .await;
+    executors.stop_all(grace + std::time::Duration::from_secs(5)).await;
     state.executor.stop();
     Ok(())
 }

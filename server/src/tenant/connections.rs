@@ -147,12 +147,6 @@ pub struct ConnectionPermit {
     owner: Owner,
 }
 
-impl ConnectionPermit {
-    pub fn owner(&self) -> &Owner {
-        &self.owner
-    }
-}
-
 impl Drop for ConnectionPermit {
     fn drop(&mut self) {
         self.counts.release(&self.owner);
