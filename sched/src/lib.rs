@@ -21,6 +21,7 @@
 //! # Layout
 //! - [`policy`]: the policies, one module each.
 //! - [`hints`]: job hints and their wire format.
+//! - [`history`]: job identities and their past runs' lengths (`learned`).
 //! - [`lanes`]: memory lanes (Salus's assignment rule).
 //! - [`tenants`]: sharing between tenants before the policy orders their jobs.
 //! - [`units`]: byte sizes ("512MiB").
@@ -29,6 +30,7 @@
 //! crate; neither has a scheduler of its own.
 
 pub mod hints;
+pub mod history;
 pub mod lanes;
 pub mod policy;
 pub mod tenants;
@@ -37,8 +39,9 @@ pub mod units;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 
 pub use hints::{HintError, Hints};
+pub use history::{Expectation, History, JobIdentity, RunEnd};
 pub use policy::SortKey;
-use policy::{Hold, JobView, Policy};
+use policy::{Hold, JobView, LogNormal, Policy};
 use tenants::Tenants;
 pub use tenants::{Share, TenantId, TenantStatus};
 
@@ -107,6 +110,10 @@ struct JobState<W> {
     total_wait: Nanos,
     /// Rank under the current policy, as stored in the lane's indexes.
     key: SortKey,
+    /// Who it is, for its history; None: a job the history does not follow.
+    identity: Option<JobIdentity>,
+    /// Its length's law from its identity's history, as of its admission.
+    law: Option<LogNormal>,
 }
 
 impl<W> JobState<W> {
@@ -138,6 +145,8 @@ impl<W> JobState<W> {
                 arrival: now,
                 id: id.0,
             },
+            identity: None,
+            law: None,
         }
     }
 
@@ -189,6 +198,7 @@ impl<W> JobState<W> {
             priority: self.hints.priority,
             remaining: self.remaining(),
             waited: self.total_wait,
+            learned: self.law,
         }
     }
 }
@@ -247,6 +257,11 @@ pub struct JobStatus {
     pub running: usize,
     /// Total time iterations of this job waited in the queue.
     pub total_wait: Nanos,
+    /// Who it is, if the history follows it.
+    pub identity: Option<JobIdentity>,
+    /// What its identity's earlier runs say of its length ("expected 12 min
+    /// from 7 earlier runs"); it ranks by the law as of its admission.
+    pub expected: Option<Expectation>,
 }
 
 pub struct Scheduler<W> {
@@ -255,6 +270,8 @@ pub struct Scheduler<W> {
     jobs: HashMap<JobId, JobState<W>>,
     lanes: HashMap<LaneId, LaneState>,
     tenants: Tenants,
+    /// Past runs by identity: what `learned` ranks by.
+    history: History,
 }
 
 /// How a tenant's best job that decides leaves its tenant's turn.
@@ -288,6 +305,7 @@ impl<W> Scheduler<W> {
             jobs: HashMap::new(),
             lanes: HashMap::new(),
             tenants: Tenants::default(),
+            history: History::default(),
         }
     }
 
@@ -295,9 +313,11 @@ impl<W> Scheduler<W> {
         self.policy.name()
     }
 
-    /// Swaps the policy; queued iterations and job history are kept.
+    /// Swaps the policy; queued iterations and job history are kept, and
+    /// the new policy learns the history's completed runs.
     pub fn set_policy(&mut self, policy: Box<dyn Policy>) {
         self.policy = policy;
+        self.teach_policy_history();
         let ids: Vec<JobId> = self.jobs.keys().copied().collect();
         for id in ids {
             self.rekey(id);
@@ -319,6 +339,7 @@ impl<W> Scheduler<W> {
         self.add_tenant_job(id, lane, TenantId::NONE, hints, now)
     }
 
+    /// Adds a job of `tenant` that the history does not follow.
     pub fn add_tenant_job(
         &mut self,
         id: JobId,
@@ -327,10 +348,38 @@ impl<W> Scheduler<W> {
         hints: Hints,
         now: Nanos,
     ) -> Result<(), SchedError> {
+        self.add_job_as(id, lane, tenant, None, hints, now)
+    }
+
+    /// Adds a job of `tenant` known as `identity`: ranked by what its
+    /// identity's earlier runs say of its length (under `learned`), and its
+    /// own run is recorded when it ends ([`Self::end_job`]).
+    pub fn add_identified_job(
+        &mut self,
+        id: JobId,
+        lane: LaneId,
+        tenant: TenantId,
+        identity: JobIdentity,
+        hints: Hints,
+        now: Nanos,
+    ) -> Result<(), SchedError> {
+        self.add_job_as(id, lane, tenant, Some(identity), hints, now)
+    }
+
+    fn add_job_as(
+        &mut self,
+        id: JobId,
+        lane: LaneId,
+        tenant: TenantId,
+        identity: Option<JobIdentity>,
+        hints: Hints,
+        now: Nanos,
+    ) -> Result<(), SchedError> {
         if self.jobs.contains_key(&id) {
             return Err(SchedError::DuplicateJob(id));
         }
         let by_tenant = self.config.share == Share::Tenants;
+        let law = self.law_of(identity.as_ref());
         let lane_state = self.lanes.entry(lane).or_default();
         // Fair share starts at the current minimum of the jobs it is compared
         // with: the lane's, or its tenant's on the lane.
@@ -343,6 +392,8 @@ impl<W> Scheduler<W> {
             .min()
             .unwrap_or(0);
         let mut job = JobState::new(id, lane, tenant, hints, now, fair_offset);
+        job.law = law;
+        job.identity = identity;
         job.key = self.policy.key(&job.view(id));
         lane_state.all.insert((job.key, id));
         lane_state.add_tenant_job(tenant);
@@ -369,8 +420,57 @@ impl<W> Scheduler<W> {
     /// The rank `id` would have under the current policy if it arrived now
     /// with `hints`: how memory admission orders jobs not yet scheduled.
     pub fn rank_new(&self, id: JobId, hints: &Hints, now: Nanos) -> SortKey {
-        let job = JobState::<W>::new(id, LaneId(0), TenantId::NONE, hints.clone(), now, 0);
+        self.rank_new_as(id, None, hints, now)
+    }
+
+    /// [`Self::rank_new`] for a job known as `identity`: what the policy
+    /// makes of its history too, so memory admission lets a job known to be
+    /// short pass waiting ones known to be long.
+    pub fn rank_new_as(
+        &self,
+        id: JobId,
+        identity: Option<&JobIdentity>,
+        hints: &Hints,
+        now: Nanos,
+    ) -> SortKey {
+        let mut job = JobState::<W>::new(id, LaneId(0), TenantId::NONE, hints.clone(), now, 0);
+        job.law = self.law_of(identity);
         self.policy.key(&job.view(id))
+    }
+
+    fn law_of(&self, identity: Option<&JobIdentity>) -> Option<LogNormal> {
+        self.history.estimate(identity?)?.law()
+    }
+
+    /// The store of past runs.
+    pub fn history(&self) -> &History {
+        &self.history
+    }
+
+    /// Replaces the store of past runs (one read back from disk, or a
+    /// simulation's pre-trace history); the policy learns its completed
+    /// runs. Jobs already admitted keep the law they were admitted with.
+    pub fn set_history(&mut self, history: History) {
+        self.history = history;
+        self.teach_policy_history();
+    }
+
+    /// What `identity`'s earlier runs say of its next run's length.
+    pub fn expectation(&self, identity: &JobIdentity) -> Option<Expectation> {
+        self.history.estimate(identity)
+    }
+
+    /// Forgets the history of every identity of `tenant` (its durable
+    /// name); returns how many identities. Jobs already admitted keep their
+    /// law until they end, and their runs are then recorded afresh.
+    pub fn erase_history(&mut self, tenant: &str) -> usize {
+        self.history.erase_tenant(tenant)
+    }
+
+    fn teach_policy_history(&mut self) {
+        for work in self.history.completed_work() {
+            self.policy.observe_past_run(work);
+        }
     }
 
     /// Recomputes a job's key after it changed, keeping the indexes in step.
@@ -465,9 +565,25 @@ impl<W> Scheduler<W> {
         })
     }
 
-    /// Forgets a job; its queued iterations are returned, not run.
+    /// Forgets a job that completed; its queued iterations are returned, not
+    /// run. [`Self::end_job`] with [`RunEnd::Completed`].
     pub fn remove_job(&mut self, id: JobId) -> Result<Vec<W>, SchedError> {
+        self.end_job(id, RunEnd::Completed)
+    }
+
+    /// Forgets a job that ended as `end`; its queued iterations are
+    /// returned, not run. A job with an identity that ran a main iteration
+    /// adds its run (work and iterations) to the history.
+    pub fn end_job(&mut self, id: JobId, end: RunEnd) -> Result<Vec<W>, SchedError> {
         let job = self.jobs.remove(&id).ok_or(SchedError::UnknownJob(id))?;
+        if let Some(identity) = job.identity.as_ref().filter(|_| job.iterations > 0) {
+            let run = history::PastRun {
+                device_s: job.work() as f64 / 1e9,
+                iterations: job.iterations,
+                end,
+            };
+            self.history.record(identity, run);
+        }
         self.policy.forget(&job.view(id));
         self.tenants.left(job.tenant, job.queue.len() + job.running);
         // A running iteration keeps its lane slot until `finish`.
@@ -766,6 +882,8 @@ impl<W> Scheduler<W> {
             queued: j.queue.len(),
             running: j.running,
             total_wait: j.total_wait,
+            identity: j.identity.clone(),
+            expected: j.identity.as_ref().and_then(|i| self.history.estimate(i)),
         })
     }
 
@@ -776,6 +894,8 @@ impl<W> Scheduler<W> {
     }
 }
 
+#[cfg(test)]
+mod history_tests;
 #[cfg(test)]
 mod tenant_tests;
 #[cfg(test)]

@@ -98,9 +98,7 @@ impl Policy for Gittins {
             .service_since_promotion(job, super::dlas::QUEUE_THRESHOLDS[0])
             .work;
         match self.index(service) {
-            // Higher index first; the scale keeps indexes of jobs with hours
-            // of service (~1e-13 per ns) distinct in an integer key.
-            Some(Some(index)) => SortKey::new(job, 1 - (index * 1e27) as i128, 0),
+            Some(Some(index)) => SortKey::new(job, index_key(index), 0),
             // Older than every finished job: the data says nothing about its
             // length, so it ranks after the jobs it does (whose keys are at
             // most 1), by dlas queue (FIFO within a queue, not LAS's
@@ -121,6 +119,17 @@ impl Policy for Gittins {
         self.promotions.forget(job.id);
         self.before_samples.forget(job);
     }
+
+    fn observe_past_run(&self, work: Nanos) {
+        self.record(work);
+    }
+}
+
+/// An index (finishes per ns) as a key's primary: higher index first, at
+/// most 1; the scale keeps indexes of jobs with hours of service (~1e-13 per
+/// ns) distinct in an integer key. `learned` ranks on the same scale.
+pub(super) fn index_key(index: f64) -> i128 {
+    1 - (index * 1e27) as i128
 }
 
 /// The finished jobs' services: the window in arrival order, and the same
@@ -212,6 +221,7 @@ mod tests {
             priority: 0,
             remaining: None,
             waited: 0,
+            learned: None,
         }
     }
 

@@ -13,12 +13,15 @@
 //! | `las` | least attained service, favours short jobs but time-shares equals |
 //! | `dlas` | discretized LAS (Tiresias): queues by attained service, FIFO within one, starvation guard |
 //! | `gittins` | Gittins index over finished jobs' lengths (Tiresias): `dlas` until 10 have finished |
+//! | `learned` | Gittins index over the job's own law: its hints, else its identity's history, else `gittins` |
 
 mod dlas;
 mod fair;
 mod fifo;
 mod gittins;
 mod las;
+mod learned;
+mod lognormal;
 mod pack;
 mod priority;
 mod rr;
@@ -33,6 +36,8 @@ pub use fair::Fair;
 pub use fifo::Fifo;
 pub use gittins::Gittins;
 pub use las::Las;
+pub use learned::Learned;
+pub use lognormal::LogNormal;
 pub use pack::Pack;
 pub use priority::Priority;
 pub use rr::RoundRobin;
@@ -61,6 +66,10 @@ pub struct JobView {
     /// Time its iterations spent queued for the device; as of the key's
     /// computation for policies with a [`Policy::refresh_interval`].
     pub waited: Nanos,
+    /// The law of its length learnt from its identity's earlier runs
+    /// ([`crate::history`]), as of its admission; None: no identity, or
+    /// none of its runs completed.
+    pub learned: Option<LogNormal>,
 }
 
 /// Whether the lane waits for the best job when it has no iteration ready.
@@ -114,6 +123,10 @@ pub trait Policy: Send + Sync {
     /// The job left the scheduler (finished or closed; `job` is its last
     /// view): drop whatever the policy kept about it.
     fn forget(&self, _job: &JobView) {}
+    /// A completed run of `work` ns from before this scheduler started (its
+    /// history): policies that learn lengths from finished jobs count it as
+    /// one.
+    fn observe_past_run(&self, _work: Nanos) {}
     /// True when a job's key depends on nothing its iterations change (only
     /// arrival, id, hints): the core may then skip boundaries whose winner it
     /// already knows ([`crate::Scheduler::can_defer_boundary`]).
@@ -127,12 +140,12 @@ pub trait Policy: Send + Sync {
 }
 
 pub const NAMES: &[&str] = &[
-    "fifo", "srtf", "pack", "fair", "rr", "priority", "las", "dlas", "gittins",
+    "fifo", "srtf", "pack", "fair", "rr", "priority", "las", "dlas", "gittins", "learned",
 ];
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error(
-    "unknown scheduling policy {0:?}; choose one of: fifo, srtf, pack, fair, rr, priority, las, dlas, gittins"
+    "unknown scheduling policy {0:?}; choose one of: fifo, srtf, pack, fair, rr, priority, las, dlas, gittins, learned"
 )]
 pub struct UnknownPolicy(pub String);
 
@@ -147,6 +160,7 @@ pub fn by_name(name: &str) -> Result<Box<dyn Policy>, UnknownPolicy> {
         "las" => Box::new(Las),
         "dlas" => Box::new(Dlas::default()),
         "gittins" => Box::new(Gittins::default()),
+        "learned" => Box::new(Learned::default()),
         other => return Err(UnknownPolicy(other.to_string())),
     })
 }

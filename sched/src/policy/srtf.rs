@@ -31,4 +31,7 @@ impl Policy for Srtf {
     fn forget(&self, job: &JobView) {
         self.without_hints.forget(job);
     }
+    fn observe_past_run(&self, work: Nanos) {
+        self.without_hints.observe_past_run(work);
+    }
 }

@@ -20,6 +20,7 @@ fn job(
         priority,
         remaining,
         waited: 0,
+        learned: None,
     }
 }
 
