@@ -20,7 +20,8 @@
 //!   [`LaneManager`] assigns lanes at a job's first iteration (as the server's
 //!   admission does) and lanes run concurrently; without one, all jobs share
 //!   one lane (as the server without `--memory-capacity`). Jobs carry hints:
-//!   `iterations` from the trace, `seconds` from its `duration_s`.
+//!   `iterations` from the trace, `seconds` from its `duration_s` (none at
+//!   all with [`SimConfig::length_hints`] off).
 //! - `exclusive`: one job at a time in arrival order, the whole device.
 //! - `mps`: jobs start in arrival order (a later one may pass an earlier one
 //!   that does not fit) while the sum of persistent + ephemeral memory of the
@@ -36,6 +37,11 @@
 //! names sorted, numbered from 1; jobs without a user are
 //! [`TenantId::NONE`]), so under [`Share::Tenants`] a lane shares device
 //! time between users first. [`SimConfig::weights`] sets users' weights.
+//! A job with a `name` is added with [`Scheduler::add_identified_job`]
+//! (identity: user, name, model), asks for its lane ranked by
+//! [`Scheduler::rank_new_as`], and ends with [`Scheduler::end_job`], so the
+//! scheduler's history learns its run exactly as the server's would; the
+//! history starts from [`SimConfig::history`] plus the trace's `past_s`.
 //! Each result has every user's device time (the wall time of its
 //! iterations, as the scheduler charges it) and, for a trace that names
 //! users, [`SimResult::user_timeline`]: who has work when, and each user's
@@ -59,7 +65,8 @@ use std::collections::{BinaryHeap, HashMap, VecDeque};
 
 use salus_sched::lanes::{LaneManager, LaneRule, MemoryNeed, Placement};
 use salus_sched::{
-    policy, Decision, Hints, JobId, LaneId, Nanos, SchedConfig, Scheduler, Share, TenantId,
+    policy, Decision, Hints, History, JobId, JobIdentity, LaneId, Nanos, RunEnd, SchedConfig,
+    Scheduler, Share, TenantId,
 };
 
 use crate::trace::TraceJob;
@@ -102,6 +109,12 @@ pub struct SimConfig {
     /// 1): their shares of device time against each other under
     /// [`Share::Tenants`]. Every user named must be in the trace.
     pub weights: Vec<(String, u32)>,
+    /// Whether jobs tell the scheduler their length (`iterations` and
+    /// `seconds` hints); off: policies must learn lengths (`learned`).
+    pub length_hints: bool,
+    /// Past runs the scheduler knows before the trace (a history file); the
+    /// trace's `past_s` are added to it.
+    pub history: Option<History>,
 }
 
 impl SimConfig {
@@ -114,6 +127,8 @@ impl SimConfig {
             stepping: Stepping::default(),
             lane_rule: LaneRule::default(),
             weights: Vec::new(),
+            length_hints: true,
+            history: None,
         }
     }
 
@@ -264,6 +279,8 @@ struct Job {
     total: u64,
     done: u64,
     hints: Hints,
+    /// Who it is for the scheduler's history; None: not followed.
+    identity: Option<JobIdentity>,
     lane: Option<LaneId>,
     /// When its current iteration started.
     iteration_start: f64,
@@ -373,6 +390,9 @@ pub fn simulate(
         });
     }
     let mut sched = Scheduler::new(policy, config.sched);
+    let mut history = config.history.clone().unwrap_or_default();
+    crate::trace::seed_history(trace, &mut history);
+    sched.set_history(history);
     for (k, (name, weight)) in config.weights.iter().enumerate() {
         if config.weights[..k].iter().any(|(other, _)| other == name) {
             return Err(SimError::Invalid(format!(
@@ -416,10 +436,11 @@ pub fn simulate(
             done: 0,
             hints: Hints {
                 name: t.model.clone(),
-                expected_iterations: Some(t.iterations),
-                expected_seconds: t.duration_s,
+                expected_iterations: Some(t.iterations).filter(|_| config.length_hints),
+                expected_seconds: t.duration_s.filter(|_| config.length_hints),
                 ..Hints::default()
             },
+            identity: t.identity(),
             lane: None,
             iteration_start: 0.0,
             running: false,
@@ -611,12 +632,7 @@ impl Sim {
         match self.mode {
             Mode::Salus if self.lanes.is_none() => {
                 // Without memory lanes the server schedules a job from its session's creation.
-                let hints = self.jobs[job].hints.clone();
-                let now = self.now();
-                let tenant = self.jobs[job].tenant;
-                let _ = self
-                    .sched
-                    .add_tenant_job(JobId(job as u64), LaneId(0), tenant, hints, now);
+                self.add_to_scheduler(job, LaneId(0));
                 self.jobs[job].lane = Some(LaneId(0));
                 self.admitted(job);
             }
@@ -650,8 +666,12 @@ impl Sim {
                     JobId(job as u64),
                     self.jobs[job].need,
                     None,
-                    self.sched
-                        .rank_new(JobId(job as u64), &self.jobs[job].hints, ns(self.t)),
+                    self.sched.rank_new_as(
+                        JobId(job as u64),
+                        self.jobs[job].identity.as_ref(),
+                        &self.jobs[job].hints,
+                        ns(self.t),
+                    ),
                 ) {
                     Ok(Placement::Placed(lane)) => {
                         self.apply_moves();
@@ -701,15 +721,22 @@ impl Sim {
 
     /// Salus with lanes: the lane manager placed the job.
     fn place(&mut self, job: usize, lane: LaneId) {
-        let hints = self.jobs[job].hints.clone();
-        let now = self.now();
-        let tenant = self.jobs[job].tenant;
-        let _ = self
-            .sched
-            .add_tenant_job(JobId(job as u64), lane, tenant, hints, now);
+        self.add_to_scheduler(job, lane);
         self.jobs[job].lane = Some(lane);
         self.jobs[job].outcome.lane = Some(lane.0);
         self.admitted(job);
+    }
+
+    /// Adds `job` to the scheduler on `lane`, with its identity if it has one.
+    fn add_to_scheduler(&mut self, job: usize, lane: LaneId) {
+        let j = &self.jobs[job];
+        let (id, hints, now, tenant) = (JobId(job as u64), j.hints.clone(), self.now(), j.tenant);
+        let _ = match j.identity.clone() {
+            Some(identity) => self
+                .sched
+                .add_identified_job(id, lane, tenant, identity, hints, now),
+            None => self.sched.add_tenant_job(id, lane, tenant, hints, now),
+        };
     }
 
     fn submit(&mut self, job: usize) {
@@ -816,7 +843,7 @@ impl Sim {
                     self.submit(job);
                     return;
                 }
-                let _ = self.sched.remove_job(JobId(job as u64));
+                let _ = self.sched.end_job(JobId(job as u64), RunEnd::Completed);
                 self.report_busy_lanes();
                 let admitted = self
                     .lanes
@@ -930,6 +957,8 @@ mod tests {
             submit_s,
             duration_s: Some(iterations as f64),
             user: None,
+            name: None,
+            past_s: Vec::new(),
         }
     }
 

@@ -1,5 +1,6 @@
 //! The original paper's three experiments, on the derived workload table,
-//! and one of this project's own (`users`: sharing between users).
+//! and two of this project's own (`users`: sharing between users;
+//! `learning`: the `learned` policy on recurring traces, in [`learning`]).
 //! Each returns a printable table and CSV files for plots; docs/EVALUATION.md
 //! says what differs from the paper's setup.
 
@@ -15,6 +16,8 @@ use crate::trace::{self, TraceJob, TraceSpec};
 use crate::workload::{WorkloadTable, MIB};
 use crate::SimError;
 
+pub mod learning;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Experiment {
     /// A training trace under every policy: mean JCT, makespan (paper: FIFO/SRTF 3.19x).
@@ -26,6 +29,9 @@ pub enum Experiment {
     /// Users with 1, 8 and 3 jobs on one lane, policy fair, shared by tenants
     /// and by jobs: device time per user while they all have work, JCT.
     Users,
+    /// The learned policy on recurring traces (8 seeds, two loads) and on
+    /// traces without history: its share of SRTF's gain over FIFO, no hints.
+    Learning,
 }
 
 pub struct Report {
@@ -54,6 +60,7 @@ pub fn run(
         Experiment::Hyperparam => hyperparam(table, capacity),
         Experiment::Inference => inference(table, capacity),
         Experiment::Users => users(table, seed),
+        Experiment::Learning => learning::learning(table, capacity, lane_rule),
     }
 }
 
@@ -358,6 +365,8 @@ fn hyperparam(table: &WorkloadTable, capacity: u64) -> Result<Report, SimError> 
                 submit_s: 0.0,
                 duration_s: Some(iterations as f64 * w.iteration_s),
                 user: None,
+                name: None,
+                past_s: Vec::new(),
             })
             .collect();
         let run = |policy: &str, lane_rule: LaneRule| -> Result<(Summary, String), SimError> {
@@ -660,6 +669,8 @@ pub fn users_trace(table: &WorkloadTable, seed: u64) -> Result<Vec<TraceJob>, Si
             submit_s,
             duration_s: Some(iterations as f64 * w.iteration_s),
             user: Some(user.to_string()),
+            name: None,
+            past_s: Vec::new(),
         });
     };
     let mut draw = |(lo, hi): (f64, f64)| lo + (hi - lo) * rng.unit();

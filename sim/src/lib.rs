@@ -7,6 +7,7 @@
 //!
 //! # Layout
 //! - [`trace`]: trace CSV, seedable generator (Poisson arrivals).
+//! - [`recurring`]: traces that rerun scripts, with pre-trace history.
 //! - [`workload`]: workload table CSV, derivation from Salus's measurements.
 //! - [`engine`]: the discrete-event simulation and its device model.
 //! - [`report`]: summaries (makespan, JCT, utilization) and CSV output.
@@ -17,6 +18,7 @@
 mod csv;
 pub mod engine;
 pub mod experiments;
+pub mod recurring;
 pub mod report;
 mod rng;
 pub mod trace;

@@ -10,6 +10,7 @@ use salus_sched::units::parse_size;
 use salus_sched::Share;
 use salus_sim::engine::{parse_weight, simulate, SimConfig, Stepping};
 use salus_sim::experiments::{self, Experiment};
+use salus_sim::recurring::{self, Recurrence};
 use salus_sim::report::{jobs_csv, timeline_csv, users_json, users_text, Summary};
 use salus_sim::trace::{self, JobLengths, TraceSpec};
 use salus_sim::workload::{derive_from_salus, WorkloadTable};
@@ -30,16 +31,25 @@ struct Cli {
 enum Command {
     /// Simulate a trace under one policy and print a summary.
     Run {
-        /// Trace CSV: job_id,model,iterations,submit_time_s,duration_s[,user]
-        /// (user: the job's owner; empty or no column: no user).
+        /// Trace CSV: job_id,model,iterations,submit_time_s,duration_s[,user][,name][,past_s]
+        /// (user: the job's owner; name: the script it runs; past_s: its
+        /// script's runs before the trace, seconds separated by ';').
         #[arg(long)]
         trace: PathBuf,
         /// Workload table CSV: model,iteration_s,persistent_mb,ephemeral_mb[,utilization,startup_s].
         #[arg(long)]
         workloads: PathBuf,
-        /// fifo, srtf, pack, fair, rr, priority, las, dlas, gittins, or a baseline: exclusive, mps.
+        /// fifo, srtf, pack, fair, rr, priority, las, dlas, gittins, learned, or a baseline: exclusive, mps.
         #[arg(long, default_value = "pack")]
         policy: String,
+        /// Job history the scheduler starts with (the server's text form,
+        /// `salus-history 1`); the trace's past_s are added to it.
+        #[arg(long)]
+        history: Option<PathBuf>,
+        /// Jobs give no length hints (no iterations or seconds): policies
+        /// must learn lengths, as `learned` does from history.
+        #[arg(long)]
+        no_length_hints: bool,
         /// Device memory, e.g. 16GiB: memory lanes (Salus) or admission (mps). Unset: one lane, no limit.
         #[arg(long, value_parser = parse_size)]
         capacity: Option<u64>,
@@ -101,6 +111,21 @@ enum Command {
         /// lognormal: longest job, in minutes.
         #[arg(long, default_value_t = trace::HEAVY_TAIL_MAX_MINUTES)]
         max_minutes: f64,
+        /// Recurring work: jobs rerun scripts (name and past_s columns).
+        #[arg(long)]
+        recurring: bool,
+        /// --recurring: share of jobs that rerun a script seen earlier in the trace.
+        #[arg(long, default_value_t = recurring::RESUBMIT_SHARE)]
+        resubmit_share: f64,
+        /// --recurring: standard deviation of ln(run length / script's base length).
+        #[arg(long, default_value_t = recurring::NOISE_SIGMA)]
+        noise_sigma: f64,
+        /// --recurring: share of new scripts with runs before the trace (past_s).
+        #[arg(long, default_value_t = recurring::HISTORY_SHARE)]
+        history_share: f64,
+        /// --recurring: most runs a script has before the trace.
+        #[arg(long, default_value_t = recurring::MAX_PAST_RUNS)]
+        max_past_runs: usize,
         /// Output file (default: stdout).
         #[arg(long)]
         out: Option<PathBuf>,
@@ -204,6 +229,8 @@ fn main_inner(cli: Cli) -> Result<(), String> {
             trace: trace_path,
             workloads,
             policy,
+            history,
+            no_length_hints,
             capacity,
             interference,
             lane_rule,
@@ -216,11 +243,20 @@ fn main_inner(cli: Cli) -> Result<(), String> {
             let table = table(&workloads)?;
             let jobs = trace::parse(&read(&trace_path)?)
                 .map_err(|e| format!("{}: {e}", trace_path.display()))?;
+            let history = match history {
+                Some(path) => Some(
+                    salus_sched::History::parse(&read(&path)?)
+                        .map_err(|e| format!("{}: {e}", path.display()))?,
+                ),
+                None => None,
+            };
             let config = SimConfig {
                 capacity,
                 interference,
                 lane_rule,
                 weights,
+                length_hints: !no_length_hints,
+                history,
                 ..SimConfig::new(&policy).with_share(share)
             };
             let result = simulate(&jobs, &table, &config).map_err(|e| e.to_string())?;
@@ -261,6 +297,11 @@ fn main_inner(cli: Cli) -> Result<(), String> {
             median_minutes,
             sigma,
             max_minutes,
+            recurring,
+            resubmit_share,
+            noise_sigma,
+            history_share,
+            max_past_runs,
             out,
         } => {
             let lengths = match lengths {
@@ -278,8 +319,19 @@ fn main_inner(cli: Cli) -> Result<(), String> {
                 models,
                 minutes,
             };
-            let trace = trace::generate_with(&spec, &lengths, &table(&workloads)?)
-                .map_err(|e| e.to_string())?;
+            let table = table(&workloads)?;
+            let trace = if recurring {
+                let recurrence = Recurrence {
+                    resubmit_share,
+                    noise_sigma,
+                    history_share,
+                    max_past_runs,
+                };
+                recurring::generate(&spec, &lengths, &recurrence, &table)
+            } else {
+                trace::generate_with(&spec, &lengths, &table)
+            }
+            .map_err(|e| e.to_string())?;
             output(out.as_deref(), &trace::to_csv(&trace))
         }
         Command::Workloads { from, out } => {

@@ -26,6 +26,12 @@ impl Rng {
         (self.unit() * n as f64) as usize % n
     }
 
+    /// A standard normal draw (Box-Muller).
+    pub fn normal(&mut self) -> f64 {
+        let (u1, u2) = (self.unit(), self.unit());
+        (-2.0 * (1.0 - u1).ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+    }
+
     /// Exponentially distributed with the given mean (Poisson inter-arrivals).
     pub fn exponential(&mut self, mean: f64) -> f64 {
         -mean * (1.0 - self.unit()).ln()

@@ -8,6 +8,16 @@
 //! shares a lane between users first (`salus_sched::tenants`); empty or
 //! absent means no user (the core's `TenantId::NONE`, one tenant like any
 //! other).
+//!
+//! Recurring work (optional columns): `name` names the script a job runs;
+//! with its user and model it is the job's identity
+//! ([`salus_sched::JobIdentity`]: tenant = user, fingerprint = model), whose
+//! runs the scheduler's history follows, so `learned` ranks a resubmitted
+//! job by its earlier runs. `past_s` lists runs of the job's identity that
+//! completed before the trace began, device seconds separated by `;`
+//! (`310.5;295`), oldest first: the history the trace starts with. Give it
+//! once per identity, on any one of its rows (a separate history file,
+//! `salus-sim run --history`, does the same for whole stores).
 
 use std::fmt::Write as _;
 
@@ -24,6 +34,44 @@ pub struct TraceJob {
     pub duration_s: Option<f64>,
     /// The job's owner; None: no user.
     pub user: Option<String>,
+    /// The script it runs (its identity with user and model); None: a job
+    /// the history does not follow.
+    pub name: Option<String>,
+    /// Runs of its identity that completed before the trace, device
+    /// seconds, oldest first.
+    pub past_s: Vec<f64>,
+}
+
+impl TraceJob {
+    /// Who the job is for the scheduler's history: None without a name.
+    pub fn identity(&self) -> Option<salus_sched::JobIdentity> {
+        let name = self.name.as_deref()?;
+        Some(salus_sched::JobIdentity::new(
+            self.user.as_deref().unwrap_or(""),
+            name,
+            Some(&self.model),
+        ))
+    }
+}
+
+/// Whether `name` may name a script: 1 to
+/// [`salus_sched::history::MAX_FIELD_LEN`] printable characters.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= salus_sched::history::MAX_FIELD_LEN
+        && !name.chars().any(char::is_control)
+}
+
+/// Parses a `past_s` field: `;`-separated device seconds, each > 0.
+fn parse_past(text: &str) -> Option<Vec<f64>> {
+    text.split(';')
+        .map(|s| {
+            s.trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|v| v.is_finite() && *v > 0.0)
+        })
+        .collect()
 }
 
 /// The longest user name a trace may hold.
@@ -75,24 +123,100 @@ pub fn parse(text: &str) -> Result<Vec<TraceJob>, SimError> {
                 ),
             });
         }
-        jobs.push(TraceJob {
+        let name = row.optional("name");
+        if let Some(bad) = name.filter(|name| !valid_name(name)) {
+            return Err(SimError::Csv {
+                line: row.line,
+                why: format!(
+                    "job {job_id:?}: name {bad:?} is not a script name (1 to {} printable characters)",
+                    salus_sched::history::MAX_FIELD_LEN
+                ),
+            });
+        }
+        let past_s = match row.optional("past_s") {
+            None => Vec::new(),
+            Some(_) if name.is_none() => {
+                return Err(SimError::Csv {
+                    line: row.line,
+                    why: format!(
+                    "job {job_id:?}: past_s without a name (earlier runs belong to a named script)"
+                ),
+                })
+            }
+            Some(text) => parse_past(text).ok_or_else(|| SimError::Csv {
+                line: row.line,
+                why: format!(
+                    "job {job_id:?}: past_s {text:?} is not device seconds > 0 separated by ';'"
+                ),
+            })?,
+        };
+        let job = TraceJob {
             job_id,
             model: row.get("model")?.to_string(),
             iterations: iterations as u64,
             submit_s: row.number("submit_time_s")?,
             duration_s: row.optional_number("duration_s")?,
             user: user.map(String::from),
-        });
+            name: name.map(String::from),
+            past_s,
+        };
+        if !job.past_s.is_empty() {
+            let identity = job.identity();
+            if let Some(earlier) = jobs
+                .iter()
+                .find(|j: &&TraceJob| !j.past_s.is_empty() && j.identity() == identity)
+            {
+                return Err(SimError::Csv {
+                    line: row.line,
+                    why: format!(
+                        "job {:?}: past_s of its script was already given (job {:?}); give it once per script",
+                        job.job_id, earlier.job_id
+                    ),
+                });
+            }
+        }
+        jobs.push(job);
     }
     Ok(jobs)
 }
 
-/// The trace as CSV; the `user` column only when some job has a user, so a
-/// trace without users reads as it did before users existed.
+/// The history a trace starts with: its `past_s` runs, completed, added to
+/// `history` (an empty one, or one read from a history file).
+pub fn seed_history(jobs: &[TraceJob], history: &mut salus_sched::History) {
+    for job in jobs {
+        let Some(identity) = job.identity() else {
+            continue;
+        };
+        for &device_s in &job.past_s {
+            history.record(
+                &identity,
+                salus_sched::history::PastRun {
+                    device_s,
+                    iterations: 0,
+                    end: salus_sched::RunEnd::Completed,
+                },
+            );
+        }
+    }
+}
+
+/// The trace as CSV; the `user`, `name` and `past_s` columns only when some
+/// job has one, so a trace without them reads as it did before they existed.
 pub fn to_csv(jobs: &[TraceJob]) -> String {
     let with_users = jobs.iter().any(|j| j.user.is_some());
+    let with_names = jobs.iter().any(|j| j.name.is_some());
+    let with_past = jobs.iter().any(|j| !j.past_s.is_empty());
     let mut out = String::from("job_id,model,iterations,submit_time_s,duration_s");
-    out.push_str(if with_users { ",user\n" } else { "\n" });
+    if with_users {
+        out.push_str(",user");
+    }
+    if with_names {
+        out.push_str(",name");
+    }
+    if with_past {
+        out.push_str(",past_s");
+    }
+    out.push('\n');
     for j in jobs {
         let duration = j.duration_s.map(|d| format!("{d:.3}")).unwrap_or_default();
         let _ = write!(
@@ -102,6 +226,13 @@ pub fn to_csv(jobs: &[TraceJob]) -> String {
         );
         if with_users {
             let _ = write!(out, ",{}", j.user.as_deref().unwrap_or(""));
+        }
+        if with_names {
+            let _ = write!(out, ",{}", j.name.as_deref().unwrap_or(""));
+        }
+        if with_past {
+            let past: Vec<String> = j.past_s.iter().map(|s| format!("{s:.3}")).collect();
+            let _ = write!(out, ",{}", past.join(";"));
         }
         out.push('\n');
     }
@@ -158,7 +289,7 @@ impl JobLengths {
         }
     }
 
-    fn check(&self) -> Result<(), SimError> {
+    pub(crate) fn check(&self) -> Result<(), SimError> {
         let valid = match self {
             JobLengths::Choice(minutes) => {
                 !minutes.is_empty() && minutes.iter().all(|m| *m > 0.0 && m.is_finite())
@@ -184,7 +315,7 @@ impl JobLengths {
         }
     }
 
-    fn draw(&self, rng: &mut Rng) -> f64 {
+    pub(crate) fn draw(&self, rng: &mut Rng) -> f64 {
         match self {
             JobLengths::Choice(minutes) => minutes[rng.below(minutes.len())],
             JobLengths::LogNormal {
@@ -242,6 +373,8 @@ pub fn generate_with(
             submit_s: now,
             duration_s: Some(iterations as f64 * workload.iteration_s),
             user: None,
+            name: None,
+            past_s: Vec::new(),
         });
     }
     Ok(jobs)
@@ -314,6 +447,42 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("line 2") && err.contains("4 fields"), "{err}");
+    }
+
+    #[test]
+    fn names_and_past_runs_parse_with_clear_errors() {
+        let text = "job_id,model,iterations,submit_time_s,user,name,past_s\n\
+                    x,a,10,0,bob,train.py,60;61.5\ny,a,10,1,bob,train.py,\nz,b,1,2,,,\n";
+        let jobs = parse(text).unwrap();
+        assert_eq!(jobs[0].past_s, [60.0, 61.5]);
+        assert_eq!(jobs[0].identity(), jobs[1].identity());
+        assert_eq!(
+            jobs[0].identity().unwrap(),
+            salus_sched::JobIdentity::new("bob", "train.py", Some("a"))
+        );
+        assert_eq!(jobs[2].identity(), None);
+        let mut history = salus_sched::History::default();
+        seed_history(&jobs, &mut history);
+        assert_eq!(history.runs(&jobs[0].identity().unwrap()).len(), 2);
+        assert_eq!(parse(&to_csv(&jobs)).unwrap(), jobs);
+        let header = "job_id,model,iterations,submit_time_s,name,past_s\n";
+        for (row, words) in [
+            ("x,a,1,0,,5", "past_s without a name"),
+            ("x,a,1,0,s,5;-1", "not device seconds"),
+            ("x,a,1,0,s,5;;6", "not device seconds"),
+        ] {
+            let err = parse(&format!("{header}{row}\n")).unwrap_err().to_string();
+            assert!(
+                err.contains("line 2") && err.contains(words),
+                "{row}: {err}"
+            );
+        }
+        let twice = format!("{header}x,a,1,0,s,5\ny,a,1,0,s,6\n");
+        let err = parse(&twice).unwrap_err().to_string();
+        assert!(
+            err.contains("line 3") && err.contains("once per script"),
+            "{err}"
+        );
     }
 
     #[test]

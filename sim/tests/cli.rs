@@ -234,3 +234,61 @@ fn the_users_experiment_prints_both_shares_and_writes_its_csvs() {
     assert!(ok, "{stderr}");
     std::fs::remove_dir_all(&out).unwrap();
 }
+
+#[test]
+fn recurring_traces_and_history_files_run_under_learned() {
+    let dir = std::env::temp_dir().join(format!("salus-sim-cli-learned-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let workloads = dir.join("w.csv");
+    let trace = dir.join("t.csv");
+    let history = dir.join("history.txt");
+    std::fs::write(
+        &workloads,
+        "model,iteration_s,persistent_mb,ephemeral_mb,utilization,startup_s\nm,0.5,1,1,1,0\n",
+    )
+    .unwrap();
+    let (ok, _, stderr) = sim(&[
+        "gen-trace",
+        "--workloads",
+        workloads.to_str().unwrap(),
+        "--jobs",
+        "30",
+        "--recurring",
+        "--out",
+        trace.to_str().unwrap(),
+    ]);
+    assert!(ok, "{stderr}");
+    let text = std::fs::read_to_string(&trace).unwrap();
+    assert!(
+        text.starts_with("job_id,model,iterations,submit_time_s,duration_s,name"),
+        "{text}"
+    );
+    std::fs::write(
+        &history,
+        "salus-history\t1\nrun\t\tscript0\tm\t30\t60\tcompleted\n",
+    )
+    .unwrap();
+    let args = |history: &str| {
+        vec![
+            "run".to_string(),
+            "--trace".into(),
+            trace.to_str().unwrap().into(),
+            "--workloads".into(),
+            workloads.to_str().unwrap().into(),
+            "--policy".into(),
+            "learned".into(),
+            "--no-length-hints".into(),
+            "--history".into(),
+            history.into(),
+        ]
+    };
+    let run = |args: Vec<String>| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        sim(&args)
+    };
+    let (ok, stdout, stderr) = run(args(history.to_str().unwrap()));
+    assert!(ok && stdout.starts_with("learned"), "{stdout}{stderr}");
+    std::fs::write(&history, "salus-history\t1\nrun\tx\n").unwrap();
+    let (ok, _, stderr) = run(args(history.to_str().unwrap()));
+    assert!(!ok && stderr.contains("line 2"), "{stderr}");
+}
