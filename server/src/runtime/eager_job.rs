@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -102,6 +102,9 @@ pub enum Item {
     CleanupFunction,
     /// Answers once everything queued before it has run.
     Sync,
+    /// A `_Send` whose value went to its pull when the request arrived
+    /// (`EagerJob::send_ready_values`); answered in its place.
+    SentEarly(String),
 }
 
 impl Item {
@@ -112,12 +115,20 @@ impl Item {
                 Some(name) => format!("send {name}"),
                 None => format!("execute {} #{}", op.name, op.id),
             },
-            Item::RegisterFunction { .. } => "register function".into(),
+            Item::RegisterFunction { function_def, .. } => format!(
+                "register function {}",
+                FunctionDefView::decode(function_def.as_ref())
+                    .ok()
+                    .and_then(|view| view.signature)
+                    .map(|signature| signature.name)
+                    .unwrap_or_default()
+            ),
             Item::SendTensors { op_id, .. } => format!("push #{op_id}"),
             Item::Decref { op_id, output } => format!("decref #{op_id}:{output}"),
             Item::RemoveFunction(name) => format!("remove function {name}"),
             Item::CleanupFunction => "cleanup function".into(),
             Item::Sync => "sync".into(),
+            Item::SentEarly(name) => format!("send {name} (sent on arrival)"),
         }
     }
 
@@ -184,6 +195,11 @@ struct Shared {
     stats: EagerStats,
     closing: AtomicBool,
     in_flight: AtomicUsize,
+    /// The client's tensor handles: outputs by op id (send_tensor ids
+    /// included); `None` once decref'd. Written only by the context's thread;
+    /// read by it and by early sends (`EagerJob::send_ready_values`) while it
+    /// runs a long call.
+    handles: RwLock<HandleTable>,
     max_tensor_bytes: u64,
     tenant: Arc<TenantRules>,
     checkpoint_dir: std::path::PathBuf,
@@ -294,6 +310,7 @@ impl EagerJob {
             stats: EagerStats::default(),
             closing: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
+            handles: RwLock::new(HashMap::new()),
             max_tensor_bytes: spec.max_tensor_bytes,
             tenant: spec.tenant,
             checkpoint_dir: spec.checkpoint_dir,
@@ -309,7 +326,6 @@ impl EagerJob {
                     CONTEXT_THREADS.fetch_add(1, Ordering::SeqCst);
                     let _ = ready_tx.send(Ok(()));
                     Worker {
-                        handles: HashMap::new(),
                         live_handles: 0,
                         functions: HashMap::new(),
                         profiles: HashMap::new(),
@@ -429,7 +445,7 @@ impl EagerJob {
     /// `_Send` ops are announced at once so that early pulls wait for them.
     pub fn submit(
         &self,
-        items: Vec<Item>,
+        mut items: Vec<Item>,
         stream: Option<Arc<StreamState>>,
     ) -> Result<oneshot::Receiver<Result<Vec<ItemOutput>>>> {
         self.touch();
@@ -442,6 +458,22 @@ impl EagerJob {
         for name in &names {
             self.shared.rendezvous.announce(name);
         }
+        let early = if self.shared.in_flight.load(Ordering::SeqCst) > 0 {
+            take_ready_sends(&self.shared, &mut items)
+        } else {
+            Vec::new()
+        };
+        if !early.is_empty()
+            && stream.is_none()
+            && items.iter().all(|item| matches!(item, Item::SentEarly(_)))
+        {
+            // A unary request of nothing but such sends is answered once they
+            // are delivered: its client thread waits for that before it pulls.
+            let outputs = vec![ItemOutput::default(); items.len()];
+            send_ready_values(Arc::clone(&self.shared), early, Some((reply, outputs)));
+            return Ok(rx);
+        }
+        send_ready_values(Arc::clone(&self.shared), early, None);
         self.shared.in_flight.fetch_add(1, Ordering::SeqCst);
         if queue
             .send(Batch {
@@ -538,6 +570,127 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+fn read<T>(m: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    m.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write<T>(m: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    m.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The client's tensor handles of one context, by op id.
+type HandleTable = HashMap<i64, Vec<Option<TensorHandle>>>;
+
+fn unknown_handle(context_id: u64, op_id: i64, output: i32) -> Error {
+    Error::InvalidArgument(format!(
+        "unknown tensor handle {op_id}:{output} in eager context {context_id}: no op with that id produced \
+         that output, or the client released it"
+    ))
+}
+
+/// A `_Send` that can go before the requests queued ahead of it: its value
+/// exists already.
+struct ReadySend {
+    name: String,
+    send_id: i64,
+    op_id: i64,
+    output: i32,
+}
+
+/// Takes the `_Send`s of `items` whose input handle exists now, leaving
+/// `Item::SentEarly` in their place. Called while the context's thread is
+/// busy: a Python callback of the call it runs may be what pulls such a value
+/// (a generator yielding a tensor that lives here), and queued, its send would
+/// wait for that call, which waits for the callback. A value that exists is
+/// the same whenever it is read, so sending it early changes nothing else.
+fn take_ready_sends(shared: &Shared, items: &mut [Item]) -> Vec<ReadySend> {
+    // Not waiting on the table: the context's thread writes it only between
+    // ops, and a send that cannot look now simply goes in order.
+    let Ok(table) = shared.handles.try_read() else {
+        return Vec::new();
+    };
+    let mut ready = Vec::new();
+    for item in items.iter_mut() {
+        let Item::Execute(op) = item else { continue };
+        let Some(name) = op.send_tensor_name() else {
+            continue;
+        };
+        let [OpInput::Handle { op_id, output }] = op.inputs.as_slice() else {
+            continue;
+        };
+        let exists = usize::try_from(*output)
+            .ok()
+            .and_then(|i| table.get(op_id)?.get(i)?.as_ref())
+            .is_some();
+        if exists {
+            ready.push(ReadySend {
+                name: name.clone(),
+                send_id: op.id,
+                op_id: *op_id,
+                output: *output,
+            });
+            *item = Item::SentEarly(name);
+        }
+    }
+    ready
+}
+
+/// Delivers `ready`'s values to their pulls off the async runtime (resolving
+/// a handle is a TensorFlow call), then answers `reply` if given.
+fn send_ready_values(
+    shared: Arc<Shared>,
+    ready: Vec<ReadySend>,
+    reply: Option<(oneshot::Sender<Result<Vec<ItemOutput>>>, Vec<ItemOutput>)>,
+) {
+    if ready.is_empty() {
+        return;
+    }
+    let work = move || {
+        let mut failure = None;
+        for send in ready {
+            let value = {
+                let table = read(&shared.handles);
+                usize::try_from(send.output)
+                    .ok()
+                    .and_then(|i| table.get(&send.op_id)?.get(i)?.as_ref())
+                    .ok_or_else(|| unknown_handle(shared.context_id, send.op_id, send.output))
+                    .and_then(|handle| sent(send.send_id, handle))
+            };
+            let delivered = value.map_err(|err| {
+                let message = err.to_string();
+                failure.get_or_insert(err);
+                message
+            });
+            shared.rendezvous.deliver(&send.name, delivered);
+        }
+        if let Some((reply, outputs)) = reply {
+            let _ = reply.send(match failure {
+                Some(err) => Err(err),
+                None => Ok(outputs),
+            });
+        }
+    };
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => drop(runtime.spawn_blocking(work)),
+        Err(_) => work(),
+    }
+}
+
+/// What a `_Send` of `handle` (op `op_id`) hands its pull.
+fn sent(op_id: i64, handle: &TensorHandle) -> Result<Sent> {
+    let tensor = handle
+        .resolve()?
+        .into_proto()
+        .map_err(|e| Error::tensor(format!("_Send {op_id}"), e))?;
+    let sent_micros = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64);
+    Ok(Sent {
+        tensor,
+        sent_micros,
+    })
+}
+
 impl Shared {
     /// The scheduler's current hints for the job (set at run time by the admin
     /// API), else those it was created with.
@@ -578,10 +731,7 @@ fn closed_message(context_id: u64, reason: &str) -> String {
 
 /// The job's thread: owns the TFE context and every handle in it.
 struct Worker {
-    /// Outputs by op id (send_tensor ids included); `None` once decref'd.
-    /// Declared before `ctx`: handles are released before their context.
-    handles: HashMap<i64, Vec<Option<TensorHandle>>>,
-    /// Handles in `handles` that are not released.
+    /// Handles in `Shared::handles` that are not released.
     live_handles: usize,
     /// Registered functions, each with whether its signature declares no
     /// outputs (its failure is then reported by the stream's next sync).
@@ -644,8 +794,8 @@ impl Worker {
             let _ = batch.reply.send(result);
             self.fail_unsent_pulls(batch.stream.as_deref());
         }
-        // Handles before the context (field order does the same on drop).
-        self.handles.clear();
+        // Handles before the context.
+        write(&self.shared.handles).clear();
         self.live_handles = 0;
     }
 
@@ -685,7 +835,7 @@ impl Worker {
                 Item::SendTensors { op_id, .. } => *op_id,
                 _ => continue,
             };
-            if !self.handles.contains_key(&id) {
+            if !read(&self.shared.handles).contains_key(&id) {
                 self.failed_ops.entry(id).or_insert_with(|| cause.clone());
             }
         }
@@ -829,7 +979,8 @@ impl Worker {
             }
             Item::Decref { op_id, output } => {
                 // Lenient like a destructor: the outputs of a failed op never existed.
-                if let Some(outputs) = self.handles.get_mut(op_id) {
+                let mut handles = write(&self.shared.handles);
+                if let Some(outputs) = handles.get_mut(op_id) {
                     if let Some(slot) = usize::try_from(*output)
                         .ok()
                         .and_then(|i| outputs.get_mut(i))
@@ -839,7 +990,7 @@ impl Worker {
                         }
                     }
                     if outputs.iter().all(Option::is_none) {
-                        self.handles.remove(op_id);
+                        handles.remove(op_id);
                     }
                 }
                 Ok(ItemOutput::default())
@@ -850,7 +1001,7 @@ impl Worker {
                 }
                 Ok(ItemOutput::default())
             }
-            Item::CleanupFunction | Item::Sync => Ok(ItemOutput::default()),
+            Item::CleanupFunction | Item::Sync | Item::SentEarly(_) => Ok(ItemOutput::default()),
         }
     }
 
@@ -911,7 +1062,8 @@ impl Worker {
             let index = index as usize;
             let tensor = match op.inputs.get(index) {
                 Some(OpInput::Handle { op_id, output }) => {
-                    self.handle(*op_id, *output)?.resolve()?
+                    let table = read(&self.shared.handles);
+                    self.handle(&table, *op_id, *output)?.resolve()?
                 }
                 Some(OpInput::Tensor(proto)) => {
                     Tensor::from_proto(proto, self.shared.max_tensor_bytes).map_err(|e| {
@@ -983,13 +1135,12 @@ impl Worker {
         }
         self.live_handles += outputs.len();
         self.failed_ops.remove(&op_id);
-        self.handles
-            .insert(op_id, outputs.into_iter().map(Some).collect());
+        write(&self.shared.handles).insert(op_id, outputs.into_iter().map(Some).collect());
         Ok(())
     }
 
     fn check_new_id(&self, op_id: i64) -> Result<()> {
-        if self.handles.contains_key(&op_id) {
+        if read(&self.shared.handles).contains_key(&op_id) {
             return Err(Error::InvalidArgument(format!(
                 "operation id {op_id} is already in use in eager context {}: every op and send_tensor needs a new id",
                 self.shared.context_id
@@ -998,7 +1149,13 @@ impl Worker {
         Ok(())
     }
 
-    fn handle(&self, op_id: i64, output: i32) -> Result<&TensorHandle> {
+    /// Handle `op_id:output` of `table` (a read guard of `Shared::handles`).
+    fn handle<'t>(
+        &self,
+        table: &'t HandleTable,
+        op_id: i64,
+        output: i32,
+    ) -> Result<&'t TensorHandle> {
         if let Some(cause) = self.failed_ops.get(&op_id) {
             return Err(Error::Tensorflow(TfError::new(
                 cause.code,
@@ -1010,14 +1167,8 @@ impl Worker {
         }
         usize::try_from(output)
             .ok()
-            .and_then(|i| self.handles.get(&op_id)?.get(i)?.as_ref())
-            .ok_or_else(|| {
-                Error::InvalidArgument(format!(
-                    "unknown tensor handle {op_id}:{output} in eager context {}: no op with that id produced \
-                     that output, or the client released it",
-                    self.shared.context_id
-                ))
-            })
+            .and_then(|i| table.get(&op_id)?.get(i)?.as_ref())
+            .ok_or_else(|| unknown_handle(self.shared.context_id, op_id, output))
     }
 
     fn execute(&mut self, op: &OpRequest) -> Result<ItemOutput> {
@@ -1048,6 +1199,10 @@ impl Worker {
         }
         let confined = self.confine_checkpoint_paths(op)?;
         let mut inline_iter = inline.iter();
+        // Held while the op runs (its inputs borrow the table); early sends
+        // read it meanwhile, and nothing writes it until the op is done.
+        let shared = Arc::clone(&self.shared);
+        let table = read(&shared.handles);
         let mut inputs = Vec::with_capacity(op.inputs.len());
         for (index, input) in op.inputs.iter().enumerate() {
             if let Some(path) = confined.get(&index) {
@@ -1058,7 +1213,9 @@ impl Worker {
                 continue;
             }
             match input {
-                OpInput::Handle { op_id, output } => inputs.push(self.handle(*op_id, *output)?),
+                OpInput::Handle { op_id, output } => {
+                    inputs.push(self.handle(&table, *op_id, *output)?)
+                }
                 OpInput::Tensor(_) => inputs.extend(inline_iter.next()),
             }
         }
@@ -1129,6 +1286,7 @@ impl Worker {
                 .record_cheap_run(self.shared.id, started, ended);
         }
         drop(inputs);
+        drop(table);
         drop(_turn);
         drop(trace_turn);
         if let (Some(rise), true) = (heap_rise, executed.is_ok()) {
@@ -1284,8 +1442,9 @@ impl Worker {
     }
 
     fn sent_value(&self, op: &OpRequest) -> Result<Sent> {
+        let table = read(&self.shared.handles);
         let handle = match op.inputs.as_slice() {
-            [OpInput::Handle { op_id, output }] => self.handle(*op_id, *output)?,
+            [OpInput::Handle { op_id, output }] => self.handle(&table, *op_id, *output)?,
             _ => {
                 return Err(Error::InvalidArgument(format!(
                     "_Send op {} needs exactly one input, a tensor handle of this context",
@@ -1293,17 +1452,7 @@ impl Worker {
                 )))
             }
         };
-        let tensor = handle
-            .resolve()?
-            .into_proto()
-            .map_err(|e| Error::tensor(format!("_Send {}", op.id), e))?;
-        let sent_micros = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros() as i64);
-        Ok(Sent {
-            tensor,
-            sent_micros,
-        })
+        sent(op.id, handle)
     }
 
     fn remember_refused(&mut self, function: String, why: String) {

@@ -24,7 +24,6 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::error::{Error, Result};
 use crate::frontend::identify::tenant_of;
 use crate::runtime::eager_devices::DeviceNames;
-use crate::tenant::identity::Tenant;
 use crate::runtime::eager_job::{
     EagerJob, EagerJobSpec, Item, ItemOutput, Scheduling, StreamState,
 };
@@ -34,6 +33,7 @@ use crate::runtime::session_config::session_config;
 use crate::runtime::state::ServerState;
 use crate::runtime::timeline::JobKind;
 use crate::sched::{Hints, LaneId};
+use crate::tenant::identity::Tenant;
 use crate::tf::DeviceInfo;
 
 pub use translate::{enqueue_response, queue_items};
@@ -230,6 +230,8 @@ impl EagerService for Eager {
         let req = request.into_inner();
         let job = self.state.contexts.get(&tenant.key, req.context_id)?;
         let items = queue_items(req.queue)?;
+        tracing::trace!(context = req.context_id,
+                        items = ?items.iter().map(Item::label).collect::<Vec<_>>(), "unary request");
         if items.iter().all(|i| matches!(i, Item::Decref { .. })) {
             // The client sends each released handle in a request of its own and
             // ignores the answer: queue it in order, answer at once.

@@ -1,0 +1,53 @@
+"""Keras 3 fit on a Python generator that yields tensors living where the script computes (on the server
+when run through it), the shape of Keras's own layer-test harness (keras/src/testing/test_case.py,
+run_training_step): a subclassed model, a custom loss, jit_compile="auto", steps_per_epoch=1. Prints the
+weights after each fit as one JSON line.
+
+Through the server the generator runs in the script's callback thread while the step that asked for its
+element waits; reading the yielded tensors there must not queue behind that step (issue 42)."""
+
+import json
+
+import numpy as np
+import tensorflow as tf
+import keras
+
+
+class Model(keras.Model):
+    def __init__(self, units):
+        super().__init__()
+        self.layer = keras.layers.Dense(units, kernel_initializer="ones")
+
+    def call(self, x, training=False):
+        return self.layer(x, training=training)
+
+
+class SumLoss(keras.losses.Loss):
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        return keras.ops.sum(y_pred)
+
+
+def fit_once(x, y, jit_compile, steps_per_execution=1):
+    model = Model(y.shape[-1])
+    model.compile(optimizer="sgd", loss=SumLoss(), jit_compile=jit_compile,
+                  steps_per_execution=steps_per_execution)
+
+    def data():
+        while True:
+            yield x, y
+
+    model.fit(data(), steps_per_epoch=steps_per_execution, verbose=0)
+    return [w.tolist() for w in model.get_weights()]
+
+
+rng = np.random.default_rng(0)
+x = tf.constant(rng.standard_normal((2, 3)).astype("float32"))  # an eager tensor: on the server through it
+y = tf.constant(rng.standard_normal((2, 4)).astype("float32"))
+results = {
+    "harness": fit_once(x, y, "auto"),
+    "no_jit": fit_once(x, y, False),
+    "steps_per_execution_3": fit_once(x, y, "auto", steps_per_execution=3),
+    "numpy": fit_once(x.numpy(), y.numpy(), "auto"),
+    "devices": sorted({v.device for v in [x, y]}),
+}
+print(json.dumps(results))
