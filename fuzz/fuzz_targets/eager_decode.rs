@@ -177,7 +177,11 @@ fn enqueue(req: EnqueueRequest, names: &DeviceNames) {
                     }
                 }
             }
-            Item::Decref { .. } | Item::RemoveFunction(_) | Item::CleanupFunction | Item::Sync => {}
+            Item::Decref { .. }
+            | Item::RemoveFunction(_)
+            | Item::CleanupFunction
+            | Item::Sync
+            | Item::SentEarly(_) => {}
         }
         outputs.push(output);
     }
