@@ -5,9 +5,10 @@ iteration, a custom loop and an eager tf.py_function. Run once in-process and on
 number must be the same, the model's variables must live on the server, and every Python callback must have
 run in the script's own process (its call counts are the script's).
 
-The same for tf-keras (TF_USE_LEGACY_KERAS=1, eager): workloads/tf2_legacy_python_pipeline.py.
+The same for tf-keras (TF_USE_LEGACY_KERAS=1, eager): workloads/tf2_legacy_python_pipeline.py. And a fit on a
+generator of tensors that live on the server, the shape of Keras's layer-test harness (issue 42).
 
-Cost: four script runs (about 10 s each here).
+Cost: six script runs (about 10 s each here).
 """
 
 from __future__ import annotations
