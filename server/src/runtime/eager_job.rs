@@ -103,7 +103,7 @@ pub enum Item {
     /// Answers once everything queued before it has run.
     Sync,
     /// A `_Send` whose value went to its pull when the request arrived
-    /// (`EagerJob::send_ready_values`); answered in its place.
+    /// (`send_ready_values`); answered in its place.
     SentEarly(String),
 }
 
@@ -197,7 +197,7 @@ struct Shared {
     in_flight: AtomicUsize,
     /// The client's tensor handles: outputs by op id (send_tensor ids
     /// included); `None` once decref'd. Written only by the context's thread;
-    /// read by it and by early sends (`EagerJob::send_ready_values`) while it
+    /// read by it and by early sends (`send_ready_values`) while it
     /// runs a long call.
     handles: RwLock<HandleTable>,
     max_tensor_bytes: u64,
@@ -581,6 +581,14 @@ fn write<T>(m: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
 /// The client's tensor handles of one context, by op id.
 type HandleTable = HashMap<i64, Vec<Option<TensorHandle>>>;
 
+/// Output `output` of op `op_id`, if it exists and is not released.
+fn find_handle(table: &HandleTable, op_id: i64, output: i32) -> Option<&TensorHandle> {
+    table
+        .get(&op_id)?
+        .get(usize::try_from(output).ok()?)?
+        .as_ref()
+}
+
 fn unknown_handle(context_id: u64, op_id: i64, output: i32) -> Error {
     Error::InvalidArgument(format!(
         "unknown tensor handle {op_id}:{output} in eager context {context_id}: no op with that id produced \
@@ -618,10 +626,7 @@ fn take_ready_sends(shared: &Shared, items: &mut [Item]) -> Vec<ReadySend> {
         let [OpInput::Handle { op_id, output }] = op.inputs.as_slice() else {
             continue;
         };
-        let exists = usize::try_from(*output)
-            .ok()
-            .and_then(|i| table.get(op_id)?.get(i)?.as_ref())
-            .is_some();
+        let exists = find_handle(&table, *op_id, *output).is_some();
         if exists {
             ready.push(ReadySend {
                 name: name.clone(),
@@ -650,9 +655,7 @@ fn send_ready_values(
         for send in ready {
             let value = {
                 let table = read(&shared.handles);
-                usize::try_from(send.output)
-                    .ok()
-                    .and_then(|i| table.get(&send.op_id)?.get(i)?.as_ref())
+                find_handle(&table, send.op_id, send.output)
                     .ok_or_else(|| unknown_handle(shared.context_id, send.op_id, send.output))
                     .and_then(|handle| sent(send.send_id, handle))
             };
@@ -1165,9 +1168,7 @@ impl Worker {
                 ),
             )));
         }
-        usize::try_from(output)
-            .ok()
-            .and_then(|i| table.get(&op_id)?.get(i)?.as_ref())
+        find_handle(table, op_id, output)
             .ok_or_else(|| unknown_handle(self.shared.context_id, op_id, output))
     }
 
