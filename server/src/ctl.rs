@@ -807,8 +807,13 @@ pub fn timeline_text(t: &Timeline, seconds: f64) -> String {
     let mut lanes: BTreeMap<Option<u32>, BTreeMap<u64, Runs>> = BTreeMap::new();
     for s in &t.spans {
         let runs = lanes.entry(s.lane).or_default().entry(s.job).or_default();
-        runs.name.clone_from(&s.job_name);
-        runs.kind.clone_from(&s.kind);
+        // A span recorded long after its job closed has no label: any named one names the job.
+        if runs.name.is_empty() {
+            runs.name.clone_from(&s.job_name);
+        }
+        if runs.kind.is_empty() {
+            runs.kind.clone_from(&s.kind);
+        }
         // Only the part inside the window counts toward busy time.
         let length = s.start_seconds_ago.min(window) - s.end_seconds_ago;
         let length = length.max(0.0);
@@ -1027,6 +1032,25 @@ mod tests {
         assert_eq!(stats_json(&s)["tenants"][1]["max_jobs"], 8);
         assert_eq!(stats_json(&s)["tenants"][0]["device_s"], 3.0);
         assert_eq!(stats_json(&s)["switch_latency_us"]["p99"], 40.0);
+    }
+
+    #[test]
+    fn timeline_text_names_a_job_whose_last_span_has_no_label() {
+        let span = |name: &str, kind: &str| TimelineSpan {
+            job: 9,
+            job_name: name.into(),
+            kind: kind.into(),
+            lane: Some(0),
+            start_seconds_ago: 1.0,
+            end_seconds_ago: 0.5,
+            cheap: false,
+        };
+        let t = Timeline {
+            spans: vec![span("", ""), span("train", "eager"), span("", "")],
+            ..Default::default()
+        };
+        let text = timeline_text(&t, 2.0);
+        assert!(text.contains("  job 9 train (eager): 3 main"), "{text}");
     }
 
     #[test]

@@ -36,6 +36,9 @@ def summary_text(t: dict) -> str:
     for s in t["spans"]:
         runs = lanes.setdefault(s["lane"], {}).setdefault(s["job"], {
             "name": s["name"], "kind": s["kind"], "main": 0, "main_s": 0.0, "cheap": 0, "cheap_s": 0.0})
+        # A span recorded long after its job closed has no label: any named one names the job.
+        runs["name"] = runs["name"] or s["name"]
+        runs["kind"] = runs["kind"] or s["kind"]
         # Only the part inside the window counts toward busy time.
         length = max(0.0, min(s["start_ago_s"], window) - s["end_ago_s"])
         runs[s["run"]] += 1

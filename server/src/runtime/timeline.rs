@@ -76,7 +76,14 @@ struct Ring {
     recorded_total: u64,
     /// Open jobs only: a closed job's label lives on in its spans.
     labels: HashMap<JobId, Arc<JobLabel>>,
+    /// The labels of the jobs closed last, newest at the back: a run that
+    /// finishes just after its client left still names its job.
+    recently_closed: VecDeque<(JobId, Arc<JobLabel>)>,
 }
+
+/// Closed jobs whose labels still name late spans: far more than the jobs
+/// that can close during one run.
+const RECENTLY_CLOSED: usize = 256;
 
 pub struct Timeline {
     capacity: usize,
@@ -99,6 +106,7 @@ impl Timeline {
                 spans: VecDeque::new(),
                 recorded_total: 0,
                 labels: HashMap::new(),
+                recently_closed: VecDeque::new(),
             }),
         }
     }
@@ -121,9 +129,16 @@ impl Timeline {
         self.lock().labels.insert(job, label);
     }
 
-    /// The job left: no new spans will name it, the recorded ones keep its label.
+    /// The job left: its recorded spans keep its label, and so do the runs that
+    /// finish soon after (up to RECENTLY_CLOSED jobs back).
     pub fn close_job(&self, job: JobId) {
-        self.lock().labels.remove(&job);
+        let mut ring = self.lock();
+        if let Some(label) = ring.labels.remove(&job) {
+            if ring.recently_closed.len() >= RECENTLY_CLOSED {
+                ring.recently_closed.pop_front();
+            }
+            ring.recently_closed.push_back((job, label));
+        }
     }
 
     /// Records a finished run, evicting the oldest span when the ring is full.
@@ -139,7 +154,13 @@ impl Timeline {
             return;
         }
         let mut ring = self.lock();
-        let label = ring.labels.get(&job).cloned();
+        let label = ring.labels.get(&job).cloned().or_else(|| {
+            ring.recently_closed
+                .iter()
+                .rev()
+                .find(|(closed, _)| *closed == job)
+                .map(|(_, label)| label.clone())
+        });
         if ring.spans.len() >= self.capacity {
             ring.spans.pop_front();
         }
@@ -231,19 +252,39 @@ mod tests {
         t.open_job(JobId(7), "resnet", JobKind::Eager, None);
         t.record(JobId(7), Some(LaneId(1)), now, now, RunClass::Cheap);
         t.close_job(JobId(7));
-        // Recorded after the job closed (a run finishing as its client leaves): unnamed.
+        // Recorded after the job closed (a run finishing as its client leaves): still named.
         t.record(JobId(7), Some(LaneId(1)), now, now, RunClass::Main);
         t.record(JobId(8), None, now, now, RunClass::Main);
         let snap = t.snapshot(None);
-        let label = snap.spans[0].label.as_deref().unwrap();
-        assert_eq!(
-            (label.name.as_str(), label.kind),
-            ("resnet", JobKind::Eager)
-        );
+        for span in &snap.spans[..2] {
+            let label = span.label.as_deref().unwrap();
+            assert_eq!(
+                (label.name.as_str(), label.kind),
+                ("resnet", JobKind::Eager)
+            );
+        }
         assert_eq!(snap.spans[0].class, RunClass::Cheap);
-        assert!(snap.spans[1].label.is_none());
         assert!(snap.spans[2].label.is_none() && snap.spans[2].lane.is_none());
         assert!(t.lock().labels.is_empty());
+    }
+
+    #[test]
+    fn only_the_last_closed_jobs_name_late_spans() {
+        let t = Timeline::new(10);
+        let now = Instant::now();
+        for job in 0..=RECENTLY_CLOSED as u64 {
+            t.open_job(JobId(job), &format!("j{job}"), JobKind::Graph, None);
+            t.close_job(JobId(job));
+        }
+        t.record(JobId(0), None, now, now, RunClass::Main);
+        t.record(JobId(1), None, now, now, RunClass::Main);
+        let snap = t.snapshot(None);
+        assert!(
+            snap.spans[0].label.is_none(),
+            "job 0 fell out of the closed labels"
+        );
+        assert_eq!(snap.spans[1].label.as_deref().unwrap().name, "j1");
+        assert_eq!(t.lock().recently_closed.len(), RECENTLY_CLOSED);
     }
 
     #[test]
