@@ -4,7 +4,9 @@ run_training_step): a subclassed model, a custom loss, jit_compile="auto", steps
 weights after each fit as one JSON line.
 
 Through the server the generator runs in the script's callback thread while the step that asked for its
-element waits; reading the yielded tensors there must not queue behind that step (issue 42)."""
+element waits; reading the yielded tensors there, or computing on them, must not queue behind that step
+(issue 42). A generator of SparseTensors fails there with the adapter's error (recorded, not raised): from_generator
+hands them over as variant tensors, which no callback can send to the server."""
 
 import json
 
@@ -27,17 +29,24 @@ class SumLoss(keras.losses.Loss):
         return keras.ops.sum(y_pred)
 
 
-def fit_once(x, y, jit_compile, steps_per_execution=1):
+def fit_once(x, y, jit_compile, steps_per_execution=1, in_generator=lambda x: x):
     model = Model(y.shape[-1])
     model.compile(optimizer="sgd", loss=SumLoss(), jit_compile=jit_compile,
                   steps_per_execution=steps_per_execution)
 
     def data():
         while True:
-            yield x, y
+            yield in_generator(x), y
 
     model.fit(data(), steps_per_epoch=steps_per_execution, verbose=0)
     return [w.tolist() for w in model.get_weights()]
+
+
+def fit_or_error(x, y):
+    try:
+        return fit_once(x, y, "auto")
+    except tf.errors.OpError as e:
+        return {"error": e.message[-2000:]}
 
 
 rng = np.random.default_rng(0)
@@ -48,6 +57,9 @@ results = {
     "no_jit": fit_once(x, y, False),
     "steps_per_execution_3": fit_once(x, y, "auto", steps_per_execution=3),
     "numpy": fit_once(x.numpy(), y.numpy(), "auto"),
+    # Ops in the generator mixing a server tensor with one made there (under the callback's CPU scope).
+    "computed_in_generator": fit_once(x, y, "auto", in_generator=lambda x: x * tf.constant(2.0) + 1.0),
+    "sparse": fit_or_error(tf.sparse.from_dense(x), y),
     "devices": sorted({v.device for v in [x, y]}),
 }
 print(json.dumps(results))

@@ -102,13 +102,6 @@ def run_eager_python_here() -> None:
     from tensorflow.python.framework import ops
     from tensorflow.python.ops import gen_script_ops
 
-    def here(value):
-        if isinstance(value, (list, tuple)):
-            return type(value)(here(v) for v in value)
-        if isinstance(value, ops.EagerTensor) and "/job:localhost/" not in value.device:
-            return value._copy_to_device(CLIENT_DEVICE)
-        return value
-
     for name in ("eager_py_func", "py_func", "py_func_stateless"):
         op = getattr(gen_script_ops, name, None)
         if op is None or hasattr(op, "_salus_original"):
@@ -117,13 +110,56 @@ def run_eager_python_here() -> None:
         def wrapper(*args, _op=op, **kwargs):
             if not context.executing_eagerly():
                 return _op(*args, **kwargs)
-            args = tuple(here(a) for a in args)
-            kwargs = {k: here(v) for k, v in kwargs.items()}
+            args = tuple(_here(a) for a in args)
+            kwargs = {k: _here(v) for k, v in kwargs.items()}
             with ops.device(CLIENT_DEVICE):
                 return _op(*args, **kwargs)
 
         wrapper._salus_original = op
         setattr(gen_script_ops, name, wrapper)
+
+
+def _here(value):
+    """`value` with every EagerTensor in it (in lists and tuples too) on this process."""
+    from tensorflow.python.framework import ops
+    if isinstance(value, (list, tuple)):
+        return type(value)(_here(v) for v in value)
+    if isinstance(value, ops.EagerTensor) and "/job:localhost/" not in value.device:
+        return value._copy_to_device(CLIENT_DEVICE)
+    return value
+
+
+def keep_callback_ops_here() -> None:
+    """Every eager op a callback thread runs gets its server-resident inputs copied here first. A callback's
+    Python may hold tensors that live on the server (a generator yielding tensors the script made, a SparseTensor
+    among them); TensorFlow would run an op mixing local and remote inputs as a function split between the two
+    processes, whose server part is registered and run behind the step that waits for this very callback (and
+    the server does not serve component functions at all). Copies are plain reads of existing values, which the
+    server answers while the step runs. Ops on other threads pass through untouched. Idempotent."""
+    from tensorflow.python import pywrap_tfe
+    from tensorflow.python.eager import execute
+
+    fast = pywrap_tfe.TFE_Py_FastPathExecute
+    if getattr(fast, "_salus_original", None) is None:
+        def fast_path_execute(*args):
+            # (ctx, op name, name, inputs and attrs...): attrs are Python values, never server tensors.
+            if getattr(_thread, "serving", False):
+                args = args[:3] + tuple(_here(a) for a in args[3:])
+            return fast(*args)
+
+        fast_path_execute._salus_original = fast
+        pywrap_tfe.TFE_Py_FastPathExecute = fast_path_execute
+
+    quick = execute.quick_execute
+    if getattr(quick, "_salus_original", None) is None:
+        def quick_execute(op_name, num_outputs, inputs, attrs, ctx, name=None):
+            if getattr(_thread, "serving", False):
+                inputs = _here(list(inputs))
+            return quick(op_name, num_outputs, inputs, attrs, ctx, name)
+
+        quick_execute._salus_original = quick
+        # `execute` is the name generated op wrappers call; `quick_execute` the one functions call.
+        execute.quick_execute = execute.execute = quick_execute
 
 
 def release_lock_while_waiting() -> None:
@@ -259,6 +295,13 @@ def _run(token: str, inputs: list) -> list:
     out = []
     for index, value in enumerate(values):
         if isinstance(value, ops.EagerTensor):
+            if value.dtype == dtypes.variant:
+                # In-process the kernel hands the variant over in memory; it has no form that crosses processes.
+                raise _Unconvertible(
+                    f"value {index} returned by {token} is a variant tensor (a SparseTensor, RaggedTensor or "
+                    f"nested dataset element of a Python generator, as Dataset.from_generator encodes them), "
+                    f"which a Python callback of an op that runs on the Salus server cannot pass: yield dense "
+                    f"tensors or numpy arrays, or build the structure with tf.data ops after from_generator")
             value = value.numpy()
         array = value if isinstance(value, np.ndarray) else np.asarray(value)
         try:
