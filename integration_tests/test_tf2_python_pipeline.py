@@ -6,9 +6,10 @@ number must be the same, the model's variables must live on the server, and ever
 run in the script's own process (its call counts are the script's).
 
 The same for tf-keras (TF_USE_LEGACY_KERAS=1, eager): workloads/tf2_legacy_python_pipeline.py. And a fit on a
-generator of tensors that live on the server, the shape of Keras's layer-test harness (issue 42).
+generator of tensors that live on the server, the shape of Keras's layer-test harness, and a callback that reads
+a variable while its step runs, which through the server fails that step after the adapter's limit (issue 42).
 
-Cost: six script runs (about 10 s each here).
+Cost: eight script runs (about 10 s each here).
 """
 
 from __future__ import annotations
@@ -81,3 +82,18 @@ def test_fit_on_a_generator_of_server_tensors_finishes_with_in_process_numbers(s
     assert isinstance(local["sparse"], list), local["sparse"]
     assert "variant tensor" in remote["sparse"]["error"] and "from_generator" in remote["sparse"]["error"], \
         remote["sparse"]
+
+
+def test_a_callback_waiting_for_its_own_step_fails_that_step_instead_of_hanging(salus_address):
+    # In-process the callback reads the variable while its step runs. Through the server that read runs after
+    # the step, which waits for the callback: the adapter's watchdog answers the call with an error after
+    # SALUS_CALLBACK_SERVER_WAIT_S, the step fails with it, and the context goes on working.
+    script = "tf2_callback_reads_its_step.py"
+    local = last_json_line(run_workload(script, tf2_env(), timeout=60).stdout)
+    assert local == {"step": 2.0, "after": 2.0}, local
+    proc = run_workload(script, tf2_env(SALUS_SERVER=salus_address, SALUS_CALLBACK_SERVER_WAIT_S="2"), timeout=60)
+    remote = last_json_line(proc.stdout)
+    assert remote["error"] == "AbortedError", remote
+    assert "has waited" in remote["message"] and "SALUS_CALLBACK_SERVER_WAIT_S=2" in remote["message"], remote
+    assert remote["after"] == 2.0, remote
+    assert any("has waited" in line for line in salus_lines(proc.stderr)), proc.stderr[-3000:]

@@ -44,14 +44,25 @@ CLIENT_DEVICE = "/job:localhost/replica:0/task:0/device:CPU:0"
 # Callbacks run concurrently as in-process kernels would (a dataset map with parallel calls, several sessions).
 MAX_CONCURRENT_CALLS = 16
 _RETRY_SECONDS = (0.2, 0.5, 1.0, 2.0, 5.0)
+# A callback whose thread has waited this long for a tensor on the server is waiting for the step that waits for
+# it (a copy of an existing value is answered at once, even while that step runs): its call is answered with
+# an error so that the step fails instead of both waiting forever. SALUS_CALLBACK_SERVER_WAIT_S overrides.
+SERVER_WAIT_LIMIT_S = 20.0
+_WATCH_INTERVAL_S = 0.5
+_REFERENCE_DTYPES = (20, 21)  # DT_RESOURCE, DT_VARIANT
 
 # tensorflow.error.Code for the exceptions TensorFlow's own kernel maps (python/lib/core/py_func.cc).
-_UNKNOWN, _INVALID_ARGUMENT, _RESOURCE_EXHAUSTED, _OUT_OF_RANGE, _UNIMPLEMENTED, _INTERNAL = 2, 3, 8, 11, 12, 13
+_UNKNOWN, _INVALID_ARGUMENT, _RESOURCE_EXHAUSTED, _ABORTED, _OUT_OF_RANGE, _UNIMPLEMENTED, _INTERNAL = (
+    2, 3, 8, 10, 11, 12, 13)
 
 _state = {"installed": False, "started": False, "client": secrets.token_hex(16), "stopping": False,
           "call": None}
 _lock = threading.Lock()
 _thread = threading.local()  # serving: this thread runs callbacks (its tensors are local and ready)
+# Calls being answered: call id -> _Outstanding; and, per serving thread (ident), since when it waits for the
+# server. Both read by the watchdog.
+_outstanding: dict = {}
+_server_waits: dict = {}
 
 
 def client_id() -> str:
@@ -124,9 +135,36 @@ def _here(value):
     from tensorflow.python.framework import ops
     if isinstance(value, (list, tuple)):
         return type(value)(_here(v) for v in value)
-    if isinstance(value, ops.EagerTensor) and "/job:localhost/" not in value.device:
-        return value._copy_to_device(CLIENT_DEVICE)
+    # A resource or variant is a reference to state on the server: it stays there, and so does its op.
+    if (isinstance(value, ops.EagerTensor) and value._datatype_enum() not in _REFERENCE_DTYPES
+            and "/job:localhost/" not in value.device):
+        from tensorflow.python.framework import constant_op
+        # Through the value, not _copy_to_device: reading a value waits with the interpreter lock released
+        # (a copy waits holding it, and nothing else in this process, the watchdog included, would run).
+        with ops.device(CLIENT_DEVICE):
+            return constant_op.constant(value._numpy(), dtype=value.dtype)
     return value
+
+
+def _on_server(values) -> bool:
+    from tensorflow.python.framework import ops
+    if isinstance(values, (list, tuple)):
+        return any(_on_server(v) for v in values)
+    return isinstance(values, ops.EagerTensor) and "/job:localhost/" not in values.device
+
+
+def _waiting_for_server(read, *args):
+    """`read(*args)`, marked for the watchdog as this serving thread waiting for the server."""
+    if not getattr(_thread, "serving", False):
+        return read(*args)
+    ident = threading.get_ident()
+    if ident in _server_waits:  # an outer wait is marked already (an op reading its inputs' devices)
+        return read(*args)
+    _server_waits[ident] = time.monotonic()
+    try:
+        return read(*args)
+    finally:
+        _server_waits.pop(ident, None)
 
 
 def keep_callback_ops_here() -> None:
@@ -145,6 +183,8 @@ def keep_callback_ops_here() -> None:
             # (ctx, op name, name, inputs and attrs...): attrs are Python values, never server tensors.
             if getattr(_thread, "serving", False):
                 args = args[:3] + tuple(_here(a) for a in args[3:])
+                if _on_server(args[3:]):  # a resource's op runs on the server, in the context's order
+                    return _waiting_for_server(fast, *args)
             return fast(*args)
 
         fast_path_execute._salus_original = fast
@@ -155,6 +195,8 @@ def keep_callback_ops_here() -> None:
         def quick_execute(op_name, num_outputs, inputs, attrs, ctx, name=None):
             if getattr(_thread, "serving", False):
                 inputs = _here(list(inputs))
+                if _on_server(inputs):
+                    return _waiting_for_server(quick, op_name, num_outputs, inputs, attrs, ctx, name)
             return quick(op_name, num_outputs, inputs, attrs, ctx, name)
 
         quick_execute._salus_original = quick
@@ -171,12 +213,16 @@ def release_lock_while_waiting() -> None:
         return
     for name in ("_numpy", "_shape_tuple", "_rank"):
         def settled(self, _original=getattr(tensor_type, name)):
+            if getattr(_thread, "serving", False):
+                return _waiting_for_server(_original, self)
             settle()
             return _original(self)
         setattr(tensor_type, name, settled)
     device = tensor_type.device
 
     def settled_device(self):
+        if getattr(_thread, "serving", False):
+            return _waiting_for_server(device.__get__, self)
         settle()
         return device.__get__(self)
 
@@ -193,6 +239,7 @@ def _start() -> None:
         _state["started"] = True
     atexit.register(_stop)
     threading.Thread(target=_serve_forever, name="salus-python-callbacks", daemon=True).start()
+    threading.Thread(target=_watch_server_waits, name="salus-callback-watchdog", daemon=True).start()
 
 
 def _stop() -> None:
@@ -256,11 +303,62 @@ def _answer(replies: queue.SimpleQueue, raw: bytes) -> None:
     except Exception as e:
         _warn(f"a malformed Python callback from the server was ignored ({e})")
         return
+    _outstanding[call] = _Outstanding(token, op, node, threading.get_ident(), replies)
     try:
         outputs = _run(token, inputs)
         replies.put(_encode_reply(call=call, outputs=outputs))
     except BaseException as e:  # the function's exception goes to the op, as in-process
         replies.put(_encode_reply(call=call, code=_code_of(e), message=_message_of(e)))
+    finally:
+        # A call the watchdog answered already: the server drops this second reply.
+        _outstanding.pop(call, None)
+
+
+class _Outstanding:
+    """A call being answered, as the watchdog sees it."""
+
+    def __init__(self, token: str, op: str, node: str, thread: int, replies: queue.SimpleQueue):
+        self.token, self.op, self.node, self.thread, self.replies = token, op, node, thread, replies
+
+
+def server_wait_limit() -> float:
+    import os
+    raw = os.environ.get("SALUS_CALLBACK_SERVER_WAIT_S", "")
+    try:
+        limit = float(raw) if raw else SERVER_WAIT_LIMIT_S
+    except ValueError:
+        limit = 0.0
+    if not limit > 0:
+        _warn(f"SALUS_CALLBACK_SERVER_WAIT_S={raw!r} is not a positive number of seconds; "
+              f"using {SERVER_WAIT_LIMIT_S:g}")
+        limit = SERVER_WAIT_LIMIT_S
+    return limit
+
+
+def _watch_server_waits() -> None:
+    """Answers, with an error, every call whose thread has waited for the server longer than the limit: the
+    server answers a copy of an existing value at once, so such a wait is for a value that the step waiting
+    for this call would compute after it (or for an op queued behind that step). Ending the call ends the
+    step with that error; the main thread's wait for the step (settle) then raises it. The callback's thread
+    goes on once the step has failed, and the server drops its late reply."""
+    limit = server_wait_limit()
+    answered: set = set()
+    while not _state["stopping"]:
+        time.sleep(_WATCH_INTERVAL_S)
+        now = time.monotonic()
+        for call, o in list(_outstanding.items()):
+            since = _server_waits.get(o.thread)
+            if call in answered or since is None or now - since < limit:
+                continue
+            answered.add(call)
+            message = (f"the Python callback {o.token} of op {o.op} ({o.node}) has waited {now - since:.0f} s "
+                       f"for the Salus server, which runs what it asked for (a variable's read, a value the step "
+                       f"has not computed yet) after the step that waits for this callback, so neither could "
+                       f"finish: pass what the callback reads in as the op's inputs instead "
+                       f"(limit: SALUS_CALLBACK_SERVER_WAIT_S={limit:g})")
+            _warn(message)
+            o.replies.put(_encode_reply(call=call, code=_ABORTED, message=message))
+        answered &= set(_outstanding)
 
 
 def _run(token: str, inputs: list) -> list:
