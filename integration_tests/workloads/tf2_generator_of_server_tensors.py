@@ -1,7 +1,8 @@
 """Keras 3 fit on a Python generator that yields tensors living where the script computes (on the server
 when run through it), the shape of Keras's own layer-test harness (keras/src/testing/test_case.py,
-run_training_step): a subclassed model, a custom loss, jit_compile="auto", steps_per_epoch=1. Prints the
-weights after each fit as one JSON line.
+run_training_step): a subclassed model, a custom loss, jit_compile="auto", steps_per_epoch=1; then fit,
+evaluate and predict on a PyDataset of such tensors, and an eager get_next_as_optional loop over a generator's
+dataset. Prints the numbers of each as one JSON line.
 
 Through the server the generator runs in the script's callback thread while the step that asked for its
 element waits; reading the yielded tensors there, or computing on them, must not queue behind that step
@@ -42,6 +43,42 @@ def fit_once(x, y, jit_compile, steps_per_execution=1, in_generator=lambda x: x)
     return [w.tolist() for w in model.get_weights()]
 
 
+class Batches(keras.utils.PyDataset):
+    """Yields the script's tensors (on the server through it), two batches of one row each."""
+
+    def __init__(self, x, y):
+        super().__init__()
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, i):
+        return self.x[i:i + 1], self.y[i:i + 1]
+
+
+def pydataset_entry_points(x, y):
+    """fit (steps_per_execution 2), evaluate and predict on a PyDataset."""
+    model = Model(y.shape[-1])
+    model.compile(optimizer="sgd", loss="mse", jit_compile="auto", steps_per_execution=2)
+    model.fit(Batches(x, y), epochs=2, verbose=0, shuffle=False)
+    return {"weights": [w.tolist() for w in model.get_weights()],
+            "evaluate": float(model.evaluate(Batches(x, y), verbose=0)),
+            "predict": model.predict(Batches(x, y), verbose=0).tolist()}
+
+
+def optional_loop(x):
+    """An eager loop on get_next_as_optional over a generator's dataset, to its end."""
+    ds = tf.data.Dataset.from_generator(lambda: (x * float(i) for i in range(3)),
+                                        output_signature=tf.TensorSpec(x.shape, tf.float32))
+    iterator, sums = iter(ds), []
+    while True:
+        element = iterator.get_next_as_optional()
+        if not element.has_value():
+            return sums
+        sums.append(float(tf.reduce_sum(element.get_value())))
+
+
 def fit_or_error(x, y):
     try:
         return fit_once(x, y, "auto")
@@ -60,6 +97,8 @@ results = {
     # Ops in the generator mixing a server tensor with one made there (under the callback's CPU scope).
     "computed_in_generator": fit_once(x, y, "auto", in_generator=lambda x: x * tf.constant(2.0) + 1.0),
     "sparse": fit_or_error(tf.sparse.from_dense(x), y),
+    "pydataset": pydataset_entry_points(x, y),
+    "optional_loop": optional_loop(x),
     "devices": sorted({v.device for v in [x, y]}),
 }
 print(json.dumps(results))
