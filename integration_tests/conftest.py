@@ -6,6 +6,8 @@ Environment:
                       TF-script tests against TensorFlow's own server (tf.distribute.Server). Tests of
                       Salus-only behaviour skip themselves when that target is not a Salus server (it does
                       not answer the gRPC health service); against the real binary they always run.
+  SALUS_CI_PHASES     the times of the phases before pytest ("name N s; ..."), set by scripts/test.sh: the
+                      summary prints them with pytest's own, just above its last line.
 """
 
 from __future__ import annotations
@@ -35,6 +37,23 @@ WORKLOADS = TESTS / "workloads"
 LISTEN_RE = re.compile(r"^salus-server listening on (127\.0\.0\.1:\d+)\s*$")
 START_TIMEOUT_S = 90  # the server loads libtensorflow at start; a busy 2-core machine is slow
 STOP_TIMEOUT_S = 60
+
+
+_SESSION_STARTED = [time.monotonic()]
+
+
+def pytest_sessionstart(session):
+    _SESSION_STARTED[0] = time.monotonic()
+
+
+def pytest_terminal_summary(terminalreporter):
+    phases = [p.strip() for p in os.environ.get("SALUS_CI_PHASES", "").split(";") if p.strip()]
+    if not phases:
+        return
+    phases.append(f"pytest {time.monotonic() - _SESSION_STARTED[0]:.0f} s")
+    terminalreporter.write_sep("=", "phases of scripts/test.sh")
+    for phase in phases:
+        terminalreporter.write_line(phase)
 
 
 def server_bin() -> Path:
