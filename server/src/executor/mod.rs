@@ -118,7 +118,14 @@ fn tenant_from_env() -> Result<Tenant, String> {
     } else {
         (TenantKey::Anonymous, None)
     };
-    Ok(Tenant { key, name, uid })
+    // Looked up once, at the executor's start.
+    let user = uid.and_then(crate::tenant::identity::user_name);
+    Ok(Tenant {
+        key,
+        name,
+        uid,
+        user,
+    })
 }
 
 fn socket_fd(fd: i32) -> Result<(), String> {

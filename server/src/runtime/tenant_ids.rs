@@ -151,6 +151,34 @@ impl TenantIds {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tenant::users::LOOKUPS;
+
+    #[test]
+    fn limits_under_the_schedulers_lock_look_no_user_up() {
+        // A uid tenant matched by its user's name: the name was looked up when the tenant was built.
+        let tenant = Tenant::from_uid(0);
+        let mut ids = TenantIds::default();
+        ids.set_limits(
+            tenant.user.as_deref().unwrap(),
+            &Limits::parse(["max-jobs=2", "max-priority=1", "weight=3"]).unwrap(),
+        );
+        let before = LOOKUPS.with(|n| n.get());
+        // Job open, hints, weights and the admin rows: every path that reads limits.
+        let id = ids.open(JobId(1), &tenant).unwrap();
+        let hints = ids.clamp(
+            JobId(1),
+            Hints {
+                priority: 5,
+                ..Hints::default()
+            },
+        );
+        assert_eq!(hints.priority, 1);
+        assert_eq!(ids.limits_of(id).weight, Some(3));
+        assert!(ids.clamp_of(JobId(1)).is_some());
+        ids.open(JobId(2), &tenant).unwrap();
+        assert!(ids.open(JobId(3), &tenant).is_err(), "max-jobs=2 applies");
+        assert_eq!(LOOKUPS.with(|n| n.get()), before, "no user-database lookup");
+    }
 
     #[test]
     fn tenants_are_numbered_once_and_jobs_keep_their_owner() {

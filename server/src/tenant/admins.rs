@@ -84,6 +84,7 @@ mod tests {
             key: TenantKey::Uid(1502),
             name: "ci-bot".into(),
             uid: Some(1502),
+            user: None,
         };
         assert!(admins.allows(&user), "a user named in --admins");
         assert!(

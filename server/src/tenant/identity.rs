@@ -75,6 +75,11 @@ pub struct Tenant {
     pub name: String,
     /// The Unix user the tenant's computation may run as, when it is one.
     pub uid: Option<u32>,
+    /// That user's name, looked up once when the tenant was built (None: no
+    /// user, or the user database does not know the uid): the limits table is
+    /// matched by it under the scheduler's lock, where a name-service lookup
+    /// (sssd, LDAP: a network round trip) must not run.
+    pub user: Option<String>,
 }
 
 /// What makes tenants distinct: a Unix user is one tenant however it is
@@ -93,6 +98,7 @@ impl Tenant {
             key: TenantKey::Anonymous,
             name: "anonymous".into(),
             uid: None,
+            user: None,
         }
     }
 
@@ -102,14 +108,18 @@ impl Tenant {
             key: TenantKey::Named(name.to_string()),
             name: name.to_string(),
             uid: None,
+            user: None,
         }
     }
 
+    /// Looks the user's name up (once: the tenant keeps it).
     pub fn from_uid(uid: u32) -> Tenant {
+        let user = user_name(uid);
         Tenant {
             key: TenantKey::Uid(uid),
-            name: user_name(uid).unwrap_or_else(|| format!("uid {uid}")),
+            name: user.clone().unwrap_or_else(|| format!("uid {uid}")),
             uid: Some(uid),
+            user,
         }
     }
 }

@@ -8,7 +8,7 @@ use std::fmt;
 
 use crate::sched::tenants::MAX_WEIGHT;
 use crate::sched::units::parse_size;
-use crate::tenant::identity::{user_name, Tenant};
+use crate::tenant::identity::Tenant;
 
 /// The names a tenants file line and `ctl limits` accept.
 pub const LIMIT_NAMES: &str = "weight=1..1000, max-jobs=N, max-priority=P, memory=SIZE";
@@ -138,11 +138,11 @@ impl LimitsTable {
     /// The limits that apply to `tenant`: its tokens', then its own by its
     /// name (or its Unix user's name), then the defaults.
     pub fn for_tenant(&self, tenant: &Tenant) -> Limits {
-        let user = tenant.uid.and_then(user_name);
+        // The user's name as the tenant keeps it: no lookup here (see Tenant::user).
         let find = |table: &BTreeMap<String, Limits>| {
             table
                 .get(&tenant.name)
-                .or_else(|| table.get(user.as_deref()?))
+                .or_else(|| table.get(tenant.user.as_deref()?))
                 .cloned()
         };
         let own = find(&self.by_name).unwrap_or_default().over(&self.default);

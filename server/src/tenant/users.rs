@@ -63,12 +63,20 @@ type Lookup<'a> = dyn FnMut(
     ) -> libc::c_int
     + 'a;
 
+#[cfg(test)]
+thread_local! {
+    /// User-database lookups made on this thread: tests prove a path makes none.
+    pub static LOOKUPS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
 fn lookup(mut call: impl FnMut(
     *mut libc::passwd,
     *mut libc::c_char,
     libc::size_t,
     *mut *mut libc::passwd,
 ) -> libc::c_int) -> Option<Account> {
+    #[cfg(test)]
+    LOOKUPS.with(|n| n.set(n.get() + 1));
     let call: &mut Lookup = &mut call;
     let mut size = 1024usize;
     loop {
