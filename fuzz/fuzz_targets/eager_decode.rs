@@ -10,9 +10,9 @@
 //!   item: `DeviceNames::to_local` of op and send_tensor devices,
 //!   `TenantRules::check_eager_op`, every inline and sent tensor through
 //!   `Tensor::from_proto` (1 MiB limit), the `_Send` tensor_name attribute, and
-//!   for each FunctionDef of a register_function: its `FunctionDefView`,
-//!   `check_function`, and the node-device rewrite (`wire::rewrite_nested_fields`
-//!   with `node_to_local`) the server hands to TensorFlow; then
+//!   for each FunctionDef of a register_function: the server's `map_function`
+//!   (its `FunctionDefView`, `check_function`, and the node-device rewrite the
+//!   server hands to TensorFlow); then
 //!   `enqueue_response` of outputs shaped like the built tensors;
 //! - CreateContext: the job name check, `session_config` on the ServerDef's
 //!   ConfigProto bytes, `Hints::parse` of the session metadata name, and the
@@ -46,7 +46,9 @@ use salus_proto::tensorflow::{
 use salus_server::error::Error;
 use salus_server::frontend::eager::{enqueue_response, queue_items, tensor_name};
 use salus_server::runtime::eager_devices::DeviceNames;
-use salus_server::runtime::eager_job::{Item, ItemOutput, OpInput, OpRequest};
+use salus_server::runtime::eager_job::{
+    map_function, FunctionRefusal, Item, ItemOutput, OpInput, OpRequest,
+};
 use salus_server::runtime::session_config::{session_config, SessionDefaults};
 use salus_server::runtime::wire;
 use salus_server::sched::Hints;
@@ -261,32 +263,31 @@ fn has_job(device: &str) -> bool {
     device.split('/').any(|p| p.starts_with("job:"))
 }
 
-/// `EagerJob::register_function` up to TensorFlow's `add_function`.
+/// `EagerJob::register_function` up to TensorFlow's `add_function`: the
+/// server's own `map_function`, then the invariants of its result.
 fn register_function(def: &[u8], names: &DeviceNames, rules: &TenantRules) -> Result<(), Error> {
-    let view = FunctionDefView::decode(def)
-        .map_err(|e| Error::InvalidArgument(format!("malformed FunctionDef: {e}")))?;
+    let function = match map_function(def, names, rules) {
+        Ok(function) => function,
+        Err(FunctionRefusal::Malformed(error)) => return Err(error),
+        Err(FunctionRefusal::Refused { name, error }) => {
+            assert!(!name.is_empty(), "a refused function is named");
+            return Err(error);
+        }
+    };
+    let view = FunctionDefView::decode(def).expect("a mapped FunctionDef decodes");
     let name = view
         .signature
         .as_ref()
         .map(|s| s.name.clone())
         .unwrap_or_default();
-    if name.is_empty() {
-        return Err(Error::InvalidArgument(
-            "a FunctionDef without a signature name".into(),
-        ));
-    }
-    rules.check_function(&name, view.node_def.iter().map(|n| n.op.as_str()))?;
-    let mapped = wire::rewrite_nested_fields(
-        def,
-        FUNCTION_NODE_DEF_FIELD,
-        NODE_DEVICE_FIELD,
-        &mut |device| {
-            names
-                .node_to_local(std::str::from_utf8(device).ok()?)
-                .map(String::into_bytes)
-        },
-    )
-    .map_err(|e| Error::InvalidArgument(format!("malformed FunctionDef {name:?}: {e}")))?;
+    assert_eq!(function.name, name);
+    assert_eq!(
+        function.without_outputs,
+        view.signature
+            .as_ref()
+            .is_some_and(|s| s.output_arg.is_empty())
+    );
+    let mapped = function.mapped;
 
     // Only node devices changed: every other byte is the client's.
     let strip = |bytes: &[u8]| {

@@ -1495,54 +1495,102 @@ impl Worker {
 
     /// Registers a FunctionDef with its nodes' devices mapped to this context.
     fn register_function(&mut self, def: &[u8]) -> Result<()> {
-        let view = FunctionDefView::decode(def)
-            .map_err(|e| Error::InvalidArgument(format!("malformed FunctionDef: {e}")))?;
-        let name = view
-            .signature
-            .as_ref()
-            .map(|s| s.name.clone())
-            .unwrap_or_default();
-        if name.is_empty() {
-            return Err(Error::InvalidArgument(
-                "a FunctionDef without a signature name".into(),
-            ));
-        }
-        if let Err(err) = self
-            .shared
-            .tenant
-            .check_function(&name, view.node_def.iter().map(|n| n.op.as_str()))
-        {
-            self.remember_refused(name, err.to_string());
-            return Err(err);
-        }
+        let function = match map_function(def, &self.shared.devices, &self.shared.tenant) {
+            Ok(function) => function,
+            Err(FunctionRefusal::Refused { name, error }) => {
+                self.remember_refused(name, error.to_string());
+                return Err(error);
+            }
+            Err(FunctionRefusal::Malformed(error)) => return Err(error),
+        };
         let max = self.shared.tenant.max_context_functions;
-        if !self.functions.contains_key(&name) && self.functions.len() >= max {
+        if !self.functions.contains_key(&function.name) && self.functions.len() >= max {
             return Err(Error::ResourceExhausted(format!(
                 "eager context {} already has {max} functions registered, the most this server allows per \
                  context (--max-context-functions)",
                 self.shared.context_id
             )));
         }
-        let devices = &self.shared.devices;
-        let mapped = wire::rewrite_nested_fields(
-            def,
-            FUNCTION_NODE_DEF_FIELD,
-            NODE_DEVICE_FIELD,
-            &mut |device| {
-                devices
-                    .node_to_local(std::str::from_utf8(device).ok()?)
-                    .map(String::into_bytes)
-            },
-        )
-        .map_err(|e| Error::InvalidArgument(format!("malformed FunctionDef {name:?}: {e}")))?;
-        self.ctx.add_function(&mapped).map_err(|e| {
-            Error::InvalidArgument(format!("function {name:?} was refused: {}", e.message))
+        self.ctx.add_function(&function.mapped).map_err(|e| {
+            Error::InvalidArgument(format!(
+                "function {:?} was refused: {}",
+                function.name, e.message
+            ))
         })?;
-        let without_outputs = view
-            .signature
-            .as_ref()
-            .is_some_and(|s| s.output_arg.is_empty());
-        self.functions.insert(name, without_outputs);
+        self.functions
+            .insert(function.name, function.without_outputs);
         Ok(())
     }
+}
+
+/// A client's FunctionDef as this context hands it to TensorFlow.
+#[derive(Debug)]
+pub struct MappedFunction {
+    pub name: String,
+    /// The client's bytes with only its nodes' devices mapped to this server's names.
+    pub mapped: Vec<u8>,
+    /// The signature has no outputs (such a call's failure is reported later).
+    pub without_outputs: bool,
+}
+
+/// Why a FunctionDef was not mapped.
+#[derive(Debug)]
+pub enum FunctionRefusal {
+    /// Not a FunctionDef this server can read.
+    Malformed(Error),
+    /// The tenant's rules refuse it: remembered by name, to refuse its use.
+    Refused { name: String, error: Error },
+}
+
+/// Everything `register_function` does before TensorFlow sees the function: decode
+/// it, check it against the tenant's rules, and map its nodes' devices (the
+/// context-free part the fuzz target `eager_decode` runs).
+pub fn map_function(
+    def: &[u8],
+    devices: &DeviceNames,
+    rules: &TenantRules,
+) -> std::result::Result<MappedFunction, FunctionRefusal> {
+    let malformed = FunctionRefusal::Malformed;
+    let view = FunctionDefView::decode(def).map_err(|e| {
+        malformed(Error::InvalidArgument(format!(
+            "malformed FunctionDef: {e}"
+        )))
+    })?;
+    let name = view
+        .signature
+        .as_ref()
+        .map(|s| s.name.clone())
+        .unwrap_or_default();
+    if name.is_empty() {
+        return Err(malformed(Error::InvalidArgument(
+            "a FunctionDef without a signature name".into(),
+        )));
+    }
+    if let Err(error) = rules.check_function(&name, view.node_def.iter().map(|n| n.op.as_str())) {
+        return Err(FunctionRefusal::Refused { name, error });
+    }
+    let mapped = wire::rewrite_nested_fields(
+        def,
+        FUNCTION_NODE_DEF_FIELD,
+        NODE_DEVICE_FIELD,
+        &mut |device| {
+            devices
+                .node_to_local(std::str::from_utf8(device).ok()?)
+                .map(String::into_bytes)
+        },
+    )
+    .map_err(|e| {
+        malformed(Error::InvalidArgument(format!(
+            "malformed FunctionDef {name:?}: {e}"
+        )))
+    })?;
+    let without_outputs = view
+        .signature
+        .as_ref()
+        .is_some_and(|s| s.output_arg.is_empty());
+    Ok(MappedFunction {
+        name,
+        mapped,
+        without_outputs,
+    })
 }
