@@ -14,11 +14,9 @@ Cost: eight script runs (about 10 s each here).
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
-from conftest import last_json_line, venv_python
+from conftest import last_json_line
 from test_python_adapter import salus_package  # noqa: F401  (module fixture: python/ installed)
 from tf2_common import SERVER_JOB, assert_same_numbers, run_workload, salus_lines, tf2_env
 
@@ -99,46 +97,3 @@ def test_a_callback_waiting_for_its_own_step_fails_that_step_instead_of_hanging(
     assert "has waited" in remote["message"] and "SALUS_CALLBACK_SERVER_WAIT_S=2" in remote["message"], remote
     assert remote["after"] == 2.0, remote
     assert any("has waited" in line for line in salus_lines(proc.stderr)), proc.stderr[-3000:]
-
-
-SECOND_REPORT = """
-import tensorflow as tf
-from tensorflow.python import pywrap_tfe
-from tensorflow.python.eager import context
-from salus import _callbacks
-
-context.ensure_initialized()
-error = {"now": tf.errors.OutOfRangeError(None, None, "End of sequence")}
-def wait(executor):
-    raise error["now"]
-pywrap_tfe.TFE_ExecutorWaitForAllPendingNodes = wait
-_callbacks.remember_async_wait_errors()
-
-def outcome():
-    try:
-        _callbacks.settle()
-        return "returned"
-    except tf.errors.OpError as e:
-        return type(e).__name__
-
-out = []
-# Keras's handler got the end of sequence from async_wait; the client reports it again: dropped once, then
-# raised (a new end); raised by a wait here and reported again: dropped once, then raised.
-_callbacks._state["last_error"] = _callbacks._error_key(error["now"])
-out += [outcome(), outcome(), outcome(), outcome()]
-# Another error is never dropped.
-error["now"] = tf.errors.InvalidArgumentError(None, None, "bad")
-out += [outcome(), outcome()]
-print(out)
-"""
-
-
-def test_one_end_of_sequence_reported_twice_reaches_the_script_once():
-    # TensorFlow's remote-eager client can record a failed step's error after it woke the caller that raised it;
-    # the adapter's next wait must not raise that end-of-sequence again outside Keras's handler (issue 42).
-    proc = subprocess.run([venv_python(), "-c", SECOND_REPORT], capture_output=True, text=True, timeout=120,
-                          env=tf2_env())
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip().splitlines()[-1] == str(
-        ["returned", "OutOfRangeError", "returned", "OutOfRangeError", "InvalidArgumentError",
-         "InvalidArgumentError"]), proc.stdout

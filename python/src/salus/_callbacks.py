@@ -98,51 +98,11 @@ def settle() -> None:
         executor = pywrap_tfe.TFE_ContextGetExecutorForThread(ctx._context_handle)
         try:
             pywrap_tfe.TFE_ExecutorWaitForAllPendingNodes(executor)
-        except Exception as e:
+        except Exception:
             # Raised once, here, as in-process; the executor would otherwise keep it and raise it again at
             # every later wait.
             pywrap_tfe.TFE_ExecutorClearError(executor)
-            if _reported_already(e):
-                return
             raise
-
-
-def _error_key(e: BaseException):
-    return type(e), getattr(e, "message", str(e))
-
-
-def _reported_already(e: BaseException) -> bool:
-    """True once for the end of a sequence the script was just given. TensorFlow's remote-eager client can
-    record a failed step's error after it has woken the caller that raised it (context.async_wait in Keras's
-    end-of-data handler, or this wait), and the next wait would raise it again where in-process nothing fails:
-    an end-of-sequence escaping Keras's own handler. Only end-of-sequence: it loses no work, and a get_next
-    that really ran past the end again still raises it when its element is read. Other errors stay reported
-    twice, as TensorFlow's client does with any server (README, Limitations)."""
-    from tensorflow.python.framework import errors
-    if not isinstance(e, errors.OutOfRangeError):
-        return False
-    key, last = _error_key(e), _state.get("last_error")
-    _state["last_error"] = None if key == last else key
-    return key == last
-
-
-def remember_async_wait_errors() -> None:
-    """Makes TensorFlow's context.async_wait() (Context.sync_executors) note the error it raises, for
-    _reported_already. Idempotent."""
-    from tensorflow.python.eager import context
-    sync = context.Context.sync_executors
-    if getattr(sync, "_salus_original", None) is not None:
-        return
-
-    def sync_executors(self):
-        try:
-            return sync(self)
-        except Exception as e:
-            _state["last_error"] = _error_key(e)
-            raise
-
-    sync_executors._salus_original = sync
-    context.Context.sync_executors = sync_executors
 
 
 def run_eager_python_here() -> None:
