@@ -1550,21 +1550,16 @@ pub fn map_function(
     devices: &DeviceNames,
     rules: &TenantRules,
 ) -> std::result::Result<MappedFunction, FunctionRefusal> {
-    let malformed = FunctionRefusal::Malformed;
-    let view = FunctionDefView::decode(def).map_err(|e| {
-        malformed(Error::InvalidArgument(format!(
-            "malformed FunctionDef: {e}"
-        )))
-    })?;
+    let malformed = |message: String| FunctionRefusal::Malformed(Error::InvalidArgument(message));
+    let view = FunctionDefView::decode(def)
+        .map_err(|e| malformed(format!("malformed FunctionDef: {e}")))?;
     let name = view
         .signature
         .as_ref()
         .map(|s| s.name.clone())
         .unwrap_or_default();
     if name.is_empty() {
-        return Err(malformed(Error::InvalidArgument(
-            "a FunctionDef without a signature name".into(),
-        )));
+        return Err(malformed("a FunctionDef without a signature name".into()));
     }
     if let Err(error) = rules.check_function(&name, view.node_def.iter().map(|n| n.op.as_str())) {
         return Err(FunctionRefusal::Refused { name, error });
@@ -1579,11 +1574,7 @@ pub fn map_function(
                 .map(String::into_bytes)
         },
     )
-    .map_err(|e| {
-        malformed(Error::InvalidArgument(format!(
-            "malformed FunctionDef {name:?}: {e}"
-        )))
-    })?;
+    .map_err(|e| malformed(format!("malformed FunctionDef {name:?}: {e}")))?;
     let without_outputs = view
         .signature
         .as_ref()
