@@ -101,8 +101,27 @@ def settle() -> None:
         except Exception:
             # Raised once, here, as in-process; the executor would otherwise keep it and raise it again at
             # every later wait.
-            pywrap_tfe.TFE_ExecutorClearError(executor)
+            _after_error()
             raise
+
+
+def _after_error() -> None:
+    """What follows an op's error that reached the script, so that it reaches it once and leaves nothing broken:
+
+    - The thread's executor forgets it. A remote op's error is kept by the executor as well as raised (in-process
+      no executor keeps an op's error); it would be raised again at the next wait or op. An error of another
+      op that nobody has read yet goes with it; that op's outputs still raise it when used, as in-process.
+    - TensorFlow's cache of scalar constants is emptied. A step's error ends the request stream, and every
+      request queued behind it fails with that error, the copy of a Python number to the server among them
+      (`x + 1` right after the failing call): cached, that poisoned copy would fail every later op using the
+      same number on the server, for the rest of the script."""
+    from tensorflow.python import pywrap_tfe
+    from tensorflow.python.eager import context
+    ctx = context.context()
+    if ctx._context_handle is not None:
+        executor = pywrap_tfe.TFE_ContextGetExecutorForThread(ctx._context_handle)
+        pywrap_tfe.TFE_ExecutorClearError(executor)
+    pywrap_tfe.TFE_ClearScalarCache()
 
 
 def run_eager_python_here() -> None:
@@ -167,15 +186,33 @@ def _waiting_for_server(read, *args):
         _server_waits.pop(ident, None)
 
 
-def keep_callback_ops_here() -> None:
-    """Every eager op a callback thread runs gets its server-resident inputs copied here first. A callback's
-    Python may hold tensors that live on the server (a generator yielding tensors the script made, a SparseTensor
-    among them); TensorFlow would run an op mixing local and remote inputs as a function split between the two
-    processes, whose server part is registered and run behind the step that waits for this very callback (and
-    the server does not serve component functions at all). Copies are plain reads of existing values, which the
-    server answers while the step runs. Ops on other threads pass through untouched. Idempotent."""
+def route_eager_ops() -> None:
+    """Wraps the two calls every eager op and function call goes through (TFE_Py_FastPathExecute, and
+    execute.quick_execute / execute_with_cancellation), for two jobs. Idempotent.
+
+    - A callback thread's ops get their server-resident inputs copied here first. A callback's Python may hold
+      tensors that live on the server (a generator yielding tensors the script made, a SparseTensor among
+      them); TensorFlow would run an op mixing local and remote inputs as a function split between the two
+      processes, whose server part is registered and run behind the step that waits for this very callback
+      (and the server does not serve component functions at all). Copies are plain reads of existing values,
+      which the server answers while the step runs. Ops on other threads pass through untouched.
+    - An error an op raises is raised once (_after_error). When the server answers a failing step before the
+      call returns (a busy client), the call raises it, and the executor would raise it again at the next
+      wait: at a pending value's accessor (settle), outside the `except` that handled it (Keras ends an epoch
+      on the OutOfRangeError of its step, then reads the last step's logs), or at the thread's next op.
+    Also context.async_wait's call (Context.sync_executors), for the cache of _after_error."""
     from tensorflow.python import pywrap_tfe
-    from tensorflow.python.eager import execute
+    from tensorflow.python.eager import context, core, execute
+    from tensorflow.python.framework import errors
+
+    op_errors = (errors.OpError, core._NotOkStatusException)
+
+    def raised_once(call, *args, **kwargs):
+        try:
+            return call(*args, **kwargs)
+        except op_errors:
+            _after_error()
+            raise
 
     fast = pywrap_tfe.TFE_Py_FastPathExecute
     if getattr(fast, "_salus_original", None) is None:
@@ -184,8 +221,8 @@ def keep_callback_ops_here() -> None:
             if getattr(_thread, "serving", False):
                 args = args[:3] + tuple(_here(a) for a in args[3:])
                 if _on_server(args[3:]):  # a resource's op runs on the server, in the context's order
-                    return _waiting_for_server(fast, *args)
-            return fast(*args)
+                    return _waiting_for_server(raised_once, fast, *args)
+            return raised_once(fast, *args)
 
         fast_path_execute._salus_original = fast
         pywrap_tfe.TFE_Py_FastPathExecute = fast_path_execute
@@ -196,12 +233,33 @@ def keep_callback_ops_here() -> None:
             if getattr(_thread, "serving", False):
                 inputs = _here(list(inputs))
                 if _on_server(inputs):
-                    return _waiting_for_server(quick, op_name, num_outputs, inputs, attrs, ctx, name)
-            return quick(op_name, num_outputs, inputs, attrs, ctx, name)
+                    return _waiting_for_server(raised_once, quick, op_name, num_outputs, inputs, attrs, ctx,
+                                               name)
+            return raised_once(quick, op_name, num_outputs, inputs, attrs, ctx, name)
 
         quick_execute._salus_original = quick
         # `execute` is the name generated op wrappers call; `quick_execute` the one functions call.
         execute.quick_execute = execute.execute = quick_execute
+
+    cancelable = execute.execute_with_cancellation
+    if getattr(cancelable, "_salus_original", None) is None:
+        def execute_with_cancellation(*args, **kwargs):  # a function called with a cancellation manager
+            return raised_once(cancelable, *args, **kwargs)
+
+        execute_with_cancellation._salus_original = cancelable
+        execute.execute_with_cancellation = execute_with_cancellation
+
+    sync = context.Context.sync_executors
+    if getattr(sync, "_salus_original", None) is None:
+        def sync_executors(self):  # context.async_wait(); its C call forgets the executors' errors itself
+            try:
+                return sync(self)
+            except op_errors:
+                pywrap_tfe.TFE_ClearScalarCache()
+                raise
+
+        sync_executors._salus_original = sync
+        context.Context.sync_executors = sync_executors
 
 
 def release_lock_while_waiting() -> None:
@@ -211,12 +269,19 @@ def release_lock_while_waiting() -> None:
     tensor_type = ops.EagerTensor
     if getattr(tensor_type, "_salus_settles", False):
         return
+    def read_once(read, tensor):
+        try:
+            return read(tensor)
+        except Exception:  # a value poisoned by a failed op: its error, raised once (settle)
+            _after_error()
+            raise
+
     for name in ("_numpy", "_shape_tuple", "_rank"):
         def settled(self, _original=getattr(tensor_type, name)):
             if getattr(_thread, "serving", False):
                 return _waiting_for_server(_original, self)
             settle()
-            return _original(self)
+            return read_once(_original, self)
         setattr(tensor_type, name, settled)
     device = tensor_type.device
 
@@ -224,7 +289,7 @@ def release_lock_while_waiting() -> None:
         if getattr(_thread, "serving", False):
             return _waiting_for_server(device.__get__, self)
         settle()
-        return device.__get__(self)
+        return read_once(device.__get__, self)
 
     tensor_type.device = property(settled_device, doc=device.__doc__)
     tensor_type._salus_settles = True

@@ -281,7 +281,7 @@ def _serve_callbacks() -> None:
         from . import _callbacks
         _callbacks.release_lock_while_waiting()
         _callbacks.run_eager_python_here()
-        _callbacks.keep_callback_ops_here()
+        _callbacks.route_eager_ops()
     except Exception as e:  # never break the script over the adapter
         _warn(f"could not prepare this script to run the Python of its ops that run on the server "
               f"({type(e).__name__}: {e}); a step that calls Python may wait forever")
