@@ -40,10 +40,22 @@ STOP_TIMEOUT_S = 60
 
 
 _SESSION_STARTED = [time.monotonic()]
+# Seconds per test file (setup, call and teardown), for the phases' summary.
+_FILE_SECONDS: dict[str, float] = {}
 
 
 def pytest_sessionstart(session):
     _SESSION_STARTED[0] = time.monotonic()
+
+
+def pytest_collection_modifyitems(items):
+    # The wait for scripts/test.sh's background build checks goes last, when they have had the whole suite.
+    items.sort(key=lambda item: item.nodeid.startswith("test_background_builds.py"))
+
+
+def pytest_runtest_logreport(report):
+    name = report.nodeid.split("::")[0]
+    _FILE_SECONDS[name] = _FILE_SECONDS.get(name, 0.0) + report.duration
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -51,6 +63,11 @@ def pytest_terminal_summary(terminalreporter):
     if not phases:
         return
     phases.append(f"pytest {time.monotonic() - _SESSION_STARTED[0]:.0f} s")
+    seconds = Path(os.environ.get("SALUS_CI_BACKGROUND", "/nonexistent")) / "seconds"
+    if seconds.exists():
+        phases.append(f"cuda check, fuzz build and seeds (beside pytest) {seconds.read_text().strip()} s")
+    slowest = sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])[:12]
+    phases.append("slowest test files: " + ", ".join(f"{name} {s:.0f} s" for name, s in slowest))
     terminalreporter.write_sep("=", "phases of scripts/test.sh")
     for phase in phases:
         terminalreporter.write_line(phase)

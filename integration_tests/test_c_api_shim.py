@@ -5,7 +5,7 @@ The C programs in c_programs/ are plain TensorFlow C-API users that know nothing
 preloaded, and the outputs must be identical.
 
 A second real client is a Rust program on the `tensorflow` crate (tf_adapter/rust_client, binary
-salus-tf-rust-train, built by scripts/test.sh: cargo build --release -p salus-tf-rust-client).
+salus-tf-rust-train, built by scripts/test.sh's cargo test --workspace, or cargo build --release -p salus-tf-rust-client).
 
 Environment:
   SALUS_TF_SHIM         path of libsalus_tf.so (default: next to SALUS_SERVER_BIN, i.e. <target>/release/)
