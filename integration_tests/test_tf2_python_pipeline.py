@@ -8,16 +8,17 @@ run in the script's own process (its call counts are the script's).
 The same for tf-keras (TF_USE_LEGACY_KERAS=1, eager): workloads/tf2_legacy_python_pipeline.py. And a fit on a
 generator of tensors that live on the server, the shape of Keras's layer-test harness, and a callback that reads
 a variable while its step runs, which through the server fails that step after the adapter's limit, and an
-op's error raised once whenever the server answers (issue 42).
+op's error raised once whenever the server answers, and a wait nothing can end, which the server ends (a
+test fault makes it) (issue 42).
 
-Cost: ten script runs (about 10 s each here).
+Cost: eleven script runs (about 10 s each here) and one more server.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from conftest import last_json_line
+from conftest import SalusProcess, last_json_line
 from test_python_adapter import salus_package  # noqa: F401  (module fixture: python/ installed)
 from tf2_common import SERVER_JOB, assert_same_numbers, run_workload, salus_lines, tf2_env
 
@@ -115,3 +116,20 @@ def test_an_ops_error_is_raised_once_whenever_the_server_answers(salus_address):
         raised = (0, 1) if "op behind" in name else (1,)
         assert case["raised"] in raised, (name, case)
         assert dict(case, raised=1) == local[name], (name, local[name], case)
+
+
+def test_a_wait_nothing_can_end_fails_with_its_reason(tmp_path):
+    # A server that never answers a request executing Sqrt (a test fault): the read of tf.sqrt(x) waits for a
+    # reply that cannot come. The adapter asks the server after SALUS_STALLED_WAIT_CHECK_S; with nothing queued
+    # or running for the context, the server ends the wait with ABORTED naming it, and the context goes on.
+    server = SalusProcess(tmp_path / "server.log", env={"SALUS_FAULT_STALL_OP": "Sqrt"})
+    try:
+        proc = run_workload("tf2_stalled_wait.py",
+                            tf2_env(SALUS_SERVER=server.address, SALUS_STALLED_WAIT_CHECK_S="2"), timeout=60)
+        out = last_json_line(proc.stdout)
+    finally:
+        server.stop()
+    assert out["before"] == [8.0, 18.0] and out["after"] == [5.0, 10.0], out
+    assert out["error"] is not None and out["error"]["type"] == "AbortedError", out
+    assert "nothing queued or running" in out["error"]["message"], out
+    assert 2 <= out["waited_s"] < 30, out

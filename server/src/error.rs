@@ -47,6 +47,9 @@ pub enum Error {
     ShuttingDown,
     #[error("{0}")]
     IterationDropped(String),
+    /// The server ended a wait of the client's that nothing could end.
+    #[error("{0}")]
+    Aborted(String),
     #[error("{0}")]
     ResourceExhausted(String),
     #[error("{0}")]
@@ -89,7 +92,7 @@ impl Error {
             Error::GraphVersion { .. } => TfCode::FailedPrecondition,
             Error::Unimplemented(_) => TfCode::Unimplemented,
             Error::ShuttingDown => TfCode::Unavailable,
-            Error::IterationDropped(_) => TfCode::Aborted,
+            Error::IterationDropped(_) | Error::Aborted(_) => TfCode::Aborted,
             Error::ResourceExhausted(_) => TfCode::ResourceExhausted,
             Error::PermissionDenied(_) => TfCode::PermissionDenied,
             Error::FailedPrecondition(_) => TfCode::FailedPrecondition,

@@ -240,7 +240,10 @@ impl Server {
         );
         crate::tf::python_kernel::install(limit as u64);
         let (close_callbacks, callbacks_closing) = tokio::sync::watch::channel(false);
-        let callbacks = PythonCallbacksServer::new(crate::frontend::callbacks::Callbacks::new(callbacks_closing))
+        let callbacks = PythonCallbacksServer::new(crate::frontend::callbacks::Callbacks::new(
+            self.state.clone(),
+            callbacks_closing,
+        ))
             .max_decoding_message_size(limit)
             .max_encoding_message_size(limit);
         let (health, health_service) = tonic_health::server::health_reporter();

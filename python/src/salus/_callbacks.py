@@ -49,6 +49,11 @@ _RETRY_SECONDS = (0.2, 0.5, 1.0, 2.0, 5.0)
 # an error so that the step fails instead of both waiting forever. SALUS_CALLBACK_SERVER_WAIT_S overrides.
 SERVER_WAIT_LIMIT_S = 20.0
 _WATCH_INTERVAL_S = 0.5
+# A thread that has waited this long for its eager context's pending ops, with no callback of this process
+# running, has the server asked whether anything can still end the wait (PythonCallbacks/EndStalledWait),
+# and again at this interval while it waits. SALUS_STALLED_WAIT_CHECK_S overrides.
+STALLED_WAIT_CHECK_S = 30.0
+END_STALLED_WAIT_METHOD = "/salus.v1.PythonCallbacks/EndStalledWait"
 _REFERENCE_DTYPES = (20, 21)  # DT_RESOURCE, DT_VARIANT
 
 # tensorflow.error.Code for the exceptions TensorFlow's own kernel maps (python/lib/core/py_func.cc).
@@ -59,10 +64,12 @@ _state = {"installed": False, "started": False, "client": secrets.token_hex(16),
           "call": None}
 _lock = threading.Lock()
 _thread = threading.local()  # serving: this thread runs callbacks (its tensors are local and ready)
-# Calls being answered: call id -> _Outstanding; and, per serving thread (ident), since when it waits for the
-# server. Both read by the watchdog.
+# Calls being answered: call id -> _Outstanding; per serving thread (ident), since when it waits for the
+# server; per other thread, since when it waits for its context's pending ops (settle) and which context. All
+# read by the watchdog.
 _outstanding: dict = {}
 _server_waits: dict = {}
+_settle_waits: dict = {}
 
 
 def client_id() -> str:
@@ -96,6 +103,8 @@ def settle() -> None:
     ctx = context.context()
     if ctx._context_handle is not None and not getattr(_thread, "serving", False):
         executor = pywrap_tfe.TFE_ContextGetExecutorForThread(ctx._context_handle)
+        ident = threading.get_ident()
+        _settle_waits[ident] = (time.monotonic(), ctx._context_handle)
         try:
             pywrap_tfe.TFE_ExecutorWaitForAllPendingNodes(executor)
         except Exception:
@@ -103,6 +112,8 @@ def settle() -> None:
             # every later wait.
             _after_error()
             raise
+        finally:
+            _settle_waits.pop(ident, None)
 
 
 def _after_error() -> None:
@@ -293,6 +304,7 @@ def release_lock_while_waiting() -> None:
 
     tensor_type.device = property(settled_device, doc=device.__doc__)
     tensor_type._salus_settles = True
+    start_watchdog()
 
 
 # --- the stream -----------------------------------------------------------------------------------------------
@@ -304,6 +316,16 @@ def _start() -> None:
         _state["started"] = True
     atexit.register(_stop)
     threading.Thread(target=_serve_forever, name="salus-python-callbacks", daemon=True).start()
+    start_watchdog()
+
+
+def start_watchdog() -> None:
+    """The thread that bounds waits for the server (_watch_server_waits): with the callback stream, and once the
+    eager context is connected (a script without Python ops has waits too). Idempotent."""
+    with _lock:
+        if _state.get("watchdog"):
+            return
+        _state["watchdog"] = True
     threading.Thread(target=_watch_server_waits, name="salus-callback-watchdog", daemon=True).start()
 
 
@@ -400,17 +422,37 @@ def server_wait_limit() -> float:
     return limit
 
 
+def stalled_wait_check() -> float:
+    import os
+    raw = os.environ.get("SALUS_STALLED_WAIT_CHECK_S", "")
+    try:
+        check = float(raw) if raw else STALLED_WAIT_CHECK_S
+    except ValueError:
+        check = 0.0
+    if not check > 0:
+        _warn(f"SALUS_STALLED_WAIT_CHECK_S={raw!r} is not a positive number of seconds; "
+              f"using {STALLED_WAIT_CHECK_S:g}")
+        check = STALLED_WAIT_CHECK_S
+    return check
+
+
 def _watch_server_waits() -> None:
     """Answers, with an error, every call whose thread has waited for the server longer than the limit: the
     server answers a copy of an existing value at once, so such a wait is for a value that the step waiting
     for this call would compute after it (or for an op queued behind that step). Ending the call ends the
     step with that error; the main thread's wait for the step (settle) then raises it. The callback's thread
-    goes on once the step has failed, and the server drops its late reply."""
+    goes on once the step has failed, and the server drops its late reply.
+
+    And asks the server about every other thread's long wait for its context's pending ops while no callback
+    of this process runs (_check_stalled_waits)."""
     limit = server_wait_limit()
+    check = stalled_wait_check()
     answered: set = set()
+    asked: dict = {}
     while not _state["stopping"]:
         time.sleep(_WATCH_INTERVAL_S)
         now = time.monotonic()
+        _check_stalled_waits(now, check, asked)
         for call, o in list(_outstanding.items()):
             since = _server_waits.get(o.thread)
             if call in answered or since is None or now - since < limit:
@@ -424,6 +466,47 @@ def _watch_server_waits() -> None:
             _warn(message)
             o.replies.put(_encode_reply(call=call, code=_ABORTED, message=message))
         answered &= set(_outstanding)
+
+
+def _check_stalled_waits(now: float, check: float, asked: dict) -> None:
+    """A wait for the context's pending ops that has lasted `check` seconds with no callback of this process
+    running depends on the server alone. The server ends it, with an error naming it, when it has had nothing
+    queued or running for the context all that time (then no reply can come: a lost request, a server
+    fault); otherwise the wait goes on and is asked about again `check` seconds later."""
+    for ident in list(asked):
+        if ident not in _settle_waits:
+            del asked[ident]
+    if _outstanding:
+        return
+    for ident, (since, handle) in list(_settle_waits.items()):
+        if now - since < check or now - asked.get(ident, 0.0) < check:
+            continue
+        asked[ident] = now
+        try:
+            from tensorflow.python import pywrap_tfe
+            context_id = pywrap_tfe.TFE_GetContextId(handle)
+            ended = _end_stalled_wait(context_id, now - since)
+        except Exception as e:  # an older server (UNIMPLEMENTED), or none: the wait goes on
+            _warn(f"a wait for the Salus server has lasted {now - since:.0f} s; could not ask the server "
+                  f"about it ({type(e).__name__}: {e})")
+            continue
+        if ended:
+            _warn(f"a wait for the Salus server's answers had lasted {now - since:.0f} s with nothing queued or "
+                  f"running there for it: the server ended it, and the pending ops fail with its reason")
+
+
+def _end_stalled_wait(context_id: int, waited: float) -> bool:
+    """salus.v1.PythonCallbacks/EndStalledWait; whether the server ended the wait."""
+    import struct
+
+    import grpc
+    from ._proto import _raw_fields
+    request = (_varint(1 << 3) + _varint(context_id) + _varint(2 << 3 | 1) + struct.pack("<d", waited)
+               + _field(3, b"the ops of this script's eager context that its thread waits for"))
+    server = _config.current().server or _config.DEFAULT_SERVER
+    with grpc.insecure_channel(server, options=_token.grpc_options()) as channel:
+        raw = channel.unary_unary(END_STALLED_WAIT_METHOD)(request, timeout=10)
+    return any(number == 1 and value for number, _, value in _raw_fields(raw))
 
 
 def _run(token: str, inputs: list) -> list:

@@ -2,26 +2,35 @@
 //! the Python of its ops (see `runtime::python_calls`).
 
 use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
 
 use salus_proto::salus::v1::python_callbacks_server::PythonCallbacks;
-use salus_proto::salus::v1::{CallbackCall, CallbackReply};
+use salus_proto::salus::v1::{CallbackCall, CallbackReply, StalledWait, StalledWaitAnswer};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::frontend::identify::tenant_of;
+use crate::runtime::eager_job;
 use crate::runtime::python_calls::python_calls;
+use crate::runtime::state::ServerState;
 
 /// The service; its streams end when `closing` turns true (the server has
 /// drained its in-flight work, which may have needed them, and stops).
 pub struct Callbacks {
+    state: Arc<ServerState>,
     closing: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Callbacks {
-    pub fn new(closing: tokio::sync::watch::Receiver<bool>) -> Callbacks {
-        Callbacks { closing }
+    pub fn new(state: Arc<ServerState>, closing: tokio::sync::watch::Receiver<bool>) -> Callbacks {
+        Callbacks { state, closing }
     }
 }
+
+/// What a client may say it waited for, in the error (one line, bounded).
+const WAITING_FOR_LIMIT: usize = 200;
 
 #[tonic::async_trait]
 impl PythonCallbacks for Callbacks {
@@ -64,5 +73,35 @@ impl PythonCallbacks for Callbacks {
         Ok(Response::new(Box::pin(
             UnboundedReceiverStream::new(out_rx).map(Ok),
         )))
+    }
+
+    async fn end_stalled_wait(
+        &self,
+        request: Request<StalledWait>,
+    ) -> Result<Response<StalledWaitAnswer>, Status> {
+        let tenant = tenant_of(&request);
+        let req = request.into_inner();
+        // Another tenant's context is not found, as on the eager service.
+        let job = self.state.contexts.peek(&tenant.key, req.context_id)?;
+        if !(req.waited_seconds.is_finite() && req.waited_seconds >= 0.0) {
+            return Err(Status::invalid_argument(
+                "waited_seconds must be a finite, non-negative number",
+            ));
+        }
+        let waited = Duration::from_secs_f64(req.waited_seconds.min(1e9));
+        let mut waiting_for: String = req
+            .waiting_for
+            .chars()
+            .filter(|c| !c.is_control())
+            .take(WAITING_FOR_LIMIT)
+            .collect();
+        if waiting_for.is_empty() {
+            waiting_for = "its pending ops".into();
+        }
+        let seen = job.end_stalled_streams(waited, &waiting_for);
+        Ok(Response::new(StalledWaitAnswer {
+            ended: seen == eager_job::StalledWait::Ended,
+            state: seen.label().into(),
+        }))
     }
 }

@@ -228,6 +228,10 @@ pub struct StreamState {
     held: Mutex<Option<TfError>>,
     /// Set once the stream's error status has been handed to the transport.
     status_sent: (Mutex<bool>, std::sync::Condvar),
+    /// Why the server ends the stream ahead of its pending replies (a wait of
+    /// the client's that nothing can end, `EagerJob::end_stalled_streams`).
+    ended_because: Mutex<Option<String>>,
+    ended: tokio::sync::Notify,
 }
 
 impl StreamState {
@@ -236,6 +240,22 @@ impl StreamState {
         StreamState {
             id: NEXT.fetch_add(1, Ordering::Relaxed),
             ..Default::default()
+        }
+    }
+
+    /// Ends the stream with ABORTED and `reason`, ahead of replies still pending.
+    pub fn end(&self, reason: String) {
+        lock(&self.ended_because).get_or_insert(reason);
+        self.ended.notify_one();
+    }
+
+    /// Resolves once [`StreamState::end`] was called, with its reason.
+    pub async fn ended(&self) -> String {
+        loop {
+            if let Some(reason) = lock(&self.ended_because).clone() {
+                return reason;
+            }
+            self.ended.notified().await;
         }
     }
 
@@ -254,6 +274,28 @@ impl StreamState {
             .1
             .wait_timeout_while(sent, limit, |sent| !*sent)
             .map_err(|e| e.into_inner());
+    }
+}
+
+/// What `EagerJob::end_stalled_streams` found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StalledWait {
+    Ended,
+    /// A request is queued or running: the wait may still end.
+    Busy,
+    /// The context was used during the wait.
+    Active,
+    NoOpenStream,
+}
+
+impl StalledWait {
+    pub fn label(self) -> &'static str {
+        match self {
+            StalledWait::Ended => "ended",
+            StalledWait::Busy => "busy",
+            StalledWait::Active => "active",
+            StalledWait::NoOpenStream => "no open stream",
+        }
     }
 }
 
@@ -288,6 +330,8 @@ pub struct EagerJob {
     shared: Arc<Shared>,
     last_access: Mutex<Instant>,
     open_streams: AtomicUsize,
+    /// The streams requests came on, for `end_stalled_streams`.
+    streams: Mutex<Vec<std::sync::Weak<StreamState>>>,
     queue: Mutex<Option<mpsc::Sender<Batch>>>,
     worker: Mutex<Option<JoinHandle<()>>>,
     /// Why the job was closed, for requests that still name it.
@@ -373,6 +417,7 @@ impl EagerJob {
             shared,
             last_access: Mutex::new(Instant::now()),
             open_streams: AtomicUsize::new(0),
+            streams: Mutex::new(Vec::new()),
             queue: Mutex::new(Some(tx)),
             worker: Mutex::new(Some(worker)),
             closed_because: Mutex::new(None),
@@ -426,8 +471,50 @@ impl EagerJob {
         self.shared.rendezvous.pending()
     }
 
-    pub fn stream_opened(&self) {
+    pub fn stream_opened(&self, stream: &Arc<StreamState>) {
         self.open_streams.fetch_add(1, Ordering::SeqCst);
+        let mut streams = lock(&self.streams);
+        streams.retain(|s| s.strong_count() > 0);
+        streams.push(Arc::downgrade(stream));
+    }
+
+    /// The client's thread has waited `waited` for this context with none of
+    /// its own callbacks running: if nothing was queued or running here for
+    /// all that time (short of a second's slack), no reply can still come,
+    /// so the context's open streams end with ABORTED naming the wait, and
+    /// the client's pending ops fail with it. The context goes on.
+    pub fn end_stalled_streams(&self, waited: Duration, waiting_for: &str) -> StalledWait {
+        let idle = self.idle_for();
+        if self.is_busy() {
+            return StalledWait::Busy;
+        }
+        if idle + Duration::from_secs(1) < waited {
+            return StalledWait::Active;
+        }
+        let reason = format!(
+            "the script waited {:.0} s for {waiting_for}, while the Salus server had nothing queued or running \
+             for this eager context for {:.0} s and no Python callback of the script was running: the wait \
+             could never end, so the server ended the context's request stream (a lost request or a server \
+             fault; please report it with the server's log). The context goes on",
+            waited.as_secs_f64(),
+            idle.as_secs_f64()
+        );
+        let streams: Vec<Arc<StreamState>> = lock(&self.streams)
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .collect();
+        let open: Vec<_> = streams
+            .iter()
+            .filter(|s| !s.failed.load(Ordering::SeqCst))
+            .collect();
+        if open.is_empty() {
+            return StalledWait::NoOpenStream;
+        }
+        tracing::warn!(context = self.context_id, streams = open.len(), %reason, "ending a stalled wait");
+        for stream in open {
+            stream.end(reason.clone());
+        }
+        StalledWait::Ended
     }
 
     /// Returns the streams still open.
@@ -450,6 +537,9 @@ impl EagerJob {
     ) -> Result<oneshot::Receiver<Result<Vec<ItemOutput>>>> {
         self.touch();
         let (reply, rx) = oneshot::channel();
+        let Some(reply) = crate::runtime::stall_fault::stall(&items, reply) else {
+            return Ok(rx);
+        };
         let names: Vec<String> = items.iter().filter_map(Item::send_tensor_name).collect();
         let queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
         let Some(queue) = queue.as_ref() else {

@@ -35,7 +35,9 @@ fn session_not_found(handle: &str) -> Error {
 
 fn context_not_found(context_id: u64) -> Error {
     match PREDECESSOR_DEATH.get() {
-        Some(note) => Error::LostWithExecutor(format!("eager context {context_id} is gone: {note}")),
+        Some(note) => {
+            Error::LostWithExecutor(format!("eager context {context_id} is gone: {note}"))
+        }
         None => Error::ContextNotFound(context_id),
     }
 }
@@ -244,13 +246,18 @@ impl ContextTable {
 
     /// `tenant`'s context, marked as used now.
     pub fn get(&self, tenant: &TenantKey, context_id: u64) -> Result<Arc<EagerJob>> {
-        let job = self
-            .jobs()
-            .get(&(tenant.clone(), context_id))
-            .map(|e| e.job.clone())
-            .ok_or_else(|| context_not_found(context_id))?;
+        let job = self.peek(tenant, context_id)?;
         job.touch();
         Ok(job)
+    }
+
+    /// [`get`](Self::get) without counting as the context's use (a question
+    /// about its idleness must not reset it).
+    pub fn peek(&self, tenant: &TenantKey, context_id: u64) -> Result<Arc<EagerJob>> {
+        self.jobs()
+            .get(&(tenant.clone(), context_id))
+            .map(|e| e.job.clone())
+            .ok_or_else(|| context_not_found(context_id))
     }
 
     /// Finds a context by job id (decimal), handle or name.
@@ -330,7 +337,9 @@ mod tests {
     fn unknown_handles_are_not_found() {
         let table = SessionTable::new();
         let anyone = TenantKey::Anonymous;
-        assert!(matches!(table.get("nope", &anyone), Err(Error::SessionNotFound(h)) if h == "nope"));
+        assert!(
+            matches!(table.get("nope", &anyone), Err(Error::SessionNotFound(h)) if h == "nope")
+        );
         assert!(matches!(
             table.remove("nope", &anyone),
             Err(Error::SessionNotFound(_))

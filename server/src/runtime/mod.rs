@@ -18,6 +18,7 @@ pub mod run_class;
 pub mod run_errors;
 pub mod run_stats;
 pub mod session_config;
+pub mod stall_fault;
 pub mod state;
 pub mod tenant_ids;
 pub mod timeline;

@@ -266,9 +266,10 @@ impl EagerService for Eager {
             stream.clone(),
         ));
         let state = self.state.clone();
+        let writer_stream = stream.clone();
         tokio::spawn(async move {
             let closed = out_tx.clone();
-            let errored = write_stream(pending_rx, out_tx).await;
+            let errored = write_stream(pending_rx, out_tx, &writer_stream).await;
             stream.failed.store(true, Ordering::SeqCst);
             if errored {
                 // The transport drops the receiver once it has sent the status
@@ -384,7 +385,7 @@ async fn read_stream(
                     )),
                     None => {
                         let j = state.contexts.get(&tenant.key, req.context_id)?;
-                        j.stream_opened();
+                        j.stream_opened(&stream);
                         job = Some(j.clone());
                         j
                     }
@@ -402,18 +403,31 @@ async fn read_stream(
 }
 
 /// Answers a stream's requests in order; the first error ends the stream with
-/// its status, as TensorFlow's worker does. Returns whether it ended in error.
+/// its status, as TensorFlow's worker does, and so does the server ending the
+/// stream ahead of its pending replies (`StreamState::end`). Returns whether
+/// it ended in error.
 async fn write_stream(
     mut pending: mpsc::UnboundedReceiver<PendingReply>,
     out: mpsc::Sender<Result<EnqueueResponse, Status>>,
+    stream: &StreamState,
 ) -> bool {
-    while let Some(reply) = pending.recv().await {
+    loop {
+        let reply = tokio::select! {
+            reply = pending.recv() => match reply {
+                Some(reply) => reply,
+                None => return false,
+            },
+            reason = stream.ended() => Err(Error::Aborted(reason)),
+        };
         let outcome = match reply {
-            Ok(rx) => rx.await.unwrap_or_else(|_| {
-                Err(Error::ContextGone(
-                    "eager context not found: it was closed while the request ran".into(),
-                ))
-            }),
+            Ok(rx) => tokio::select! {
+                outputs = rx => outputs.unwrap_or_else(|_| {
+                    Err(Error::ContextGone(
+                        "eager context not found: it was closed while the request ran".into(),
+                    ))
+                }),
+                reason = stream.ended() => Err(Error::Aborted(reason)),
+            },
             Err(err) => Err(err),
         };
         match outcome {
@@ -428,7 +442,6 @@ async fn write_stream(
             }
         }
     }
-    false
 }
 
 /// Reclaims a context once its client is gone: no stream open and no request
@@ -521,6 +534,26 @@ pub fn tensor_name(key: &str) -> Result<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn an_ended_stream_answers_aborted_ahead_of_a_reply_that_never_comes() {
+        let (pending_tx, pending_rx) = mpsc::unbounded_channel::<PendingReply>();
+        let (out_tx, mut out_rx) = mpsc::channel(4);
+        let (never, stalled) = oneshot::channel();
+        pending_tx.send(Ok(stalled)).unwrap();
+        let stream = Arc::new(StreamState::new());
+        let writer = tokio::spawn({
+            let stream = stream.clone();
+            async move { write_stream(pending_rx, out_tx, &stream).await }
+        });
+        tokio::task::yield_now().await;
+        stream.end("nothing can answer".into());
+        assert!(writer.await.unwrap(), "the stream ends in error");
+        let status = out_rx.recv().await.unwrap().unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Aborted);
+        assert_eq!(status.message(), "nothing can answer");
+        drop(never);
+    }
 
     #[test]
     fn job_names_follow_tensorflow() {

@@ -1,0 +1,43 @@
+//! A fault for tests of the client's stalled waits: with `SALUS_FAULT_STALL_OP`
+//! set to an op type, an eager request executing that op is neither run nor
+//! answered, and the context shows nothing queued or running. The client's
+//! wait for it can then only end through `PythonCallbacks/EndStalledWait`.
+//! Never set outside tests.
+
+use std::sync::{Mutex, OnceLock};
+
+use tokio::sync::oneshot;
+
+use crate::error::Result;
+use crate::runtime::eager_job::{Item, ItemOutput};
+
+type Reply = oneshot::Sender<Result<Vec<ItemOutput>>>;
+
+fn stalled_op() -> Option<&'static str> {
+    static OP: OnceLock<Option<String>> = OnceLock::new();
+    OP.get_or_init(|| {
+        let op = std::env::var("SALUS_FAULT_STALL_OP").ok().filter(|op| !op.is_empty());
+        if let Some(op) = &op {
+            tracing::warn!(op, "SALUS_FAULT_STALL_OP: eager requests executing this op are never answered (a test fault)");
+        }
+        op
+    })
+    .as_deref()
+}
+
+/// Whether the request must stall; if so its reply is kept, unanswered, for
+/// the life of the process (dropping it would answer with an error).
+pub fn stall(items: &[Item], reply: Reply) -> Option<Reply> {
+    let Some(op) = stalled_op() else {
+        return Some(reply);
+    };
+    if !items
+        .iter()
+        .any(|item| matches!(item, Item::Execute(e) if e.name == op))
+    {
+        return Some(reply);
+    }
+    static HELD: Mutex<Vec<Reply>> = Mutex::new(Vec::new());
+    HELD.lock().unwrap_or_else(|e| e.into_inner()).push(reply);
+    None
+}
