@@ -6,6 +6,7 @@
 //! deploy/k8s/README.md.
 
 mod allocations;
+mod authority;
 mod kubelet;
 mod plugin;
 mod salus_node;
