@@ -329,7 +329,11 @@ mod tests {
         for len in [126, 127, 128, 255, 16_383, 70_000] {
             let value = "x".repeat(len);
             let block = headers(&[("x-long", &value)]);
-            assert_eq!(through_relay(&[block.clone()])[0], block, "length {len}");
+            assert_eq!(
+                through_relay(std::slice::from_ref(&block))[0],
+                block,
+                "length {len}"
+            );
         }
     }
 

@@ -62,8 +62,8 @@ struct Args {
     /// Seconds between polls of the server: health, capacity, memory reserved
     /// by tokens the plugin did not issue (those units are advertised
     /// unhealthy, so the kubelet does not count them allocatable), jobs. Also
-    /// the first wait before adopting an earlier run's tokens is tried again
-    /// while the server does not answer (doubling, at most 60 s).
+    /// the first wait before adopting an earlier run's tokens is retried while
+    /// the server does not answer (then doubling, at most 60 s).
     #[arg(long, default_value_t = 5.0)]
     poll: f64,
 }
