@@ -12,15 +12,24 @@ token whose job never came (after 25 s), and one whose jobs ended (after 2 s), a
 is recreated (a kubelet restart); unknown devices and reservations beyond the server are refused with the
 server's reason. Costs about 30 s: two TensorFlow processes (the script in-process and through the server),
 one server restart, a few seconds of the plugin's release timers.
+
+Also checked (issue 40; about 11 s more, two extra servers and plugins): units another tenant's token
+reserves are advertised unhealthy (not allocatable) until it is revoked; a grpc-python client with default
+channel options (its `:authority` is the socket's path) reaches the plugin; a 2 s job that no poll saw open
+has its reservation released --release-after after the next poll; a plugin started before its server
+adopts the earlier run's tokens once the server answers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from concurrent import futures
 from pathlib import Path
@@ -28,6 +37,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+import salus_wire as wire
 from conftest import REPO, SalusProcess, last_json_line, venv_python, wait_until
 from server_ctl import ctl, ctl_json
 from test_python_adapter import salus_package  # noqa: F401  (module fixture: python/ installed)
@@ -96,36 +106,69 @@ class StandInKubelet:
         self.server.stop(0)
 
 
-@pytest.fixture(scope="module")
-def node(api, tmp_path_factory):
-    """A salus-server (2 GiB), the plugin, and the stand-in kubelet."""
+def start_plugin(server_address: str, plugins: Path, log_path: Path, *flags: str) -> tuple[subprocess.Popen, object]:
     binary = plugin_bin()
     if not binary.exists():
         pytest.fail(f"{binary} is missing: build it (cargo build --release -p salus-k8s)")
+    log = open(log_path, "wb")
+    plugin = subprocess.Popen([str(binary), "--server", server_address, "--plugin-dir", str(plugins),
+                               "--unit-mib", str(UNIT_MIB), *flags], stderr=log, stdout=log,
+                              stdin=subprocess.DEVNULL)
+    return plugin, log
+
+
+def stop_plugin(plugin: subprocess.Popen, log) -> None:
+    if plugin.poll() is None:
+        plugin.send_signal(signal.SIGTERM)
+        try:
+            plugin.wait(10)
+        except subprocess.TimeoutExpired:
+            plugin.kill()
+            plugin.wait(10)
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def node(api, tmp_path_factory):
+    """A salus-server (2 GiB), the plugin, and the stand-in kubelet."""
     directory = tmp_path_factory.mktemp("k8s")
     plugins = directory / "device-plugins"
     plugins.mkdir()
     server = SalusProcess(directory / "salus-server.stderr.log", ("--memory-capacity", "2GiB"))
     kubelet = StandInKubelet(api, plugins)
-    log = open(directory / "plugin.stderr.log", "wb")
-    plugin = subprocess.Popen([str(binary), "--server", server.address, "--plugin-dir", str(plugins),
-                               "--unit-mib", str(UNIT_MIB), "--poll", "0.3", "--release-after", "2",
-                               "--unused-timeout", "25"], stderr=log, stdout=log, stdin=subprocess.DEVNULL)
+    plugin, log = start_plugin(server.address, plugins, directory / "plugin.stderr.log", "--poll", "0.3",
+                               "--release-after", "2", "--unused-timeout", "25")
+    state = {"server": server, "kubelet": kubelet, "plugin": plugin, "log": directory / "plugin.stderr.log",
+             "dir": directory, "plugins": plugins}
+    try:
+        yield state
+    finally:
+        stop_plugin(plugin, log)
+        kubelet.stop()
+        state["server"].kill()
+
+
+@contextlib.contextmanager
+def another_node(api, directory: Path, *plugin_flags: str, server_address: str | None = None):
+    """A node of its own (server, stand-in kubelet, plugin), for a plugin with other flags than the module's
+    (or one that would adopt the module plugin's tokens); `server_address`: where the plugin dials instead of
+    the caller's server instead of one of its own (through a relay that is not up yet)."""
+    plugins = directory / "device-plugins"
+    plugins.mkdir(parents=True)
+    server = None if server_address else SalusProcess(directory / "salus-server.stderr.log",
+                                                      ("--memory-capacity", "2GiB"))
+    kubelet = StandInKubelet(api, plugins)
+    plugin, log = start_plugin(server_address or server.address, plugins, directory / "plugin.stderr.log",
+                               *plugin_flags)
     state = {"server": server, "kubelet": kubelet, "plugin": plugin, "log": directory / "plugin.stderr.log",
              "dir": directory}
     try:
         yield state
     finally:
-        if plugin.poll() is None:
-            plugin.send_signal(signal.SIGTERM)
-            try:
-                plugin.wait(10)
-            except subprocess.TimeoutExpired:
-                plugin.kill()
-                plugin.wait(10)
-        log.close()
+        stop_plugin(plugin, log)
         kubelet.stop()
-        state["server"].kill()
+        if server:
+            server.kill()
 
 
 def plugin_log(node) -> str:
@@ -252,3 +295,165 @@ def test_health_follows_the_server_and_the_plugin_registers_again_after_a_kubele
     assert len(next_devices(stream, lambda d: len(d) > 0)) == 8
     stream.cancel()
     assert node["plugin"].poll() is None, plugin_log(node)
+
+
+def healthy_ids(devices) -> list[str]:
+    return [d.ID for d in devices if d.health == "Healthy"]
+
+
+def test_units_another_tenant_reserved_are_not_advertised_free(node):
+    """A token issued outside Kubernetes (Slurm, Ray, an admin) reserves memory: its units are advertised
+    unhealthy, so the kubelet counts them out of the node's allocatable, and healthy again when it is gone.
+    The units the plugin's own pods hold stay healthy (the kubelet counts those itself)."""
+    address = node["server"].address
+    _, stream = devices_stream(node)
+    next_devices(stream, lambda d: len(healthy_ids(d)) == 8)
+    ours = allocate(node, ["salus-mem-0", "salus-mem-1"]).annotations["salus.io/token-id"]
+    other = ctl_json(address, "token", "issue", "--tenant", "slurm-job-7", "--memory", "1GiB")
+    try:
+        devices = next_devices(stream, lambda d: len(healthy_ids(d)) == 4)
+        assert len(devices) == 8, devices  # the IDs stay: capacity 8, allocatable 4
+        assert {"salus-mem-0", "salus-mem-1"} <= set(healthy_ids(devices)), devices
+        # A part of a unit is a whole unit taken.
+        more = ctl_json(address, "token", "issue", "--tenant", "ray-actor", "--memory", "1MiB")
+        next_devices(stream, lambda d: len(healthy_ids(d)) == 3)
+        ctl(address, "token", "revoke", more["id"])
+    finally:
+        ctl(address, "token", "revoke", other["id"])
+    next_devices(stream, lambda d: len(healthy_ids(d)) == 8)
+    stream.cancel()
+    ctl(address, "token", "revoke", ours)
+
+
+def test_a_grpc_python_client_with_default_options_reaches_the_plugin(node):
+    """grpc-python sends the socket's path as `:authority`, which the HTTP/2 layer would refuse."""
+    pb, rpc = node["kubelet"].pb, node["kubelet"].rpc
+    with grpc.insecure_channel(f"unix://{node['plugins'] / node['endpoint']}") as channel:
+        stub = rpc.DevicePluginStub(channel)
+        assert not stub.GetDevicePluginOptions(pb.Empty(), timeout=10).pre_start_required
+        stream = stub.ListAndWatch(pb.Empty(), timeout=30)
+        assert len(next(stream).devices) == 8
+        stream.cancel()
+
+
+def token_channel(address: str, token: str) -> grpc.Channel:
+    return grpc.insecure_channel(address, options=[("grpc.primary_user_agent", f"salus1.{token}")])
+
+
+class LateRelay:
+    """A TCP relay to `target` on a port of its own that accepts nothing until `start()` (and after `pause()`):
+    to the plugin, a server that is not up (the server itself is up all along)."""
+
+    def __init__(self, target: str):
+        self.target = target
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        self.port = probe.getsockname()[1]
+        probe.close()  # refused until start() listens on it
+        self.listener = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", self.port))
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def pause(self) -> None:
+        """New connections are refused again (the plugin opens one per poll); start() resumes."""
+        self.stop()
+
+    def _accept(self) -> None:
+        host, port = self.target.rsplit(":", 1)
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection((host, int(port)))
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                dst.shutdown(socket.SHUT_WR)
+
+    def stop(self) -> None:
+        if self.listener:
+            # shutdown first: a close alone leaves the port listening while accept() blocks on it.
+            with contextlib.suppress(OSError):
+                self.listener.shutdown(socket.SHUT_RDWR)
+            self.listener.close()
+
+
+def test_a_plugin_started_before_its_server_adopts_the_earlier_runs_tokens(api, tmp_path):
+    """Adoption is tried again (backing off) until the server answers, then the adopted token is managed:
+    no job ever came, so it is released after --unused-timeout."""
+    relay = None
+    try:
+        with contextlib.ExitStack() as stack:
+            server = SalusProcess(tmp_path / "earlier-server.stderr.log", ("--memory-capacity", "2GiB"))
+            stack.callback(server.kill)
+            earlier = ctl_json(server.address, "token", "issue", "--tenant", "k8s-earlier0run", "--memory",
+                               "256MiB")
+            relay = LateRelay(server.address)
+            n = stack.enter_context(another_node(api, tmp_path / "node", "--poll", "0.3", "--unused-timeout",
+                                                 "2", server_address=relay.address))
+            log = n["log"]
+            assert wait_until(lambda: "cannot adopt the tokens of an earlier run yet" in log.read_text(),
+                              timeout=20, interval=0.1), plugin_log(n)
+            relay.start()
+            assert wait_until(lambda: "adopted the tokens of an earlier run" in log.read_text(), timeout=20,
+                              interval=0.1), plugin_log(n)
+            assert wait_until(lambda: earlier["id"] not in token_ids(server.address), timeout=20,
+                              interval=0.2), plugin_log(n)
+            assert "no job of it reached the server in time" in plugin_log(n)
+    finally:
+        if relay:
+            relay.stop()
+
+
+def test_a_job_shorter_than_the_poll_releases_its_reservation_after_release_after(api, tmp_path):
+    """A 2 s job that no poll (every 3 s) sees open: the server counts the jobs each reservation's tenant
+    started, so the plugin learns the job came and went and releases its token --release-after (2 s) after
+    the poll that saw the count, not after --unused-timeout (120 s). That no poll sees it open is made sure,
+    not left to chance: the plugin's way to the server is cut while the job runs."""
+    poll, release_after = 3, 2  # whole seconds: --release-after takes an integer
+    relay = None
+    try:
+        with contextlib.ExitStack() as stack:
+            server = SalusProcess(tmp_path / "salus-server.stderr.log", ("--memory-capacity", "2GiB"))
+            stack.callback(server.kill)
+            relay = LateRelay(server.address)
+            relay.start()
+            n = stack.enter_context(another_node(api, tmp_path / "node", "--poll", str(poll), "--release-after",
+                                                 str(release_after), "--unused-timeout", "120",
+                                                 server_address=relay.address))
+            n["endpoint"] = n["kubelet"].registered().endpoint
+            reply = allocate(n, ["salus-mem-0"])
+            token_id = reply.annotations["salus.io/token-id"]
+            relay.pause()
+            with token_channel(server.address, reply.envs["SALUS_TOKEN"]) as channel:
+                request = wire.create_session_request(b"")
+                handle = wire.first(wire.call(channel, "CreateSession", request), 1).decode()
+                time.sleep(2)  # the job's length (what is tested), not a wait for something
+                wire.call(channel, "CloseSession", wire.close_session_request(handle))
+            relay.start()
+            back = time.monotonic()
+            assert wait_until(lambda: token_id not in token_ids(server.address),
+                              timeout=poll + release_after + poll + 5, interval=0.2), plugin_log(n)
+            # Released at the first poll --release-after past the one that saw the count go up.
+            took = time.monotonic() - back
+            assert took <= poll + release_after + poll + 1, (took, plugin_log(n))
+            assert "releasing a reservation: its jobs ended" in plugin_log(n)
+    finally:
+        if relay:
+            relay.stop()

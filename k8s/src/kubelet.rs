@@ -10,9 +10,10 @@ use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
 use tokio::net::{UnixListener, UnixStream};
-use tokio_stream::wrappers::UnixListenerStream;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Endpoint, Server, Uri};
 
+use crate::authority;
 use crate::plugin::Plugin;
 use crate::v1beta1::device_plugin_server::DevicePluginServer;
 use crate::v1beta1::registration_client::RegistrationClient;
@@ -60,6 +61,30 @@ async fn register(reg: &Registration) -> Result<(), String> {
     Ok(())
 }
 
+/// The listener's connections, each relayed through `authority::relay` (so
+/// that any `:authority` is taken) to the end of a socket pair the server
+/// gets. Ends when the server stops taking connections.
+fn relayed(listener: UnixListener) -> ReceiverStream<std::io::Result<UnixStream>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    tokio::spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                accepted = listener.accept() => accepted,
+                _ = tx.closed() => return,
+            };
+            let connection = accepted.and_then(|(client, _)| {
+                let (server_end, relay_end) = UnixStream::pair()?;
+                tokio::spawn(authority::relay(client, relay_end));
+                Ok(server_end)
+            });
+            if tx.send(connection).await.is_err() {
+                return;
+            }
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
 /// Serves and registers the plugin for as long as the process lives.
 pub async fn run(plugin: Arc<Plugin>, reg: Registration) -> std::io::Result<()> {
     let ours = reg.dir.join(&reg.socket_name);
@@ -72,7 +97,7 @@ pub async fn run(plugin: Arc<Plugin>, reg: Registration) -> std::io::Result<()> 
         let server = tokio::spawn(
             Server::builder()
                 .add_service(DevicePluginServer::new(plugin.clone()))
-                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
+                .serve_with_incoming_shutdown(relayed(listener), async {
                     let _ = stop_rx.await;
                 }),
         );

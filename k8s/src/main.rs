@@ -1,11 +1,13 @@
 //! `salus-device-plugin`: a Kubernetes device plugin for a node's salus-server.
 //! It advertises the server's shareable device memory as the extended resource
 //! `salus.io/gpu-mem`, in units of `--unit-mib`, healthy while the server
-//! answers; on Allocate it asks the server for a token whose reservation is the
+//! answers, less the units other tenants' tokens reserve (Slurm, Ray, an
+//! admin); on Allocate it asks the server for a token whose reservation is the
 //! allocated units and gives the container SALUS_SERVER and SALUS_TOKEN. See
 //! deploy/k8s/README.md.
 
 mod allocations;
+mod authority;
 mod kubelet;
 mod plugin;
 mod salus_node;
@@ -46,16 +48,22 @@ struct Args {
     #[arg(long, default_value = "salus-gpu-mem.sock")]
     socket_name: String,
     /// Seconds after which an allocation none of whose jobs reached the server
-    /// is released (its token revoked).
+    /// is released (its token revoked): the pod never ran, or never connected.
     #[arg(long, default_value_t = 600)]
     unused_timeout: u64,
-    /// Seconds after its last job ended that an allocation is released.
+    /// Seconds after its last job ended that an allocation is released (its
+    /// token revoked). A job shorter than --poll counts too: the server counts
+    /// the jobs each reservation's tenant started.
     #[arg(long, default_value_t = 300)]
     release_after: u64,
     /// Lifetime of the tokens handed out, in seconds (0: until released).
     #[arg(long, default_value_t = 0)]
     token_expires: u64,
-    /// Seconds between polls of the server (health, capacity, jobs).
+    /// Seconds between polls of the server: health, capacity, memory reserved
+    /// by tokens the plugin did not issue (those units are advertised
+    /// unhealthy, so the kubelet does not count them allocatable), jobs. Also
+    /// the first wait before adopting an earlier run's tokens is retried while
+    /// the server does not answer (then doubling, at most 60 s).
     #[arg(long, default_value_t = 5.0)]
     poll: f64,
 }
@@ -95,23 +103,19 @@ async fn main() {
             Duration::from_secs(args.release_after),
         ),
     );
-    match plugin.refresh_devices().await {
-        Ok(mib) => tracing::info!(
+    let poll_every = Duration::from_secs_f64(args.poll);
+    match plugin.refresh().await {
+        Ok(look) => tracing::info!(
             server = args.server,
-            capacity_mib = mib,
-            units = mib / args.unit_mib,
+            capacity_mib = look.capacity_mib,
+            units = look.capacity_mib / args.unit_mib,
             "salus-server found"
         ),
         Err(err) => tracing::warn!("{err}: advertising no devices until it answers"),
     }
-    match plugin.adopt().await {
-        Ok(0) | Err(_) => {}
-        Ok(n) => tracing::info!(tokens = n, "adopted the tokens of an earlier run"),
-    }
-    tokio::spawn(plugin::poll(
-        plugin.clone(),
-        Duration::from_secs_f64(args.poll),
-    ));
+    // The server may come up after the plugin (both started at boot).
+    tokio::spawn(plugin::adopt_until_done(plugin.clone(), poll_every));
+    tokio::spawn(plugin::poll(plugin.clone(), poll_every));
     let registration = kubelet::Registration {
         dir: args.plugin_dir,
         socket_name: args.socket_name,

@@ -3,17 +3,17 @@
 //! whose reservation is the allocated units, handed to the container as
 //! SALUS_SERVER and SALUS_TOKEN.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::allocations::{Allocation, Allocations};
-use crate::salus_node::{Node, NodeError};
+use crate::salus_node::{Look, Node, NodeError, MIB};
 use crate::v1beta1::device_plugin_server::DevicePlugin;
 use crate::v1beta1::*;
 
@@ -36,21 +36,54 @@ pub struct Plugin {
     pub settings: Settings,
     pub allocations: Mutex<Allocations>,
     devices: watch::Sender<Vec<Device>>,
+    /// Poked when the server answers again: a pending adoption tries at once.
+    server_back: Notify,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The devices standing for `capacity_mib` of memory, `unit_mib` each.
-pub fn devices(capacity_mib: u64, unit_mib: u64, health: &str) -> Vec<Device> {
-    (0..capacity_mib / unit_mib.max(1))
+/// The units other tenants' reservations take out of the pool: those of
+/// tokens the plugin did not issue (their tenant lacks `TENANT_PREFIX`). The
+/// plugin's own are left out because the kubelet already counts them, as the
+/// devices of its pods; a part of a unit is a whole unit taken.
+pub fn units_reserved_elsewhere(reserved_bytes: &HashMap<String, u64>, unit_mib: u64) -> u64 {
+    let elsewhere: u64 = reserved_bytes
+        .iter()
+        .filter(|(tenant, _)| !tenant.starts_with(TENANT_PREFIX))
+        .map(|(_, bytes)| *bytes)
+        .sum();
+    elsewhere.div_ceil(unit_mib.max(1) * MIB)
+}
+
+/// The devices standing for `capacity_mib` of memory, `unit_mib` each. All
+/// are listed, so their IDs stay the same as reservations come and go; the
+/// `withheld` units reserved elsewhere are marked unhealthy, which the kubelet
+/// leaves out of the node's allocatable count. Withheld are the highest IDs
+/// none of the plugin's allocations holds (preferred allocations start from
+/// the lowest); when fewer are free than withheld, the rest are already the
+/// kubelet's to count.
+pub fn devices(
+    capacity_mib: u64,
+    unit_mib: u64,
+    withheld: u64,
+    held: &HashSet<String>,
+) -> Vec<Device> {
+    let mut devices: Vec<Device> = (0..capacity_mib / unit_mib.max(1))
         .map(|i| Device {
             id: format!("salus-mem-{i}"),
-            health: health.to_string(),
+            health: HEALTHY.to_string(),
             topology: None,
         })
-        .collect()
+        .collect();
+    devices
+        .iter_mut()
+        .rev()
+        .filter(|d| !held.contains(&d.id))
+        .take(withheld.try_into().unwrap_or(usize::MAX))
+        .for_each(|d| d.health = UNHEALTHY.into());
+    devices
 }
 
 fn random_hex(bytes: usize) -> String {
@@ -80,15 +113,22 @@ impl Plugin {
             settings,
             allocations: Mutex::new(allocations),
             devices: watch::channel(Vec::new()).0,
+            server_back: Notify::new(),
         })
     }
 
-    /// Asks the server for its capacity; publishes the devices (all unhealthy
-    /// while it cannot be reached or shares no memory) when they change.
-    pub async fn refresh_devices(&self) -> Result<u64, NodeError> {
-        let capacity = self.node.capacity_mib().await;
-        let now = match &capacity {
-            Ok(mib) => devices(*mib, self.settings.unit_mib, HEALTHY),
+    /// Looks at the server: publishes the devices (all unhealthy while it
+    /// cannot be reached or shares no memory) when they change, and releases
+    /// allocations whose pods are gone (see `allocations`).
+    pub async fn refresh(&self) -> Result<Look, NodeError> {
+        let look = self.node.look().await;
+        let now = match &look {
+            Ok(look) => {
+                let withheld =
+                    units_reserved_elsewhere(&look.reserved_bytes, self.settings.unit_mib);
+                let held = lock(&self.allocations).devices_held();
+                devices(look.capacity_mib, self.settings.unit_mib, withheld, &held)
+            }
             Err(_) => {
                 // Keep the IDs the kubelet knows, marked unhealthy.
                 let mut known = self.devices.borrow().clone();
@@ -96,20 +136,28 @@ impl Plugin {
                 known
             }
         };
+        let healthy = |devices: &[Device]| devices.iter().filter(|d| d.health == HEALTHY).count();
+        let mut changed = None;
         self.devices.send_if_modified(|devices| {
             if *devices == now {
                 return false;
             }
+            changed = Some((healthy(devices), healthy(&now), now.len()));
             *devices = now;
             true
         });
-        capacity
-    }
-
-    /// Releases allocations whose pods are gone (see `allocations`).
-    pub async fn sweep(&self) -> Result<(), NodeError> {
-        let with_jobs = self.node.tenants_with_jobs().await?;
-        let released = lock(&self.allocations).sweep(&with_jobs, Instant::now());
+        let look = look?;
+        if let Some((before, after, all)) = changed {
+            if before != after && after > 0 {
+                tracing::info!(
+                    free = after,
+                    units = all,
+                    reserved_elsewhere = all - after,
+                    "units advertised as free changed"
+                );
+            }
+        }
+        let released = lock(&self.allocations).sweep(&look.jobs, Instant::now());
         for (a, why) in released {
             tracing::info!(
                 token = a.token_id,
@@ -119,7 +167,7 @@ impl Plugin {
             );
             self.node.revoke(&a.token_id).await?;
         }
-        Ok(())
+        Ok(look)
     }
 
     /// Takes over the tokens an earlier run of the plugin issued.
@@ -135,6 +183,7 @@ impl Plugin {
                     devices: Vec::new(),
                     issued: Instant::now(),
                     last_job: None,
+                    jobs_started: 0,
                 });
                 adopted += 1;
             }
@@ -187,6 +236,7 @@ impl Plugin {
             devices: ids.clone(),
             issued: Instant::now(),
             last_job: None,
+            jobs_started: 0,
         });
         Ok(ContainerAllocateResponse {
             envs: HashMap::from([
@@ -307,14 +357,11 @@ pub async fn poll(plugin: Arc<Plugin>, every: Duration) {
     let mut reachable = true;
     loop {
         tick.tick().await;
-        let result = match plugin.refresh_devices().await {
-            Ok(_) => plugin.sweep().await,
-            Err(err) => Err(err),
-        };
-        match result {
-            Ok(()) if !reachable => {
+        match plugin.refresh().await {
+            Ok(_) if !reachable => {
                 tracing::info!("salus-server is back: devices healthy");
                 reachable = true;
+                plugin.server_back.notify_one();
             }
             Err(err) if reachable => {
                 tracing::warn!("{err}: devices unhealthy until it answers");
@@ -322,5 +369,124 @@ pub async fn poll(plugin: Arc<Plugin>, every: Duration) {
             }
             _ => {}
         }
+    }
+}
+
+/// The longest wait between two tries at adopting tokens: the plugin works
+/// meanwhile, only an earlier run's tokens are not released yet; and the
+/// poll cuts the wait short once the server answers.
+pub const ADOPT_RETRY_MAX: Duration = Duration::from_secs(60);
+
+/// The wait before try `attempt` (1, 2, ...) after `first`: doubling, at most
+/// `ADOPT_RETRY_MAX`.
+pub fn adopt_backoff(first: Duration, attempt: u32) -> Duration {
+    first
+        .saturating_mul(1u32 << attempt.saturating_sub(1).min(16))
+        .min(ADOPT_RETRY_MAX)
+}
+
+/// Adopts an earlier run's tokens (see `adopt`), trying again until the
+/// server answers: at `first`, doubling, and at once when the poll finds the
+/// server back.
+pub async fn adopt_until_done(plugin: Arc<Plugin>, first: Duration) {
+    let mut attempt = 0;
+    loop {
+        match plugin.adopt().await {
+            Ok(0) => return,
+            Ok(n) => {
+                tracing::info!(tokens = n, "adopted the tokens of an earlier run");
+                return;
+            }
+            Err(err) => {
+                attempt += 1;
+                let wait = adopt_backoff(first, attempt);
+                tracing::warn!(
+                    attempt,
+                    retry_in_s = wait.as_secs_f64(),
+                    "cannot adopt the tokens of an earlier run yet: {err}"
+                );
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = plugin.server_back.notified() => {}
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn free(devices: &[Device]) -> Vec<&str> {
+        devices
+            .iter()
+            .filter(|d| d.health == HEALTHY)
+            .map(|d| d.id.as_str())
+            .collect()
+    }
+
+    #[test]
+    fn reservations_of_other_tenants_take_whole_units_and_the_plugins_own_none() {
+        let unit = 256;
+        let reserved = |pairs: &[(&str, u64)]| -> HashMap<String, u64> {
+            pairs.iter().map(|&(t, b)| (t.to_string(), b)).collect()
+        };
+        assert_eq!(units_reserved_elsewhere(&reserved(&[]), unit), 0);
+        assert_eq!(
+            units_reserved_elsewhere(&reserved(&[("slurm-1", 1 << 30)]), unit),
+            4
+        );
+        // 1 byte over 512 MiB takes a third unit; the plugin's tenants count nothing.
+        let mixed = reserved(&[("ray", 512 * MIB + 1), ("k8s-ab12", 1 << 30)]);
+        assert_eq!(units_reserved_elsewhere(&mixed, unit), 3);
+    }
+
+    #[test]
+    fn withheld_units_are_the_highest_free_ids_and_ids_stay_put() {
+        let none = HashSet::new();
+        let all = devices(2048, 256, 0, &none);
+        assert_eq!(all.len(), 8);
+        assert_eq!(free(&all).len(), 8);
+        let some = devices(2048, 256, 3, &none);
+        assert_eq!(some.len(), 8);
+        assert_eq!(
+            free(&some),
+            [
+                "salus-mem-0",
+                "salus-mem-1",
+                "salus-mem-2",
+                "salus-mem-3",
+                "salus-mem-4"
+            ]
+        );
+        // Units the plugin's pods hold are never the ones withheld.
+        let held: HashSet<String> = ["salus-mem-7".into(), "salus-mem-5".into()].into();
+        let around = devices(2048, 256, 3, &held);
+        assert_eq!(
+            free(&around),
+            [
+                "salus-mem-0",
+                "salus-mem-1",
+                "salus-mem-2",
+                "salus-mem-5",
+                "salus-mem-7"
+            ]
+        );
+        // More withheld than free: all free ones withheld, the held stay healthy.
+        let over = devices(2048, 256, 100, &held);
+        assert_eq!(free(&over), ["salus-mem-5", "salus-mem-7"]);
+        // The memory short of a unit is no device.
+        assert_eq!(devices(2047, 256, 0, &none).len(), 7);
+    }
+
+    #[test]
+    fn adoption_retries_back_off_to_a_ceiling() {
+        let first = Duration::from_millis(500);
+        let waits: Vec<f64> = (1..=9)
+            .map(|a| adopt_backoff(first, a).as_secs_f64())
+            .collect();
+        assert_eq!(waits, [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0]);
+        assert_eq!(adopt_backoff(first, u32::MAX), ADOPT_RETRY_MAX);
     }
 }

@@ -2,7 +2,7 @@
 //! with reservations, and which tenants have jobs. The plugin runs as root on
 //! the node, so the server takes it for an admin over loopback.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 
 use salus_proto::salus::v1::admin_client::AdminClient;
 use salus_proto::salus::v1::{
@@ -11,7 +11,22 @@ use salus_proto::salus::v1::{
 };
 use tonic::transport::Channel;
 
-const MIB: u64 = 1 << 20;
+use crate::allocations::TenantJobs;
+
+pub const MIB: u64 = 1 << 20;
+
+/// What one poll reads from the server.
+#[derive(Debug, Default)]
+pub struct Look {
+    /// The device memory the server shares, in MiB.
+    pub capacity_mib: u64,
+    /// Memory reserved by issued tokens, by tenant (what admission holds for
+    /// each: `ctl jobs` shows it as "reserved for").
+    pub reserved_bytes: HashMap<String, u64>,
+    /// Each tenant's jobs, open now and (for tenants with reservations, as
+    /// all of the plugin's have) started so far.
+    pub jobs: HashMap<String, TenantJobs>,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
@@ -55,11 +70,10 @@ impl Node {
         }
     }
 
-    /// The device memory the server shares, in MiB.
-    pub async fn capacity_mib(&self) -> Result<u64, NodeError> {
-        let info = self
-            .admin()
-            .await?
+    /// Capacity, reservations and jobs, over one connection.
+    pub async fn look(&self) -> Result<Look, NodeError> {
+        let mut admin = self.admin().await?;
+        let info = admin
             .get_server_info(GetServerInfoRequest {})
             .await
             .map_err(|s| self.refused(s))?
@@ -67,7 +81,24 @@ impl Node {
         if info.memory_capacity_bytes == 0 {
             return Err(NodeError::NoCapacity(self.address.clone()));
         }
-        Ok(info.memory_capacity_bytes / MIB)
+        let listed = admin
+            .list_jobs(ListJobsRequest {})
+            .await
+            .map_err(|s| self.refused(s))?
+            .into_inner();
+        let mut look = Look {
+            capacity_mib: info.memory_capacity_bytes / MIB,
+            ..Look::default()
+        };
+        for job in listed.jobs {
+            look.jobs.entry(job.tenant).or_default().open += 1;
+        }
+        // A server older than jobs_started sends 0: only open jobs count then.
+        for r in listed.reservations {
+            look.jobs.entry(r.tenant.clone()).or_default().started = r.jobs_started;
+            *look.reserved_bytes.entry(r.tenant).or_default() += r.reserved_bytes;
+        }
+        Ok(look)
     }
 
     /// A token for `tenant` reserving `mib` MiB (its jobs' cap too).
@@ -133,18 +164,5 @@ impl Node {
             .filter(|t| t.tenant.starts_with(prefix))
             .map(|t| (t.id, t.tenant))
             .collect())
-    }
-
-    /// The tenants that have a job open on the server now.
-    pub async fn tenants_with_jobs(&self) -> Result<HashSet<String>, NodeError> {
-        let jobs = self
-            .admin()
-            .await?
-            .list_jobs(ListJobsRequest {})
-            .await
-            .map_err(|s| self.refused(s))?
-            .into_inner()
-            .jobs;
-        Ok(jobs.into_iter().map(|j| j.tenant).collect())
     }
 }

@@ -688,6 +688,7 @@ impl AdminService {
                     claimed_bytes: claimed.get(&id).copied().unwrap_or(0),
                     token_ids: tokens.iter().map(|t| t.id.clone()).collect(),
                     expires_unix_seconds: tokens.iter().filter_map(|t| t.expires_at).min().map_or(0.0, unix),
+                    jobs_started: self.state.executor.jobs_opened(id),
                 }
             })
             .collect()

@@ -543,6 +543,11 @@ impl Executor {
         self.shared.lock().tenants.id_of(tenant)
     }
 
+    /// Jobs `tenant` has opened since start, closed ones included.
+    pub fn jobs_opened(&self, tenant: TenantId) -> u64 {
+        self.shared.lock().tenants.jobs_opened(tenant)
+    }
+
     /// Counts a refusal (memory admission) against `job`'s owner.
     pub fn count_refusal(&self, job: JobId) {
         self.shared.lock().tenants.refused(job);

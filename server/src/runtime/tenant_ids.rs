@@ -23,6 +23,9 @@ pub struct TenantIds {
     /// Jobs and memory requests refused per tenant (max-jobs, memory share,
     /// too large for the device, admission timed out).
     refusals: HashMap<TenantId, u64>,
+    /// Jobs opened per tenant since start, closed ones included: what tells
+    /// a watcher polling now and then that a short job came and went.
+    opened: HashMap<TenantId, u64>,
 }
 
 /// A priority hint lowered to the tenant's limit.
@@ -106,7 +109,13 @@ impl TenantIds {
             }
         }
         self.owners.insert(job, id);
+        *self.opened.entry(id).or_default() += 1;
         Ok(id)
+    }
+
+    /// Jobs `id` has opened since start, closed ones included.
+    pub fn jobs_opened(&self, id: TenantId) -> u64 {
+        self.opened.get(&id).copied().unwrap_or(0)
     }
 
     /// One more refusal for `job`'s owner.
@@ -236,5 +245,18 @@ mod tests {
             ..Hints::default()
         };
         assert_eq!(ids.clamp(JobId(3), asked).priority, 9);
+    }
+
+    #[test]
+    fn jobs_opened_counts_jobs_already_closed_and_not_the_refused() {
+        let tenant = Tenant::named("k8s-ab12");
+        let mut ids = TenantIds::default();
+        ids.set_limits("k8s-ab12", &Limits::parse(["max-jobs=1"]).unwrap());
+        let id = ids.open(JobId(1), &tenant).unwrap();
+        assert!(ids.open(JobId(2), &tenant).is_err(), "max-jobs=1 refuses");
+        ids.forget_job(JobId(1));
+        ids.open(JobId(3), &tenant).unwrap();
+        assert_eq!(ids.jobs_opened(id), 2);
+        assert_eq!(ids.jobs_opened(TenantId(99)), 0);
     }
 }
