@@ -122,8 +122,8 @@ def executors_of(state: Path) -> list[int]:
 def test_tokens_survive_sigterm_and_their_tf2_and_tf1_jobs_run(node):
     server = node["server"]
     tokens = node["tokens"]
-    tokens["tf2"] = issue(server.address, "tf2-job", "--memory", "64MiB", "--max-priority", "2", "--expires", "1h")
-    tokens["tf1"] = issue(server.address, "tf1-job", "--memory", "32MiB")
+    tokens["tf2"] = issue(server.address, "tf2-job", "--memory", "64MiB", "--expires", "1h")
+    tokens["tf1"] = issue(server.address, "tf1-job", "--memory", "32MiB", "--max-priority", "2")
     brief = issue(server.address, "brief", "--expires", "1s")
     revoked = issue(server.address, "revoked-job", "--memory", "16MiB")
     ctl(server.address, "token", "revoke", revoked["id"])
@@ -145,14 +145,16 @@ def test_tokens_survive_sigterm_and_their_tf2_and_tf1_jobs_run(node):
                                                           SALUS_TOKEN=tokens["tf2"]["token"],
                                                           SALUS_JOB_NAME="after-restart-tf2"))
     tf1 = held_client("plain_tf1.py", (), tf2_env(SALUS_SERVER=server.address, SALUS_TOKEN=tokens["tf1"]["token"],
-                                                  SALUS_JOB_NAME="after-restart-tf1", WORKLOAD_HOLD="1"))
+                                                  SALUS_JOB_NAME="after-restart-tf1", SALUS_PRIORITY="9",
+                                                  WORKLOAD_HOLD="1"))
     try:
         wait_hold(tf2, "the TF2 script")
         wait_hold(tf1, "the TF1 script")
         rows = ctl_json(server.address, "jobs")
         tenants = {r["tenant"] for r in rows}
         assert {"tf2-job", "tf1-job"} <= tenants, rows
-        assert all(r["priority"] <= 2 for r in rows if r["tenant"] == "tf2-job"), rows
+        # The restored token's max-priority lowers the 9 the TF1 script asks for.
+        assert {r["priority"] for r in rows if r["tenant"] == "tf1-job"} == {2}, rows
         # The reservations stay listed beside the jobs, with the tokens' ids.
         line = reserved_line(server.address, "tf2-job")
         assert f"reserved for tf2-job: {64 * MiB} bytes" in line and tokens["tf2"]["id"] in line, line

@@ -664,6 +664,44 @@ mod tests {
     }
 
     #[test]
+    fn revocations_and_sweeps_are_saved() {
+        let path = crate::state_dir::temp_dir("sweep");
+        let saved_ids = || -> Vec<String> {
+            let text = std::fs::read(path.join("tokens.json")).unwrap();
+            let doc: serde_json::Value = serde_json::from_slice(&text).unwrap();
+            doc["data"]["tokens"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t["id"].as_str().unwrap().to_string())
+                .collect()
+        };
+        let (store, _) = durable(&path);
+        let (_, brief) = store
+            .issue(
+                "brief",
+                None,
+                Limits::default(),
+                Some(Duration::from_secs(1)),
+            )
+            .unwrap();
+        let (_, kept) = store.issue("kept", None, Limits::default(), None).unwrap();
+        let (_, revoked) = store
+            .issue("revoked", None, Limits::default(), None)
+            .unwrap();
+        assert_eq!(saved_ids(), [brief.id.clone(), kept.id.clone(), revoked.id]);
+        store.revoke("revoked");
+        assert_eq!(saved_ids(), [brief.id.clone(), kept.id.clone()]);
+        assert_eq!(
+            store.sweep(brief.issued_at + Duration::from_secs(1)).len(),
+            1
+        );
+        assert_eq!(saved_ids(), [kept.id]);
+        drop(store);
+        let _ = std::fs::remove_dir_all(&path);
+    }
+
+    #[test]
     fn a_corrupt_file_is_kept_aside_and_the_store_starts_empty() {
         let path = crate::state_dir::temp_dir("corrupt-tokens");
         std::fs::create_dir_all(&path).unwrap();
