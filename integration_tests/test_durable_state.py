@@ -12,7 +12,7 @@ user, so their executors run as nobody): tokens are issued, then
 - a corrupt tokens file: the server starts, logs which file it dropped and why, keeps the bytes as
   tokens.json.bad-<unix time>, and saves new tokens to a fresh file (0600 in a 0700 directory).
 
-Costs about 35 s on 2 cores: four server starts, three TensorFlow client processes.
+Costs 14-27 s on 2 cores (measured): four server starts, three TensorFlow client processes.
 """
 
 from __future__ import annotations
