@@ -139,6 +139,11 @@ class SalusProcess:
             pytest.fail(f"salus-server binary not found at {binary}: build it (cargo build --release), set "
                         f"SALUS_SERVER_BIN, or point SALUS_TEST_TARGET at a running server")
         self.log_path = log_path
+        # Each server keeps its issued tokens in a state directory of its own (a test's tokens must not outlive
+        # its server into another's, nor two servers share root's default /var/lib/salus/state), unless the
+        # caller names one (a restart test reuses it).
+        if "--state-dir" not in extra_args and "SALUS_STATE_DIR" not in (env or {}):
+            extra_args = ("--state-dir", str(log_path.with_name(log_path.name + ".state")), *extra_args)
         self._log = open(log_path, "wb")
         # The server's working directory holds its default per-job checkpoint directories.
         self.proc = subprocess.Popen([str(binary), "--listen", listen, *extra_args],

@@ -5,7 +5,8 @@ relays its TF2 calls to, that tenant's own executor process (started at the tena
 none runs everything in one process. The benchmarks start one server per mode and compare them in one run.
 
 - `modes()` / `label()`: the --isolation choice of a benchmark (both | tenant | none) as server modes, and the
-  target name of a mode ("salus-tenant", "salus-none").
+  target name of a mode ("salus-tenant", "salus-none"); `isolation_flags()`: a mode's server flags (each server
+  its own --state-dir).
 - `Tenants`: a tenants file in a temporary directory with token tenants (RUN_AS `-`: no Unix user; their
   executors run as `nobody` when the server runs as root). Fresh random tokens every run.
 - `first_calls()`: the wall time of a new token tenant's first call (its executor starts) and of its second call.
@@ -19,6 +20,7 @@ Standard library only at import (grpc is imported by first_calls()).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import os
@@ -47,7 +49,12 @@ def short(target: str) -> str:
 
 
 def isolation_flags(mode: str) -> list[str]:
-    return ["--isolation", mode]
+    """--isolation MODE, and a state directory of the server's own: the two servers of a benchmark run side by
+    side, and one state directory serves one server at a time (root's default, /var/lib/salus/state, is locked
+    by the first). Removed when this process exits."""
+    state = Path(tempfile.mkdtemp(prefix=f"salus-bench-state-{mode}-"))
+    atexit.register(shutil.rmtree, state, True)
+    return ["--isolation", mode, "--state-dir", str(state)]
 
 
 def server_supports_isolation(binary: Path) -> bool:

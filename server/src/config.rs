@@ -248,6 +248,16 @@ pub struct Args {
     #[arg(long, env = "SALUS_EXECUTOR_LOG_RATE", default_value = "64KiB", value_parser = parse_size)]
     pub executor_log_rate: u64,
 
+    /// Directory for what outlives a restart: the tokens issued at run time
+    /// (their SHA-256, never the tokens), with their tenants, limits, memory
+    /// reservations and expiry, so that jobs placed before a restart are
+    /// accepted after it and their reservations are held again before any new
+    /// job is admitted. Created 0700 if missing; files 0600. One server per
+    /// directory (it is locked). Default: /var/lib/salus/state as root, else
+    /// $XDG_STATE_HOME/salus or ~/.local/state/salus.
+    #[arg(long, env = "SALUS_STATE_DIR")]
+    pub state_dir: Option<std::path::PathBuf>,
+
     /// More output: -v adds TensorFlow's own logs and debug logs, -vv trace logs.
     /// RUST_LOG overrides the log filter.
     #[arg(short, long, env = "SALUS_VERBOSE", action = clap::ArgAction::Count)]
@@ -307,6 +317,9 @@ pub struct Config {
     pub lane_hold_limit: Option<Duration>,
     /// Bytes of freed large blocks kept for reuse (`block_cache`).
     pub block_cache_bytes: usize,
+    /// Where issued tokens are saved (`--state-dir` or its default); None: in
+    /// memory only (an executor process, or no home directory to default to).
+    pub state_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for Config {
@@ -340,6 +353,7 @@ impl Default for Config {
             executor_log_rate: Some(64 << 10),
             lane_hold_limit: Some(Duration::from_secs(60)),
             block_cache_bytes: crate::block_cache::DEFAULT_MAX_BYTES,
+            state_dir: None,
         }
     }
 }
@@ -388,6 +402,15 @@ impl TryFrom<Args> for Config {
         if args.executor_memory.is_some() && args.isolation == "none" {
             return Err("--executor-memory needs --isolation tenant (there are no executor processes with none)".into());
         }
+        if args.state_dir.as_ref().is_some_and(|d| d.as_os_str().is_empty()) {
+            return Err("--state-dir must name a directory".into());
+        }
+        // The supervisor keeps the state; an executor (run as its tenant) neither may nor needs to.
+        let state_dir = match (&args.state_dir, executor) {
+            (_, true) => None,
+            (Some(dir), false) => Some(absolute(dir)),
+            (None, false) => crate::state_dir::default_state_dir(),
+        };
         if args.lane_concurrency == 0 {
             return Err("--lane-concurrency must be at least 1".into());
         }
@@ -440,6 +463,7 @@ impl TryFrom<Args> for Config {
             lane_hold_limit: (args.lane_hold_limit > 0)
                 .then(|| Duration::from_secs(args.lane_hold_limit)),
             block_cache_bytes: usize::try_from(args.block_cache).unwrap_or(usize::MAX),
+            state_dir,
         })
     }
 }
@@ -505,6 +529,23 @@ mod tests {
         assert_eq!(config.lane_rule, LaneRule::Salus);
         let err = Args::try_parse_from(["salus-server", "--lane-rule", "best"]).unwrap_err();
         assert!(err.to_string().contains("salus or pack"), "{err}");
+    }
+
+    #[test]
+    fn the_state_dir_is_absolute_and_an_executor_keeps_none() {
+        let config =
+            Config::try_from(Args::parse_from(["salus-server", "--state-dir", "rel/state"])).unwrap();
+        let dir = config.state_dir.unwrap();
+        assert!(dir.is_absolute() && dir.ends_with("rel/state"), "{dir:?}");
+        let executor = Config::try_from(Args::parse_from([
+            "salus-server",
+            "--state-dir",
+            "/x",
+            "executor",
+        ]))
+        .unwrap();
+        assert_eq!(executor.state_dir, None);
+        assert!(Args::try_parse_from(["salus-server", "--state-dir", ""]).is_err());
     }
 
     #[test]

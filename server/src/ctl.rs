@@ -110,7 +110,7 @@ impl LimitArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum TokenAction {
-    /// Print a new token for a tenant (the server keeps only its hash, in memory).
+    /// Print a new token for a tenant (the server keeps only its hash, in memory and in its --state-dir).
     Issue {
         /// The tenant it identifies (letters, digits, - _ . @).
         #[arg(long)]

@@ -52,6 +52,8 @@
 //! - [`sched`] (crate `salus-sched`): the scheduler core and memory lanes.
 //! - [`tf`]: safe wrappers over TensorFlow's C API.
 //! - `gpu` (feature `cuda`): GPU memory from the CUDA driver, loaded at run time.
+//! - [`state_dir`]: what outlives the process (`--state-dir`): issued tokens,
+//!   each kind of state a versioned file written atomically.
 //! - [`ctl`]: `salus-server ctl`, the admin API's command-line client.
 //! - [`tf_log`]: filters TensorFlow's own log lines out of stderr.
 //! - [`tf_env`]: TensorFlow settings chosen through the environment.
@@ -73,6 +75,7 @@ pub mod heap_meter;
 pub mod runtime;
 pub mod seam;
 pub mod server;
+pub mod state_dir;
 pub mod supervisor;
 pub mod tenant;
 pub mod tf;

@@ -17,7 +17,9 @@ use crate::error::Error;
 use crate::frontend::admin::AdminService;
 use crate::frontend::eager::{Eager, Worker};
 use crate::frontend::identify::{identified_incoming, IdentifyLayer};
+use crate::state_dir::StateDir;
 use crate::tenant::identity::Identifier;
+use crate::tenant::tokens::TokenStore;
 use crate::tenant::connections::ConnectionCounts;
 use crate::frontend::master::Master;
 use crate::runtime::admission::Admission;
@@ -32,12 +34,29 @@ use crate::sched::lanes::LaneManager;
 use crate::sched::policy;
 use crate::tf::{self, Graph, Session};
 
+/// Opens (and locks) the state directory and restores the issued tokens,
+/// saying what was dropped; off the async runtime (file reads, fsyncs).
+async fn restore_tokens(dir: std::path::PathBuf) -> Result<TokenStore, ServeError> {
+    let restored = tokio::task::spawn_blocking(move || {
+        let dir = Arc::new(StateDir::open(&dir)?);
+        tracing::info!(dir = %dir.path().display(), "state directory");
+        Ok::<_, crate::state_dir::StateDirError>(TokenStore::restore(dir, std::time::SystemTime::now()))
+    })
+    .await
+    .map_err(|e| Error::Internal(format!("restoring the issued tokens failed: {e}")))?;
+    let (store, report) = restored?;
+    report.log();
+    Ok(store)
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error("TensorFlow could not start: {0}")]
     Startup(#[from] Error),
     #[error("gRPC transport failed: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error(transparent)]
+    StateDir(#[from] crate::state_dir::StateDirError),
 }
 
 /// HTTP/2 flow-control windows of the gRPC servers and of the supervisor's
@@ -62,6 +81,9 @@ pub enum Role {
 pub struct Server {
     config: Config,
     state: Arc<ServerState>,
+    /// The tokens issued before this start (from `--state-dir`), until the
+    /// identifier takes them; None: an executor, or no state directory.
+    issued: Option<TokenStore>,
 }
 
 impl Server {
@@ -73,6 +95,17 @@ impl Server {
     /// [`Server::start`] for a process of the given role: an executor's
     /// scheduling and memory admission are the supervisor's, over the seam.
     pub async fn start_as(mut config: Config, role: Role) -> Result<Server, ServeError> {
+        // First: a directory another server holds stops this one before
+        // TensorFlow loads. An executor keeps no state (its supervisor does).
+        let issued = match (&role, config.state_dir.clone()) {
+            (Role::Executor { .. }, _) => None,
+            (_, None) => {
+                tracing::warn!("no state directory (--state-dir, and no home to default to): \
+                    tokens issued at run time are forgotten at a restart");
+                None
+            }
+            (_, Some(dir)) => Some(restore_tokens(dir).await?),
+        };
         let capacity = memory_capacity(&config);
         let gpu_lanes = gpu_lanes(&config, capacity)?;
         config.session_defaults.gpu_lanes = gpu_lanes;
@@ -153,7 +186,18 @@ impl Server {
         Ok(Server {
             config,
             state: Arc::new(state),
+            issued,
         })
+    }
+
+    /// Who tenants are: the tenants file, and the tokens issued before this
+    /// start, whose reservations and limits are held again here, before any
+    /// connection is accepted (so no job admitted first can take their memory).
+    pub fn identifier(&mut self) -> Arc<Identifier> {
+        let identifier = Identifier::new(self.config.auth, self.config.tenants.clone())
+            .with_issued(self.issued.take().unwrap_or_default());
+        crate::frontend::admin::hold_restored_grants(&self.state, &identifier);
+        Arc::new(identifier)
     }
 
     pub fn state(&self) -> &Arc<ServerState> {
@@ -167,11 +211,11 @@ impl Server {
     /// Serves on `listener` until `shutdown` resolves, lets in-flight requests
     /// finish (up to the configured grace period), then closes every session.
     pub async fn serve(
-        self,
+        mut self,
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), ServeError> {
-        let identifier = Arc::new(Identifier::new(self.config.auth, self.config.tenants.clone()));
+        let identifier = self.identifier();
         tracing::info!(auth = %self.config.auth, token_tenants = self.config.tenants.len(), "tenant identity");
         let counts = ConnectionCounts::new(self.config.max_tenant_connections);
         let incoming = identified_incoming(listener, identifier.clone(), counts);

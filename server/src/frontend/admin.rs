@@ -115,7 +115,16 @@ impl AdminService {
                     return;
                 };
                 let now = SystemTime::now();
-                for token in identifier.issued().sweep(now) {
+                // Off the runtime: forgetting saves the state file (a fsync).
+                let sweeping = identifier.clone();
+                let expired = match tokio::task::spawn_blocking(move || sweeping.issued().sweep(now)).await {
+                    Ok(expired) => expired,
+                    Err(err) => {
+                        tracing::error!(cause = %err, "the sweep of expired tokens failed");
+                        continue;
+                    }
+                };
+                for token in expired {
                     tracing::info!(id = token.id, tenant = token.tenant, "issued token expired");
                     if let Err(err) = apply_grants(&executor, admission.as_ref(), identifier.issued(), &token, now) {
                         tracing::error!(cause = %err, "cannot release an expired token's reservation");
@@ -695,6 +704,32 @@ impl AdminService {
     }
 }
 
+/// Holds again what the tokens restored from the state directory grant
+/// (limits, memory reservations), one tenant at a time; called before the
+/// server accepts its first connection. A reservation that no longer fits
+/// (the server restarted with a smaller `--memory-capacity`) is logged and not
+/// held; the tokens stay valid and their limits apply.
+pub fn hold_restored_grants(state: &ServerState, identifier: &Identifier) {
+    let now = SystemTime::now();
+    let mut done: Vec<tokens::IssuedToken> = Vec::new();
+    for token in identifier.issued().list() {
+        if done.iter().any(|t| t.same_tenant(&token)) {
+            continue;
+        }
+        if let Err(err) = apply_grants(&state.executor, state.admission.as_ref(), identifier.issued(), &token, now) {
+            tracing::error!(tenant = token.tenant, cause = %err,
+                "a restored token's memory reservation does not fit this server: not held (its tokens stay valid)");
+            let tenant = token_tenant(&token);
+            state.executor.set_granted_limits(&tenant.name, identifier.issued().limits_of(&token, now));
+        } else {
+            let granted = identifier.issued().limits_of(&token, now);
+            tracing::info!(tenant = token.tenant, uid = ?token.uid,
+                limits = %granted.unwrap_or_default(), "restored tokens' grants held");
+        }
+        done.push(token);
+    }
+}
+
 /// The tenant a token identifies: its Unix user, or its name.
 fn token_tenant(token: &tokens::IssuedToken) -> Tenant {
     token
@@ -943,10 +978,13 @@ impl Admin for AdminService {
             }
         }
         let lifetime = (req.expires_seconds > 0.0).then(|| Duration::from_secs_f64(req.expires_seconds));
-        let (token, record) = identifier
-            .issued()
-            .issue(&req.tenant, uid, limits, lifetime)
-            .map_err(|e| Error::Internal(format!("cannot draw a random token: {e}")))?;
+        // Off the runtime: issuing saves the state file (a fsync).
+        let issuing = identifier.clone();
+        let tenant = req.tenant.clone();
+        let (token, record) = tokio::task::spawn_blocking(move || issuing.issued().issue(&tenant, uid, limits, lifetime))
+            .await
+            .map_err(|e| Error::Internal(format!("issuing a token failed: {e}")))?
+            .map_err(|e| Error::Internal(e.to_string()))?;
         let now = SystemTime::now();
         if let Err(err) = apply_grants(
             &self.state.executor,
@@ -956,7 +994,9 @@ impl Admin for AdminService {
             now,
         ) {
             // The reservation does not fit: the token was never handed out.
-            identifier.issued().revoke(&record.id);
+            let revoking = identifier.clone();
+            let id = record.id.clone();
+            let _ = tokio::task::spawn_blocking(move || revoking.issued().revoke(&id)).await;
             apply_grants(&self.state.executor, self.state.admission.as_ref(), identifier.issued(), &record, now)?;
             return Err(err.into());
         }
@@ -974,7 +1014,12 @@ impl Admin for AdminService {
         let caller = self.admin_only(&request, "revoking a token")?;
         let identifier = self.token_store()?;
         let which = request.into_inner().which;
-        let revoked = identifier.issued().revoke(&which);
+        // Off the runtime: revoking saves the state file (a fsync).
+        let revoking = identifier.clone();
+        let asked = which.clone();
+        let revoked = tokio::task::spawn_blocking(move || revoking.issued().revoke(&asked))
+            .await
+            .map_err(|e| Error::Internal(format!("revoking failed: {e}")))?;
         if revoked.is_empty() {
             return Err(Error::InvalidArgument(format!(
                 "no issued token has id {which:?} or is of tenant {which:?} (tokens of the tenants file are revoked by editing it)"

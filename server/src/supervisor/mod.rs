@@ -15,7 +15,6 @@ pub mod prologue;
 pub mod relay;
 
 use std::future::Future;
-use std::sync::Arc;
 
 use salus_proto::salus::v1::admin_server::AdminServer;
 use tokio::net::TcpListener;
@@ -26,12 +25,11 @@ use crate::server::{ServeError, Server, H2_CONNECTION_WINDOW, H2_STREAM_WINDOW};
 use crate::supervisor::executors::{ExecutorSpec, Executors};
 use crate::supervisor::relay::Relay;
 use crate::tenant::connections::ConnectionCounts;
-use crate::tenant::identity::Identifier;
 
 /// Serves `listener` as the supervisor until `shutdown`: stops taking calls,
 /// lets the executors finish theirs (up to the grace period) and stops them.
 pub async fn serve(
-    server: Server,
+    mut server: Server,
     listener: TcpListener,
     spec: ExecutorSpec,
     metrics: Option<TcpListener>,
@@ -45,7 +43,8 @@ pub async fn serve(
         state.admission.clone(),
         tokio::runtime::Handle::current(),
     );
-    let identifier = Arc::new(Identifier::new(config.auth, config.tenants.clone()));
+    // Before the first connection is accepted: restored tokens' reservations are held.
+    let identifier = server.identifier();
     tracing::info!(auth = %config.auth, token_tenants = config.tenants.len(), "tenant identity; isolation: one executor process per tenant");
     let counts = ConnectionCounts::new(config.max_tenant_connections);
     let incoming = accept::incoming(listener, identifier.clone(), executors.clone(), counts);
@@ -89,7 +88,9 @@ pub async fn serve(
             stopping.drain_all(grace).await;
         })
         .await?;
-    executors.stop_all(grace + std::time::Duration::from_secs(5)).await;
+    executors
+        .stop_all(grace + std::time::Duration::from_secs(5))
+        .await;
     state.executor.stop();
     Ok(())
 }

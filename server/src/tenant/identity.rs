@@ -314,6 +314,13 @@ impl Identifier {
         }
     }
 
+    /// Takes `issued` as its store of tokens issued at run time (one restored
+    /// from the state directory).
+    pub fn with_issued(mut self, issued: TokenStore) -> Identifier {
+        self.issued = issued;
+        self
+    }
+
     /// Tokens issued at run time.
     pub fn issued(&self) -> &TokenStore {
         &self.issued
