@@ -280,11 +280,22 @@ def release_lock_while_waiting() -> None:
     tensor_type = ops.EagerTensor
     if getattr(tensor_type, "_salus_settles", False):
         return
+    from tensorflow.python.eager import core
+
     def read_once(read, tensor):
         try:
             return read(tensor)
-        except Exception:  # a value poisoned by a failed op: its error, raised once (settle)
+        except Exception as e:  # a value poisoned by a failed op: its error, raised once (settle)
             _after_error()
+            if isinstance(e, ValueError):
+                # TensorFlow reads a poisoned value's device or shape as a ValueError; the op's own error
+                # (what in-process the op's call raised) is the value's status.
+                try:
+                    tensor._num_elements()
+                except core._NotOkStatusException as status:
+                    raise core._status_to_exception(status) from None
+                except Exception:
+                    pass
             raise
 
     for name in ("_numpy", "_shape_tuple", "_rank"):
