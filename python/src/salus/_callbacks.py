@@ -420,31 +420,25 @@ class _Outstanding:
 
 
 def server_wait_limit() -> float:
-    import os
-    raw = os.environ.get("SALUS_CALLBACK_SERVER_WAIT_S", "")
-    try:
-        limit = float(raw) if raw else SERVER_WAIT_LIMIT_S
-    except ValueError:
-        limit = 0.0
-    if not limit > 0:
-        _warn(f"SALUS_CALLBACK_SERVER_WAIT_S={raw!r} is not a positive number of seconds; "
-              f"using {SERVER_WAIT_LIMIT_S:g}")
-        limit = SERVER_WAIT_LIMIT_S
-    return limit
+    return _seconds_from_env("SALUS_CALLBACK_SERVER_WAIT_S", SERVER_WAIT_LIMIT_S)
 
 
 def stalled_wait_check() -> float:
+    return _seconds_from_env("SALUS_STALLED_WAIT_CHECK_S", STALLED_WAIT_CHECK_S)
+
+
+def _seconds_from_env(name: str, default: float) -> float:
+    """A positive number of seconds from the environment; the default (said once) for anything else."""
     import os
-    raw = os.environ.get("SALUS_STALLED_WAIT_CHECK_S", "")
+    raw = os.environ.get(name, "")
     try:
-        check = float(raw) if raw else STALLED_WAIT_CHECK_S
+        seconds = float(raw) if raw else default
     except ValueError:
-        check = 0.0
-    if not check > 0:
-        _warn(f"SALUS_STALLED_WAIT_CHECK_S={raw!r} is not a positive number of seconds; "
-              f"using {STALLED_WAIT_CHECK_S:g}")
-        check = STALLED_WAIT_CHECK_S
-    return check
+        seconds = 0.0
+    if not seconds > 0:
+        _warn(f"{name}={raw!r} is not a positive number of seconds; using {default:g}")
+        seconds = default
+    return seconds
 
 
 def _watch_server_waits() -> None:
