@@ -41,7 +41,7 @@ def ctl_json(address: str, *args: str):
 
 def jobs_by_name(address: str) -> dict[str, dict]:
     """ctl jobs --json, keyed by the job name without its hints (the server may keep either form)."""
-    return {row["name"].split("?")[0]: row for row in ctl_json(address, "jobs")}
+    return {row["name"].split("?")[0]: row for row in ctl_json(address, "jobs")["jobs"]}
 
 
 def wait_state(address: str, key: str, pred, timeout: float = 30) -> dict:

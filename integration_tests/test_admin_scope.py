@@ -147,7 +147,7 @@ def test_ctl_and_the_python_client_carry_a_token(server):
     bot1 = channel(server.address, "bot1")
     handle = open_session(bot1, "carried")
     try:
-        rows = ctl_json(server.address, "--token", TOKENS["bot1"], "jobs")
+        rows = ctl_json(server.address, "--token", TOKENS["bot1"], "jobs")["jobs"]
         assert rows and {r["tenant"] for r in rows} == {"bot1"}, rows
         refused = ctl(server.address, "--token", TOKENS["bot1"], "token", "list", check=False)
         assert refused.returncode != 0 and "needs an admin" in refused.stderr, refused.stderr
@@ -160,8 +160,8 @@ def test_ctl_and_the_python_client_carry_a_token(server):
         listed = subprocess.run([salus, "jobs", "--json"], capture_output=True, text=True, timeout=60,
                                 env={**env, "SALUS_SERVER": server.address, "SALUS_TOKEN": TOKENS["bot1"]})
         assert listed.returncode == 0, listed.stderr
-        rows = json.loads(listed.stdout)
-        assert rows and {r["tenant"] for r in rows} == {"bot1"}, rows
+        rows = json.loads(listed.stdout)["jobs"]
+        assert rows and {(r["tenant"], r["uid"]) for r in rows} == {("bot1", None)}, rows
     finally:
         wire.call(bot1, "CloseSession", wire.close_session_request(handle))
         bot1.close()
@@ -186,12 +186,12 @@ def test_limits_cap_jobs_and_priority_and_admins_change_them(server):
         opened.append(("bot1", open_session(own["bot1"], "free?priority=9")))
 
         # max-priority=1: the hint asked is lowered, and the row says so; bot1 has no limit.
-        rows = {row["name"].split("?")[0]: row for row in ctl_json(server.address, "jobs")}
+        rows = {row["name"].split("?")[0]: row for row in ctl_json(server.address, "jobs")["jobs"]}
         assert rows["capped"]["priority"] == 1, rows["capped"]
         assert "priority 9 asked, lowered to 1" in rows["capped"]["note"], rows["capped"]
         assert rows["free"]["priority"] == 9 and "lowered" not in rows["free"]["note"], rows["free"]
         set_priority(own["bot2"], "capped", 5)
-        rows = {row["name"].split("?")[0]: row for row in ctl_json(server.address, "jobs")}
+        rows = {row["name"].split("?")[0]: row for row in ctl_json(server.address, "jobs")["jobs"]}
         assert rows["capped"]["priority"] == 1 and "priority 5 asked" in rows["capped"]["note"], rows["capped"]
 
         # Per-tenant figures: a tenant sees its own row, an admin everyone's, with limits and weights.
@@ -246,7 +246,7 @@ def test_tokens_issued_at_run_time(server):
         assert len(token) == 64, token
         agent = token_channel(server.address, token)
         opened.append((agent, open_session(agent, "placed?priority=9")))
-        row = next(r for r in ctl_json(server.address, "jobs") if r["name"].startswith("placed"))
+        row = next(r for r in ctl_json(server.address, "jobs")["jobs"] if r["name"].startswith("placed"))
         assert row["tenant"] == "agent-job" and row["priority"] == 2, row
         listed = ctl_json(server.address, "token", "list")
         assert [t["tenant"] for t in listed] == ["agent-job"] and listed[0]["max_priority"] == 2, listed
@@ -259,7 +259,7 @@ def test_tokens_issued_at_run_time(server):
         assert printed == f"revoked {listed[0]['id']} (tenant agent-job)\n", printed
         isolation = wire.first(wire.call(bot1, ADMIN + "GetServerInfo", b""), 20, b"").decode()
         if isolation == "tenant":
-            assert wait_until(lambda: not any(r["tenant"] == "agent-job" for r in ctl_json(server.address, "jobs")),
+            assert wait_until(lambda: not any(r["tenant"] == "agent-job" for r in ctl_json(server.address, "jobs")["jobs"]),
                               timeout=10, interval=0.2), ctl(server.address, "jobs").stdout
             opened.pop()
         code, details = refused_code(agent)
@@ -328,6 +328,12 @@ def test_a_token_reserves_memory_for_its_jobs(server):
         placed = open_main(agent, "placed?persistent=30MiB&ephemeral=10MiB")
         held = ctl(server.address, "jobs").stdout
         assert f"({40 * MiB} claimed by its jobs" in held, held
+        # --json carries what the text shows: the reservation too, tenants as bare names with their uid apart.
+        listed = ctl_json(server.address, "jobs")
+        assert [(r["tenant"], r["uid"], r["reserved_bytes"], r["claimed_bytes"], r["token_ids"])
+                for r in listed["reservations"]] == [("placed-job", None, 40 * MiB, 40 * MiB, [token_id])], listed
+        assert [j["name"].split("?")[0] for j in listed["jobs"] if (j["tenant"], j["uid"]) == ("placed-job", None)] \
+            == ["placed"], listed
 
         # Reservations together never exceed the device.
         over = ctl(server.address, "token", "issue", "--tenant", "second", "--memory", "30MiB", check=False)
@@ -339,7 +345,8 @@ def test_a_token_reserves_memory_for_its_jobs(server):
 
         # Revoked: the reservation is gone and the memory is everyone's again.
         wire.call(agent, "CloseSession", wire.close_session_request(placed))
-        ctl(server.address, "token", "revoke", token_id)
+        revoked = ctl_json(server.address, "token", "revoke", token_id)
+        assert [(t["id"], t["tenant"], t["uid"]) for t in revoked] == [(token_id, "placed-job", None)], revoked
         token_id = None
         assert "reserved for" not in ctl(server.address, "jobs").stdout
         opened.append((bot1, open_main(bot1, "big?persistent=10MiB&ephemeral=1MiB")))

@@ -168,7 +168,7 @@ def run_training_pod(tmp_path: Path, unique: str, address: str, token: str):
         seen: dict[str, dict] = {}
         deadline = time.monotonic() + RUN_TIMEOUT
         while True:  # the job is listed while the script runs (its context closes seconds after it exits)
-            for row in ctl_json(address, "jobs"):
+            for row in ctl_json(address, "jobs")["jobs"]:
                 seen[row["name"]] = row
             state = podman("inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", container).stdout.split()
             if state[0] in ("exited", "stopped"):

@@ -150,7 +150,7 @@ def test_tokens_survive_sigterm_and_their_tf2_and_tf1_jobs_run(node):
     try:
         wait_hold(tf2, "the TF2 script")
         wait_hold(tf1, "the TF1 script")
-        rows = ctl_json(server.address, "jobs")
+        rows = ctl_json(server.address, "jobs")["jobs"]
         tenants = {r["tenant"] for r in rows}
         assert {"tf2-job", "tf1-job"} <= tenants, rows
         # The restored token's max-priority lowers the 9 the TF1 script asks for.
@@ -190,7 +190,7 @@ def test_tokens_survive_sigkill_of_the_supervisor(node):
                                                           SALUS_JOB_NAME="after-kill"))
     try:
         wait_hold(tf2, "the TF2 script")
-        assert "late-job" in {r["tenant"] for r in ctl_json(server.address, "jobs")}
+        assert "late-job" in {r["tenant"] for r in ctl_json(server.address, "jobs")["jobs"]}
     finally:
         out = release(tf2, "the TF2 script")
     steps = last_json_line(out)

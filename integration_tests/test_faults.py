@@ -322,7 +322,7 @@ def test_client_sigkilled_mid_iteration(shared, refs):
             warm_at = time.monotonic()  # the long RunStep is sent after this line
 
             def victim_row() -> dict | None:
-                return next((r for r in ctl_json(addr, "jobs") if r["name"] not in survivors.names()), None)
+                return next((r for r in ctl_json(addr, "jobs")["jobs"] if r["name"] not in survivors.names()), None)
 
             def running() -> bool:
                 return (victim_row() or {}).get("state") == "running"
@@ -679,7 +679,7 @@ def test_server_sigkill_and_restart_on_the_same_port(refs, tmp_path):
         with tf.compat.v1.Session(second.target, graph=m.graph, config=fault_client.config("after-restart")) as sess:
             sess.run(m.init)
             new_losses = [float(sess.run([m.loss, m.train_op])[0]) for _ in range(20)]
-        rows_after = ctl_json(second.address, "jobs")
+        rows_after = ctl_json(second.address, "jobs")["jobs"]
         assert healthy(second)
         stop_cleanly(second)
     finally:

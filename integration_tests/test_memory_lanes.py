@@ -186,7 +186,7 @@ def test_too_big_job_fails_at_once_and_admission_timeout(tiny_reference, tmp_pat
             assert healthy(server)
             holder.close()
             assert "error" not in holder.result(), "the admitted job failed"
-        assert wait_until(lambda: not ctl_json(server.address, "jobs"), timeout=10, interval=0.2)
+        assert wait_until(lambda: not ctl_json(server.address, "jobs")["jobs"], timeout=10, interval=0.2)
         stop_cleanly(server)
     finally:
         server.kill()

@@ -205,7 +205,7 @@ def observed(tmp_path_factory):
             t0 = time.perf_counter()
             during = scrape(url)
             timings.append((time.perf_counter() - t0) * 1e3)
-        during_admin = ctl_json(server.address, "jobs")
+        during_admin = ctl_json(server.address, "jobs")["jobs"]
         print(f"scrape with two jobs running: {len(during)} bytes, median {sorted(timings)[2]:.1f} ms, "
               f"max {max(timings):.1f} ms")
         # Started after that scrape, so it saw exactly the two training jobs.

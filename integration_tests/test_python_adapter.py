@@ -258,7 +258,7 @@ def test_unmodified_tf1_script_runs_on_server_with_hints(channel, salus_address,
         cli_env = clean_env(SALUS_SERVER=salus_address)
         r = salus_cli("jobs", "--json", env=cli_env)
         assert r.returncode == 0, r.stderr
-        [cj] = [j for j in json.loads(r.stdout) if j["name"] == name]
+        [cj] = [j for j in json.loads(r.stdout)["jobs"] if j["name"] == name]
         assert JOB_JSON_KEYS <= set(cj)  # ctl's keys (newer servers add variable_bytes, variables, ...)
         assert (cj["id"], cj["priority"], cj["expected_iterations"], cj["expected_seconds"]) == \
             (job["id"], -7, 20, 1.5)

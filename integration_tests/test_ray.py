@@ -153,7 +153,7 @@ def local_reference() -> dict:
 
 
 def server_view(address: str) -> dict:
-    return {"jobs": ctl_json(address, "jobs"), "tokens": ctl_json(address, "token", "list"),
+    return {"jobs": ctl_json(address, "jobs")["jobs"], "tokens": ctl_json(address, "token", "list"),
             "capacity": ctl_json(address, "capacity")}
 
 

@@ -98,7 +98,7 @@ def check_losses(results: dict, configs: dict, references: dict) -> None:
 
 def total_iterations(address: str) -> int:
     """Main iterations the server ran so far, over its open jobs."""
-    return sum(row["iterations"] for row in ctl_json(address, "jobs"))
+    return sum(row["iterations"] for row in ctl_json(address, "jobs")["jobs"])
 
 
 def finish_order(results: dict) -> list[str]:
@@ -287,7 +287,7 @@ def test_ctl_jobs_stats_hints_and_bad_policy(references, tmp_path):
 
         # Closed sessions leave the job list.
         assert wait_until(lambda: not jobs_by_name(server.address), timeout=10, interval=0.2), \
-            ctl_json(server.address, "jobs")
+            ctl_json(server.address, "jobs")["jobs"]
 
         # An unknown policy is refused with a message naming the valid ones; the server keeps running.
         bad = ctl(server.address, "policy", "bogus", check=False)
@@ -310,7 +310,7 @@ def test_ctl_jobs_stats_hints_and_bad_policy(references, tmp_path):
 def test_ctl_json_schema_and_policy_get(tmp_path):
     server = SalusProcess(tmp_path / "salus-server.stderr.log", extra_args=("--policy", "rr"))
     try:
-        assert ctl_json(server.address, "jobs") == []
+        assert ctl_json(server.address, "jobs")["jobs"] == []
         stats = ctl_json(server.address, "stats")
         missing = {"policy", "iterations_total", "iterations_per_s", "queued", "switch_latency_us"} - set(stats)
         assert not missing, f"ctl stats --json lacks {missing}: {sorted(stats)}"

@@ -123,7 +123,7 @@ class Cluster:
 
 
 def tenant(user) -> str:
-    """How the server names a Unix user's tenant."""
+    """How the server's text forms name a Unix user's tenant (`--json` has the name and uid apart)."""
     return f"{user.pw_name} (uid {user.pw_uid})"
 
 
@@ -223,15 +223,15 @@ def test_sbatch_job_trains_through_its_nodes_server_as_its_user(cluster, unix_us
         cluster.wait_output(ta, job, "HOLD")
         assert cluster.slurm.job(job)["NodeList"] == "n1"
         n1 = cluster.address("n1")
-        rows = ctl_json(n1, "jobs")
-        assert rows and {r["tenant"] for r in rows} == {tenant(ta)}, rows
+        rows = ctl_json(n1, "jobs")["jobs"]
+        assert rows and {(r["tenant"], r["uid"]) for r in rows} == {(ta.pw_name, ta.pw_uid)}, rows
         printed = ctl(n1, "jobs").stdout
         assert reservation_line(ta, 1536) in printed, printed
         [token] = ctl_json(n1, "token", "list")
         assert (token["uid"], token["memory_bytes"], token["max_priority"]) == (ta.pw_uid, 1536 * MiB, 2), token
         assert round(token["expires_unix_s"] - token["issued_unix_s"]) == 10 * 60 + 600, token
         # The other node's server knows nothing of it.
-        assert ctl_json(cluster.address("n2"), "jobs") == []
+        assert ctl_json(cluster.address("n2"), "jobs")["jobs"] == []
         assert_no_salus_state(cluster, "n2")
         # The job's files: root's record and the user's own, 0600, in a directory users may only pass through.
         assert cluster.slurm.state_dir.stat().st_mode & 0o777 == 0o711
@@ -267,14 +267,14 @@ def test_srun_job_trains_through_its_nodes_server_as_its_user(cluster, unix_user
             line = proc.stdout.readline()
             assert line, f"srun ended before its task held: {proc.wait(60)}\n{proc.stderr.read()[-4000:]}"
         n2 = cluster.address("n2")
-        rows = ctl_json(n2, "jobs")
-        assert rows and {r["tenant"] for r in rows} == {tenant(tb)}, rows
+        rows = ctl_json(n2, "jobs")["jobs"]
+        assert rows and {(r["tenant"], r["uid"]) for r in rows} == {(tb.pw_name, tb.pw_uid)}, rows
         printed = ctl(n2, "jobs").stdout
         assert reservation_line(tb, 768) in printed, printed
         [token] = ctl_json(n2, "token", "list")
         # No time limit on the job or the partition: no expiry; no priority asked: none capped.
         assert (token["uid"], token["expires_unix_s"], token["max_priority"]) == (tb.pw_uid, None, None), token
-        assert ctl_json(cluster.address("n1"), "jobs") == []
+        assert ctl_json(cluster.address("n1"), "jobs")["jobs"] == []
         assert_no_salus_state(cluster, "n1")
     finally:
         release.touch()

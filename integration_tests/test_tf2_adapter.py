@@ -39,7 +39,7 @@ def test_eager_job_has_name_and_hints_on_server(channel, salus_address, salus_on
         assert (job["priority"], job["expected_iterations"], job["expected_seconds"]) == (-4, 12, 2.5), job
         r = salus_cli("jobs", "--json", env=tf2_env(SALUS_SERVER=salus_address))
         assert r.returncode == 0, r.stderr
-        [row] = [j for j in json.loads(r.stdout) if j["name"] == name]
+        [row] = [j for j in json.loads(r.stdout)["jobs"] if j["name"] == name]
         assert "kind" in row, (f"`salus jobs --json` has no 'kind' (admin JobInfo.kind not in the server or "
                                f"the CLI yet): {row}")
         assert row["kind"] == "eager", row

@@ -60,7 +60,7 @@ class Job:
 
 
 def row(address: str, name: str) -> dict | None:
-    return next((j for j in ctl_json(address, "jobs") if j["name"] == name), None)
+    return next((j for j in ctl_json(address, "jobs")["jobs"] if j["name"] == name), None)
 
 
 @pytest.mark.parametrize("policy, short_first", [("fifo", False), ("fair", True)])

@@ -321,7 +321,7 @@ def worker_churn(args) -> None:
         return g, x, out
 
     checkpoints = sorted({int(c) for c in args.checkpoints.split(",")} | {args.cycles})
-    status = [{"cycle": 0, **proc_status(args.server_pid), "sessions": len(ctl_json(args.address, "jobs"))}]
+    status = [{"cycle": 0, **proc_status(args.server_pid), "sessions": len(ctl_json(args.address, "jobs")["jobs"])}]
     print(json.dumps({"phase": "checkpoint", **status[0]}), flush=True)
     errors: dict[str, int] = {}
     times = []
@@ -340,7 +340,7 @@ def worker_churn(args) -> None:
         times.append(time.perf_counter() - t0)
         if k in checkpoints:
             time.sleep(0.5)  # let the server finish freeing the last session
-            st = {"cycle": k, **proc_status(args.server_pid), "sessions": len(ctl_json(args.address, "jobs"))}
+            st = {"cycle": k, **proc_status(args.server_pid), "sessions": len(ctl_json(args.address, "jobs")["jobs"])}
             status.append(st)
             print(json.dumps({"phase": "checkpoint", **st}), flush=True)
     times.sort()
@@ -438,7 +438,7 @@ def phase_load(args, tmp: Path) -> bool:
                 prev = (t, done if done is not None else prev[1])
                 next_print += 30.0
         end_status = proc_status(server.pid)
-        jobs_end = ctl_json(server.address, "jobs")
+        jobs_end = ctl_json(server.address, "jobs")["jobs"]
         jobs_open = len(jobs_end)
         info_end = server_info(server.address)
         stats = ctl_json(server.address, "stats")
@@ -454,7 +454,7 @@ def phase_load(args, tmp: Path) -> bool:
         while server_info(server.address)["open_eager_contexts"] and time.monotonic() < eager_deadline:
             time.sleep(0.25)
         closed_status = proc_status(server.pid)
-        jobs_after = len(ctl_json(server.address, "jobs"))
+        jobs_after = len(ctl_json(server.address, "jobs")["jobs"])
         info_after = server_info(server.address)
     finally:
         for w, _ in workers:
@@ -559,8 +559,8 @@ def phase_load(args, tmp: Path) -> bool:
 # --- tenants mode: sessions of several Unix users (--users) ----------------------------------------------
 
 def owner(row: dict) -> str:
-    """The user name of a tenant label as the server prints it: "salus-bench-u0 (uid 1001)" -> salus-bench-u0."""
-    return row["tenant"].split(" ")[0]
+    """The user name of a job's or a tenant's row of `ctl --json` (its tenant, the uid apart)."""
+    return row["tenant"]
 
 
 def tenant_snapshot(address: str, expected: dict[str, int]) -> dict:
@@ -574,7 +574,7 @@ def tenant_snapshot(address: str, expected: dict[str, int]) -> dict:
     attempts = []
     for _ in range(5):
         a0 = time.monotonic()
-        jobs = ctl_json(address, "jobs")
+        jobs = ctl_json(address, "jobs")["jobs"]
         listed = {n: sum(1 for j in jobs if owner(j) == n) for n in expected}
         attempts.append((round(time.monotonic() - a0, 2), listed))
         if all(listed[n] >= c for n, c in expected.items()):

@@ -108,7 +108,7 @@ class Server:
     def jobs(self) -> list[dict]:
         out = subprocess.run([str(server_bin()), "ctl", "--server", self.address, "jobs", "--json"],
                              capture_output=True, text=True, timeout=30, check=True).stdout
-        return json.loads(out)
+        return json.loads(out)["jobs"]
 
     def stop(self) -> None:
         if self.proc.poll() is None:

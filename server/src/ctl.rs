@@ -23,8 +23,10 @@ pub struct CtlArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum CtlCommand {
-    /// List jobs: state, lane, iterations, attained time, queue wait, hints.
+    /// List jobs: state, lane, iterations, attained time, queue wait, hints;
+    /// and the device memory issued tokens reserve for tenants.
     Jobs {
+        /// {"jobs": [...], "reservations": [...]} (keys in the README).
         #[arg(long)]
         json: bool,
     },
@@ -131,7 +133,12 @@ pub enum TokenAction {
         json: bool,
     },
     /// Revoke the token with this id, or every token of this tenant.
-    Revoke { which: String },
+    Revoke {
+        which: String,
+        /// The revoked tokens' records as a JSON array (the keys of `token list --json`).
+        #[arg(long)]
+        json: bool,
+    },
     /// The tokens issued and valid: id, tenant, user, limits, expiry (never the tokens).
     List {
         #[arg(long)]
@@ -209,7 +216,7 @@ pub async fn run(args: CtlArgs) -> Result<String, CtlError> {
         CtlCommand::Jobs { json } => {
             let listed = admin.list_jobs(ListJobsRequest {}).await?.into_inner();
             if json {
-                pretty(&Value::Array(listed.jobs.iter().map(job_json).collect()))
+                pretty(&jobs_json(&listed))
             } else {
                 jobs_table(&listed.jobs) + &reservations_text(&listed.reservations)
             }
@@ -315,13 +322,25 @@ fn opt<T: PartialEq + Default + Into<Value>>(v: T) -> Value {
     }
 }
 
+/// `ctl jobs --json`: an object, so that what the text form shows besides
+/// the jobs (the reservations) has a place, and later additions break no reader.
+pub fn jobs_json(listed: &ListJobsResponse) -> Value {
+    json!({
+        "jobs": listed.jobs.iter().map(job_json).collect::<Vec<_>>(),
+        "reservations": listed.reservations.iter().map(reservation_json).collect::<Vec<_>>(),
+    })
+}
+
 pub fn job_json(j: &JobInfo) -> Value {
     let hints = j.hints.clone().unwrap_or_default();
     json!({
         "id": j.id,
         "handle": j.handle,
         "name": j.name,
-        "tenant": j.tenant,
+        // The bare name and the uid apart (as in `ctl token list --json`), not
+        // the display label "alice (uid 1001)" of the text form.
+        "tenant": j.tenant_name,
+        "uid": j.tenant_uid,
         "kind": j.kind,
         "state": j.state,
         // A job waiting for (or not yet asking for) memory has no lane.
@@ -378,7 +397,7 @@ pub fn stats_json(s: &SchedulerStats) -> Value {
         "tenants": s.tenants.iter().map(|t| {
             let l = t.limits.unwrap_or_default();
             json!({
-                "tenant": t.tenant, "weight": t.weight, "device_s": t.device_seconds, "jobs": t.jobs, "queued": t.queued,
+                "tenant": t.tenant_name, "uid": t.tenant_uid, "weight": t.weight, "device_s": t.device_seconds, "jobs": t.jobs, "queued": t.queued,
                 "memory_bytes": t.memory_bytes, "refusals": t.refusals,
                 "max_jobs": l.max_jobs, "max_priority": l.max_priority, "max_memory_bytes": l.memory_bytes,
             })
@@ -589,16 +608,20 @@ async fn token(admin: &mut AdminClient<Channel>, action: TokenAction) -> Result<
                 format!("{}\n", issued.token)
             }
         }
-        TokenAction::Revoke { which } => {
+        TokenAction::Revoke { which, json } => {
             let revoked = admin
                 .revoke_tokens(RevokeTokensRequest { which })
                 .await?
                 .into_inner()
                 .tokens;
-            revoked
-                .iter()
-                .map(|t| format!("revoked {} (tenant {})\n", t.id, t.tenant))
-                .collect()
+            if json {
+                pretty(&Value::Array(revoked.iter().map(token_json).collect()))
+            } else {
+                revoked
+                    .iter()
+                    .map(|t| format!("revoked {} (tenant {})\n", t.id, t.tenant))
+                    .collect()
+            }
         }
         TokenAction::List { json } => {
             let tokens = admin
@@ -719,6 +742,19 @@ fn capacity_text(info: &ServerInfo) -> String {
         info.memory_held_back_bytes / MIB,
         info.memory_free_bytes / MIB,
     )
+}
+
+/// A reservation with the keys of the other `--json` outputs (expiry: null for never).
+pub fn reservation_json(r: &Reservation) -> Value {
+    json!({
+        "tenant": r.tenant_name,
+        "uid": r.tenant_uid,
+        "reserved_bytes": r.reserved_bytes,
+        "claimed_bytes": r.claimed_bytes,
+        "token_ids": r.token_ids,
+        "expires_unix_s": (r.expires_unix_seconds > 0.0).then_some(r.expires_unix_seconds),
+        "jobs_started": r.jobs_started,
+    })
 }
 
 /// Lines on the memory issued tokens reserve (none without reservations).
@@ -908,6 +944,61 @@ mod tests {
         assert_eq!(job_json(&waiting)["lane"], Value::Null);
     }
 
+    /// `ctl jobs --json` carries what the text form shows: the reservations
+    /// too, and each tenant as its bare name and uid apart, never the label.
+    #[test]
+    fn jobs_json_has_reservations_and_bare_tenants() {
+        let owned = JobInfo {
+            tenant: "salush1 (uid 1001)".into(),
+            tenant_name: "salush1".into(),
+            tenant_uid: Some(1001),
+            ..job()
+        };
+        let by_token = JobInfo {
+            id: 4,
+            tenant: "bot1".into(),
+            tenant_name: "bot1".into(),
+            ..job()
+        };
+        let reservation = Reservation {
+            tenant: "salush1 (uid 1001)".into(),
+            tenant_name: "salush1".into(),
+            tenant_uid: Some(1001),
+            reserved_bytes: 1 << 30,
+            claimed_bytes: 1 << 20,
+            token_ids: vec!["0123456789ab".into()],
+            expires_unix_seconds: 0.0,
+            jobs_started: 2,
+        };
+        let listed = ListJobsResponse {
+            jobs: vec![owned, by_token],
+            reservations: vec![reservation.clone()],
+        };
+        let v = jobs_json(&listed);
+        assert_eq!(v["jobs"][0]["tenant"], "salush1");
+        assert_eq!(v["jobs"][0]["uid"], 1001);
+        assert_eq!(v["jobs"][1]["tenant"], "bot1");
+        assert_eq!(v["jobs"][1]["uid"], Value::Null);
+        let r = &v["reservations"][0];
+        assert_eq!(r["tenant"], "salush1");
+        assert_eq!(r["uid"], 1001);
+        assert_eq!(r["reserved_bytes"], 1u64 << 30);
+        assert_eq!(r["claimed_bytes"], 1u64 << 20);
+        assert_eq!(r["token_ids"], json!(["0123456789ab"]));
+        assert_eq!(r["expires_unix_s"], Value::Null);
+        assert_eq!(r["jobs_started"], 2);
+        // The text form shows the same reservation with the display label.
+        assert!(reservations_text(&listed.reservations)
+            .starts_with("reserved for salush1 (uid 1001): 1073741824 bytes (1048576 claimed"));
+        let expiring = Reservation {
+            expires_unix_seconds: 1.8e9,
+            ..reservation
+        };
+        assert_eq!(reservation_json(&expiring)["expires_unix_s"], 1.8e9);
+        let empty = jobs_json(&ListJobsResponse::default());
+        assert_eq!(empty, json!({"jobs": [], "reservations": []}));
+    }
+
     #[test]
     fn hints_accept_negative_priorities() {
         use clap::Parser;
@@ -995,6 +1086,8 @@ mod tests {
             tenants: vec![
                 TenantShare {
                     tenant: "alice (uid 1001)".into(),
+                    tenant_name: "alice".into(),
+                    tenant_uid: Some(1001),
                     weight: 1,
                     device_seconds: 3.0,
                     jobs: 1,
@@ -1005,6 +1098,8 @@ mod tests {
                 },
                 TenantShare {
                     tenant: "bob (uid 1002)".into(),
+                    tenant_name: "bob".into(),
+                    tenant_uid: Some(1002),
                     weight: 2,
                     device_seconds: 1.0,
                     jobs: 8,
@@ -1030,6 +1125,8 @@ mod tests {
         assert!(text.contains("limits weight=2 max-jobs=8\n"), "{text}");
         assert!(text.contains("0 refused; limits none\n"), "{text}");
         assert_eq!(stats_json(&s)["tenants"][1]["max_jobs"], 8);
+        assert_eq!(stats_json(&s)["tenants"][1]["tenant"], "bob");
+        assert_eq!(stats_json(&s)["tenants"][1]["uid"], 1002);
         assert_eq!(stats_json(&s)["tenants"][0]["device_s"], 3.0);
         assert_eq!(stats_json(&s)["switch_latency_us"]["p99"], 40.0);
     }

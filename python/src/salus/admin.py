@@ -137,6 +137,11 @@ class AdminClient:
         return self._call("ListTokens", pb.ListTokensRequest())["tokens"]
 
 
+def jobs_json(jobs: list[dict], reservations: list[dict]) -> dict:
+    """The jobs and the reservations with the keys of `salus-server ctl jobs --json`."""
+    return {"jobs": [job_json(j) for j in jobs], "reservations": [reservation_json(r) for r in reservations]}
+
+
 def job_json(job: dict) -> dict:
     """A job with the keys of `salus-server ctl jobs --json`."""
     h = job.get("hints") or {}
@@ -144,8 +149,10 @@ def job_json(job: dict) -> dict:
         "id": job["id"],
         "handle": job["handle"],
         "name": job["name"],
-        # Newer servers only (JobInfo field 31): the job's owner.
-        "tenant": job.get("tenant", ""),
+        # The owner's bare name and its uid apart (None: not a Unix user), not the display label of field
+        # 31 ("alice (uid 1001)"); "" and None from servers older than JobInfo fields 32-33.
+        "tenant": job.get("tenant_name", ""),
+        "uid": job.get("tenant_uid"),
         "state": job["state"],
         # A job waiting for (or not yet asking for) memory has no lane.
         "lane": None if job["memory_state"] in ("waiting for memory", "not admitted yet") else job["lane"],
@@ -194,11 +201,24 @@ def stats_json(s: dict) -> dict:
                               "max": lat["max_us"], "buckets": lat["buckets"]},
         "lanes": [{"lane": q["lane"], "queued": q["queued"], "running": q["running"]} for q in s["lanes"]],
         "share": s["share"],
-        "tenants": [{"tenant": t["tenant"], "weight": t["weight"], "device_s": t["device_seconds"], "jobs": t["jobs"],
+        "tenants": [{"tenant": t.get("tenant_name", ""), "uid": t.get("tenant_uid"), "weight": t["weight"], "device_s": t["device_seconds"], "jobs": t["jobs"],
                      "queued": t["queued"], "max_jobs": t["limits"]["max_jobs"],
                      "max_priority": t["limits"]["max_priority"], "max_memory_bytes": t["limits"]["memory_bytes"],
                      "memory_bytes": t["memory_bytes"], "refusals": t["refusals"]}
                     for t in s["tenants"]],
+    }
+
+
+def reservation_json(r: dict) -> dict:
+    """A token reservation with the keys of `salus-server ctl jobs --json` (expiry None: never)."""
+    return {
+        "tenant": r.get("tenant_name", ""),
+        "uid": r.get("tenant_uid"),
+        "reserved_bytes": r.get("reserved_bytes", 0),
+        "claimed_bytes": r.get("claimed_bytes", 0),
+        "token_ids": list(r.get("token_ids", [])),
+        "expires_unix_s": r.get("expires_unix_seconds") or None,
+        "jobs_started": r.get("jobs_started", 0),
     }
 
 

@@ -106,11 +106,11 @@ def reservations_text(reservations: list[dict]) -> str:
 
 
 def cmd_jobs(args) -> int:
-    from .admin import job_json
+    from .admin import jobs_json
     with _admin(args) as admin:
         jobs, reservations = admin.jobs_and_reservations()
     if args.json:
-        sys.stdout.write(json.dumps([job_json(j) for j in jobs], indent=2) + "\n")
+        sys.stdout.write(json.dumps(jobs_json(jobs, reservations), indent=2) + "\n")
     else:
         sys.stdout.write(jobs_table(jobs) + reservations_text(reservations))
     return 0
@@ -393,7 +393,7 @@ def _parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
 
     j = sub.add_parser("jobs", parents=[common], help="list the server's jobs")
-    j.add_argument("--json", action="store_true", help="JSON, with the keys of `salus-server ctl jobs --json`")
+    j.add_argument("--json", action="store_true", help="JSON: {\"jobs\": [...], \"reservations\": [...]}, the keys of `salus-server ctl jobs --json`")
     j.set_defaults(func=cmd_jobs)
 
     t = sub.add_parser("top", parents=[common], help="live view of lanes, jobs and queues")

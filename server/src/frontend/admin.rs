@@ -630,10 +630,7 @@ fn reported_rows(reports: Vec<(Arc<Tenant>, seam_msg::Report)>, viewer: &Viewer)
         .into_iter()
         .filter(|(tenant, _)| viewer.sees(&tenant.key))
         .flat_map(|(tenant, report)| {
-            report.jobs.into_iter().map(move |row| JobInfo {
-                tenant: tenant.to_string(),
-                ..row
-            })
+            report.jobs.into_iter().map(move |row| owned_by(&tenant, row))
         })
         .collect()
 }
@@ -647,16 +644,26 @@ fn owned_rows<J>(
     owned
         .into_iter()
         .filter(|(owner, _)| viewer.sees(&owner.key))
-        .map(|(owner, job)| JobInfo {
-            tenant: owner.to_string(),
-            ..info(&job)
-        })
+        .map(|(owner, job)| owned_by(&owner, info(&job)))
         .collect()
+}
+
+/// `row` with its owner: the display label and, apart, the bare name and uid
+/// (clients that show tenants as data must not parse the label).
+fn owned_by(owner: &Tenant, row: JobInfo) -> JobInfo {
+    JobInfo {
+        tenant: owner.to_string(),
+        tenant_name: owner.name.clone(),
+        tenant_uid: owner.uid,
+        ..row
+    }
 }
 
 fn tenant_share(figures: &TenantFigures, memory_bytes: u64) -> TenantShare {
     TenantShare {
         tenant: figures.tenant.to_string(),
+        tenant_name: figures.tenant.name.clone(),
+        tenant_uid: figures.tenant.uid,
         weight: figures.status.weight,
         device_seconds: figures.status.service as f64 / 1e9,
         jobs: figures.status.jobs as u64,
@@ -693,6 +700,8 @@ impl AdminService {
                 let unix = |t: SystemTime| t.duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
                 Reservation {
                     tenant: tenant.to_string(),
+                    tenant_name: tenant.name.clone(),
+                    tenant_uid: tenant.uid,
                     reserved_bytes: admission.reserved_by_tenant([id]).get(&id).copied().unwrap_or(0),
                     claimed_bytes: claimed.get(&id).copied().unwrap_or(0),
                     token_ids: tokens.iter().map(|t| t.id.clone()).collect(),
@@ -1095,15 +1104,14 @@ impl Admin for AdminService {
         self.state.executor.set_hints(id, hints.clone())?;
         tracing::info!(job = id.0, ?hints, "job hints changed");
         let this = self.clone();
-        let mut info = match eager {
+        let info = match eager {
             Some(job) => this.eager_job_info(&job),
             None => {
                 let job = self.state.sessions.find(&req.job)?;
                 crate::runtime::exec::blocking(move || Ok(this.job_info(&job))).await?
             }
         };
-        info.tenant = owner.to_string();
-        Ok(Response::new(info))
+        Ok(Response::new(owned_by(&owner, info)))
     }
 
     async fn get_timeline(

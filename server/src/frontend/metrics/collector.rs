@@ -572,6 +572,8 @@ mod tests {
                 switch_latency: Some(latency),
                 tenants: vec![TenantShare {
                     tenant: "alice (uid 1001)".into(),
+                    tenant_name: "alice".into(),
+                    tenant_uid: Some(1001),
                     weight: 2,
                     device_seconds: 1.5,
                     jobs: 3,
