@@ -32,6 +32,7 @@ pub enum CtlCommand {
     },
     /// Scheduler statistics: switch latency, queues, iterations per second, device time per tenant.
     Stats {
+        /// As JSON, with the server's counters under "server_counters" (keys in the README).
         #[arg(long)]
         json: bool,
     },
@@ -61,6 +62,7 @@ pub enum CtlCommand {
     /// cluster engine's config needs (Slurm's salusmem GRES count, Ray's
     /// salus_mem_mib resource), in MiB.
     Capacity {
+        /// As JSON, in bytes and MiB (keys in the README).
         #[arg(long)]
         json: bool,
     },
@@ -141,6 +143,7 @@ pub enum TokenAction {
     },
     /// The tokens issued and valid: id, tenant, user, limits, expiry (never the tokens).
     List {
+        /// As a JSON array of token records (keys in the README).
         #[arg(long)]
         json: bool,
     },

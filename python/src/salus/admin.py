@@ -171,6 +171,7 @@ def job_json(job: dict) -> dict:
         "graph_nodes": job["graph_nodes"],
         "runs_completed": job["runs_completed"],
         "runs_failed": job["runs_failed"],
+        "cheap_runs": job.get("cheap_runs", 0),
         "age_s": job["age_seconds"],
         "idle_s": job["idle_seconds"],
         # Newer servers only (JobInfo fields 20-22); 0 from a server that does not send them.
@@ -199,6 +200,9 @@ def stats_json(s: dict) -> dict:
         "lane_holds_released": s.get("lane_holds_released", 0),
         "switch_latency_us": {"count": lat["count"], "p50": lat["p50_us"], "p99": lat["p99_us"],
                               "max": lat["max_us"], "buckets": lat["buckets"]},
+        "iteration_time_us": _latency_json(s.get("iteration_time")),
+        "queue_wait_us": _latency_json(s.get("queue_wait")),
+        "handover_latency_us": _latency_json(s.get("handover_latency")),
         "lanes": [{"lane": q["lane"], "queued": q["queued"], "running": q["running"]} for q in s["lanes"]],
         "share": s["share"],
         "tenants": [{"tenant": t.get("tenant_name", ""), "uid": t.get("tenant_uid"), "weight": t["weight"], "device_s": t["device_seconds"], "jobs": t["jobs"],
@@ -207,6 +211,12 @@ def stats_json(s: dict) -> dict:
                      "memory_bytes": t["memory_bytes"], "refusals": t["refusals"]}
                     for t in s["tenants"]],
     }
+
+
+def _latency_json(lat: dict | None) -> dict:
+    lat = lat or {}
+    return {"count": lat.get("count", 0), "sum": lat.get("sum_us", 0.0), "p50": lat.get("p50_us", 0.0),
+            "p99": lat.get("p99_us", 0.0), "max": lat.get("max_us", 0.0), "buckets": list(lat.get("buckets", []))}
 
 
 def reservation_json(r: dict) -> dict:

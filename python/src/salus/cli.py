@@ -392,7 +392,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
     r.set_defaults(func=cmd_run)
 
-    j = sub.add_parser("jobs", parents=[common], help="list the server's jobs")
+    j = sub.add_parser("jobs", parents=[common],
+                       help="list the server's jobs and the memory issued tokens reserve")
     j.add_argument("--json", action="store_true", help="JSON: {\"jobs\": [...], \"reservations\": [...]}, the keys of `salus-server ctl jobs --json`")
     j.set_defaults(func=cmd_jobs)
 
@@ -413,7 +414,8 @@ def _parser() -> argparse.ArgumentParser:
     po.set_defaults(func=cmd_policy)
 
     s = sub.add_parser("stats", parents=[common], help="scheduler statistics")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true",
+                   help="JSON, with the keys of `salus-server ctl stats --json` (without its server_counters)")
     s.set_defaults(func=cmd_stats)
 
     h = sub.add_parser("hints", parents=[common], help="replace a job's hints (job id, handle or name)")
