@@ -18,6 +18,16 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 SALUS_SLURM = REPO / "deploy" / "slurm" / "salus_slurm.py"
+EXAMPLE_CONF = REPO / "deploy" / "slurm" / "slurm.conf.example"
+EXAMPLE_GRES = REPO / "deploy" / "slurm" / "gres.conf.example"
+# Added to the example: how soon Slurm acts, not what it does, so that the tests do not wait out defaults.
+TEST_TUNING = {
+    # The main scheduling pass every 2 s (default 60): a requeued job waiting for its begin time starts soon.
+    "SchedulerParameters": "sched_interval=2",
+    "KillWait": "5",
+    # Ended jobs stay in `scontrol show job` for the tests to read (default 300 s).
+    "MinJobAge": "600",
+}
 DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "slurmstepd", "sbatch", "srun", "scontrol", "squeue",
            "scancel", "sinfo")
 STOP_TIMEOUT_S = 20
@@ -36,6 +46,34 @@ def missing_reason() -> str | None:
     if os.geteuid() != 0:
         return "the Slurm cluster runs its daemons as root (CI runs as root)"
     return None
+
+
+def render_slurm_conf(example: str, settings: dict[str, str], nodes: dict[str, dict[str, str]],
+                      tuning: dict[str, str]) -> str:
+    """`example` with the values of `settings` replaced, the attributes `nodes[NAME]` replaced on each NodeName
+    line, and `tuning` appended. Every key replaced must be in the example and every example node in `nodes`: a
+    key renamed or a line removed there fails here instead of leaving the tests on a configuration of their own."""
+    lines, replaced, seen_nodes = [], set(), set()
+    for line in example.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and not line.startswith("#") and key == "NodeName":
+            name = value.split()[0]
+            attrs = dict(item.split("=", 1) for item in line.split()[1:])
+            missing = set(nodes[name]) - set(attrs)
+            assert not missing, f"{EXAMPLE_CONF}: NodeName={name} has no {sorted(missing)}"
+            attrs.update(nodes[name])
+            line = f"NodeName={name} " + " ".join(f"{k}={v}" for k, v in attrs.items())
+            seen_nodes.add(name)
+        elif sep and not line.startswith("#") and key in settings:
+            line = f"{key}={settings[key]}"
+            replaced.add(key)
+        lines.append(line)
+    assert replaced == set(settings), f"{EXAMPLE_CONF} has no {sorted(set(settings) - replaced)}"
+    assert seen_nodes == set(nodes), f"{EXAMPLE_CONF} has nodes {sorted(seen_nodes)}, the tests {sorted(nodes)}"
+    clash = [k for k in tuning if any(line.startswith(f"{k}=") for line in lines)]
+    assert not clash, f"{EXAMPLE_CONF} sets {clash} already"
+    lines += ["", "# Test tuning (integration_tests/_slurm_cluster.py)"] + [f"{k}={v}" for k, v in tuning.items()]
+    return "\n".join(lines) + "\n"
 
 
 def free_port() -> int:
@@ -73,11 +111,18 @@ class SlurmCluster:
 
     # --- configuration ---------------------------------------------------------------------------------
     def _generate(self, servers: dict[str, str], salus_server_bin: Path) -> str:
-        """salus_slurm.py config, with the system python3 as on a real node."""
-        python = which("python3") or "python3"
-        cmd = [python, str(SALUS_SLURM), "config", "--out", str(self.root / "etc"),
+        """salus_slurm.py config, run with the system python3 as on a real node. The hooks' interpreter is that
+        python3 through a link in a directory of the cluster's own (`hook_python`), so that a test can take it
+        away from users for one job, as an interpreter under a home directory would be."""
+        system_python = shutil.which("python3", path="/usr/bin:/bin") or "/usr/bin/python3"
+        bin_dir = self.root / "bin"
+        bin_dir.mkdir(mode=0o755, exist_ok=True)
+        self.hook_python = bin_dir / "python3"
+        if not self.hook_python.is_symlink():
+            self.hook_python.symlink_to(system_python)
+        cmd = [system_python, str(SALUS_SLURM), "config", "--out", str(self.root / "etc"),
                "--state-dir", str(self.state_dir), "--salus-server", str(salus_server_bin),
-               "--slurm-conf", str(self.conf), "--python", python]
+               "--slurm-conf", str(self.conf), "--python", str(self.hook_python)]
         for name, address in servers.items():
             cmd += ["--node", f"{name}={address}"]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
@@ -86,60 +131,38 @@ class SlurmCluster:
         return proc.stdout
 
     def _write_slurm_conf(self, servers: dict[str, str]) -> None:
+        """deploy/slurm/slurm.conf.example with this cluster's ports and paths, Salus's lines as config wrote
+        them, and the test's timing (TEST_TUNING): the example is what runs, so it cannot rot."""
         r = self.root
         self.ctld_port = free_port()
         self.node_ports = {name: free_port() for name in servers}
-        salus_lines, node_gres = [], {}
+        salus_settings, node_gres = {}, {}
         for line in (r / "etc" / "slurm.conf.salus").read_text().splitlines():
             if line.startswith("#NodeName="):
                 name, gres = line[len("#NodeName="):].split()
-                node_gres[name] = gres
+                node_gres[name] = gres.partition("=")[2]
             elif line and not line.startswith("#"):
-                salus_lines.append(line)
+                key, _, value = line.partition("=")
+                salus_settings[key] = value
         assert set(node_gres) == set(servers), node_gres
-        lines = [
-            "ClusterName=salustest",
-            f"SlurmctldHost={self.hostname}(127.0.0.1)",  # no name lookup needed
-            f"SlurmctldPort={self.ctld_port}",
-            "SlurmUser=root",
-            "SlurmdUser=root",
-            "AuthType=auth/munge",
-            "CredType=cred/munge",
+        settings = {
+            **salus_settings,
+            "ClusterName": "salustest",
+            "SlurmctldHost": f"{self.hostname}(127.0.0.1)",  # no name lookup needed
+            "SlurmctldPort": str(self.ctld_port),
             # A requeued job may start again once its old credential expired (default 120 s): 10 s.
-            f"AuthInfo=socket={r / 'munge' / 'munge.socket.2'},cred_expire=10",
-            f"StateSaveLocation={r / 'ctld'}",
-            f"SlurmdSpoolDir={r / 'spool'}/%n",
-            f"SlurmctldPidFile={r / 'run' / 'slurmctld.pid'}",
-            f"SlurmdPidFile={r / 'run'}/slurmd-%n.pid",
-            f"SlurmctldLogFile={r / 'log' / 'slurmctld.log'}",
-            f"SlurmdLogFile={r / 'log'}/slurmd-%n.log",
-            "SlurmctldDebug=info",
-            "SlurmdDebug=info",
-            "ProctrackType=proctrack/linuxproc",
-            "TaskPlugin=task/none",
-            "JobAcctGatherType=jobacct_gather/none",
-            "AccountingStorageType=accounting_storage/none",
-            "JobCompType=jobcomp/none",
-            "MpiDefault=none",
-            "SchedulerType=sched/builtin",
-            # The main scheduling pass every 2 s (default 60): a requeued job waiting for its begin time starts soon.
-            "SchedulerParameters=sched_interval=2",
-            "SelectType=select/cons_tres",
-            "SelectTypeParameters=CR_CPU",
-            "SlurmdParameters=config_overrides",
-            "ReturnToService=2",
-            "MailProg=/bin/true",
-            "KillWait=5",
-            "MinJobAge=600",
-            "InactiveLimit=0",
-            *salus_lines,
-        ]
-        for name in servers:
-            # CPUs are not what these tests are about: 4 per node, so only salusmem decides placement.
-            lines.append(f"NodeName={name} NodeHostname={self.hostname} NodeAddr=127.0.0.1 "
-                         f"Port={self.node_ports[name]} CPUs=4 RealMemory=1000 {node_gres[name]} State=UNKNOWN")
-        lines.append(f"PartitionName=debug Nodes={','.join(servers)} Default=YES MaxTime=INFINITE State=UP")
-        self.conf.write_text("\n".join(lines) + "\n")
+            "AuthInfo": f"socket={r / 'munge' / 'munge.socket.2'},cred_expire=10",
+            "StateSaveLocation": str(r / "ctld"),
+            "SlurmdSpoolDir": f"{r / 'spool'}/%n",
+            "SlurmctldPidFile": str(r / "run" / "slurmctld.pid"),
+            "SlurmdPidFile": f"{r / 'run'}/slurmd-%n.pid",
+            "SlurmctldLogFile": str(r / "log" / "slurmctld.log"),
+            "SlurmdLogFile": f"{r / 'log'}/slurmd-%n.log",
+        }
+        nodes = {name: {"NodeHostname": self.hostname, "Port": str(self.node_ports[name]), "Gres": node_gres[name]}
+                 for name in servers}
+        text = render_slurm_conf(EXAMPLE_CONF.read_text(), settings, nodes, TEST_TUNING)
+        self.conf.write_text(text)
         os.chmod(self.conf, 0o644)
 
     # --- daemons -----------------------------------------------------------------------------------------
