@@ -8,16 +8,21 @@ this host (munged, slurmctld, `slurmd -N n1` and `-N n2`), each node with its ow
   same script in-process; a job's `--comment salus-priority=N` caps its token's priority; the time limit sets
   the token's expiry;
 - more salusmem than any node has is refused by sbatch; a job that does not fit now waits (PENDING,
-  Resources) while another holds the memory, and runs after; a job without salusmem gets no Salus settings;
+  Resources) while another holds the memory, and runs after; a job without salusmem is untouched by every hook;
 - after each job its token and reservation are gone;
-- a node whose salus-server is down fails the job's prolog: Slurm drains the node and requeues the job,
-  which runs once the server is back and the node resumed.
+- a hook failure says why: `config` refuses an interpreter users cannot run (a subprocess, no cluster); a
+  TaskProlog whose interpreter was taken out of users' reach fails the job with the reason in its output;
+- a node whose salus-server is down fails the job's prolog: Slurm drains the node and requeues the job, the
+  reason in slurmd's log and the job's AdminComment; the job runs once the server is back and the node resumed.
+
+The cluster runs from deploy/slurm/slurm.conf.example (ports and paths replaced, see _slurm_cluster.py).
 
 Needs root and Slurm/munge (`bash scripts/setup_slurm.sh`); skips, saying so, without them, except where
 scripts/setup.sh installs them (SALUS_CLUSTER=1, set by scripts/test.sh, or CI): there it fails.
-Cost: about 50 s on 2 cores (measured 50-54 s): two salus-servers and the Slurm daemons start once for the
-module (~3 s), 3 TensorFlow processes (one reference run in-process, two jobs; ~8 s each), Slurm's scheduler
-starts a job within ~2 s, and the failure test (~18 s) waits out the prolog's connection retries (~4 s) and
+Cost: about 60 s on 2 cores (measured 55-65 s beside a CI run): two salus-servers and the Slurm daemons start once
+for the module (~3 s), 3 TensorFlow processes (one reference run in-process, two jobs; ~8 s each), Slurm's
+scheduler starts a job within ~2 s, the failure reports add ~2.5 s (config's refusal 0.3 s, one short job whose
+TaskProlog fails ~2.3 s), and the drained-node test (~18 s) waits out the prolog's connection retries (~4 s) and
 the 10 s a requeued job waits before it may start again (`cred_expire`, 120 s by default).
 """
 
