@@ -236,6 +236,18 @@ def test_config_writes_gres_and_slurm_lines_from_each_servers_capacity(cluster):
     assert "Gres=salusmem:2K" in shown, shown
 
 
+def test_the_cluster_runs_the_shipped_example_slurm_conf(cluster):
+    """The running slurm.conf is deploy/slurm/slurm.conf.example with values replaced, never lines of its own;
+    a key the tests set but the example lacks fails the render (no cluster needed for that part)."""
+    example = _slurm_cluster.EXAMPLE_CONF.read_text()
+    running = cluster.slurm.conf.read_text()
+    keys = [line.partition("=")[0] for line in example.splitlines() if "=" in line and not line.startswith("#")]
+    assert [line.partition("=")[0] for line in running.splitlines()
+            if "=" in line and not line.startswith("#")] == keys + list(_slurm_cluster.TEST_TUNING)
+    with pytest.raises(AssertionError, match="has no"):
+        _slurm_cluster.render_slurm_conf(example, {"NoSuchKey": "1"}, {"n1": {}, "n2": {}}, {})
+
+
 def run_config(*args: str) -> subprocess.CompletedProcess:
     """`salus_slurm.py config` for a node given by hand (no server asked), run by the system python3."""
     return subprocess.run([shutil.which("python3", path="/usr/bin:/bin") or "python3", str(_slurm_cluster.SALUS_SLURM),

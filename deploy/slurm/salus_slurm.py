@@ -159,8 +159,9 @@ exit "$status"
 TASK_PROLOG_TO_JOB = """    printf '%s\\n' "$err" | sed 's/^/print /'
     printf '%s\\n' "$err" | logger -t salus_slurm -p user.err 2>/dev/null || true
 """
-ROOT_REMEDY = "root cannot run the interpreter or salus_slurm.py (salus_slurm.py config --python)"
-USER_REMEDY = ("the interpreter and salus_slurm.py must be runnable by every user "
+# Said after exit 126, 127 or 2, which mostly mean that, though a usage error also exits 2 (its message precedes).
+ROOT_REMEDY = "if the interpreter or salus_slurm.py could not be run: check salus_slurm.py config --python"
+USER_REMEDY = ("if the interpreter or salus_slurm.py could not be run: both must be runnable by every user "
                "(salus_slurm.py config --python, deploy/slurm/README.md)")
 
 
