@@ -8,16 +8,21 @@ this host (munged, slurmctld, `slurmd -N n1` and `-N n2`), each node with its ow
   same script in-process; a job's `--comment salus-priority=N` caps its token's priority; the time limit sets
   the token's expiry;
 - more salusmem than any node has is refused by sbatch; a job that does not fit now waits (PENDING,
-  Resources) while another holds the memory, and runs after; a job without salusmem gets no Salus settings;
+  Resources) while another holds the memory, and runs after; a job without salusmem is untouched by every hook;
 - after each job its token and reservation are gone;
-- a node whose salus-server is down fails the job's prolog: Slurm drains the node and requeues the job,
-  which runs once the server is back and the node resumed.
+- a hook failure says why: `config` refuses an interpreter users cannot run (a subprocess, no cluster); a
+  TaskProlog whose interpreter was taken out of users' reach fails the job with the reason in its output;
+- a node whose salus-server is down fails the job's prolog: Slurm drains the node and requeues the job, the
+  reason in slurmd's log and the job's AdminComment; the job runs once the server is back and the node resumed.
+
+The cluster runs from deploy/slurm/slurm.conf.example (ports and paths replaced, see _slurm_cluster.py).
 
 Needs root and Slurm/munge (`bash scripts/setup_slurm.sh`); skips, saying so, without them, except where
 scripts/setup.sh installs them (SALUS_CLUSTER=1, set by scripts/test.sh, or CI): there it fails.
-Cost: about 50 s on 2 cores (measured 50-54 s): two salus-servers and the Slurm daemons start once for the
-module (~3 s), 3 TensorFlow processes (one reference run in-process, two jobs; ~8 s each), Slurm's scheduler
-starts a job within ~2 s, and the failure test (~18 s) waits out the prolog's connection retries (~4 s) and
+Cost: about 60 s on 2 cores (measured 55-65 s beside a CI run): two salus-servers and the Slurm daemons start once
+for the module (~3 s), 3 TensorFlow processes (one reference run in-process, two jobs; ~8 s each), Slurm's
+scheduler starts a job within ~2 s, the failure reports add ~2.5 s (config's refusal 0.3 s, one short job whose
+TaskProlog fails ~2.3 s), and the drained-node test (~18 s) waits out the prolog's connection retries (~4 s) and
 the 10 s a requeued job waits before it may start again (`cred_expire`, 120 s by default).
 """
 
@@ -122,6 +127,23 @@ class Cluster:
         return sorted(p.name for p in d.iterdir()) if d.exists() else []
 
 
+def config_lines(path: Path) -> list[str]:
+    return [line for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+
+
+def slurmd_log(cluster: Cluster, node: str) -> str:
+    path = cluster.slurm.root / "log" / f"slurmd-{node}.log"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def admin_comment(cluster: Cluster, job_id: str) -> str:
+    """The job's AdminComment ("" when unset); `scontrol show job` prints it on a line of its own."""
+    for line in cluster.slurm.scontrol("show", "job", job_id).stdout.splitlines():
+        if line.strip().startswith("AdminComment="):
+            return line.strip()[len("AdminComment="):]
+    return ""
+
+
 def tenant(user) -> str:
     """How the server's text forms name a Unix user's tenant (`--json` has the name and uid apart)."""
     return f"{user.pw_name} (uid {user.pw_uid})"
@@ -187,6 +209,8 @@ def test_config_writes_gres_and_slurm_lines_from_each_servers_capacity(cluster):
     etc = cluster.slurm.root / "etc"
     assert "NodeName=n1 Name=salusmem Count=2048 Flags=CountOnly" in (etc / "gres.conf").read_text()
     assert "NodeName=n2 Name=salusmem Count=1024 Flags=CountOnly" in (etc / "gres.conf").read_text()
+    # deploy/slurm/gres.conf.example is what config writes for these servers (slurm.conf.example is what runs).
+    assert config_lines(etc / "gres.conf") == config_lines(_slurm_cluster.EXAMPLE_GRES)
     conf = (etc / "slurm.conf.salus").read_text()
     for line in ("GresTypes=salusmem", "PrologFlags=Alloc", f"Prolog={etc / 'prolog'}", f"Epilog={etc / 'epilog'}",
                  f"TaskProlog={etc / 'task-prolog'}", "#NodeName=n1 Gres=salusmem:2048",
@@ -210,6 +234,54 @@ def test_config_writes_gres_and_slurm_lines_from_each_servers_capacity(cluster):
     # Slurm took the counts: each node offers its server's capacity in MiB (Slurm writes 2048 as 2K).
     shown = cluster.slurm.scontrol("show", "node", "n1").stdout
     assert "Gres=salusmem:2K" in shown, shown
+
+
+def test_the_cluster_runs_the_shipped_example_slurm_conf(cluster):
+    """The running slurm.conf is deploy/slurm/slurm.conf.example with values replaced, never lines of its own;
+    a key the tests set but the example lacks fails the render (no cluster needed for that part)."""
+    example = _slurm_cluster.EXAMPLE_CONF.read_text()
+    running = cluster.slurm.conf.read_text()
+    keys = [line.partition("=")[0] for line in example.splitlines() if "=" in line and not line.startswith("#")]
+    assert [line.partition("=")[0] for line in running.splitlines()
+            if "=" in line and not line.startswith("#")] == keys + list(_slurm_cluster.TEST_TUNING)
+    with pytest.raises(AssertionError, match="has no"):
+        _slurm_cluster.render_slurm_conf(example, {"NoSuchKey": "1"}, {"n1": {}, "n2": {}}, {})
+
+
+def run_config(*args: str) -> subprocess.CompletedProcess:
+    """`salus_slurm.py config` for a node given by hand (no server asked), run by the system python3."""
+    return subprocess.run([shutil.which("python3", path="/usr/bin:/bin") or "python3", str(_slurm_cluster.SALUS_SLURM),
+                           "config", "--node", "gpu7=127.0.0.1:1", "--capacity", "gpu7=81920",
+                           "--salus-server", str(server_bin().resolve()), *args],
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+
+
+def test_config_refuses_an_interpreter_other_users_cannot_run(unix_users):
+    """The TaskProlog runs as each job's user: an interpreter under a directory they cannot pass through would
+    fail every job with a bare `TaskProlog failed status=126`, so config refuses it, naming the path and the fix.
+    No cluster needed (a few subprocesses, well under a second)."""
+    out = reachable_tmpdir("salus-slurm-config-")
+    try:
+        private = out / "home"  # 0700, as a home directory: the system python3 behind it, out of users' reach
+        private.mkdir(mode=0o700)
+        hidden = private / "python3"
+        hidden.symlink_to(shutil.which("python3", path="/usr/bin:/bin"))
+        proc = run_config("--out", str(out / "etc"), "--state-dir", str(out / "state"), "--python", str(hidden))
+        assert proc.returncode == 2, (proc.returncode, proc.stderr)
+        assert f"--python {hidden}: directory {private} is mode 700" in proc.stderr, proc.stderr
+        assert "--python /usr/bin/python3" in proc.stderr, proc.stderr
+        assert not (out / "etc" / "task-prolog").exists()
+        # The directory the hooks are written to must let users through too.
+        (out / "closed").mkdir(mode=0o700)
+        proc = run_config("--out", str(out / "closed" / "etc"), "--state-dir", str(out / "state"))
+        assert proc.returncode == 2 and f"directory {out / 'closed'} is mode 700" in proc.stderr, proc.stderr
+        # The default (the system python3) in reachable directories passes, also when run as a user to be sure.
+        proc = run_config("--out", str(out / "etc"), "--state-dir", str(out / "state"),
+                          "--check-as-user", "salus-ta")
+        assert proc.returncode == 0, proc.stderr
+        assert (out / "etc" / "task-prolog").read_text().count("/usr/bin/python3 ") >= 1
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
 
 
 def test_sbatch_job_trains_through_its_nodes_server_as_its_user(cluster, unix_users, reference_losses):
@@ -333,16 +405,49 @@ def test_a_job_that_does_not_fit_now_waits_for_the_memory(cluster, unix_users):
     assert "State=IDLE" in cluster.slurm.scontrol("show", "node", "n1").stdout
 
 
-def test_a_job_without_salusmem_gets_no_salus_settings(cluster, unix_users):
+def test_a_job_without_salusmem_is_untouched_by_every_hook(cluster, unix_users):
     ta = unix_users["salus-ta"]
     release = cluster.workdir(ta) / "release-plain"
     release.touch()
     job = cluster.submit(ta, script=WAIT_SCRIPT.format(release=release))
-    assert cluster.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"})["JobState"] == "COMPLETED"
-    assert "server= token_set= priority=\n" in cluster.output(ta, job), cluster.output(ta, job)
+    info = cluster.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"})
+    assert info["JobState"] == "COMPLETED"
+    # Its output is its script's alone (no Salus variables, no line from a hook), nothing is said of it in the
+    # logs or on the job, and no server holds anything for it.
+    assert cluster.output(ta, job) == "server= token_set= priority=\ndone\n", cluster.output(ta, job)
+    node = info["NodeList"]
+    said = [line for line in slurmd_log(cluster, node).splitlines()
+            if (f"job {job}:" in line or f"[{job}." in line) and ("salus_slurm" in line or "error" in line)]
+    assert not said, said
+    assert admin_comment(cluster, job) == ""
     for node in CAPACITY:
         assert_no_salus_state(cluster, node)
     assert cluster.job_files() == []
+
+
+def test_a_task_prolog_that_cannot_run_says_why_in_the_jobs_output_and_slurmds_log(cluster, unix_users):
+    """The hooks' interpreter out of users' reach for one job (its directory 0700, as under a home directory):
+    the TaskProlog, run as the job's user, cannot start it. The job fails and says why, in its own output and in
+    slurmd's log; the Prolog and Epilog, run as root, still reserve and release. One short job (~3 s)."""
+    ta = unix_users["salus-ta"]
+    bin_dir = cluster.slurm.hook_python.parent
+    mode = bin_dir.stat().st_mode & 0o777
+    os.chmod(bin_dir, 0o700)
+    try:
+        job = cluster.submit(ta, "--gres=salusmem:256", "--nodelist=n1", script="#!/bin/sh\necho ran\n")
+        info = cluster.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"})
+    finally:
+        os.chmod(bin_dir, mode)
+    out = cluster.output(ta, job)
+    assert info["JobState"] == "FAILED", (info, out)
+    why = f"{cluster.slurm.hook_python}: Permission denied"
+    assert why in out and "salus_slurm: task-prolog failed (exit 126) on n1 for job " + job in out, out
+    assert "config --python" in out, out
+    assert "ran" not in out.split(), out
+    # slurmd's log has only the status: slurmstepd drops a TaskProlog's stderr, and a hook running as the user
+    # cannot write the log (the wrapper also tells syslog, which this host does not run).
+    assert f"[{job}.batch] error: TaskProlog failed status=126" in slurmd_log(cluster, "n1")
+    wait_released(cluster, "n1")
 
 
 def test_a_node_whose_server_is_down_is_drained_and_the_job_requeued(cluster, unix_users):
@@ -360,6 +465,11 @@ def test_a_node_whose_server_is_down_is_drained_and_the_job_requeued(cluster, un
         cluster.slurm.scontrol("show", "node", "n2").stdout + cluster.slurm.logs()
     node = cluster.slurm.scontrol("show", "node", "n2").stdout
     assert "Reason=Prolog error" in node, node
+    # Why, in slurmd's log and on the job (its AdminComment, which its user sees in `scontrol show job`).
+    why = f"cannot reserve 512 MiB for salus-ta on {address}"
+    assert why in slurmd_log(cluster, "n2"), slurmd_log(cluster, "n2")[-3000:]
+    assert wait_until(lambda: why in admin_comment(cluster, job), 30), admin_comment(cluster, job)
+    assert admin_comment(cluster, job).startswith("salus_slurm prolog on n2: job "), admin_comment(cluster, job)
     info = cluster.wait_state(job, {"PENDING"})
     assert info["Restarts"] != "0" or "requeue" in info.get("Reason", "").lower(), info
     # Back: the server on its address, the node resumed, the job released: it runs with its reservation.
@@ -370,4 +480,5 @@ def test_a_node_whose_server_is_down_is_drained_and_the_job_requeued(cluster, un
     info = cluster.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"})
     assert info["JobState"] == "COMPLETED", (info, cluster.output(ta, job))
     assert f"server={address} token_set=yes" in cluster.output(ta, job)
+    assert admin_comment(cluster, job) == "", admin_comment(cluster, job)  # the past failure cleared on success
     wait_released(cluster, "n2")
