@@ -491,6 +491,14 @@ impl EagerJob {
         if idle + Duration::from_secs(1) < waited {
             return StalledWait::Active;
         }
+        let open: Vec<Arc<StreamState>> = lock(&self.streams)
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .filter(|s| !s.failed.load(Ordering::SeqCst))
+            .collect();
+        if open.is_empty() {
+            return StalledWait::NoOpenStream;
+        }
         let reason = format!(
             "the script waited {:.0} s for {waiting_for}, while the Salus server had nothing queued or running \
              for this eager context for {:.0} s and no Python callback of the script was running: the wait \
@@ -499,17 +507,6 @@ impl EagerJob {
             waited.as_secs_f64(),
             idle.as_secs_f64()
         );
-        let streams: Vec<Arc<StreamState>> = lock(&self.streams)
-            .iter()
-            .filter_map(std::sync::Weak::upgrade)
-            .collect();
-        let open: Vec<_> = streams
-            .iter()
-            .filter(|s| !s.failed.load(Ordering::SeqCst))
-            .collect();
-        if open.is_empty() {
-            return StalledWait::NoOpenStream;
-        }
         tracing::warn!(context = self.context_id, streams = open.len(), %reason, "ending a stalled wait");
         for stream in open {
             stream.end(reason.clone());
