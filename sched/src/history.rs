@@ -124,7 +124,7 @@ impl RunEnd {
         }
     }
 
-    fn from_name(name: &str) -> Option<RunEnd> {
+    pub fn from_name(name: &str) -> Option<RunEnd> {
         [RunEnd::Completed, RunEnd::Failed, RunEnd::Cancelled]
             .into_iter()
             .find(|end| end.name() == name)

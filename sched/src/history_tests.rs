@@ -210,3 +210,43 @@ fn srtf_admits_by_hinted_length_too() {
     let short = s.rank_new(JobId(2), &hint(60.0), S);
     assert!(short < long);
 }
+
+#[test]
+fn an_identity_told_after_the_job_joined_reranks_it_and_records_its_run() {
+    let mut s = learned();
+    let mut now = 0;
+    for k in 0..3 {
+        run_alone(&mut s, 100 + k, who("alice", "short.py"), 10, S, &mut now);
+    }
+    for k in 0..3 {
+        run_alone(&mut s, 200 + k, who("alice", "long.py"), 1000, S, &mut now);
+    }
+    // Both join unidentified (a server learns the fingerprint later): the
+    // long one, older, ranks first.
+    s.add_tenant_job(JobId(1), L, TenantId(1), Hints::default(), now)
+        .unwrap();
+    s.add_tenant_job(JobId(2), L, TenantId(1), Hints::default(), now + 1)
+        .unwrap();
+    let before = (s.jobs[&JobId(1)].key, s.jobs[&JobId(2)].key);
+    s.set_identity(JobId(1), who("alice", "long.py")).unwrap();
+    s.set_identity(JobId(2), who("alice", "short.py")).unwrap();
+    assert!(
+        s.jobs[&JobId(2)].key < s.jobs[&JobId(1)].key,
+        "the short one now ranks first (keys before: {before:?})"
+    );
+    assert_eq!(
+        s.status(JobId(2)).unwrap().expected.map(|e| e.runs),
+        Some(3)
+    );
+    s.submit(JobId(2), 2, now).unwrap();
+    let Decision::Run(d) = s.next(L, now) else {
+        panic!("job 2 runs")
+    };
+    s.finish(d.job, L, Some(S), now + S);
+    s.end_job(JobId(2), RunEnd::Completed).unwrap();
+    assert_eq!(s.history().runs(&who("alice", "short.py")).len(), 4);
+    assert_eq!(
+        s.set_identity(JobId(9), who("a", "b")),
+        Err(SchedError::UnknownJob(JobId(9)))
+    );
+}

@@ -39,7 +39,7 @@ pub mod units;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 
 pub use hints::{HintError, Hints};
-pub use history::{Expectation, History, JobIdentity, RunEnd};
+pub use history::{Expectation, History, JobIdentity, PastRun, RunEnd};
 pub use policy::SortKey;
 use policy::{Hold, JobView, LogNormal, Policy};
 use tenants::Tenants;
@@ -364,6 +364,18 @@ impl<W> Scheduler<W> {
         now: Nanos,
     ) -> Result<(), SchedError> {
         self.add_job_as(id, lane, tenant, Some(identity), hints, now)
+    }
+
+    /// Tells who a job already added is, once that is known (a server learns
+    /// a job's fingerprint at its first main iteration): it is re-ranked by
+    /// its identity's history and its run is recorded under it.
+    pub fn set_identity(&mut self, id: JobId, identity: JobIdentity) -> Result<(), SchedError> {
+        let law = self.law_of(Some(&identity));
+        let job = self.jobs.get_mut(&id).ok_or(SchedError::UnknownJob(id))?;
+        job.law = law;
+        job.identity = Some(identity);
+        self.rekey(id);
+        Ok(())
     }
 
     fn add_job_as(

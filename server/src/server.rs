@@ -17,6 +17,7 @@ use crate::error::Error;
 use crate::frontend::admin::AdminService;
 use crate::frontend::eager::{Eager, Worker};
 use crate::frontend::identify::{identified_incoming, IdentifyLayer};
+use crate::runtime::job_history::{load_history, HistorySaver};
 use crate::state_dir::StateDir;
 use crate::tenant::identity::Identifier;
 use crate::tenant::tokens::TokenStore;
@@ -32,21 +33,38 @@ use crate::runtime::timeline::Timeline;
 use crate::seam::client::SeamClient;
 use crate::sched::lanes::LaneManager;
 use crate::sched::policy;
+use crate::sched::{History, RunEnd};
 use crate::tf::{self, Graph, Session};
 
-/// Opens (and locks) the state directory and restores the issued tokens,
-/// saying what was dropped; off the async runtime (file reads, fsyncs).
-async fn restore_tokens(dir: std::path::PathBuf) -> Result<TokenStore, ServeError> {
+/// What the state directory gave back at start.
+struct Restored {
+    tokens: TokenStore,
+    history: Option<History>,
+    saver: HistorySaver,
+}
+
+/// Opens (and locks) the state directory and restores the issued tokens and
+/// the job history, saying what was dropped; off the async runtime (file
+/// reads, fsyncs).
+async fn restore_state(dir: std::path::PathBuf) -> Result<Restored, ServeError> {
     let restored = tokio::task::spawn_blocking(move || {
         let dir = Arc::new(StateDir::open(&dir)?);
         tracing::info!(dir = %dir.path().display(), "state directory");
-        Ok::<_, crate::state_dir::StateDirError>(TokenStore::restore(dir, std::time::SystemTime::now()))
+        let history = load_history(&dir);
+        let saver = HistorySaver::start(dir.clone()).map_err(|e| {
+            Error::Internal(format!("cannot start the job history's saver thread: {e}"))
+        })?;
+        let (tokens, report) = TokenStore::restore(dir, std::time::SystemTime::now());
+        report.log();
+        Ok::<_, ServeError>(Restored {
+            tokens,
+            history,
+            saver,
+        })
     })
     .await
-    .map_err(|e| Error::Internal(format!("restoring the issued tokens failed: {e}")))?;
-    let (store, report) = restored?;
-    report.log();
-    Ok(store)
+    .map_err(|e| Error::Internal(format!("restoring the server's state failed: {e}")))?;
+    restored
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -97,14 +115,14 @@ impl Server {
     pub async fn start_as(mut config: Config, role: Role) -> Result<Server, ServeError> {
         // First: a directory another server holds stops this one before
         // TensorFlow loads. An executor keeps no state (its supervisor does).
-        let issued = match (&role, config.state_dir.clone()) {
+        let restored = match (&role, config.state_dir.clone()) {
             (Role::Executor { .. }, _) => None,
             (_, None) => {
                 tracing::warn!("no state directory (--state-dir, and no home to default to): \
-                    tokens issued at run time are forgotten at a restart");
+                    tokens issued at run time and the job history are forgotten at a restart");
                 None
             }
-            (_, Some(dir)) => Some(restore_tokens(dir).await?),
+            (_, Some(dir)) => Some(restore_state(dir).await?),
         };
         let capacity = memory_capacity(&config);
         let gpu_lanes = gpu_lanes(&config, capacity)?;
@@ -147,6 +165,10 @@ impl Server {
         if !matches!(role, Role::Executor { .. }) {
             executor.set_limits_table(config.tenants.limits().clone());
         }
+        let issued = restored.map(|restored| {
+            executor.keep_history(restored.history, Some(restored.saver));
+            restored.tokens
+        });
         let admission = capacity.map(|capacity| {
             if let Role::Executor { seam, .. } = &role {
                 return Admission::remote(seam.clone(), executor.clone());
@@ -415,7 +437,8 @@ async fn reap_idle_sessions(state: Arc<ServerState>, timeout: std::time::Duratio
             if let Some(job) = state.sessions.remove_any(&job.handle) {
                 tracing::warn!(session = %job.handle, name = %job.name, idle_s = job.idle_seconds(), "closing idle session");
                 state.count_reclaimed(false);
-                state.executor.remove_job(job.id);
+                // Its client left without closing it: not a run to learn from.
+                state.executor.end_job(job.id, RunEnd::Failed);
                 let _ = exec::blocking(move || {
                     drop(job);
                     Ok(())
@@ -446,6 +469,7 @@ async fn reap_idle_contexts(state: Arc<ServerState>, idle_timeout: Option<std::t
                     .close_context(
                         job,
                         "it was idle longer than its keep-alive or --idle-timeout",
+                        RunEnd::Failed,
                     )
                     .await;
             }

@@ -25,12 +25,14 @@ use crate::runtime::admission::{Admission, LaneReservation};
 use crate::runtime::eager_devices::DeviceNames;
 use crate::runtime::executor::Executor;
 use crate::runtime::graph_delta::{variable_bytes, VariableBytes};
+use crate::runtime::job_history::{HistoryFacts, ShapeHash};
 use crate::runtime::memory_profile;
 use crate::runtime::rendezvous::{Rendezvous, Sent};
 use crate::runtime::run_class::{
     ephemeral_after_oom, MemoryEstimate, RunClass, RunProfile, MAIN_MARKER, MEMORY_SAMPLE_RUNS,
 };
 use crate::runtime::wire;
+use crate::sched::RunEnd;
 use crate::sched::{Hints, JobId, LaneId};
 use crate::tenant::op_policy::checkpoint_path_inputs;
 use crate::tenant::{checkpoint_guard, TenantRules};
@@ -203,6 +205,8 @@ struct Shared {
     max_tensor_bytes: u64,
     tenant: Arc<TenantRules>,
     checkpoint_dir: std::path::PathBuf,
+    /// What the job history learns of this job.
+    history: HistoryFacts,
 }
 
 struct Batch {
@@ -339,6 +343,11 @@ pub struct EagerJob {
 }
 
 impl EagerJob {
+    /// How its run ended, for the job history, when its client closed it or left.
+    pub fn end_when_closed(&self) -> RunEnd {
+        self.shared.history.end_when_closed()
+    }
+
     /// Creates the TFE context on the job's own thread. Blocks.
     pub fn create(spec: EagerJobSpec) -> Result<EagerJob> {
         let shared = Arc::new(Shared {
@@ -358,6 +367,7 @@ impl EagerJob {
             max_tensor_bytes: spec.max_tensor_bytes,
             tenant: spec.tenant,
             checkpoint_dir: spec.checkpoint_dir,
+            history: HistoryFacts::default(),
         });
         let (tx, rx) = mpsc::channel::<Batch>();
         let (ready_tx, ready_rx) = mpsc::sync_channel::<Result<()>>(1);
@@ -372,6 +382,7 @@ impl EagerJob {
                     Worker {
                         live_handles: 0,
                         functions: HashMap::new(),
+                        function_shapes: HashMap::new(),
                         profiles: HashMap::new(),
                         refused: HashMap::new(),
                         failed_ops: HashMap::new(),
@@ -826,6 +837,9 @@ struct Worker {
     /// Registered functions, each with whether its signature declares no
     /// outputs (its failure is then reported by the stream's next sync).
     functions: HashMap<String, bool>,
+    /// Each registered function's nodes, hashed: the main one's is the job's
+    /// fingerprint in the job history.
+    function_shapes: HashMap<String, ShapeHash>,
     /// How long calls of each function take (classification and sampling).
     profiles: HashMap<String, RunProfile>,
     /// Functions whose registration was refused, and why: a later call names
@@ -1086,6 +1100,7 @@ impl Worker {
                 Ok(ItemOutput::default())
             }
             Item::RemoveFunction(name) => {
+                self.function_shapes.remove(name);
                 if self.functions.remove(name).is_some() && self.ctx.has_function(name) {
                     self.ctx.remove_function(name)?;
                 }
@@ -1335,6 +1350,13 @@ impl Worker {
         let _turn = match class {
             RunClass::Cheap | RunClass::Brief => None,
             RunClass::Main => {
+                if self.shared.history.first_main() {
+                    let shape = self.function_shapes.get(&op.name).copied();
+                    self.shared.sched.executor.set_fingerprint(
+                        self.shared.id,
+                        &shape.unwrap_or_default().fingerprint('f'),
+                    );
+                }
                 self.admit()?;
                 Some(self.wait_for_turn()?)
             }
@@ -1385,6 +1407,13 @@ impl Worker {
                 .entry(op.name.clone())
                 .or_default()
                 .record(elapsed.as_nanos() as f64);
+        }
+        if class == RunClass::Main {
+            let failed = executed.as_ref().err().map(|e| {
+                salus_proto::tensorflow::error::Code::try_from(e.code)
+                    .unwrap_or(salus_proto::tensorflow::error::Code::Unknown)
+            });
+            self.shared.history.main_ended(failed);
         }
         let outputs = match executed {
             Ok(outputs) => outputs,
@@ -1604,6 +1633,8 @@ impl Worker {
                 function.name, e.message
             ))
         })?;
+        self.function_shapes
+            .insert(function.name.clone(), function.shape);
         self.functions
             .insert(function.name, function.without_outputs);
         Ok(())
@@ -1618,6 +1649,8 @@ pub struct MappedFunction {
     pub mapped: Vec<u8>,
     /// The signature has no outputs (such a call's failure is reported later).
     pub without_outputs: bool,
+    /// Its nodes' names and ops, hashed (its fingerprint as a main iteration).
+    pub shape: ShapeHash,
 }
 
 /// Why a FunctionDef was not mapped.
@@ -1666,9 +1699,14 @@ pub fn map_function(
         .signature
         .as_ref()
         .is_some_and(|s| s.output_arg.is_empty());
+    let mut shape = ShapeHash::default();
+    for node in &view.node_def {
+        shape.add_node(&node.name, &node.op);
+    }
     Ok(MappedFunction {
         name,
         mapped,
         without_outputs,
+        shape,
     })
 }

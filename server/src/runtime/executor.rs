@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use crate::error::{Error, Result};
+use crate::runtime::job_history::{HistorySaver, JobIdentities};
 use crate::runtime::latency::{LatencyRecorder, LatencySnapshot};
 use crate::runtime::run_class::RunClass;
 use crate::runtime::run_stats::{RunStats, RunStatsSnapshot};
@@ -27,8 +28,8 @@ use crate::seam::client::SeamClient;
 use crate::seam::{hints_to_msg, msg as seam_msg};
 use crate::sched::policy::{self, Policy};
 use crate::sched::{
-    Decision, Hints, JobId, JobStatus, LaneId, Nanos, SchedConfig, SchedError, Scheduler, SortKey,
-    Share, TenantId, TenantStatus,
+    Decision, Expectation, Hints, History, JobId, JobIdentity, JobStatus, LaneId, Nanos, PastRun,
+    RunEnd, SchedConfig, SchedError, Scheduler, SortKey, Share, TenantId, TenantStatus,
 };
 use crate::sched::tenants::DEFAULT_WEIGHT;
 use crate::tenant::identity::Tenant;
@@ -145,6 +146,10 @@ struct Inner {
     run_stats: RunStats,
     running: Vec<(LaneId, usize)>,
     stopping: bool,
+    /// Who the open jobs are, for the job history.
+    identities: JobIdentities,
+    /// Where the history goes after each run it records (None: not kept).
+    history_saver: Option<HistorySaver>,
 }
 
 struct Shared {
@@ -219,6 +224,8 @@ impl Executor {
                     run_stats: RunStats::default(),
                     running: Vec::new(),
                     stopping: false,
+                    identities: JobIdentities::default(),
+                    history_saver: None,
                 }),
                 wake: Condvar::new(),
                 epoch: Instant::now(),
@@ -242,10 +249,13 @@ impl Executor {
         // The owner was recorded when the job opened (`open_job`).
         let tenant = inner.tenants.owner(id);
         let hints = inner.tenants.clamp(id, hints);
-        inner
-            .sched
-            .add_tenant_job(id, lane, tenant, hints, now)
-            .map_err(sched_error)?;
+        let added = match inner.identities.get(id).cloned() {
+            Some(identity) => inner
+                .sched
+                .add_identified_job(id, lane, tenant, identity, hints, now),
+            None => inner.sched.add_tenant_job(id, lane, tenant, hints, now),
+        };
+        added.map_err(sched_error)?;
         self.start_lane_threads(&mut inner, lane)
     }
 
@@ -286,17 +296,39 @@ impl Executor {
         self.shared.lock().sched.busy_lanes(now)
     }
 
-    /// Forgets a job; its queued iterations are dropped (their clients get an error).
+    /// Forgets a job that did not run to its end (it could not open, or is
+    /// cancelled); [`Self::end_job`].
     pub fn remove_job(&self, id: JobId) {
+        self.end_job(id, RunEnd::Cancelled);
+    }
+
+    /// Forgets a job that ended as `end`; its queued iterations are dropped
+    /// (their clients get an error). A job known by its identity that ran a
+    /// main iteration adds its run to the job history (saved to the state
+    /// directory). A job already forgotten is ignored.
+    pub fn end_job(&self, id: JobId, end: RunEnd) {
         if let Some(seam) = &self.remote {
             seam.send(seam_msg::to_supervisor::Msg::RemoveJob(
-                seam_msg::RemoveJob { job: id.0 },
+                seam_msg::RemoveJob {
+                    job: id.0,
+                    end: end.name().into(),
+                },
             ));
             return;
         }
         let dropped = {
             let mut inner = self.shared.lock();
-            let dropped = inner.sched.remove_job(id).unwrap_or_default();
+            let recorded = inner
+                .sched
+                .status(id)
+                .is_some_and(|s| s.identity.is_some() && s.iterations > 0);
+            let dropped = inner.sched.end_job(id, end).unwrap_or_default();
+            if recorded {
+                if let Some(saver) = &inner.history_saver {
+                    saver.save(inner.sched.history());
+                }
+            }
+            inner.identities.forget(id);
             inner.tenants.forget_job(id);
             inner.dropped += dropped.len() as u64;
             inner.run_stats.forget(id);
@@ -484,11 +516,15 @@ impl Executor {
         kind: JobKind,
         owner: Option<&Tenant>,
     ) -> Result<()> {
-        if let Some(owner) = owner {
+        {
             let mut inner = self.shared.lock();
-            inner.tenants.open(job, owner)?;
-            // A tenant seen for the first time gets its weight.
-            apply_weights(&mut inner);
+            if let Some(owner) = owner {
+                inner.tenants.open(job, owner)?;
+                // A tenant seen for the first time gets its weight.
+                apply_weights(&mut inner);
+            }
+            let tenant = owner.map_or("", |t| t.name.as_str());
+            inner.identities.open(job, tenant, name);
         }
         self.shared
             .timeline
@@ -623,7 +659,67 @@ impl Executor {
     pub fn rank_new(&self, id: JobId, hints: &Hints) -> SortKey {
         let inner = self.shared.lock();
         let now = self.shared.now();
-        inner.sched.rank_new(id, hints, now)
+        let identity = inner.identities.get(id);
+        inner.sched.rank_new_as(id, identity, hints, now)
+    }
+
+    /// Completes a job's identity with the fingerprint of its main iteration
+    /// (known at its first one): from then on it ranks, and its run is
+    /// recorded, as that identity.
+    pub fn set_fingerprint(&self, id: JobId, fingerprint: &str) {
+        if let Some(seam) = &self.remote {
+            seam.send(seam_msg::to_supervisor::Msg::SetFingerprint(
+                seam_msg::SetFingerprint {
+                    job: id.0,
+                    fingerprint: fingerprint.into(),
+                },
+            ));
+            return;
+        }
+        let mut inner = self.shared.lock();
+        if let Some(identity) = inner.identities.set_fingerprint(id, fingerprint) {
+            // Not in the scheduler yet (waiting for memory): it joins as this identity.
+            let _ = inner.sched.set_identity(id, identity);
+        }
+        drop(inner);
+        self.shared.wake.notify_all();
+    }
+
+    /// Starts from `history` (read back from the state directory) and saves
+    /// the history through `saver` after each run it records.
+    pub fn keep_history(&self, history: Option<History>, saver: Option<HistorySaver>) {
+        let mut inner = self.shared.lock();
+        if let Some(history) = history {
+            inner.sched.set_history(history);
+        }
+        inner.history_saver = saver;
+    }
+
+    /// The job history's identities of `tenant` (None: every tenant's), with
+    /// their runs and what they say of the next one, by name.
+    pub fn history(&self, tenant: Option<&str>) -> Vec<(JobIdentity, Vec<PastRun>, Option<Expectation>)> {
+        let inner = self.shared.lock();
+        let history = inner.sched.history();
+        let mut rows: Vec<_> = history
+            .identities()
+            .into_iter()
+            .filter(|i| tenant.is_none_or(|t| i.tenant == t))
+            .map(|i| (i.clone(), history.runs(i).to_vec(), history.estimate(i)))
+            .collect();
+        rows.sort_by(|a, b| a.0.cmp(&b.0));
+        rows
+    }
+
+    /// Forgets the history of `tenant`'s identities; returns how many (saved at once).
+    pub fn erase_history(&self, tenant: &str) -> usize {
+        let mut inner = self.shared.lock();
+        let erased = inner.sched.erase_history(tenant);
+        if erased > 0 {
+            if let Some(saver) = &inner.history_saver {
+                saver.save(inner.sched.history());
+            }
+        }
+        erased
     }
 
     pub fn job_status(&self, id: JobId) -> Option<JobStatus> {

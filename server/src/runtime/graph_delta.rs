@@ -12,6 +12,7 @@ use prost::Message;
 use salus_proto::tensorflow::{attr_value, AttrValue, FunctionDefLibraryView, GraphDef, NodeDef};
 
 use crate::error::Error;
+use crate::runtime::job_history::ShapeHash;
 use crate::tenant::checkpoint_guard::RESERVED_PREFIX;
 use crate::tenant::op_policy::checkpoint_path_inputs;
 use crate::tf::{Graph, ImportMappings};
@@ -102,6 +103,8 @@ pub struct CheckedDelta {
     pub feeding_nodes: Vec<String>,
     /// Persistent memory the delta's variables declare (see [`variable_bytes`]).
     pub variables: VariableBytes,
+    /// The delta's nodes' names and ops, hashed: part of the job's fingerprint.
+    pub shape: ShapeHash,
 }
 
 /// Bytes of the variables a graph declares: the persistent memory of a job
@@ -192,6 +195,7 @@ pub fn check_delta(bytes: &[u8], graph: &Graph) -> Result<CheckedDelta, GraphErr
         }
     }
     for node in &def.node {
+        checked.shape.add_node(&node.name, &node.op);
         checked.ops.insert(node.op.clone());
         if FEEDING_OPS.contains(&node.op.as_str()) {
             checked.feeding_nodes.push(node.name.clone());

@@ -33,6 +33,7 @@ use tensorflow_sys as sys;
 use crate::error::{Error, Result};
 use crate::runtime::admission::LaneReservation;
 use crate::runtime::graph_delta::{check_delta, CheckedDelta, VariableBytes};
+use crate::runtime::job_history::{HistoryFacts, ShapeHash};
 use crate::runtime::memory_profile;
 use crate::runtime::run_errors::{self, TfCode};
 use crate::runtime::session_config::GpuLanes;
@@ -203,6 +204,10 @@ pub struct Job {
     /// Requests of this job being served now (a run may wait for memory or a
     /// lane for longer than the idle timeout; it is not idle).
     in_flight: AtomicU64,
+    /// The graph's nodes, hashed: its fingerprint in the job history.
+    shape: Mutex<ShapeHash>,
+    /// What the job history learns of this job.
+    pub history: HistoryFacts,
 }
 
 /// A request in progress; see [`Job::busy`].
@@ -251,6 +256,7 @@ impl Job {
         let mut containers = Vec::new();
         let mut feeding_nodes = HashSet::new();
         let mut variables = VariableBytes::default();
+        let mut shape = ShapeHash::default();
         let device = gpu_lane.map(|lane| GpuLanes::device(lane.0));
         let checkpoint_dir = rules.checkpoints.dir_for(&hints.name, id);
         if !graph_def.is_empty() {
@@ -263,6 +269,7 @@ impl Job {
             containers = delta.containers;
             feeding_nodes.extend(delta.feeding_nodes);
             variables = delta.variables;
+            shape = delta.shape;
         }
         let session = Session::new(graph, config)?;
         Ok(Job {
@@ -296,6 +303,8 @@ impl Job {
             created: Instant::now(),
             last_active_ms: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
+            shape: Mutex::new(shape),
+            history: HistoryFacts::default(),
         })
     }
 
@@ -333,6 +342,11 @@ impl Job {
     }
 
     /// The job's lane, once admitted.
+    /// The fingerprint of the job's graph as it is now.
+    pub fn fingerprint(&self) -> String {
+        lock(&self.shape).fingerprint('g')
+    }
+
     pub fn lane(&self) -> Option<LaneId> {
         lock(&self.reservation).as_ref().map(LaneReservation::lane)
     }
@@ -411,6 +425,7 @@ impl Job {
         lock(&self.containers).extend(delta.containers);
         lock(&self.feeding_nodes).extend(delta.feeding_nodes);
         *lock(&self.variables) += delta.variables;
+        lock(&self.shape).merge(delta.shape);
         *version += 1;
         Ok(*version)
     }

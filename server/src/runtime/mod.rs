@@ -9,6 +9,7 @@ pub mod exec;
 pub mod executor;
 pub mod graph_delta;
 pub mod graph_job;
+pub mod job_history;
 pub mod jobs;
 pub mod latency;
 pub mod memory_profile;

@@ -11,6 +11,7 @@ use crate::runtime::executor::Executor;
 use crate::runtime::graph_job::JobSettings;
 use crate::runtime::jobs::{ContextTable, SessionTable};
 use crate::runtime::session_config::SessionDefaults;
+use crate::sched::RunEnd;
 use crate::tenant::identity::Tenant;
 use crate::tenant::TenantRules;
 use crate::tf::DeviceInfo;
@@ -119,9 +120,10 @@ impl ServerState {
 
     /// Ends an eager job: out of the table and the scheduler, then its TFE
     /// context closed off the async runtime (that waits for a running request).
-    pub async fn close_context(&self, job: Arc<EagerJob>, reason: &str) {
+    /// `end`: how its run ended, for the job history.
+    pub async fn close_context(&self, job: Arc<EagerJob>, reason: &str, end: RunEnd) {
         self.contexts.remove_job(&job);
-        self.executor.remove_job(job.id);
+        self.executor.end_job(job.id, end);
         if let Some(admission) = &self.admission {
             admission.withdraw(job.id);
         }

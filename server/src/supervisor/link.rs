@@ -30,7 +30,7 @@ use crate::runtime::executor::{Executor, RemoteIteration};
 use crate::runtime::run_class::RunClass;
 use crate::runtime::timeline::JobKind;
 use crate::sched::lanes::MemoryNeed;
-use crate::sched::{JobId, LaneId};
+use crate::sched::{JobId, LaneId, RunEnd};
 use crate::seam::frame::{read_frame, write_frame};
 use crate::seam::hints_from_msg;
 use crate::seam::msg::{self, to_executor, to_supervisor};
@@ -240,7 +240,13 @@ impl Link {
                     });
                 self.send(to_executor::Msg::Opened(msg::Opened { id: open.id, error }));
             }
-            to_supervisor::Msg::RemoveJob(remove) => self.forget(JobId(remove.job)),
+            to_supervisor::Msg::RemoveJob(remove) => {
+                let end = RunEnd::from_name(&remove.end).unwrap_or(RunEnd::Cancelled);
+                self.forget(JobId(remove.job), end)
+            }
+            to_supervisor::Msg::SetFingerprint(set) => {
+                self.executor.set_fingerprint(JobId(set.job), &set.fingerprint)
+            }
             to_supervisor::Msg::Want(want) => {
                 let deadline = (want.deadline_ms > 0)
                     .then(|| Instant::now() + Duration::from_millis(want.deadline_ms));
@@ -366,9 +372,9 @@ impl Link {
     }
 
     /// A job left: out of the scheduler, its waiting admission withdrawn, its memory back.
-    fn forget(&self, job: JobId) {
+    fn forget(&self, job: JobId, end: RunEnd) {
         lock(&self.jobs).remove(&job);
-        self.executor.remove_job(job);
+        self.executor.end_job(job, end);
         if let Some(admission) = &self.admission {
             admission.withdraw(job);
         }
@@ -381,7 +387,7 @@ impl Link {
         self.drained.send_replace(true);
         let jobs: Vec<JobId> = lock(&self.jobs).iter().copied().collect();
         for job in jobs {
-            self.forget(job);
+            self.forget(job, RunEnd::Failed);
         }
         lock(&self.running).clear();
         lock(&self.reports).clear();
@@ -414,6 +420,7 @@ fn named_job(message: &to_supervisor::Msg) -> Option<u64> {
         Msg::AddJob(m) => Some(m.job),
         Msg::OpenJob(m) => Some(m.job),
         Msg::RemoveJob(m) => Some(m.job),
+        Msg::SetFingerprint(m) => Some(m.job),
         Msg::Want(m) => Some(m.job),
         Msg::CheapRun(m) => Some(m.job),
         Msg::Admit(m) => Some(m.job),
@@ -534,7 +541,7 @@ mod tests {
         let mut executor = theirs;
         let mut reading = executor.try_clone().unwrap();
 
-        send(&mut executor, to_supervisor::Msg::RemoveJob(msg::RemoveJob { job: victim.0 }));
+        send(&mut executor, to_supervisor::Msg::RemoveJob(msg::RemoveJob { job: victim.0, end: String::new() }));
         send(
             &mut executor,
             to_supervisor::Msg::SetHints(msg::SetHints {

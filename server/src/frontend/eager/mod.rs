@@ -32,7 +32,7 @@ use crate::runtime::rendezvous::UNANNOUNCED_GRACE;
 use crate::runtime::session_config::session_config;
 use crate::runtime::state::ServerState;
 use crate::runtime::timeline::JobKind;
-use crate::sched::{Hints, LaneId};
+use crate::sched::{Hints, LaneId, RunEnd};
 use crate::tenant::identity::Tenant;
 use crate::tf::DeviceInfo;
 
@@ -188,7 +188,7 @@ impl EagerService for Eager {
         if self.state.admission.is_none() {
             if let Err(err) = self.state.executor.add_job(id, LaneId(0), hints.clone()) {
                 self.state
-                    .close_context(job, "it could not join the scheduler")
+                    .close_context(job, "it could not join the scheduler", RunEnd::Cancelled)
                     .await;
                 return Err(err.into());
             }
@@ -342,7 +342,10 @@ impl EagerService for Eager {
             .contexts
             .remove(&tenant.key, request.into_inner().context_id)
         {
-            self.state.close_context(job, "the client closed it").await;
+            let end = job.end_when_closed();
+            self.state
+                .close_context(job, "the client closed it", end)
+                .await;
         }
         Ok(Response::new(CloseContextResponse {}))
     }
@@ -454,7 +457,10 @@ async fn reclaim_when_abandoned(state: Arc<ServerState>, job: Arc<EagerJob>) {
         }
         if job.idle_for() >= STREAM_END_GRACE && !job.is_busy() {
             state.count_reclaimed(true);
-            state.close_context(job, "its client's stream ended").await;
+            let end = job.end_when_closed();
+            state
+                .close_context(job, "its client's stream ended", end)
+                .await;
             return;
         }
     }

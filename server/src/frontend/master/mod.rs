@@ -63,8 +63,16 @@ impl Master {
                 result
             }
             RunClass::Main => {
+                if job.history.first_main() {
+                    self.state
+                        .executor
+                        .set_fingerprint(job.id, &job.fingerprint());
+                }
                 self.admit(job).await?;
-                self.state.executor.run_main(job.id, deadline, f).await
+                let result = self.state.executor.run_main(job.id, deadline, f).await;
+                job.history
+                    .main_ended(result.as_ref().err().map(Error::code));
+                result
             }
         }
     }
@@ -332,7 +340,9 @@ impl MasterService for Master {
         let tenant = tenant_of(&request);
         let handle = request.into_inner().session_handle;
         let job = self.state.sessions.remove(&handle, &tenant.key)?;
-        self.state.executor.remove_job(job.id);
+        self.state
+            .executor
+            .end_job(job.id, job.history.end_when_closed());
         if let Some(admission) = &self.state.admission {
             admission.withdraw(job.id);
         }
