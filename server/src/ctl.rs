@@ -1,5 +1,7 @@
 //! `salus-server ctl`: a human (and `--json`) client of the admin API.
 
+mod history;
+
 use clap::{Args, Subcommand};
 use salus_proto::salus::v1::admin_client::AdminClient;
 use salus_proto::salus::v1::*;
@@ -70,6 +72,19 @@ pub enum CtlCommand {
     Token {
         #[command(subcommand)]
         action: TokenAction,
+    },
+    /// The job history the `learned` policy ranks by: each job identity's
+    /// runs and expected length; `history erase` forgets a tenant's.
+    History {
+        #[command(subcommand)]
+        action: Option<history::HistoryAction>,
+        /// Whose: yours by default; an admin may name any tenant (and sees
+        /// every tenant's without one).
+        #[arg(long, global = true)]
+        tenant: Option<String>,
+        /// As JSON (keys in the README).
+        #[arg(long, global = true)]
+        json: bool,
     },
     /// Recent main iterations and cheap runs: per lane, per job counts and busy time.
     Timeline {
@@ -235,6 +250,11 @@ pub async fn run(args: CtlArgs) -> Result<String, CtlError> {
             format!("limits of {tenant}: {}\n", limits_text(Some(&now)))
         }
         CtlCommand::Token { action } => token(&mut admin, action).await?,
+        CtlCommand::History {
+            action,
+            tenant,
+            json,
+        } => history::run(&mut admin, action, tenant, json).await?,
         CtlCommand::Capacity { json } => {
             let info = admin
                 .get_server_info(GetServerInfoRequest {})
@@ -378,6 +398,9 @@ pub fn job_json(j: &JobInfo) -> Value {
         "ephemeral_estimate_bytes": j.ephemeral_estimate_bytes,
         "persistent_source": j.persistent_source,
         "ephemeral_source": j.ephemeral_source,
+        "identity": opt(j.identity.clone()),
+        "history_expected_s": (j.history_runs > 0).then_some(j.history_expected_seconds),
+        "history_runs": j.history_runs,
     })
 }
 
@@ -519,7 +542,12 @@ pub fn jobs_table(jobs: &[JobInfo]) -> String {
                 j.queued.to_string(),
                 h.priority.to_string(),
                 expected,
-                j.note.clone(),
+                [history::job_history_note(j), Some(j.note.clone())]
+                    .into_iter()
+                    .flatten()
+                    .filter(|n| !n.is_empty())
+                    .collect::<Vec<_>>()
+                    .join("; "),
             ]
         })
         .collect();

@@ -13,6 +13,7 @@ use salus_proto::salus::v1::*;
 use tonic::{Request, Response, Status};
 
 use crate::error::Error;
+use crate::frontend::history;
 use crate::frontend::identify::tenant_of;
 use crate::runtime::admission::{Admission, MemoryState};
 use crate::runtime::eager_job::EagerJob;
@@ -148,6 +149,13 @@ impl AdminService {
             .into());
         }
         Ok(caller)
+    }
+
+    fn history_asker<'a>(&self, caller: &'a Tenant) -> history::Asker<'a> {
+        match self.viewer(caller) {
+            Viewer::Admin => history::Asker::Admin,
+            Viewer::Tenant(_) => history::Asker::Tenant(caller),
+        }
     }
 
     fn token_store(&self) -> Result<&Arc<Identifier>, Status> {
@@ -564,6 +572,12 @@ impl AdminService {
             queue_wait_seconds: s.map_or(0.0, |s| s.total_wait as f64 / 1e9),
             queued: s.map_or(0, |s| s.queued as u64),
             cheap_runs: self.state.executor.cheap_runs(job),
+            identity: s
+                .and_then(|s| s.identity.as_ref())
+                .map(ToString::to_string)
+                .unwrap_or_default(),
+            history_expected_seconds: s.and_then(|s| s.expected).map_or(0.0, |e| e.median_s),
+            history_runs: s.and_then(|s| s.expected).map_or(0, |e| e.runs as u32),
             ..rest
         }
     }
@@ -1055,6 +1069,28 @@ impl Admin for AdminService {
         Ok(Response::new(ListTokensResponse {
             tokens: identifier.issued().list().iter().map(token_info).collect(),
         }))
+    }
+
+    async fn list_history(
+        &self,
+        request: Request<ListHistoryRequest>,
+    ) -> Result<Response<ListHistoryResponse>, Status> {
+        let caller = tenant_of(&request);
+        let asker = self.history_asker(&caller);
+        let listed = history::list(&self.state.executor, &asker, &request.get_ref().tenant)?;
+        Ok(Response::new(listed))
+    }
+
+    async fn erase_history(
+        &self,
+        request: Request<EraseHistoryRequest>,
+    ) -> Result<Response<EraseHistoryResponse>, Status> {
+        let caller = tenant_of(&request);
+        let asker = self.history_asker(&caller);
+        let tenant = &request.get_ref().tenant;
+        let erased = history::erase(&self.state.executor, &asker, tenant)?;
+        tracing::info!(by = %caller, "job history erase asked");
+        Ok(Response::new(erased))
     }
 
     async fn set_policy(

@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod callbacks;
 pub mod eager;
+pub mod history;
 pub mod identify;
 pub mod master;
 /// `/metrics` for Prometheus (HTTP, `--metrics-listen`), a view of the admin API.

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use crate::error::{Error, Result};
-use crate::runtime::job_history::{HistorySaver, JobIdentities};
+use crate::runtime::job_history::{HistorySaver, HistoryView, JobIdentities};
 use crate::runtime::latency::{LatencyRecorder, LatencySnapshot};
 use crate::runtime::run_class::RunClass;
 use crate::runtime::run_stats::{RunStats, RunStatsSnapshot};
@@ -28,8 +28,7 @@ use crate::seam::client::SeamClient;
 use crate::seam::{hints_to_msg, msg as seam_msg};
 use crate::sched::policy::{self, Policy};
 use crate::sched::{
-    Decision, Expectation, Hints, History, JobId, JobIdentity, JobStatus, LaneId, Nanos, PastRun,
-    RunEnd, SchedConfig, SchedError, Scheduler, SortKey, Share, TenantId, TenantStatus,
+    Decision, Hints, History, JobId, JobStatus, LaneId, Nanos, RunEnd, SchedConfig, SchedError, Scheduler, SortKey, Share, TenantId, TenantStatus,
 };
 use crate::sched::tenants::DEFAULT_WEIGHT;
 use crate::tenant::identity::Tenant;
@@ -696,18 +695,23 @@ impl Executor {
     }
 
     /// The job history's identities of `tenant` (None: every tenant's), with
-    /// their runs and what they say of the next one, by name.
-    pub fn history(&self, tenant: Option<&str>) -> Vec<(JobIdentity, Vec<PastRun>, Option<Expectation>)> {
+    /// their runs and what they say of the next one, by identity.
+    pub fn history(&self, tenant: Option<&str>) -> HistoryView {
         let inner = self.shared.lock();
         let history = inner.sched.history();
-        let mut rows: Vec<_> = history
+        let mut identities: Vec<_> = history
             .identities()
             .into_iter()
             .filter(|i| tenant.is_none_or(|t| i.tenant == t))
             .map(|i| (i.clone(), history.runs(i).to_vec(), history.estimate(i)))
             .collect();
-        rows.sort_by(|a, b| a.0.cmp(&b.0));
-        rows
+        identities.sort_by(|a, b| a.0.cmp(&b.0));
+        HistoryView {
+            identities,
+            max_identities: history.max_identities(),
+            max_runs: history.max_runs(),
+            file: inner.history_saver.as_ref().map(|s| s.file().to_path_buf()),
+        }
     }
 
     /// Forgets the history of `tenant`'s identities; returns how many (saved at once).

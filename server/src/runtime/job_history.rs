@@ -15,13 +15,14 @@
 //! end never waits for the disk.
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::sched::{History, JobId, JobIdentity, RunEnd};
+use crate::sched::{Expectation, History, JobId, JobIdentity, PastRun, RunEnd};
 use salus_proto::tensorflow::error::Code as TfCode;
 use crate::state_dir::{Loaded, StateDir, StateDocument};
 
@@ -52,6 +53,16 @@ impl JobIdentities {
     pub fn forget(&mut self, job: JobId) {
         self.by_job.remove(&job);
     }
+}
+
+/// The job history as the admin API shows it.
+pub struct HistoryView {
+    /// Identity, its runs (oldest first) and its estimate, by identity.
+    pub identities: Vec<(JobIdentity, Vec<PastRun>, Option<Expectation>)>,
+    pub max_identities: usize,
+    pub max_runs: usize,
+    /// Where it is saved (None: not saved).
+    pub file: Option<PathBuf>,
 }
 
 /// A stable 64-bit hash of a main iteration's shape: the sum of FNV-1a hashes
@@ -173,10 +184,12 @@ pub fn load_history(dir: &StateDir) -> Option<History> {
 #[derive(Clone)]
 pub struct HistorySaver {
     tx: mpsc::Sender<SavedHistory>,
+    file: PathBuf,
 }
 
 impl HistorySaver {
     pub fn start(dir: Arc<StateDir>) -> std::io::Result<HistorySaver> {
+        let file = dir.file_of::<SavedHistory>();
         let (tx, rx) = mpsc::channel::<SavedHistory>();
         std::thread::Builder::new()
             .name("salus-history".into())
@@ -190,7 +203,12 @@ impl HistorySaver {
                     }
                 }
             })?;
-        Ok(HistorySaver { tx })
+        Ok(HistorySaver { tx, file })
+    }
+
+    /// The file it saves to.
+    pub fn file(&self) -> &Path {
+        &self.file
     }
 
     /// Saves `history` as it is now (its text is taken here, the write happens later).
@@ -202,7 +220,6 @@ impl HistorySaver {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sched::{PastRun, RunEnd};
 
     #[test]
     fn a_shape_hash_ignores_node_order_and_sees_every_name_and_op() {
