@@ -14,6 +14,12 @@
 //! 3. else the population's law: a log-normal fitted to the work of the
 //!    last [`WINDOW`] jobs that finished and the history's completed runs
 //!    ([`Policy::observe_past_run`]); `dlas` until [`MIN_SAMPLES`] are in.
+//!    A job of an identity with live runs ranks as at least as old as the
+//!    oldest of them ([`JobView::sibling_work`]): runs of one script are
+//!    alike, so a sibling that has done w without finishing says this run
+//!    likely needs w too. Without it the runs of a new script that arrive
+//!    together (a sweep) share the device as equals, none finishes, and all
+//!    hold lane memory while shorter jobs wait outside for it.
 //!
 //! The population is fitted, not taken as `gittins`' empirical sample: in a
 //! backlog the jobs that finished are the short ones, and the empirical
