@@ -250,3 +250,77 @@ fn an_identity_told_after_the_job_joined_reranks_it_and_records_its_run() {
         Err(SchedError::UnknownJob(JobId(9)))
     );
 }
+
+/// A finished run each of `n` scripts never seen again, 1 to `n` s long:
+/// a population for jobs of unknown scripts.
+fn population(s: &mut Scheduler<u64>, n: u64, now: &mut Nanos) {
+    for k in 1..=n {
+        run_alone(s, 1000 + k, who("t", &format!("once{k}.py")), k, S, now);
+    }
+}
+
+#[test]
+fn a_run_of_a_new_script_ranks_as_old_as_its_longest_live_sibling() {
+    let mut s = learned();
+    let mut now = 0;
+    population(&mut s, 20, &mut now);
+    // A sweep's first run has done 10 minutes, far past the population,
+    // without finishing.
+    let first = JobId(1);
+    s.add_identified_job(
+        first,
+        L,
+        TenantId(1),
+        who("t", "sweep.py"),
+        Hints::default(),
+        now,
+    )
+    .unwrap();
+    for _ in 0..600 {
+        s.submit(first, 1, now).unwrap();
+        let Decision::Run(d) = s.next(L, now) else {
+            panic!("the first run runs")
+        };
+        now += S;
+        s.finish(d.job, L, Some(S), now);
+    }
+    // Its second run and a run of another new script arrive together, the
+    // sibling first: the other runs first all the same, since the sweep's
+    // runs are likely long.
+    for (id, name) in [(2, "sweep.py"), (3, "other.py")] {
+        s.add_identified_job(
+            JobId(id),
+            L,
+            TenantId(1),
+            who("t", name),
+            Hints::default(),
+            now,
+        )
+        .unwrap();
+        s.submit(JobId(id), id, now).unwrap();
+    }
+    let Decision::Run(d) = s.next(L, now) else {
+        panic!("a job runs")
+    };
+    assert_eq!(d.job, JobId(3), "the sibling of a long run waits");
+    // Memory admission ranks a waiting sibling the same way.
+    let sibling = s.rank_new_as(
+        JobId(4),
+        Some(&who("t", "sweep.py")),
+        &Hints::default(),
+        now,
+    );
+    let stranger = s.rank_new_as(JobId(5), Some(&who("t", "new.py")), &Hints::default(), now);
+    assert!(stranger < sibling);
+    // With no live sibling left, a new run of the script ranks as a stranger.
+    s.end_job(JobId(1), RunEnd::Failed).unwrap();
+    s.end_job(JobId(2), RunEnd::Failed).unwrap();
+    let alone = s.rank_new_as(
+        JobId(6),
+        Some(&who("t", "sweep.py")),
+        &Hints::default(),
+        now,
+    );
+    let stranger = s.rank_new_as(JobId(7), Some(&who("t", "new.py")), &Hints::default(), now);
+    assert_eq!(alone.primary, stranger.primary);
+}

@@ -199,6 +199,7 @@ impl<W> JobState<W> {
             remaining: self.remaining(),
             waited: self.total_wait,
             learned: self.law,
+            sibling_work: 0,
         }
     }
 }
@@ -272,6 +273,9 @@ pub struct Scheduler<W> {
     tenants: Tenants,
     /// Past runs by identity: what `learned` ranks by.
     history: History,
+    /// Live jobs per identity: a job's siblings are looked for only where
+    /// its identity has others ([`JobView::sibling_work`]).
+    live_identities: HashMap<JobIdentity, usize>,
 }
 
 /// How a tenant's best job that decides leaves its tenant's turn.
@@ -306,6 +310,7 @@ impl<W> Scheduler<W> {
             lanes: HashMap::new(),
             tenants: Tenants::default(),
             history: History::default(),
+            live_identities: HashMap::new(),
         }
     }
 
@@ -392,12 +397,13 @@ impl<W> Scheduler<W> {
         }
         let by_tenant = self.config.share == Share::Tenants;
         let law = self.law_of(identity.as_ref());
-        let lane_state = self.lanes.entry(lane).or_default();
         // Fair share starts at the current minimum of the jobs it is compared
         // with: the lane's, or its tenant's on the lane.
-        let fair_offset = lane_state
-            .all
-            .iter()
+        let fair_offset = self
+            .lanes
+            .get(&lane)
+            .into_iter()
+            .flat_map(|lane_state| lane_state.all.iter())
             .filter_map(|(_, j)| self.jobs.get(j))
             .filter(|j| !by_tenant || j.tenant == tenant)
             .map(|j| j.service() + j.fair_offset)
@@ -406,7 +412,11 @@ impl<W> Scheduler<W> {
         let mut job = JobState::new(id, lane, tenant, hints, now, fair_offset);
         job.law = law;
         job.identity = identity;
-        job.key = self.policy.key(&job.view(id));
+        job.key = self.policy.key(&self.view_of(id, &job));
+        if let Some(identity) = &job.identity {
+            *self.live_identities.entry(identity.clone()).or_default() += 1;
+        }
+        let lane_state = self.lanes.entry(lane).or_default();
         lane_state.all.insert((job.key, id));
         lane_state.add_tenant_job(tenant);
         self.jobs.insert(id, job);
@@ -447,7 +457,8 @@ impl<W> Scheduler<W> {
     ) -> SortKey {
         let mut job = JobState::<W>::new(id, LaneId(0), TenantId::NONE, hints.clone(), now, 0);
         job.law = self.law_of(identity);
-        self.policy.key(&job.view(id))
+        job.identity = identity.cloned();
+        self.policy.key(&self.view_of(id, &job))
     }
 
     fn law_of(&self, identity: Option<&JobIdentity>) -> Option<LogNormal> {
@@ -485,12 +496,44 @@ impl<W> Scheduler<W> {
         }
     }
 
+    /// The most work another live run of `identity` has done (see
+    /// [`JobView::sibling_work`]); 0 when `law` is known or no identity.
+    fn sibling_work(&self, id: JobId, identity: Option<&JobIdentity>, law: bool) -> Nanos {
+        let Some(identity) = identity.filter(|_| !law) else {
+            return 0;
+        };
+        // The job itself counts when it is live (not when ranked before
+        // admission): look only where there is another.
+        let own = usize::from(self.jobs.contains_key(&id));
+        if self.live_identities.get(identity).copied().unwrap_or(0) <= own {
+            return 0;
+        }
+        self.jobs
+            .iter()
+            .filter(|(other, job)| **other != id && job.identity.as_ref() == Some(identity))
+            .map(|(_, job)| job.work())
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// What the policy sees of `id` now.
+    fn view_of(&self, id: JobId, job: &JobState<W>) -> JobView {
+        JobView {
+            sibling_work: self.sibling_work(id, job.identity.as_ref(), job.law.is_some()),
+            ..job.view(id)
+        }
+    }
+
     /// Recomputes a job's key after it changed, keeping the indexes in step.
     fn rekey(&mut self, id: JobId) {
+        let Some(job) = self.jobs.get(&id) else {
+            return;
+        };
+        let view = self.view_of(id, job);
         let Some(job) = self.jobs.get_mut(&id) else {
             return;
         };
-        let new = self.policy.key(&job.view(id));
+        let new = self.policy.key(&view);
         if new == job.key {
             return;
         }
@@ -517,17 +560,23 @@ impl<W> Scheduler<W> {
         lane_state.refreshed = now;
         let ids: Vec<JobId> = lane_state.all.iter().map(|&(_, id)| id).collect();
         for id in ids {
-            let Some(job) = self.jobs.get_mut(&id) else {
+            let Some(job) = self.jobs.get(&id) else {
                 continue;
             };
-            let mut view = job.view(id);
+            let mut view = self.view_of(id, job);
             if let (0, Some(oldest)) = (job.running, job.queue.front()) {
                 view.waited += now.saturating_sub(oldest.submitted);
             }
             let new = self.policy.key(&view);
+            let Some(job) = self.jobs.get_mut(&id) else {
+                continue;
+            };
             if new == job.key {
                 continue;
             }
+            let Some(lane_state) = self.lanes.get_mut(&lane) else {
+                return;
+            };
             let old = std::mem::replace(&mut job.key, new);
             lane_state.all.remove(&(old, id));
             lane_state.all.insert((new, id));
@@ -588,6 +637,14 @@ impl<W> Scheduler<W> {
     /// adds its run (work and iterations) to the history.
     pub fn end_job(&mut self, id: JobId, end: RunEnd) -> Result<Vec<W>, SchedError> {
         let job = self.jobs.remove(&id).ok_or(SchedError::UnknownJob(id))?;
+        if let Some(identity) = &job.identity {
+            if let Some(live) = self.live_identities.get_mut(identity) {
+                *live -= 1;
+                if *live == 0 {
+                    self.live_identities.remove(identity);
+                }
+            }
+        }
         if let Some(identity) = job.identity.as_ref().filter(|_| job.iterations > 0) {
             let run = history::PastRun {
                 device_s: job.work() as f64 / 1e9,

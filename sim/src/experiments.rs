@@ -60,7 +60,7 @@ pub fn run(
         Experiment::Hyperparam => hyperparam(table, capacity),
         Experiment::Inference => inference(table, capacity),
         Experiment::Users => users(table, seed),
-        Experiment::Learning => learning::learning(table, capacity, lane_rule),
+        Experiment::Learning => learning::learning(table, capacity, lane_rule, seed),
     }
 }
 

@@ -147,7 +147,8 @@ enum Command {
         /// Where the CSVs go.
         #[arg(long, default_value = "eval-out")]
         out_dir: PathBuf,
-        /// Seed of the generated traces (training, users).
+        /// Seed of the generated traces (training, users); learning: the
+        /// first of its 8 seeds (1: seeds 1-8, 9: seeds 9-16).
         #[arg(long, default_value_t = 1)]
         seed: u64,
         /// GPU memory of one device (users: not used, one lane).

@@ -222,6 +222,7 @@ mod tests {
             remaining: None,
             waited: 0,
             learned: None,
+            sibling_work: 0,
         }
     }
 

@@ -14,6 +14,12 @@
 //! 3. else the population's law: a log-normal fitted to the work of the
 //!    last [`WINDOW`] jobs that finished and the history's completed runs
 //!    ([`Policy::observe_past_run`]); `dlas` until [`MIN_SAMPLES`] are in.
+//!    A job of an identity with live runs ranks as at least as old as the
+//!    oldest of them ([`JobView::sibling_work`]): runs of one script are
+//!    alike, so a sibling that has done w without finishing says this run
+//!    likely needs w too. Without it the runs of a new script that arrive
+//!    together (a sweep) share the device as equals, none finishes, and all
+//!    hold lane memory while shorter jobs wait outside for it.
 //!
 //! The population is fitted, not taken as `gittins`' empirical sample: in a
 //! backlog the jobs that finished are the short ones, and the empirical
@@ -110,13 +116,13 @@ impl Learned {
 
     /// The index of `job` under `law`, at its work since its last promotion.
     fn law_index(&self, job: &JobView, law: LogNormal) -> f64 {
-        let work = if std::env::var("H41_NOPROMO").is_ok() {
-            job.work
-        } else {
-            self.promotions
-                .service_since_promotion(job, QUEUE_THRESHOLDS[0])
-                .work
-        };
+        // A run whose identity has no law yet is at least as old as its
+        // longest live sibling: runs of one script are alike in length.
+        let work = self
+            .promotions
+            .service_since_promotion(job, QUEUE_THRESHOLDS[0])
+            .work
+            .max(job.sibling_work);
         let mut cache = self
             .cache
             .lock()
@@ -202,6 +208,7 @@ mod tests {
             remaining: None,
             waited: 0,
             learned: None,
+            sibling_work: 0,
         }
     }
 
@@ -268,6 +275,30 @@ mod tests {
         assert_eq!(p.lock_population().logs.len(), 20);
         p.forget(&view(4, 0, 3 * MIN));
         assert_eq!(p.lock_population().logs.len(), 21);
+    }
+
+    #[test]
+    fn a_job_without_a_law_ranks_as_old_as_its_longest_live_sibling() {
+        let p = Learned::default();
+        for k in 1..=20 {
+            p.observe_past_run(k * MIN);
+        }
+        let fresh = view(1, 0, 0);
+        let sibling = JobView {
+            sibling_work: 90 * MIN,
+            ..view(2, 0, 0)
+        };
+        assert_eq!(
+            p.key(&sibling).primary,
+            p.key(&view(3, 0, 90 * MIN)).primary
+        );
+        assert!(p.key(&fresh) < p.key(&sibling));
+        // Its own work counts when it is more; a law from history wins.
+        let ahead = JobView {
+            sibling_work: MIN,
+            ..view(4, 0, 90 * MIN)
+        };
+        assert_eq!(p.key(&ahead).primary, p.key(&view(3, 0, 90 * MIN)).primary);
     }
 
     #[test]

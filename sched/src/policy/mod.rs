@@ -70,6 +70,10 @@ pub struct JobView {
     /// ([`crate::history`]), as of its admission; None: no identity, or
     /// none of its runs completed.
     pub learned: Option<LogNormal>,
+    /// Without a learnt law: the most work any other live run of its
+    /// identity has done without finishing (0: none, or no identity). A
+    /// lower bound on what its own run is likely to need.
+    pub sibling_work: Nanos,
 }
 
 /// Whether the lane waits for the best job when it has no iteration ready.

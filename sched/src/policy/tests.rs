@@ -21,6 +21,7 @@ fn job(
         remaining,
         waited: 0,
         learned: None,
+        sibling_work: 0,
     }
 }
 
