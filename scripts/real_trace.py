@@ -18,6 +18,13 @@ so TensorFlow's import is in no JCT):
              time or when the previous one ends, whichever is later), so each runs alone
   together   no server: every job in-process, released at its submit time, all running at once
 
+Recurring work (--history-runs N): the same jobs were run before. The trace first runs N times under `learned` on
+a fresh state directory, each job's steps scaled by a lognormal factor (--history-noise sigma, default 0.2: a
+script's runs vary around its usual length), so every job name (its identity, with its model's graph) has N
+earlier runs in the server's job history; every measured server run then starts from a copy of that state
+directory, and runs the trace's own lengths. Only srtf gets hints; `learned` orders by the history alone. The
+ratios add each policy's share of SRTF's mean-JCT gain over FIFO.
+
 Per job: arrival (release), start of its first step (after session creation and the init run), end of its last
 step, JCT = end - submit time, and each step's end. Printed per run: makespan (last end - trace start), mean and
 p95 JCT; then FIFO/SRTF mean JCT, each policy against "together", and "alone" makespan against each policy's.
@@ -25,17 +32,20 @@ Written to --out-dir (default: a new temp dir, printed): trace.csv, jobs.csv (pe
 step's end), runs.csv (the table) and timeline_RUN.png (one row per job, a tick per step end).
 
   .venv/bin/python scripts/real_trace.py [--quick] [--trace T.csv] [--policies fifo,srtf,pack]
-                                         [--baselines alone,together] [--out-dir DIR]
+                                         [--baselines alone,together] [--history-runs N] [--out-dir DIR]
 
-A full run takes about 3.5 minutes on 2 cores (--quick: about 1). Clients compete with the server for the CPU,
-and so does anything else running: the table's "other CPU" column says how much other processes used.
+A full run takes about 3.5 minutes on 2 cores (--quick: about 1); each history run adds one more trace run.
+Clients compete with the server for the CPU, and so does anything else running: the table's "other CPU" column
+says how much other processes used.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -74,17 +84,25 @@ def job_args(job: TraceJob, index: int, run: str) -> list[str]:
             "--step-times"]
 
 
-def run_trace(trace: list[TraceJob], run: str, server_args: tuple[str, ...] = ()) -> dict:
-    """Runs the trace once: `run` is a server policy, "alone" or "together". Returns {"run", "jobs": rows,
-    "steps": {job_id: [step end s]}, "digests", "summary", "server_exit", "other_cpu"}; times in s after the
-    trace start."""
+def run_trace(trace: list[TraceJob], run: str, server_args: tuple[str, ...] = (),
+              history: Path | None = None) -> dict:
+    """Runs the trace once: `run` is a server policy, "alone" or "together"; the server starts from a copy of the
+    state directory `history` (its job history) when given. Returns {"run", "jobs": rows, "steps": {job_id: [step
+    end s]}, "digests", "summary", "server_exit", "other_cpu"}; times in s after the trace start."""
     specs = [(j.job_id, job_args(j, i, run), j.submit_time_s) for i, j in enumerate(trace)]
+    state = None
+    if history and run not in BASELINES:
+        state = Path(tempfile.mkdtemp(prefix="salus-trace-state-")) / "state"
+        shutil.copytree(history, state)
+        server_args = ("--state-dir", str(state), *server_args)
     with OtherCpu() as other:
         server = None if run in BASELINES else Server("--policy", run, *server_args)
         try:
             t0, res = run_jobs(server.target if server else "", specs, one_at_a_time=run == "alone")
         finally:
             code = server.stop() if server else None
+            if state:
+                shutil.rmtree(state.parent, ignore_errors=True)
     rows, steps = [], {}
     for j in trace:
         r = res[j.job_id]
@@ -98,6 +116,23 @@ def run_trace(trace: list[TraceJob], run: str, server_args: tuple[str, ...] = ()
     return {"run": run, "jobs": rows, "steps": steps, "digests": {j.job_id: res[j.job_id]["digest"] for j in trace},
             "summary": summary([row["jct_s"] for row in rows], max(row["end_s"] for row in rows) - first),
             "server_exit": code, "other_cpu": other.share}
+
+
+def record_history(trace: list[TraceJob], runs: int, noise: float, seed: int, server_args: tuple[str, ...],
+                   state: Path) -> None:
+    """Runs the trace `runs` times under `learned` on the state directory `state`, each job's steps scaled by a
+    lognormal factor of spread `noise`: afterwards every job name has `runs` earlier runs in its job history."""
+    rng = random.Random(seed * 7919 + 1)
+    for n in range(runs):
+        earlier = [dataclasses.replace(j, iterations=max(MIN_ITERATIONS,
+                                                         round(j.iterations * rng.lognormvariate(0.0, noise))))
+                   for j in trace]
+        t = time.monotonic()
+        run = run_trace(earlier, "learned", ("--state-dir", str(state), *server_args))
+        if run["server_exit"] != 0:
+            sys.exit(f"real_trace: the server of history run {n + 1} exited with {run['server_exit']}")
+        print(f"  history run {n + 1}/{runs} (learned): {time.monotonic() - t:.0f} s, steps "
+              + " ".join(str(j.iterations) for j in earlier), flush=True)
 
 
 def print_table(runs: list[dict]) -> None:
@@ -127,6 +162,11 @@ def ratios(runs: list[dict]) -> list[tuple[str, float]]:
             out.append((f"{p}/together makespan", by[p]["makespan_s"] / by["together"]["makespan_s"]))
         if "alone" in by:
             out.append((f"alone/{p} makespan", by["alone"]["makespan_s"] / by[p]["makespan_s"]))
+    if "fifo" in by and "srtf" in by and by["fifo"]["mean_jct_s"] > by["srtf"]["mean_jct_s"]:
+        gain = by["fifo"]["mean_jct_s"] - by["srtf"]["mean_jct_s"]
+        for p in policies:
+            if p not in ("fifo", "srtf"):
+                out.append((f"{p} share of SRTF gain", (by["fifo"]["mean_jct_s"] - by[p]["mean_jct_s"]) / gain))
     return out
 
 
@@ -208,10 +248,17 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     trace_args(ap)
-    ap.add_argument("--policies", default="fifo,srtf,pack", help="server policies, comma-separated ('' for none)")
+    ap.add_argument("--policies", help="server policies, comma-separated ('' for none; default fifo,srtf,pack, "
+                                       "with --history-runs fifo,srtf,fair,learned)")
     ap.add_argument("--baselines", default="alone,together", help="in-process baselines ('' for none)")
+    ap.add_argument("--history-runs", type=int, default=0,
+                    help="recurring work: earlier runs of every job in the server's history before the measured runs")
+    ap.add_argument("--history-noise", type=float, default=0.2,
+                    help="spread (lognormal sigma) of an earlier run's steps around the trace's (default 0.2)")
     ap.add_argument("--no-plot", action="store_true", help="skip the timeline PNGs")
     args = ap.parse_args()
+    if args.policies is None:
+        args.policies = "fifo,srtf,fair,learned" if args.history_runs else "fifo,srtf,pack"
     policies = [p for p in args.policies.split(",") if p]
     baselines = [b for b in args.baselines.split(",") if b]
     if policies:
@@ -224,10 +271,16 @@ def main() -> None:
     trace, out = load_trace(args, "real_trace")
     print(f"results in {out}\ntrace ({len(trace)} jobs): {describe(trace)}", flush=True)
     t_start = time.monotonic()
+    server_args = tuple(args.server_args.split())
+    history = None
+    if args.history_runs > 0 and policies:
+        history = out / "history-state"
+        shutil.rmtree(history, ignore_errors=True)
+        record_history(trace, args.history_runs, args.history_noise, args.seed, server_args, history)
     runs = []
     for run in [*policies, *baselines]:
         t = time.monotonic()
-        runs.append(run_trace(trace, run, tuple(args.server_args.split())))
+        runs.append(run_trace(trace, run, server_args, history))
         print(f"  {run}: {time.monotonic() - t:.0f} s", flush=True)
     print()
     print_table(runs)

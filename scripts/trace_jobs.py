@@ -1,7 +1,7 @@
 """Shared plumbing of the scheduler benchmarks (bench_sched.py, real_trace.py, validate_sim.py).
 
-- `Server`: a salus-server started on a free port (stopped by its own PID); `require_server()` exits with a
-  clear message when the binary is missing.
+- `Server`: a salus-server started on a free port (stopped by its own PID), with a fresh state directory unless
+  its flags name one; `require_server()` exits with a clear message when the binary is missing.
 - `Job` / `run_jobs`: integration_tests/workloads/sched_job.py children (TF1 graph sessions) that import
   TensorFlow and build their graphs first, then wait for a go file; `run_jobs` releases them at given offsets (or
   one after another) so TensorFlow's slow import is never inside a measured time. The go file holds the target: a
@@ -22,6 +22,7 @@ import os
 import queue
 import re
 import resource
+import shutil
 import signal
 import statistics
 import subprocess
@@ -91,6 +92,12 @@ class Server:
 
     def __init__(self, *flags: str, timeout: float = 90):
         self.log = tempfile.NamedTemporaryFile(prefix="salus-bench-", suffix=".log", delete=False)
+        # A state directory of its own unless the caller names one: a benchmark's job history (which `learned`
+        # ranks by) and tokens must neither come from earlier runs nor outlive this server in root's default one.
+        self.own_state = None
+        if "--state-dir" not in flags:
+            self.own_state = tempfile.mkdtemp(prefix="salus-bench-state-")
+            flags = ("--state-dir", self.own_state, *flags)
         self.proc = subprocess.Popen([str(server_bin()), "--listen", "127.0.0.1:0", *flags],
                                      stdout=subprocess.PIPE, stderr=self.log, stdin=subprocess.DEVNULL, text=True)
         self.pid = self.proc.pid
@@ -130,6 +137,8 @@ class Server:
                 self.proc.wait()
         if self.proc.returncode == 0 and os.path.exists(self.log.name):
             os.unlink(self.log.name)  # kept when something went wrong
+        if self.own_state:
+            shutil.rmtree(self.own_state, ignore_errors=True)
         return self.proc.returncode
 
 
