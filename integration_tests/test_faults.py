@@ -637,8 +637,14 @@ def test_sigterm_with_iterations_of_several_jobs_in_flight(refs, tmp_path):
         finished_after += bool(s["ended"] and s["ended"][-1] > sigterm_wall)
     assert finished_after >= 1, "no iteration was in flight at SIGTERM: the test proved nothing"
     for s in sessions[:2]:
-        assert s["error"] and s["error"]["class"] == "DeadlineExceededError", s["error"]
-        assert s["close"]["outcome"] == "DeadlineExceededError", s["close"]
+        # The next step fails within its timeout: DeadlineExceeded once nothing listens, or UNAVAILABLE "shutting
+        # down" when it reached the server while it was still draining (which of the two is a race of the step
+        # against the exit, not a property of the server).
+        err, close = s["error"], s["close"]
+        assert err and (err["class"] == "DeadlineExceededError"
+                        or (err["class"] == "UnavailableError" and "shutting down" in err["message"])), err
+        assert close["outcome"] == "DeadlineExceededError" or (
+            close["outcome"] == "UnavailableError" and "shutting down" in (close["message"] or "")), close
         assert s["close"]["seconds"] < CLIENT_OP_TIMEOUT_MS / 1000 + 3, s["close"]
     stock = sessions[2]
     # TensorFlow's client waits for a server to come back (no error while none listens); it must not have
