@@ -13,7 +13,9 @@ is recreated (a kubelet restart); unknown devices and reservations beyond the se
 server's reason. Costs about 30 s: two TensorFlow processes (the script in-process and through the server),
 one server restart, a few seconds of the plugin's release timers.
 
-Also checked (issue 40; about 11 s more, two extra servers and plugins): units another tenant's token
+Also checked (issue 40; about 11 s more, two extra servers and plugins, and ~10 s for a restart and one more
+TensorFlow process): a pod's allocation made before a server restart (SIGTERM; the same address and state
+directory) trains after it with its reservation held, and is released when its job ends; units another tenant's token
 reserves are advertised unhealthy (not allocatable) until it is revoked; a grpc-python client with default
 channel options (its `:authority` is the socket's path) reaches the plugin; a 2 s job that no poll saw open
 has its reservation released --release-after after the next poll; a plugin started before its server
@@ -45,6 +47,7 @@ from tf2_common import SERVER_JOB, assert_devices, assert_same_numbers, run_work
 
 PROTO_DIR = REPO / "k8s" / "proto"
 UNIT_MIB = 256
+SERVER_ARGS = ("--memory-capacity", "2GiB")
 RESOURCE = "salus.io/gpu-mem"
 
 
@@ -134,12 +137,13 @@ def node(api, tmp_path_factory):
     directory = tmp_path_factory.mktemp("k8s")
     plugins = directory / "device-plugins"
     plugins.mkdir()
-    server = SalusProcess(directory / "salus-server.stderr.log", ("--memory-capacity", "2GiB"))
+    server = SalusProcess(directory / "salus-server.stderr.log",
+                          SERVER_ARGS + ("--state-dir", str(directory / "state")))
     kubelet = StandInKubelet(api, plugins)
     plugin, log = start_plugin(server.address, plugins, directory / "plugin.stderr.log", "--poll", "0.3",
                                "--release-after", "2", "--unused-timeout", "25")
     state = {"server": server, "kubelet": kubelet, "plugin": plugin, "log": directory / "plugin.stderr.log",
-             "dir": directory, "plugins": plugins}
+             "dir": directory, "plugins": plugins, "starts": 1}
     try:
         yield state
     finally:
@@ -277,14 +281,24 @@ def test_refusals_carry_the_reason(node):
         ctl(address, "token", "revoke", other["id"])
 
 
+def restart_server(node) -> None:
+    """SIGTERM, then a new server on the same address and state directory (an upgrade's restart)."""
+    address = node["server"].address
+    assert node["server"].stop() == 0, node["server"].stderr_tail()
+    node["starts"] += 1
+    node["server"] = SalusProcess(node["dir"] / f"salus-server-{node['starts']}.stderr.log",
+                                  SERVER_ARGS + ("--state-dir", str(node["dir"] / "state")), listen=address)
+
+
 def test_health_follows_the_server_and_the_plugin_registers_again_after_a_kubelet_restart(node):
     _, stream = devices_stream(node)
     next_devices(stream, lambda d: d and all(x.health == "Healthy" for x in d))
     address = node["server"].address
     assert node["server"].stop() == 0
     next_devices(stream, lambda d: d and all(x.health == "Unhealthy" for x in d))
-    node["server"] = SalusProcess(node["dir"] / "salus-server-2.stderr.log", ("--memory-capacity", "2GiB"),
-                                  listen=address)
+    node["starts"] += 1
+    node["server"] = SalusProcess(node["dir"] / f"salus-server-{node['starts']}.stderr.log",
+                                  SERVER_ARGS + ("--state-dir", str(node["dir"] / "state")), listen=address)
     next_devices(stream, lambda d: len(d) == 8 and all(x.health == "Healthy" for x in d))
     stream.cancel()
 
@@ -295,6 +309,27 @@ def test_health_follows_the_server_and_the_plugin_registers_again_after_a_kubele
     assert len(next_devices(stream, lambda d: len(d) > 0)) == 8
     stream.cancel()
     assert node["plugin"].poll() is None, plugin_log(node)
+
+
+def test_an_allocation_made_before_a_server_restart_trains_after_it(node):
+    """The kubelet keeps a pod's Allocate answer (its SALUS_TOKEN) across container restarts; a server restart
+    (an upgrade) must not void it: the token and its reservation come back from the state directory before any
+    job, and the pod's next run trains through the new server with its reservation."""
+    reply = allocate(node, ["salus-mem-5", "salus-mem-6"])
+    env, tenant = dict(reply.envs), reply.annotations["salus.io/tenant"]
+    token = reply.annotations["salus.io/token-id"]
+    restart_server(node)
+    address = node["server"].address
+    assert token in token_ids(address), plugin_log(node)
+    assert any(line.startswith(f"reserved for {tenant}: {512 << 20} bytes") for line in reserved_lines(address))
+    remote = last_json_line(run_workload("tf2_keras3.py", tf2_env(SALUS_SERVER=env["SALUS_SERVER"],
+                                                                  SALUS_TOKEN=env["SALUS_TOKEN"])).stdout)
+    assert_devices(remote, SERVER_JOB)
+    stats = ctl_json(address, "stats")
+    assert any(t["tenant"] == tenant and t["device_s"] > 0 for t in stats["tenants"]), stats["tenants"]
+    # The plugin saw the job end on the new server: released after --release-after, as before a restart.
+    assert wait_until(lambda: token not in token_ids(address), timeout=60, interval=0.3), plugin_log(node)
+    assert not any(line.startswith(f"reserved for {tenant}") for line in reserved_lines(address))
 
 
 def healthy_ids(devices) -> list[str]:
