@@ -18,6 +18,8 @@ a scheduling priority with `--comment salus-priority=N` (see deploy/slurm/README
 Exit codes of prolog/epilog: 0 done (or nothing to do); 1 the node cannot serve the job's salusmem (its
 server cannot be reached, refuses the reservation, or the node is missing from the map). Slurm drains a
 node whose Prolog or Epilog fails and requeues the job, which is what a node whose Salus is unusable needs.
+A server that refuses only because tokens issued outside Slurm (Ray, Kubernetes, an admin) hold the memory makes
+the prolog wait for it (--room-wait, 300 s by default, said in the job's AdminComment) before it fails so.
 A job that asks no salusmem is left alone by every hook: nothing printed, nothing reserved, exit 0.
 
 Where a failure is said (never a bare exit status):
@@ -53,6 +55,12 @@ TENANT_BAD_CHARS = re.compile(r"[^A-Za-z0-9_.@-]")
 CTL_TIMEOUT_S = 30
 CONNECT_RETRIES = 3  # a server restarting answers within a few seconds
 CONNECT_RETRY_PAUSE_S = 2.0
+# A server that refuses the reservation because tokens issued elsewhere (Ray, Kubernetes, an admin) hold its
+# memory: the prolog waits this long for them to release it, asking again every ROOM_POLL_S.
+DEFAULT_ROOM_WAIT_S = 300
+ROOM_POLL_S = 2.0
+# The server's refusal of a reservation that does not fit beside the others (runtime/admission.rs).
+NO_ROOM_RE = re.compile(r"cannot reserve (\d+) bytes: the device has (\d+) and other tenants reserve (\d+)")
 
 
 class Failure(Exception):
@@ -315,7 +323,7 @@ def cmd_config(a) -> int:
     slurm_conf = f"SLURM_CONF={shlex.quote(a.slurm_conf)}\nexport SLURM_CONF\n" if a.slurm_conf else ""
     common = ["--state-dir", a.state_dir]
     root_args = [*common, "--nodes", str(install / "nodes"), "--salus-server", salus_server,
-                 "--expiry-margin", str(a.expiry_margin)]
+                 "--expiry-margin", str(a.expiry_margin), "--room-wait", str(a.room_wait)]
     if a.max_priority is not None:
         root_args += ["--max-priority", str(a.max_priority)]
     for role, command, args in (("Prolog", "prolog", root_args), ("Epilog", "epilog", root_args),
@@ -524,7 +532,7 @@ def cmd_prolog(a) -> int:
         cap = a.max_priority if priority is None else min(priority, a.max_priority)
     if cap is not None:
         args += ["--max-priority", str(cap)]
-    proc = ctl(a.salus_server, address, *args)
+    proc, told = issue_waiting_for_room(a, address, args, job_id, node, mib)
     if proc.returncode != 0:
         raise Failure(f"job {job_id}: cannot reserve {mib} MiB for {entry.pw_name} on {address}: {ctl_error(proc)}")
     issued = json.loads(proc.stdout)
@@ -540,12 +548,35 @@ def cmd_prolog(a) -> int:
         revoke(a.salus_server, address, issued["id"])
         root_file.unlink(missing_ok=True)
         raise Failure(f"job {job_id}: cannot write its files in {a.state_dir}: {e}") from None
-    if (job_field(job_text, "AdminComment") or "").startswith(ADMIN_COMMENT_PREFIX):
-        tell_job(job_id, "")  # an earlier run's failure, now past
+    if told or (job_field(job_text, "AdminComment") or "").startswith(ADMIN_COMMENT_PREFIX):
+        tell_job(job_id, "")  # an earlier run's failure, or this run's wait, now past
     log(f"job {job_id}: {mib} MiB reserved for {entry.pw_name} on {address} (token {issued['id']}"
         + (f", expires in {limit + a.expiry_margin} s" if limit is not None else ", no expiry")
         + (f", max priority {cap}" if cap is not None else "") + ")")
     return 0
+
+
+def issue_waiting_for_room(a, address: str, args: list[str], job_id: str, node: str,
+                           mib: int) -> tuple[subprocess.CompletedProcess, bool]:
+    """`ctl token issue ARGS`; while the server refuses it only because other tokens (issued by Ray, Kubernetes or
+    an admin: Slurm's count of salusmem knows nothing of them) reserve the memory, asks again every ROOM_POLL_S for
+    up to --room-wait seconds, saying so in the job's AdminComment. A reservation larger than the device fails at
+    once (the server's capacity is below what gres.conf says). Returns the last answer and whether the job was
+    told it waits."""
+    deadline = time.monotonic() + max(0, a.room_wait)
+    told = False
+    while True:
+        proc = ctl(a.salus_server, address, *args)
+        m = NO_ROOM_RE.search(proc.stderr) if proc.returncode != 0 else None
+        if m is None or int(m.group(1)) > int(m.group(2)) or time.monotonic() >= deadline:
+            return proc, told
+        if not told:
+            why = " ".join(ctl_error(proc).split())
+            log(f"job {job_id}: waiting up to {a.room_wait} s for {mib} MiB on {address}: {why}")
+            tell_job(job_id, f"{ADMIN_COMMENT_PREFIX} prolog on {node}: waiting up to {a.room_wait} s for "
+                             f"{mib} MiB on {address}, held by tokens issued outside Slurm: {why}")
+            told = True
+        time.sleep(ROOM_POLL_S)
 
 
 EXPORTED = ("SALUS_SERVER", "SALUS_TOKEN", "SALUS_PRIORITY")
@@ -617,6 +648,10 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--max-priority", type=int, help="highest Salus priority a job may ask (default: any)")
     c.add_argument("--expiry-margin", type=int, default=DEFAULT_EXPIRY_MARGIN_S, metavar="SECONDS",
                    help="a token expires this long after the job's time limit (default %(default)s)")
+    c.add_argument("--room-wait", type=int, default=DEFAULT_ROOM_WAIT_S, metavar="SECONDS",
+                   help="how long the prolog waits while tokens issued outside Slurm (Ray, Kubernetes, an admin) "
+                        "hold the memory the job was allocated, before it fails (default %(default)s; 0: fail "
+                        "at once)")
 
     for name, what in (("prolog", "Slurm Prolog (root)"), ("epilog", "Slurm Epilog (root)"),
                        ("task-prolog", "Slurm TaskProlog (the job's user)")):
@@ -627,6 +662,7 @@ def main(argv: list[str] | None = None) -> int:
             s.add_argument("--salus-server", required=True)
             s.add_argument("--max-priority", type=int)
             s.add_argument("--expiry-margin", type=int, default=DEFAULT_EXPIRY_MARGIN_S)
+            s.add_argument("--room-wait", type=int, default=DEFAULT_ROOM_WAIT_S)
     a = p.parse_args(argv)
     handler = {"config": cmd_config, "prolog": cmd_prolog, "epilog": cmd_epilog, "task-prolog": cmd_task_prolog}
     try:

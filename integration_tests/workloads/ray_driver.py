@@ -5,9 +5,14 @@ Runs with the Ray venv's python (.venv-ray: ray and the salus package, no Tensor
 
     ray_driver.py HEAD_ADDRESS TRAIN_PYTHON TRAIN_SCRIPT
 
-Line protocol on stdout (the test reads it): `HOLDING {json}` once both trainings have trained and hold their
-sessions open (WORKLOAD_HOLD=1), then the driver waits for a line on stdin; `RESULT {json}` at the end, after
-both tokens were released. Anything else on stdout is Ray's.
+Line protocol on stdout (the test reads it; after each of the first three the driver waits for a line on stdin):
+  HOLDING {json}  both trainings have trained and hold their sessions open (WORKLOAD_HOLD=1)
+  RAN {json}      both have finished; the placements (tokens, reservations, actors) are still held. The test
+                  restarts the big placement's server here and has another tenant reserve memory on the head
+  AGAIN {json}    a 128 MiB placement was made and released (where it landed: the head's server has no room
+                  for it then), and the big placement's next training holds its session open
+  RESULT {json}   at the end, after both tokens were released
+Anything else on stdout is Ray's.
 """
 
 import json
@@ -81,6 +86,18 @@ print("HOLDING " + json.dumps(result), flush=True)
 sys.stdin.readline()
 
 result["finished"] = dict(zip(placements, ray.get([actors[k].finish.remote() for k in placements])))
+print("RAN " + json.dumps({"finished": result["finished"]}), flush=True)
+sys.stdin.readline()
+
+# Ray still offers the head's salus_mem_mib, but its server has given it to another tenant meanwhile: the
+# best fit (the head) refuses the token and the placement lands on the worker.
+other = sray.place("128MiB", expires="10m", name="ray-other")
+result["other"] = {"node_id": other.node_id, "server": other.server, "revoked": other.release()}
+# The big placement's next run, on its server restarted meanwhile, with the same token.
+result["started_again"] = ray.get(actors["big"].start.remote(train_python, train_script, extra))
+print("AGAIN " + json.dumps({"other": result["other"], "started_again": result["started_again"]}), flush=True)
+sys.stdin.readline()
+result["finished_again"] = ray.get(actors["big"].finish.remote())
 result["revoked"] = {k: p.release() for k, p in placements.items()}
 result["released_again"] = {k: p.release() for k, p in placements.items()}  # idempotent: nothing more
 print("RESULT " + json.dumps(result), flush=True)

@@ -37,8 +37,14 @@ Errors. NoRoom when no live Salus node has the memory available in Ray's view (n
 available and where), or when every node that fits refused the token (each node's reason). A node's
 server that cannot be reached, or a node whose token task fails (the node died; its worker did not
 start within TASK_TIMEOUT_S), is skipped like a full one. The token's reservation lasts until
-release() (or the `with` block's end), its expiry, or the server's restart; give `expires` so that a
-driver that dies without releasing does not hold memory for ever.
+release() (or the `with` block's end) or its expiry; give `expires` so that a driver that dies without
+releasing does not hold memory for ever. A server restarted on its address and --state-dir keeps the
+token and the reservation: the placement's next run is served with them.
+
+Memory reserved outside Ray (a Slurm prolog's token, the Kubernetes device plugin's, an admin's) is
+not subtracted from Ray's salus_mem_mib, which is fixed at `ray start` (Ray 2.60 cannot change a live
+node's custom resources); the server refuses a token that does not fit beside those, and place() moves
+on to the next node, as in a race.
 
 This module imports Ray lazily and neither TensorFlow nor gRPC at import (the admin client runs in the
 token task on the node), so it is cheap in a driver.
