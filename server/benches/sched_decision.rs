@@ -3,12 +3,25 @@
 //! (`finish`) and re-queue the job's next iteration. The jobs belong to one
 //! tenant (the plain walk), or to 10 tenants (`--share tenants`: one walk
 //! takes each tenant's turn; tenant j % 10 owns job j).
+//!
+//! A plain timing loop (no benchmark framework: criterion's dependencies cost
+//! every `cargo test` build about a minute): per policy, SAMPLES samples of
+//! about SAMPLE_MS each after a warm-up, printed as min / median / max ns per
+//! decision. `cargo bench -p salus-server --bench sched_decision [FILTER]`
+//! runs the policies whose name contains FILTER.
 
-use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion};
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
 use salus_server::sched::policy::by_name;
 use salus_server::sched::{Decision, Hints, JobId, LaneId, SchedConfig, Scheduler, TenantId};
 
 const JOBS: u64 = 1_000;
+const POLICIES: [&str; 8] = [
+    "fifo", "srtf", "pack", "fair", "rr", "priority", "las", "learned",
+];
+const SAMPLES: usize = 7;
+const SAMPLE_MS: u64 = 200;
 
 fn loaded(policy: &str, tenants: u64) -> Scheduler<u64> {
     let mut s = Scheduler::new(
@@ -32,35 +45,53 @@ fn loaded(policy: &str, tenants: u64) -> Scheduler<u64> {
     s
 }
 
-fn decisions(c: &mut Criterion) {
-    for tenants in [1, 10] {
-        let mut group = c.benchmark_group(format!("decision_1000_queued_jobs_{tenants}_tenants"));
-        decisions_of(&mut group, tenants);
-        group.finish();
+/// One decision cycle: pick, account, re-queue.
+fn cycle(s: &mut Scheduler<u64>, now: &mut u64) {
+    *now += 1_000;
+    match s.next(LaneId(0), *now) {
+        Decision::Run(d) => {
+            s.finish(d.job, d.lane, Some(1_000 + d.work % 97), *now);
+            s.submit(d.job, black_box(d.work), *now).unwrap();
+        }
+        other => panic!("a queued job must run, got {other:?}"),
     }
 }
 
-fn decisions_of(
-    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
-    tenants: u64,
-) {
-    for policy in ["fifo", "srtf", "pack", "fair", "rr", "priority", "las"] {
-        group.bench_function(BenchmarkId::from_parameter(policy), |b| {
+/// ns per decision of one sample of about `length`.
+fn sample(s: &mut Scheduler<u64>, now: &mut u64, length: Duration) -> f64 {
+    let start = Instant::now();
+    let mut n = 0u64;
+    while start.elapsed() < length {
+        for _ in 0..256 {
+            cycle(s, now);
+        }
+        n += 256;
+    }
+    start.elapsed().as_nanos() as f64 / n as f64
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; anything else not starting with '-' filters.
+    let filter = std::env::args()
+        .skip(1)
+        .find(|a| !a.starts_with('-'))
+        .unwrap_or_default();
+    for tenants in [1, 10] {
+        println!("decision with {JOBS} queued jobs, {tenants} tenant(s): ns per decision, min / median / max of {SAMPLES}");
+        for policy in POLICIES.iter().filter(|p| p.contains(filter.as_str())) {
             let mut s = loaded(policy, tenants);
             let mut now = JOBS;
-            b.iter(|| {
-                now += 1_000;
-                match s.next(LaneId(0), now) {
-                    Decision::Run(d) => {
-                        s.finish(d.job, d.lane, Some(1_000 + d.work % 97), now);
-                        s.submit(d.job, black_box(d.work), now).unwrap();
-                    }
-                    other => panic!("a queued job must run, got {other:?}"),
-                }
-            });
-        });
+            sample(&mut s, &mut now, Duration::from_millis(SAMPLE_MS)); // warm-up
+            let mut ns: Vec<f64> = (0..SAMPLES)
+                .map(|_| sample(&mut s, &mut now, Duration::from_millis(SAMPLE_MS)))
+                .collect();
+            ns.sort_by(f64::total_cmp);
+            println!(
+                "  {policy:9} {:8.0} {:8.0} {:8.0}",
+                ns[0],
+                ns[SAMPLES / 2],
+                ns[SAMPLES - 1]
+            );
+        }
     }
 }
-
-criterion_group!(benches, decisions);
-criterion_main!(benches);
