@@ -5,6 +5,7 @@
 #
 #   scripts/setup.sh            # venv + link config + release build
 #   SALUS_SKIP_BUILD=1 scripts/setup.sh   # venv + link config only
+#   SALUS_TF=gpu|cpu scripts/setup.sh     # this TensorFlow wheel (default: gpu where an NVIDIA driver is)
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -13,20 +14,52 @@ venv="$root/.venv"
 python="${PYTHON:-python3}"
 
 TF_VERSION=2.21.0
-stamp="$venv/.salus-setup-$TF_VERSION-v3"
+
+# Which TensorFlow wheel (the server links the C API of the one in the venv): the GPU wheel
+# (tensorflow[and-cuda], TensorFlow with its CUDA libraries from PyPI) where an NVIDIA driver is
+# present, else tensorflow-cpu; SALUS_TF=gpu|cpu overrides. Both are the same release, and the GPU
+# wheel also runs on a machine without a GPU (TensorFlow falls back to the CPU), which is how a
+# CPU-only machine tests a GPU node's build: SALUS_TF=gpu scripts/test.sh.
+if [[ -n "${SALUS_TF:-}" ]]; then
+    tf_flavor="$SALUS_TF"
+    tf_why="SALUS_TF=$SALUS_TF"
+elif command -v nvidia-smi > /dev/null 2>&1 || [[ -e /proc/driver/nvidia ]]; then
+    tf_flavor=gpu
+    tf_why="an NVIDIA driver is present"
+else
+    tf_flavor=cpu
+    tf_why="no NVIDIA driver (no nvidia-smi, no /proc/driver/nvidia)"
+fi
+case "$tf_flavor" in
+    gpu) tf_wheel="tensorflow[and-cuda]==$TF_VERSION"; other_stamp="$venv/.salus-setup-$TF_VERSION-v3" ;;
+    cpu) tf_wheel="tensorflow-cpu==$TF_VERSION"; other_stamp="$venv/.salus-setup-$TF_VERSION-gpu-v1" ;;
+    *) echo "setup: SALUS_TF must be gpu or cpu, not '$tf_flavor'" >&2; exit 2 ;;
+esac
+# The CPU venv keeps the stamp it always had (no reinstall for existing checkouts).
+if [[ "$tf_flavor" == gpu ]]; then stamp="$venv/.salus-setup-$TF_VERSION-gpu-v1"; else stamp="$venv/.salus-setup-$TF_VERSION-v3"; fi
 
 if [[ ! -f "$stamp" ]]; then
-    echo "setup: creating $venv with tensorflow-cpu==$TF_VERSION (takes about a minute)"
+    echo "setup: creating $venv with $tf_wheel ($tf_why; the CPU wheel takes about a minute, the GPU one several)"
     [[ -x "$venv/bin/python" ]] || "$python" -m venv "$venv"
     "$venv/bin/pip" install --quiet --disable-pip-version-check --upgrade pip
+    if [[ -f "$other_stamp" ]]; then
+        # Both wheels install the same `tensorflow` package: remove the other one whole first.
+        echo "setup: replacing the venv's other TensorFlow wheel"
+        "$venv/bin/pip" uninstall --quiet --disable-pip-version-check -y tensorflow tensorflow-cpu
+        rm -f "$other_stamp"
+    fi
+    tf_started=$SECONDS
     "$venv/bin/pip" install --quiet --disable-pip-version-check \
-        "tensorflow-cpu==$TF_VERSION" pytest numpy grpcio grpcio-tools matplotlib
+        "$tf_wheel" pytest numpy grpcio grpcio-tools matplotlib
     # Without --no-deps tf-keras pulls the full GPU tensorflow wheel over the CPU one.
     "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps "tf-keras==$TF_VERSION"
+    echo "setup: $tf_wheel and the test tools installed in $((SECONDS - tf_started)) s ($(du -sh "$venv" | cut -f1) venv)"
     touch "$stamp"
 else
-    echo "setup: $venv is ready"
+    echo "setup: $venv is ready ($tf_wheel: $tf_why)"
 fi
+# scripts/test.sh builds with the same features as the binaries built below.
+echo "$tf_flavor" > "$venv/.salus-tf-flavor"
 
 # The Python adapter (python/, distribution salus-tf, import name salus, CLI `salus`): reinstalled
 # only when its sources change, so re-runs are quick and need no network. Its admin client is
@@ -132,7 +165,10 @@ TOML
 echo "setup: linking TensorFlow from $tf_dir"
 
 if [[ -z "${SALUS_SKIP_BUILD:-}" ]]; then
-    # --lib: also tf_adapter's libsalus_tf.so (the C-API shim; no binary of its own).
-    cargo build --release --locked --bins --lib
+    # --lib: also tf_adapter's libsalus_tf.so (the C-API shim; no binary of its own). With the GPU wheel
+    # the server also reads the device's memory from the CUDA driver (the `cuda` feature, loaded at run time).
+    features=()
+    [[ "$tf_flavor" == gpu ]] && features=(--features salus-server/cuda)
+    cargo build --release --locked --bins --lib "${features[@]}"
 fi
 echo "setup: done"

@@ -9,7 +9,8 @@ cd "$root"
 # for a user's own server or adapter (SALUS_SERVER, SALUS_POLICY, ...) must not leak in.
 for var in $(compgen -e | grep '^SALUS_' || true); do
     # SALUS_ISOLATION=none runs the whole suite against single-process servers (tests that need one mode say so).
-    case "$var" in SALUS_TEST_TARGET|SALUS_SERVER_BIN|SALUS_ISOLATION) ;; *) unset "$var" ;; esac
+    # SALUS_TF=gpu|cpu picks setup's TensorFlow wheel (SALUS_TF=gpu: the GPU wheel, also on a CPU-only machine).
+    case "$var" in SALUS_TEST_TARGET|SALUS_SERVER_BIN|SALUS_ISOLATION|SALUS_TF) ;; *) unset "$var" ;; esac
 done
 
 # The TF2 suites also run a TensorFlow 2.16 client (setup makes .venv-tf2.16 for it).
@@ -30,7 +31,10 @@ phase_done setup
 # Release profile: shares the dependency build with the server binary. Builds the binaries the
 # end-to-end suites run too, the C-API shim's second real client among them
 # (tf_adapter/rust_client, for integration_tests/test_c_api_shim.py).
-cargo test --release --locked --workspace 2>&1
+# The same features as setup's build (the GPU wheel's adds `cuda`), so its dependencies are reused.
+features=()
+[[ "$(cat .venv/.salus-tf-flavor 2>/dev/null)" == gpu ]] && features=(--features salus-server/cuda)
+cargo test --release --locked --workspace "${features[@]}" 2>&1
 phase_done "cargo test (build included)"
 
 # Checks that only need to build run beside pytest, niced so that its servers come first;
