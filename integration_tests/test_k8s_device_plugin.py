@@ -281,13 +281,18 @@ def test_refusals_carry_the_reason(node):
         ctl(address, "token", "revoke", other["id"])
 
 
+def start_again(node, address: str) -> None:
+    """A new server on `address` and the node's state directory, each start with a log of its own."""
+    node["starts"] += 1
+    node["server"] = SalusProcess(node["dir"] / f"salus-server-{node['starts']}.stderr.log",
+                                  SERVER_ARGS + ("--state-dir", str(node["dir"] / "state")), listen=address)
+
+
 def restart_server(node) -> None:
     """SIGTERM, then a new server on the same address and state directory (an upgrade's restart)."""
     address = node["server"].address
     assert node["server"].stop() == 0, node["server"].stderr_tail()
-    node["starts"] += 1
-    node["server"] = SalusProcess(node["dir"] / f"salus-server-{node['starts']}.stderr.log",
-                                  SERVER_ARGS + ("--state-dir", str(node["dir"] / "state")), listen=address)
+    start_again(node, address)
 
 
 def test_health_follows_the_server_and_the_plugin_registers_again_after_a_kubelet_restart(node):
@@ -296,9 +301,7 @@ def test_health_follows_the_server_and_the_plugin_registers_again_after_a_kubele
     address = node["server"].address
     assert node["server"].stop() == 0
     next_devices(stream, lambda d: d and all(x.health == "Unhealthy" for x in d))
-    node["starts"] += 1
-    node["server"] = SalusProcess(node["dir"] / f"salus-server-{node['starts']}.stderr.log",
-                                  SERVER_ARGS + ("--state-dir", str(node["dir"] / "state")), listen=address)
+    start_again(node, address)
     next_devices(stream, lambda d: len(d) == 8 and all(x.health == "Healthy" for x in d))
     stream.cancel()
 
