@@ -285,6 +285,21 @@ def last_json_line(stdout: str) -> dict:
     return json.loads(lines[-1])
 
 
+def executors_of(state: Path) -> list[int]:
+    """Executor processes started with this state directory among their arguments (they inherit the supervisor's)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if str(state).encode() in args and b"executor" in args:
+            found.append(int(entry.name))
+    return found
+
+
 def wait_until(pred, timeout: float, interval: float = 0.05) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

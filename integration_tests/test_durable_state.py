@@ -24,11 +24,10 @@ import signal
 import stat
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
-from conftest import WORKLOADS, SalusProcess, last_json_line, reachable_tmpdir, server_bin, venv_python, wait_until
+from conftest import WORKLOADS, SalusProcess, executors_of, last_json_line, reachable_tmpdir, server_bin, venv_python, wait_until
 from server_ctl import ctl, ctl_json, require_server_flag
 from test_python_adapter import salus_package  # noqa: F401  (autouse: the venv has this tree's python/)
 from tf2_common import SERVER_JOB, tf2_env
@@ -102,21 +101,6 @@ def release(proc: subprocess.Popen, what: str) -> str:
         out, err = proc.communicate()
     assert proc.returncode == 0, f"{what} exited with {proc.returncode}\nstdout:\n{out[-2000:]}\nstderr:\n{err[-4000:]}"
     return out
-
-
-def executors_of(state: Path) -> list[int]:
-    """Executor processes started with this state directory among their arguments (they inherit the supervisor's)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            args = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if str(state).encode() in args and b"executor" in args:
-            found.append(int(entry.name))
-    return found
 
 
 def test_tokens_survive_sigterm_and_their_tf2_and_tf1_jobs_run(node):

@@ -14,8 +14,8 @@ server's reason. Costs about 30 s: two TensorFlow processes (the script in-proce
 one server restart, a few seconds of the plugin's release timers.
 
 Also checked (issue 40; about 11 s more, two extra servers and plugins, and ~10 s for a restart and one more
-TensorFlow process): a pod's allocation made before a server restart (SIGTERM; the same address and state
-directory) trains after it with its reservation held, and is released when its job ends; units another tenant's token
+TensorFlow process): a pod's allocation made before a server crash and restart (SIGKILL; the same address and
+state directory) trains after it with its reservation held, and is released when its job ends; units another tenant's token
 reserves are advertised unhealthy (not allocatable) until it is revoked; a grpc-python client with default
 channel options (its `:authority` is the socket's path) reaches the plugin; a 2 s job that no poll saw open
 has its reservation released --release-after after the next poll; a plugin started before its server
@@ -40,7 +40,7 @@ import grpc
 import pytest
 
 import salus_wire as wire
-from conftest import REPO, SalusProcess, last_json_line, venv_python, wait_until
+from conftest import REPO, SalusProcess, executors_of, last_json_line, venv_python, wait_until
 from server_ctl import ctl, ctl_json
 from test_python_adapter import salus_package  # noqa: F401  (module fixture: python/ installed)
 from tf2_common import SERVER_JOB, assert_devices, assert_same_numbers, run_workload, tf2_env
@@ -288,10 +288,13 @@ def start_again(node, address: str) -> None:
                                   SERVER_ARGS + ("--state-dir", str(node["dir"] / "state")), listen=address)
 
 
-def restart_server(node) -> None:
-    """SIGTERM, then a new server on the same address and state directory (an upgrade's restart)."""
+def crash_and_restart_server(node) -> None:
+    """SIGKILL (a crash: nothing saved at exit), then, once its executors have gone with it, a new server on the
+    same address and state directory. (SIGTERM restarts: the health test here, and test_slurm.)"""
     address = node["server"].address
-    assert node["server"].stop() == 0, node["server"].stderr_tail()
+    node["server"].kill()
+    state = node["dir"] / "state"
+    assert wait_until(lambda: not executors_of(state), timeout=15, interval=0.2), executors_of(state)
     start_again(node, address)
 
 
@@ -315,13 +318,13 @@ def test_health_follows_the_server_and_the_plugin_registers_again_after_a_kubele
 
 
 def test_an_allocation_made_before_a_server_restart_trains_after_it(node):
-    """The kubelet keeps a pod's Allocate answer (its SALUS_TOKEN) across container restarts; a server restart
-    (an upgrade) must not void it: the token and its reservation come back from the state directory before any
-    job, and the pod's next run trains through the new server with its reservation."""
+    """The kubelet keeps a pod's Allocate answer (its SALUS_TOKEN) across container restarts; a server restart,
+    even after a crash (SIGKILL), must not void it: the token and its reservation come back from the state
+    directory before any job, and the pod's next run trains through the new server with its reservation."""
     reply = allocate(node, ["salus-mem-5", "salus-mem-6"])
     env, tenant = dict(reply.envs), reply.annotations["salus.io/tenant"]
     token = reply.annotations["salus.io/token-id"]
-    restart_server(node)
+    crash_and_restart_server(node)
     address = node["server"].address
     assert token in token_ids(address), plugin_log(node)
     assert any(line.startswith(f"reserved for {tenant}: {512 << 20} bytes") for line in reserved_lines(address))

@@ -8,9 +8,11 @@ Runs with the Ray venv's python (.venv-ray: ray and the salus package, no Tensor
 Line protocol on stdout (the test reads it; after each of the first three the driver waits for a line on stdin):
   HOLDING {json}  both trainings have trained and hold their sessions open (WORKLOAD_HOLD=1)
   RAN {json}      both have finished; the placements (tokens, reservations, actors) are still held. The test
-                  restarts the big placement's server here and has another tenant reserve memory on the head
-  AGAIN {json}    a 128 MiB placement was made and released (where it landed: the head's server has no room
-                  for it then), and the big placement's next training holds its session open
+                  kills the big placement's server here (SIGKILL), starts it again, and has another tenant
+                  reserve memory on the head
+  AGAIN {json}    the Salus nodes as salus_nodes() sees them then (Ray's figure and the server's), a 128 MiB
+                  placement made and released (where it landed: the head's server has no room for it then),
+                  and the big placement's next training holding its session open
   RESULT {json}   at the end, after both tokens were released
 Anything else on stdout is Ray's.
 """
@@ -89,13 +91,17 @@ result["finished"] = dict(zip(placements, ray.get([actors[k].finish.remote() for
 print("RAN " + json.dumps({"finished": result["finished"]}), flush=True)
 sys.stdin.readline()
 
-# Ray still offers the head's salus_mem_mib, but its server has given it to another tenant meanwhile: the
-# best fit (the head) refuses the token and the placement lands on the worker.
+# Ray still offers the head's salus_mem_mib, but its server has given it to another tenant meanwhile:
+# salus_nodes() and place() count the server's figure, so the placement goes to the worker straight away.
+result["seen"] = {n.server: {"available_mib": n.available_mib, "ray_available_mib": n.ray_available_mib,
+                             "server_unreserved_mib": n.server_unreserved_mib, "server_error": n.server_error}
+                  for n in sray.salus_nodes()}
 other = sray.place("128MiB", expires="10m", name="ray-other")
-result["other"] = {"node_id": other.node_id, "server": other.server, "revoked": other.release()}
+result["other"] = {"node_id": other.node_id, "server": other.server, "refusals": other.refusals,
+                   "revoked": other.release()}
 # The big placement's next run, on its server restarted meanwhile, with the same token.
 result["started_again"] = ray.get(actors["big"].start.remote(train_python, train_script, extra))
-print("AGAIN " + json.dumps({"other": result["other"], "started_again": result["started_again"]}), flush=True)
+print("AGAIN " + json.dumps({k: result[k] for k in ("seen", "other", "started_again")}), flush=True)
 sys.stdin.readline()
 result["finished_again"] = ray.get(actors["big"].finish.remote())
 result["revoked"] = {k: p.release() for k, p in placements.items()}

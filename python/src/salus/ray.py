@@ -42,9 +42,11 @@ releasing does not hold memory for ever. A server restarted on its address and -
 token and the reservation: the placement's next run is served with them.
 
 Memory reserved outside Ray (a Slurm prolog's token, the Kubernetes device plugin's, an admin's) is
-not subtracted from Ray's salus_mem_mib, which is fixed at `ray start` (Ray 2.60 cannot change a live
-node's custom resources); the server refuses a token that does not fit beside those, and place() moves
-on to the next node, as in a race.
+not subtracted from Ray's own salus_mem_mib, which is fixed at `ray start` (Ray 2.60 cannot change a live
+node's custom resources). place() therefore asks each node that fits in Ray's view for its server's
+unreserved memory (a small task on the node, like the token's) and counts a node's room as the smaller
+of the two figures; salus_nodes() gives both. A reservation made between that question and the token is
+caught by the server, which refuses the token, and place() moves on to the next node, as in a race.
 
 This module imports Ray lazily and neither TensorFlow nor gRPC at import (the admin client runs in the
 token task on the node), so it is cheap in a driver.
@@ -118,11 +120,25 @@ class SalusNode:
     node_id: str
     server: str          # HOST:PORT, from the label
     total_mib: int
-    available_mib: int
+    available_mib: int   # the node's room: Ray's available salus_mem_mib, or less if its server has less
+    ray_available_mib: int = 0
+    # The server's memory no token reserves (Slurm's, Kubernetes', an admin's tokens included); None when
+    # it was not asked, or could not be (then `server_error` says why).
+    server_unreserved_mib: int | None = None
+    server_error: str | None = None
+
+    def room_text(self) -> str:
+        text = f"{self.available_mib} MiB (of {self.total_mib}) on node {self.node_id} (salus {self.server})"
+        if self.server_unreserved_mib is not None and self.server_unreserved_mib < self.ray_available_mib:
+            text += (f": Ray offers {self.ray_available_mib} MiB, but tokens issued outside Ray leave the "
+                     f"server {self.server_unreserved_mib} MiB")
+        return text
 
 
-def salus_nodes() -> list[SalusNode]:
-    """The live Ray nodes with a Salus server, and their salus_mem_mib (total, available now)."""
+def salus_nodes(ask_servers: bool = True) -> list[SalusNode]:
+    """The live Ray nodes with a Salus server, with their salus_mem_mib (total, available now in Ray's
+    accounting) and, unless `ask_servers` is false, each server's unreserved memory: `available_mib` is
+    the smaller, so memory reserved through another engine on the same server is not counted as room."""
     import ray
     from ray._private.state import available_resources_per_node  # DeveloperAPI, as in `ray status`
 
@@ -132,10 +148,39 @@ def salus_nodes() -> list[SalusNode]:
         labels = n.get("Labels") or {}
         if not n.get("Alive") or LABEL not in labels or RESOURCE not in n.get("Resources", {}):
             continue
+        ray_mib = int(available.get(n["NodeID"], {}).get(RESOURCE, 0))
         nodes.append(SalusNode(node_id=n["NodeID"], server=server_address(labels[LABEL]),
-                               total_mib=int(n["Resources"][RESOURCE]),
-                               available_mib=int(available.get(n["NodeID"], {}).get(RESOURCE, 0))))
+                               total_mib=int(n["Resources"][RESOURCE]), available_mib=ray_mib,
+                               ray_available_mib=ray_mib))
+    if ask_servers:
+        _ask_servers(nodes)
     return nodes
+
+
+def _ask_servers(nodes: list[SalusNode]) -> None:
+    """Sets each node's server_unreserved_mib (and lowers available_mib to it), asking all the nodes'
+    servers at once, each through a task on its node (the admin API is answered over loopback)."""
+    import ray
+    if not nodes:
+        return
+    refs = {n.node_id: _pinned(_unreserved_here, n.node_id).remote(n.server) for n in nodes}
+    ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=TASK_TIMEOUT_S)
+    for node in nodes:
+        ref = refs[node.node_id]
+        if ref not in ready:
+            ray.cancel(ref, force=True)
+            node.server_error = f"its task did not answer within {TASK_TIMEOUT_S:.0f} s"
+            continue
+        try:
+            reply = ray.get(ref)
+        except Exception as e:  # the node died, or its worker failed
+            node.server_error = f"its task failed: {type(e).__name__}: {str(e)[:300]}"
+            continue
+        if "error" in reply:
+            node.server_error = f"{reply['code']}: {reply['error']} (admin {reply['admin']})"
+            continue
+        node.server_unreserved_mib = reply["unreserved_mib"]
+        node.available_mib = min(node.ray_available_mib, node.server_unreserved_mib)
 
 
 # --- run on the chosen node, in a Ray worker there ------------------------------------------------------
@@ -168,12 +213,31 @@ def _revoke_here(server: str, token_id: str) -> dict:
         return {"error": str(e), "code": getattr(e.code, "name", str(e.code))}
 
 
-def _on_node(fn, node_id: str, *args):
+def _unreserved_here(server: str) -> dict:
+    """This node's server's memory no token reserves, in MiB (as `ctl capacity --json`'s unreserved_mib)."""
+    from .admin import AdminClient, AdminError
+    address = _admin_address(server)
+    try:
+        with AdminClient(address, timeout=30, token="") as admin:
+            info = admin.server_info()
+    except AdminError as e:
+        return {"error": str(e), "code": getattr(e.code, "name", str(e.code)), "admin": address}
+    capacity = int(info.get("memory_capacity_bytes", 0))
+    reserved = int(info.get("memory_reserved_bytes", 0))
+    return {"unreserved_mib": max(capacity - reserved, 0) // MIB}
+
+
+def _pinned(fn, node_id: str):
+    """`fn` as a Ray task (no CPU, no retry) that runs on `node_id` or not at all."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-    task = ray.remote(num_cpus=0, max_retries=0)(fn).options(
+    return ray.remote(num_cpus=0, max_retries=0)(fn).options(
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False), name=f"salus{fn.__name__}")
-    return ray.get(task.remote(*args), timeout=TASK_TIMEOUT_S)
+
+
+def _on_node(fn, node_id: str, *args):
+    import ray
+    return ray.get(_pinned(fn, node_id).remote(*args), timeout=TASK_TIMEOUT_S)
 
 
 # --- the driver's side ------------------------------------------------------------------------------------
@@ -188,6 +252,8 @@ class Placement:
     token_id: str
     options: dict = field(repr=False)
     released: bool = False
+    # Why the nodes tried before this one refused the token (a race lost, or memory reserved meanwhile).
+    refusals: list[str] = field(default_factory=list)
 
     def options_with(self, **more) -> dict:
         """`options` merged with more Ray options; a runtime_env's env_vars are merged, ours win."""
@@ -232,16 +298,20 @@ def place(memory, priority: int | None = None, expires=None, uid: int | None = N
     if priority is not None and not isinstance(priority, int):
         raise ValueError(f"priority must be an int, got {priority!r}")
 
-    nodes = salus_nodes()
+    nodes = salus_nodes(ask_servers=False)
     if not nodes:
         raise NoRoom(f"no live Ray node has a Salus server (label {LABEL} and resource {RESOURCE}): start the "
                      f"nodes with deploy/ray/salus-ray-start")
-    fitting = sorted((n for n in nodes if n.available_mib >= mib), key=lambda n: (n.available_mib, n.node_id))
+    # Only the nodes with room in Ray's view are worth asking their servers about.
+    _ask_servers([n for n in nodes if n.ray_available_mib >= mib])
+    fitting = sorted((n for n in nodes if n.available_mib >= mib and n.server_error is None),
+                     key=lambda n: (n.available_mib, n.node_id))
     if not fitting:
         best = max(nodes, key=lambda n: n.available_mib)
+        unasked = "".join(f"; node {n.node_id} (salus {n.server}) could not be asked: {n.server_error}"
+                          for n in nodes if n.server_error is not None)
         raise NoRoom(f"no Ray node with a Salus server has {mib} MiB of {RESOURCE} available: the largest "
-                     f"available is {best.available_mib} MiB (of {best.total_mib}) on node {best.node_id} "
-                     f"(salus {best.server}); {len(nodes)} Salus node(s)")
+                     f"available is {best.room_text()}; {len(nodes)} Salus node(s){unasked}")
 
     request = {"tenant": tenant, "uid": uid, "memory_bytes": mib * MIB, "max_priority": priority,
                "expires_seconds": seconds}
@@ -268,6 +338,6 @@ def place(memory, priority: int | None = None, expires=None, uid: int | None = N
                    "scheduling_strategy": NodeAffinitySchedulingStrategy(node.node_id, soft=False),
                    "runtime_env": {"env_vars": env}}
         return Placement(node_id=node.node_id, server=node.server, mib=mib, tenant=tenant,
-                         token_id=issued["info"]["id"], options=options)
+                         token_id=issued["info"]["id"], options=options, refusals=refusals)
     raise NoRoom(f"every Ray node with {mib} MiB of {RESOURCE} available refused the token:\n  "
                  + "\n  ".join(refusals))
