@@ -1,6 +1,7 @@
 //! `salus-server ctl`: a human (and `--json`) client of the admin API.
 
 mod history;
+mod info;
 
 use clap::{Args, Subcommand};
 use salus_proto::salus::v1::admin_client::AdminClient;
@@ -65,6 +66,14 @@ pub enum CtlCommand {
     /// salus_mem_mib resource), in MiB.
     Capacity {
         /// As JSON, in bytes and MiB (keys in the README).
+        #[arg(long)]
+        json: bool,
+    },
+    /// What the server runs on: versions, isolation, devices as TensorFlow
+    /// lists them, GPU 0 as the CUDA driver reported it, and where the memory
+    /// capacity comes from.
+    Info {
+        /// As JSON (keys in the README).
         #[arg(long)]
         json: bool,
     },
@@ -255,6 +264,17 @@ pub async fn run(args: CtlArgs) -> Result<String, CtlError> {
             tenant,
             json,
         } => history::run(&mut admin, action, tenant, json).await?,
+        CtlCommand::Info { json } => {
+            let info = admin
+                .get_server_info(GetServerInfoRequest {})
+                .await?
+                .into_inner();
+            if json {
+                pretty(&info::info_json(&info))
+            } else {
+                info::info_text(&info)
+            }
+        }
         CtlCommand::Capacity { json } => {
             let info = admin
                 .get_server_info(GetServerInfoRequest {})

@@ -71,6 +71,7 @@ pub mod executor;
 pub mod frontend;
 #[cfg(feature = "cuda")]
 pub mod gpu;
+pub mod gpu_probe;
 pub mod heap_meter;
 pub mod runtime;
 pub mod seam;

@@ -23,6 +23,7 @@ use crate::tenant::identity::Identifier;
 use crate::tenant::tokens::TokenStore;
 use crate::tenant::connections::ConnectionCounts;
 use crate::frontend::master::Master;
+use crate::gpu_probe::{self, GpuProbe};
 use crate::runtime::admission::Admission;
 use crate::runtime::exec;
 use crate::runtime::executor::Executor;
@@ -124,7 +125,12 @@ impl Server {
             }
             (_, Some(dir)) => Some(restore_state(dir).await?),
         };
-        let capacity = memory_capacity(&config);
+        let gpu = probe_gpu(&config, &role);
+        let (capacity, capacity_source) =
+            gpu_probe::memory_capacity(config.memory_capacity, config.gpu_lanes, &gpu);
+        if capacity.is_none() && gpu.cuda_build {
+            tracing::info!("no memory capacity (no --memory-capacity, no GPU): memory admission stays off");
+        }
         let gpu_lanes = gpu_lanes(&config, capacity)?;
         config.session_defaults.gpu_lanes = gpu_lanes;
         // The probe is the process's first session: with GPU lanes it creates
@@ -205,6 +211,8 @@ impl Server {
         if let Role::Executor { job_base, .. } = role {
             state.sessions.set_id_base(job_base);
         }
+        state.gpu = gpu;
+        state.capacity_source = capacity_source;
         Ok(Server {
             config,
             state: Arc::new(state),
@@ -477,32 +485,25 @@ async fn reap_idle_contexts(state: Arc<ServerState>, idle_timeout: Option<std::t
     }
 }
 
-/// The capacity lanes share: `--memory-capacity`, or with the `cuda` feature
-/// and no flag, GPU 0's memory when a driver is present (all of it for dynamic
-/// lanes; 95% of what is free for GPU lanes, which TensorFlow must allocate).
-fn memory_capacity(config: &Config) -> Option<u64> {
-    if config.memory_capacity.is_some() {
-        return config.memory_capacity;
+/// GPU 0 from the driver (a `cuda` build), once; an executor given its
+/// capacity by the supervisor does not ask (its figures are never shown).
+fn probe_gpu(config: &Config, role: &Role) -> GpuProbe {
+    if matches!(role, Role::Executor { .. }) && config.memory_capacity.is_some() {
+        return GpuProbe::not_asked();
     }
-    #[cfg(feature = "cuda")]
-    match crate::gpu::device_memory(0) {
-        Ok(memory) => {
-            tracing::info!(
-                total = memory.total,
-                free = memory.free,
-                "GPU 0 memory from the CUDA driver"
-            );
-            return Some(if config.gpu_lanes > 0 {
-                memory.free / 20 * 19
-            } else {
-                memory.total
-            });
+    let probe = GpuProbe::of_gpu0();
+    match &probe.memory {
+        Ok(memory) => tracing::info!(
+            total = memory.total,
+            free = memory.free,
+            "GPU 0 memory from the CUDA driver"
+        ),
+        Err(cause) if probe.cuda_build => {
+            tracing::info!(%cause, "no GPU memory from the CUDA driver")
         }
-        Err(err) => {
-            tracing::info!(cause = %err, "no GPU memory capacity; memory admission stays off")
-        }
+        Err(_) => {}
     }
-    None
+    probe
 }
 
 /// `--gpu-lanes N`: the capacity split into N equal lanes.

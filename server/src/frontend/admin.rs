@@ -298,6 +298,8 @@ impl AdminService {
             memory_free_bytes: s.admission.as_ref().map_or(0, |a| a.free()),
             memory_reserved_bytes: s.admission.as_ref().map_or(0, |a| a.reserved().0),
             memory_held_back_bytes: s.admission.as_ref().map_or(0, |a| a.reserved().1),
+            memory_capacity_source: s.capacity_source.as_str().into(),
+            cuda_gpu0: Some(cuda_device(&s.gpu)),
             memory_lanes: s
                 .admission
                 .as_ref()
@@ -1166,5 +1168,18 @@ impl Admin for AdminService {
             &snapshot,
             self.state.started,
         )))
+    }
+}
+
+fn cuda_device(probe: &crate::gpu_probe::GpuProbe) -> CudaDevice {
+    let (total_bytes, free_bytes, error) = match &probe.memory {
+        Ok(memory) => (memory.total, memory.free, String::new()),
+        Err(why) => (0, 0, why.clone()),
+    };
+    CudaDevice {
+        cuda_build: probe.cuda_build,
+        total_bytes,
+        free_bytes,
+        error,
     }
 }

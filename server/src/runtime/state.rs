@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::gpu_probe::{CapacitySource, GpuProbe};
 use crate::runtime::admission::Admission;
 use crate::runtime::eager_job::EagerJob;
 use crate::runtime::exec;
@@ -32,6 +33,10 @@ pub struct ServerState {
     /// The server's devices, listed once at start-up.
     pub devices: Vec<DeviceInfo>,
     pub tensorflow_version: String,
+    /// GPU 0 as the CUDA driver reported it at start, and where the memory
+    /// capacity came from (`ctl info`).
+    pub gpu: GpuProbe,
+    pub capacity_source: CapacitySource,
     pub started: Instant,
     /// Set at shutdown: eager jobs start no new function calls, so their
     /// clients can still fetch the results of calls in flight.
@@ -66,6 +71,8 @@ impl ServerState {
             max_sessions,
             devices,
             tensorflow_version,
+            gpu: GpuProbe::default(),
+            capacity_source: CapacitySource::default(),
             started: Instant::now(),
             draining: Arc::new(AtomicBool::new(false)),
             runs_completed: AtomicU64::new(0),
