@@ -15,6 +15,8 @@ Other modes, in-process (no server):
   --tf-numbers         print TensorFlow's own memory numbers for the graph: {"variable_bytes", "variables",
                        "ephemeral_bytes" (rise of allocator_bytes_in_use over one FULL_TRACE step + fed bytes),
                        "fed_bytes", "trace_rise_bytes"}
+  --allocator-peak     print {"rises": [...]}: each of the first --steps main steps' peak in the CPU allocator above
+                       its use at the step's start, as get_memory_info reads it (TF_CPU_ALLOCATOR_USE_BFC=true)
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from types import SimpleNamespace
 import numpy as np
 import tensorflow as tf
 
-THREADS = 2
+THREADS = int(os.environ.get("MEM_JOB_THREADS", "2"))  # inter- and intra-op threads of the session
 # name: (kind, layers/params, batch, train optimizer or None)
 MODELS = {
     "mlp_adam": dict(kind="mlp", dims=[784, 512, 10], batch=256, opt="adam"),
@@ -146,6 +148,22 @@ def tf_numbers(model: str, seed: int = 1, warmup: int = 2) -> dict:
                 "allocators": sorted(in_use)}
 
 
+def allocator_peak(model: str, seed: int = 1, steps: int = 10) -> dict:
+    """TensorFlow's own accounting of each of the first `steps` main steps, as get_memory_info reads it: the CPU
+    allocator's peak above what it held at the step's start (run with TF_CPU_ALLOCATOR_USE_BFC=true: TensorFlow's
+    default CPU allocator keeps no statistics). {"rises": [step 1's, step 2's, ...]}."""
+    m = build(model, seed)
+    rises = []
+    with m.graph.as_default(), tf.compat.v1.Session(config=config()) as sess:
+        sess.run(m.init)
+        for _ in range(steps):
+            tf.config.experimental.reset_memory_stats("CPU:0")
+            before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+            step(sess, m)
+            rises.append(int(tf.config.experimental.get_memory_info("CPU:0")["peak"] - before))
+    return {"model": model, "rises": rises}
+
+
 def wait_for(path: str, timeout: float = 600) -> str:
     deadline = time.monotonic() + timeout
     while not os.path.exists(path):
@@ -171,6 +189,7 @@ def main() -> None:
     ap.add_argument("--close-file", help="hold the session open after the steps until this file exists")
     ap.add_argument("--reference", action="store_true")
     ap.add_argument("--tf-numbers", action="store_true")
+    ap.add_argument("--allocator-peak", action="store_true")
     args = ap.parse_args()
 
     if args.reference:
@@ -178,6 +197,9 @@ def main() -> None:
         return
     if args.tf_numbers:
         print(json.dumps(tf_numbers(args.model, args.seed)), flush=True)
+        return
+    if args.allocator_peak:
+        print(json.dumps(allocator_peak(args.model, args.seed, args.steps)), flush=True)
         return
 
     m = build(args.model, args.seed)

@@ -5,7 +5,9 @@ HOLD_AFTER "start" holds after `import tensorflow` but before the first eager op
 context exists on the server (the adapter connects at the first eager op).
 With the environment variable TF2_STEPS_MEMORY=heap (in-process runs, integration_tests/c_programs/heap_peak.c
 preloaded), the JSON line also has "step_heap_peak_bytes": the peak rise of the process's heap during one more
-step, measured after the others: the quantity salus-server measures for an eager call.
+step, measured after the others: the quantity salus-server measures for an eager call. With
+TF2_STEPS_MEMORY=allocator (and TF_CPU_ALLOCATOR_USE_BFC=true), "step_allocator_peak_bytes": the CPU allocator's peak
+above its use at the start of one more step, as get_memory_info reads it.
 Prints one JSON line at the end: {"steps", "start", "end", "values": [...first 3...], "device"}; if a step fails,
 {"error": class name, "message": ...} instead.
 """
@@ -56,4 +58,10 @@ if os.environ.get("TF2_STEPS_MEMORY") == "heap":
     meter.salus_heap_meter_start()
     step(x).numpy()
     result["step_heap_peak_bytes"] = meter.salus_heap_meter_stop()
+elif os.environ.get("TF2_STEPS_MEMORY") == "allocator":
+    # TensorFlow's own accounting of one more step (TF_CPU_ALLOCATOR_USE_BFC=true in-process runs).
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+    step(x).numpy()
+    result["step_allocator_peak_bytes"] = tf.config.experimental.get_memory_info("CPU:0")["peak"] - before
 print(json.dumps(result), flush=True)

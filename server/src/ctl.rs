@@ -418,6 +418,8 @@ pub fn job_json(j: &JobInfo) -> Value {
         "ephemeral_estimate_bytes": j.ephemeral_estimate_bytes,
         "persistent_source": j.persistent_source,
         "ephemeral_source": j.ephemeral_source,
+        "ephemeral_meter": j.ephemeral_meter,
+        "ephemeral_allocator_bytes": j.ephemeral_allocator_bytes,
         "identity": opt(j.identity.clone()),
         "history_expected_s": (j.history_runs > 0).then_some(j.history_expected_seconds),
         "history_runs": j.history_runs,

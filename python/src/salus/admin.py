@@ -183,6 +183,8 @@ def job_json(job: dict) -> dict:
         "ephemeral_estimate_bytes": job["ephemeral_estimate_bytes"],
         "persistent_source": job["persistent_source"],
         "ephemeral_source": job["ephemeral_source"],
+        "ephemeral_meter": job["ephemeral_meter"],
+        "ephemeral_allocator_bytes": job["ephemeral_allocator_bytes"],
         "kind": job["kind"] or "graph",
     }
 

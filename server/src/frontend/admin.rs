@@ -600,6 +600,8 @@ fn memory_fields(
         ephemeral_estimate_bytes: estimate.need.ephemeral,
         persistent_source: estimate.persistent_source.into(),
         ephemeral_source: estimate.ephemeral_source.into(),
+        ephemeral_meter: estimate.ephemeral_meter.into(),
+        ephemeral_allocator_bytes: estimate.ephemeral_allocator_bytes,
         ..Default::default()
     }
 }

@@ -26,7 +26,7 @@ use crate::runtime::eager_devices::DeviceNames;
 use crate::runtime::executor::Executor;
 use crate::runtime::graph_delta::{variable_bytes, VariableBytes};
 use crate::runtime::job_history::{HistoryFacts, ShapeHash};
-use crate::runtime::memory_profile;
+use crate::runtime::memory_profile::{self, MeasuredMemory, MemoryMeter, Sample};
 use crate::runtime::rendezvous::{Rendezvous, Sent};
 use crate::runtime::run_class::{
     ephemeral_after_oom, MemoryEstimate, RunClass, RunProfile, MAIN_MARKER, MEMORY_SAMPLE_RUNS,
@@ -36,6 +36,7 @@ use crate::sched::RunEnd;
 use crate::sched::{Hints, JobId, LaneId};
 use crate::tenant::op_policy::checkpoint_path_inputs;
 use crate::tenant::{checkpoint_guard, TenantRules};
+use crate::tf::allocator::DeviceAllocator;
 use crate::tf::eager::{EagerContext, OutputSlots, TensorHandle};
 use crate::tf::op_registry;
 use crate::tf::tensor::shape_proto;
@@ -189,8 +190,8 @@ struct Shared {
     reservation: Mutex<Option<LaneReservation>>,
     /// Persistent memory the job's variables declare.
     variables: Mutex<VariableBytes>,
-    /// Largest per-iteration memory measured so far, bytes.
-    ephemeral_measured: AtomicU64,
+    /// Largest per-iteration memory measured so far, bytes, and its meter.
+    ephemeral_measured: MeasuredMemory,
     context_id: u64,
     devices: DeviceNames,
     rendezvous: Rendezvous,
@@ -356,7 +357,7 @@ impl EagerJob {
             sched: spec.scheduling,
             reservation: Mutex::new(None),
             variables: Mutex::new(VariableBytes::default()),
-            ephemeral_measured: AtomicU64::new(0),
+            ephemeral_measured: MeasuredMemory::default(),
             context_id: spec.context_id,
             devices: spec.devices,
             rendezvous: Rendezvous::default(),
@@ -389,6 +390,7 @@ impl EagerJob {
                         last_failure: None,
                         unsent: Vec::new(),
                         slots: Default::default(),
+                        allocators: HashMap::new(),
                         ctx,
                         shared: thread_shared,
                     }
@@ -807,7 +809,7 @@ impl Shared {
         MemoryEstimate::new(
             lock(&self.variables).bytes,
             "variables",
-            self.ephemeral_measured.load(Ordering::Relaxed),
+            &self.ephemeral_measured,
             hints,
         )
     }
@@ -856,6 +858,8 @@ struct Worker {
     unsent: Vec<(String, String)>,
     /// Borrowed while the op's inputs borrow `handles`.
     slots: std::cell::RefCell<OutputSlots>,
+    /// Device allocators by the device names calls gave (None: no statistics).
+    allocators: HashMap<String, Option<DeviceAllocator>>,
     ctx: EagerContext,
     shared: Arc<Shared>,
 }
@@ -1369,6 +1373,13 @@ impl Worker {
         } else {
             None
         };
+        // A sample reads the device allocator's peak where it keeps one (a GPU,
+        // TensorFlow's CPU allocator), else the heap's rise.
+        let allocator = if trace_turn.is_some() {
+            self.device_allocator(&device)
+        } else {
+            None
+        };
         let started = Instant::now();
         let run = || {
             self.ctx.execute(
@@ -1379,8 +1390,11 @@ impl Worker {
                 &mut self.slots.borrow_mut(),
             )
         };
-        let (executed, heap_rise) = if trace_turn.is_some() {
-            heap_meter::measure(run)
+        let (executed, sample) = if trace_turn.is_some() {
+            // The heap counts too where the device's memory is the host's.
+            let heap = allocator.is_none_or(|a| a.on_host());
+            let (executed, sample) = memory_profile::measure(allocator, heap, run);
+            (executed, Some(sample))
         } else {
             (run(), None)
         };
@@ -1399,8 +1413,8 @@ impl Worker {
         drop(table);
         drop(_turn);
         drop(trace_turn);
-        if let (Some(rise), true) = (heap_rise, executed.is_ok()) {
-            self.record_memory_sample(&op.name, rise);
+        if let (Some(sample), true) = (sample, executed.is_ok()) {
+            self.record_memory_sample(&op.name, &sample);
         }
         if is_call {
             self.profiles
@@ -1422,12 +1436,12 @@ impl Worker {
                     && err.code == salus_proto::tensorflow::error::Code::ResourceExhausted as i32
                 {
                     let raised = ephemeral_after_oom(
-                        self.shared.ephemeral_measured.load(Ordering::Relaxed),
+                        self.shared.ephemeral_measured.bytes(),
                         lock(&self.shared.variables).bytes,
                     );
                     self.shared
                         .ephemeral_measured
-                        .fetch_max(raised, Ordering::Relaxed);
+                        .record(raised, MemoryMeter::OutOfMemory);
                     tracing::warn!(
                         job = self.shared.id.0,
                         ephemeral = raised,
@@ -1509,21 +1523,31 @@ impl Worker {
         }
     }
 
-    /// The heap the sampled call just run took at its peak (its outputs
-    /// included), as the job's ephemeral need: TensorFlow 2.21 keeps no memory
-    /// records for eager calls (see `heap_meter`).
-    fn record_memory_sample(&self, function: &str, rise: u64) {
+    /// What the sampled call just run took at its peak (its outputs
+    /// included), as the job's ephemeral need: the device allocator's rise,
+    /// and on the host the heap's if larger (TensorFlow 2.21 keeps no memory
+    /// records for eager calls; see `memory_profile::Sample`).
+    fn record_memory_sample(&self, function: &str, sample: &Sample) {
         tracing::debug!(
             job = self.shared.id.0,
             function,
-            rise,
-            "sampled a function call's heap rise"
+            allocator = ?sample.allocator,
+            host = ?sample.host,
+            "sampled a function call's memory"
         );
-        if rise > 0 {
-            self.shared
-                .ephemeral_measured
-                .fetch_max(rise, Ordering::Relaxed);
+        self.shared.ephemeral_measured.record_sample(sample, 0);
+    }
+
+    /// The allocator of `device` (the call's; empty: the context's default),
+    /// when it keeps statistics; looked up once per device.
+    fn device_allocator(&mut self, device: &str) -> Option<DeviceAllocator> {
+        if let Some(found) = self.allocators.get(device) {
+            return *found;
         }
+        let found =
+            DeviceAllocator::of_eager(&self.ctx, device).filter(|a| a.stats().is_some());
+        self.allocators.insert(device.to_string(), found);
+        found
     }
 
     /// A variable the client created: its declared size is persistent memory.

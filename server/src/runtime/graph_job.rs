@@ -23,7 +23,7 @@ use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -34,13 +34,14 @@ use crate::error::{Error, Result};
 use crate::runtime::admission::LaneReservation;
 use crate::runtime::graph_delta::{check_delta, CheckedDelta, VariableBytes};
 use crate::runtime::job_history::{HistoryFacts, ShapeHash};
-use crate::runtime::memory_profile;
+use crate::runtime::memory_profile::{self, MeasuredMemory, MemoryMeter};
 use crate::runtime::run_errors::{self, TfCode};
 use crate::runtime::session_config::GpuLanes;
 use crate::runtime::wire;
 use crate::sched::{Hints, JobId, LaneId};
 use crate::tenant::checkpoint_guard;
 use crate::tenant::TenantRules;
+use crate::tf::allocator::DeviceAllocator;
 use crate::tf::{self, Graph, Operation, PartialRunHandle, Session, Tensor};
 
 /// Settings every job gets.
@@ -182,7 +183,9 @@ pub struct Job {
     /// Whether runs are traced to measure per-iteration memory (admission on).
     measure_memory: bool,
     /// Largest per-iteration memory measured so far (run peak + feeds), bytes.
-    ephemeral_measured: AtomicU64,
+    ephemeral_measured: MeasuredMemory,
+    /// The allocator of the job's device, when it keeps statistics.
+    allocator: OnceLock<Option<DeviceAllocator>>,
     /// A memory sample was due but another job was tracing: take it next run.
     sample_pending: AtomicBool,
     /// The job's memory lane, once admitted (dropping it frees the share).
@@ -292,7 +295,8 @@ impl Job {
             max_tensor_bytes: settings.max_tensor_bytes,
             stats: JobStats::default(),
             measure_memory: settings.measure_memory,
-            ephemeral_measured: AtomicU64::new(0),
+            ephemeral_measured: MeasuredMemory::default(),
+            allocator: OnceLock::new(),
             sample_pending: AtomicBool::new(false),
             reservation: Mutex::new(None),
             gpu_lane,
@@ -336,7 +340,7 @@ impl Job {
         MemoryEstimate::new(
             self.variable_bytes().bytes,
             "graph",
-            self.ephemeral_measured.load(Ordering::Relaxed),
+            &self.ephemeral_measured,
             hints,
         )
     }
@@ -376,9 +380,18 @@ impl Job {
         *lock(&self.reservation) = Some(reservation);
     }
 
-    /// Records a measured per-iteration memory peak.
-    fn record_ephemeral(&self, bytes: u64) {
-        self.ephemeral_measured.fetch_max(bytes, Ordering::Relaxed);
+
+    /// The allocator of the device the job's graph runs on (its GPU lane's,
+    /// else the session's default: the first GPU, else the CPU), when it keeps
+    /// statistics; looked up once.
+    fn device_allocator(&self) -> Option<DeviceAllocator> {
+        *self.allocator.get_or_init(|| {
+            let device = self
+                .gpu_lane
+                .map(|lane| GpuLanes::device(lane.0))
+                .unwrap_or_default();
+            DeviceAllocator::of_session(&self.session, &device).filter(|a| a.stats().is_some())
+        })
     }
 
     /// Persistent memory the job's variables declare (optimizer slots included).
@@ -590,7 +603,12 @@ impl Job {
         } else {
             None
         };
-        let trace = wants_sample && _trace_turn.is_some();
+        // A sample reads the device allocator's peak where it keeps one (a GPU,
+        // TensorFlow's CPU allocator), else the run's allocation records.
+        let sampling = wants_sample && _trace_turn.is_some();
+        let allocator = if sampling { self.device_allocator() } else { None };
+        // On the host the run's records count too (see memory_profile::Sample).
+        let trace = sampling && allocator.is_none_or(|a| a.on_host());
         self.sample_pending
             .store(wants_sample && !trace, Ordering::Relaxed);
         let mut options = if inline {
@@ -607,21 +625,21 @@ impl Job {
         let inputs: Vec<_> = feeds.iter().map(|f| (f.port.tf(), &f.tensor)).collect();
         let outputs: Vec<_> = fetches.iter().map(|p| p.tf()).collect();
         let started = Instant::now();
-        let mut result = self.session.run(
-            &options,
-            trace || !run_options.is_empty(),
-            &inputs,
-            &outputs,
-            targets,
-        );
+        let run = || {
+            self.session.run(
+                &options,
+                trace || !run_options.is_empty(),
+                &inputs,
+                &outputs,
+                targets,
+            )
+        };
+        let (mut result, mut sample) = memory_profile::measure(allocator, false, run);
         let elapsed = started.elapsed().as_nanos() as f64;
         if let Ok(out) = &mut result {
             if trace {
                 match memory_profile::step_memory(&out.metadata) {
-                    Ok(memory) => {
-                        let feed_bytes: u64 = feeds.iter().map(|f| f.tensor.byte_size()).sum();
-                        self.record_ephemeral(memory.peak() + feed_bytes);
-                    }
+                    Ok(memory) => sample.host = Some((memory.peak(), MemoryMeter::Trace)),
                     Err(err) => {
                         tracing::warn!(job = self.id.0, cause = %err, "unreadable step stats")
                     }
@@ -631,6 +649,16 @@ impl Job {
                     out.metadata.clear();
                 }
             }
+        }
+        if sampling && result.is_ok() {
+            // The fed tensors are the server's, outside every meter, on the
+            // host; a GPU's allocator holds their copies already.
+            let fed = if sample.on_host {
+                feeds.iter().map(|f| f.tensor.byte_size()).sum()
+            } else {
+                0
+            };
+            self.ephemeral_measured.record_sample(&sample, fed);
         }
         if let Err(err) = &result {
             if err.code == salus_proto::tensorflow::error::Code::ResourceExhausted as i32 {
@@ -654,10 +682,10 @@ impl Job {
     /// After an out-of-memory error: half again the current measurement.
     fn estimate_ephemeral_after_oom(&self) -> u64 {
         let raised = ephemeral_after_oom(
-            self.ephemeral_measured.load(Ordering::Relaxed),
+            self.ephemeral_measured.bytes(),
             self.variable_bytes().bytes,
         );
-        self.record_ephemeral(raised);
+        self.ephemeral_measured.record(raised, MemoryMeter::OutOfMemory);
         raised
     }
 

@@ -13,6 +13,7 @@
 //! (`graph_delta::FEEDING_OPS`).
 //! The time of runs that went at once is charged to the job's service.
 
+use crate::runtime::memory_profile::MeasuredMemory;
 use crate::sched::lanes::MemoryNeed;
 use crate::sched::Hints;
 
@@ -84,6 +85,12 @@ pub struct MemoryEstimate {
     pub need: MemoryNeed,
     pub persistent_source: &'static str,
     pub ephemeral_source: &'static str,
+    /// What measured the ephemeral need when its source is "measured"
+    /// ([`MemoryMeter::as_str`]), else "".
+    pub ephemeral_meter: &'static str,
+    /// The largest figure the device allocator gave for an iteration (0:
+    /// none), whatever the need was taken from.
+    pub ephemeral_allocator_bytes: u64,
 }
 
 impl MemoryEstimate {
@@ -93,9 +100,10 @@ impl MemoryEstimate {
     pub fn new(
         declared_persistent: u64,
         persistent_source: &'static str,
-        measured_ephemeral: u64,
+        measured: &MeasuredMemory,
         hints: &Hints,
     ) -> Self {
+        let (measured_ephemeral, meter) = (measured.bytes(), measured.meter());
         let (persistent, persistent_source) = match hints.persistent_bytes {
             Some(bytes) => (bytes, "hint"),
             None => (
@@ -117,6 +125,12 @@ impl MemoryEstimate {
             },
             persistent_source,
             ephemeral_source,
+            ephemeral_meter: if ephemeral_source == "measured" {
+                meter.as_str()
+            } else {
+                ""
+            },
+            ephemeral_allocator_bytes: measured.allocator_bytes(),
         }
     }
 }
@@ -130,6 +144,7 @@ pub fn ephemeral_after_oom(measured: u64, persistent: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::memory_profile::MemoryMeter;
 
     #[test]
     fn warm_up_runs_are_cheap_and_fast_ones_brief() {
@@ -144,21 +159,26 @@ mod tests {
 
     #[test]
     fn estimates_take_margins_and_hints() {
-        let e = MemoryEstimate::new(1000, "variables", 0, &Hints::default());
+        let none = MeasuredMemory::default();
+        let e = MemoryEstimate::new(1000, "variables", &none, &Hints::default());
         assert_eq!((e.need.persistent, e.need.ephemeral), (1100, 1100));
         assert_eq!(
-            (e.persistent_source, e.ephemeral_source),
-            ("variables", "default")
+            (e.persistent_source, e.ephemeral_source, e.ephemeral_meter),
+            ("variables", "default", "")
         );
-        let e = MemoryEstimate::new(1000, "variables", 2000, &Hints::default());
+        let measured = MeasuredMemory::default();
+        measured.record(2000, MemoryMeter::Allocator);
+        let e = MemoryEstimate::new(1000, "variables", &measured, &Hints::default());
         assert_eq!((e.need.ephemeral, e.ephemeral_source), (2100, "measured"));
+        assert_eq!(e.ephemeral_meter, "allocator");
         let hints = Hints {
             ephemeral_bytes: Some(7),
             persistent_bytes: Some(3),
             ..Default::default()
         };
-        let e = MemoryEstimate::new(1000, "variables", 2000, &hints);
+        let e = MemoryEstimate::new(1000, "variables", &measured, &hints);
         assert_eq!((e.need.persistent, e.need.ephemeral), (3, 7));
+        assert_eq!((e.ephemeral_source, e.ephemeral_meter), ("hint", ""));
         assert_eq!(ephemeral_after_oom(0, 0), 3 << 19);
         assert_eq!(ephemeral_after_oom(4 << 20, 0), 6 << 20);
     }

@@ -75,7 +75,7 @@ impl EagerContext {
         }
     }
 
-    fn as_ptr(&self) -> *mut ffi::TFE_Context {
+    pub(super) fn as_ptr(&self) -> *mut ffi::TFE_Context {
         self.0.as_ptr()
     }
 

@@ -8,10 +8,12 @@
 //! - [`graph`]: TF_Graph, GraphDef import with mappings to existing nodes.
 //! - [`session`]: TF_Session runs, partial runs, devices.
 //! - [`eager`]: TFE contexts, tensor handles, op and function execution.
+//! - [`allocator`]: a device's allocator statistics (`allocator_stats.cc`, C++).
 //! - [`op_registry`]: facts about registered ops (which declare no outputs).
 //! - [`python_kernel`]: the server's kernels for the ops that call a script's Python.
 //! - `buffer`, `ffi`: TF_Buffer helpers and the declarations tensorflow-sys lacks.
 
+pub mod allocator;
 mod buffer;
 pub mod eager;
 mod ffi;

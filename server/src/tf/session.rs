@@ -65,6 +65,10 @@ impl Drop for SessionOptions {
 }
 
 impl Session {
+    pub(super) fn as_ptr(&self) -> *mut sys::TF_Session {
+        self.ptr.as_ptr()
+    }
+
     /// Creates a local session over `graph` with a serialized ConfigProto.
     pub fn new(graph: Arc<Graph>, config: &[u8]) -> Result<Session, TfError> {
         let opts = SessionOptions::new(config)?;
