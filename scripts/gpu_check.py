@@ -29,7 +29,6 @@ import json
 import math
 import os
 import py_compile
-import queue
 import re
 import shutil
 import signal
@@ -126,7 +125,6 @@ def _memory(tf, device: str) -> dict:
 
 
 def client_tf1(args) -> None:
-    import numpy as np  # noqa: F401  (TensorFlow needs it; imported first for a clear error)
     import tensorflow as tf
 
     spec = TF1_MODELS[args.model]
@@ -909,19 +907,6 @@ def claim_tf2(ctx: Ctx) -> str:
             f"{equality_note(worst)} against in-process on {dev}")
 
 
-def _job_row(server: Server, name: str, pred: Callable[[dict], bool], timeout: float) -> dict:
-    seen: dict = {}
-
-    def check():
-        seen.clear()
-        seen.update(server.jobs())
-        return name in seen and pred(seen[name])
-
-    if not wait_until(check, timeout, 0.25):
-        raise ClaimFailed(f"job {name} never reached the expected state: {seen.get(name) or sorted(seen)}")
-    return seen[name]
-
-
 def _hold_pair(ctx: Ctx, server: Server, label: str, tf1_model: str, tf2_model: str) -> tuple[dict, dict, list]:
     """The TF1 job, then the TF2 job (so neither's measured steps overlap the other's), each holding its session
     after 8 steps; returns their `ctl jobs` rows while both hold, and the release files."""
@@ -932,10 +917,20 @@ def _hold_pair(ctx: Ctx, server: Server, label: str, tf1_model: str, tf2_model: 
     b = ctx.client(f"{label}-tf2", "tf2", "--model", tf2_model, "--steps", "8", "--hold", str(rel[1]),
                    env={"SALUS_JOB_NAME": "gpucheck-tf2"}, server=server)
     b.wait_phase("holding", 300)
-    measured = lambda r: r["ephemeral_source"] == "measured" and r["lane"] is not None  # noqa: E731
-    row_a = _job_row(server, "gpucheck-tf1", measured, 30)
-    row_b = _job_row(server, "gpucheck-tf2", measured, 30)
-    return row_a, row_b, rel
+    rows: dict = {}
+
+    def measured() -> bool:
+        rows.clear()
+        rows.update(server.jobs())
+        return all(rows.get(n, {}).get("ephemeral_source") == "measured" and rows[n]["lane"] is not None
+                   for n in ("gpucheck-tf1", "gpucheck-tf2"))
+
+    if not wait_until(measured, 30, 0.25):
+        raise ClaimFailed("the server has not measured both jobs' ephemeral memory while they hold (name, lane, "
+                          "memory state, ephemeral estimate and source): " + "; ".join(
+                              f"{n} {r.get('lane')} {r.get('memory_state')} {r.get('ephemeral_estimate_bytes')} "
+                              f"{r.get('ephemeral_source')}" for n, r in sorted(rows.items())))
+    return rows["gpucheck-tf1"], rows["gpucheck-tf2"], rel
 
 
 def _figures(rows: list[dict]) -> tuple[list[int], list[int], int, int]:
@@ -966,7 +961,7 @@ def claim_memory(ctx: Ctx) -> str:
     p, e, rule, mps_rule = _figures([row_a, row_b])
     capacity = rule + min(e) // 2
     if capacity >= mps_rule:
-        raise ClaimFailed(f"the measured figures leave no gap between the rules (P {p}, E {e})")
+        raise ClaimFailed(f"the measured figures leave no gap between the rules: P {p}, E {e} bytes (TF1, TF2)")
 
     # 2. Admission on that capacity: both fit by sum(P)+max(E), not by sum(P+E); a third does not fit.
     srv = ctx.server("mem-admit", "--memory-capacity", str(capacity), "--admission-timeout", "8", *common,
