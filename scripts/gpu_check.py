@@ -765,8 +765,10 @@ def equality_note(worst: float) -> str:
 
 
 def on_device(devices: list[str] | None, device: str) -> bool:
-    """All the (non-stream) devices a trace names end with `device` (e.g. GPU:0)."""
-    names = [d for d in (devices or []) if "/stream:" not in d and "/memcpy" not in d]
+    """All the devices a trace names for a node end with `device` (e.g. GPU:0). TensorFlow's executor names
+    devices in full (/job:localhost/replica:0/task:0/device:GPU:0); on a GPU, FULL_TRACE also has the GPU
+    tracer's entries (/device:GPU:0/stream:all, ...), which are not where a node was placed."""
+    names = [d for d in (devices or []) if "/job:" in d and "/stream:" not in d and "/memcpy" not in d]
     return bool(names) and all(d.endswith(f"device:{device}") for d in names)
 
 
