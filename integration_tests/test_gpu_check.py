@@ -12,7 +12,7 @@
    node too.)
 
 The other claims that run TensorFlow jobs are rehearsed by hand (scripts/gpu_check.sh --rehearse-on-cpu, about a
-minute on 2 cores), not here. Measured cost of this file on a 2-core machine: 4 to 7 s, nearly all of it the
+minute on 2 cores), not here. Measured cost of this file on a 2-core machine: 4 to 8 s, nearly all of it the
 tf1-on-gpu rehearsal (two TensorFlow processes).
 """
 
