@@ -5,6 +5,11 @@
 # run reuses podman's layer cache and takes seconds. NOT run by CI (scripts/test.sh); see deploy/k8s/README.md.
 #
 #   scripts/build_image.sh            # build (or refresh) the image; prints its size
+#   scripts/build_image.sh --gpu      # the GPU variant (default tag localhost/salus:dev-gpu): TensorFlow's GPU
+#                                     # wheel, tensorflow[and-cuda]==2.21.0, whose pip dependencies (nvidia-*)
+#                                     # are the CUDA runtime, cuDNN and cuBLAS; the driver (libcuda, nvidia-smi)
+#                                     # comes from the node through the NVIDIA container toolkit. Needs binaries
+#                                     # built with the cuda feature (SALUS_TF=gpu scripts/setup.sh).
 #
 # What it does, each step only when needed:
 #   1. installs podman, runc, catatonit and mmdebstrap from apt (a policy-rc.d refusing service starts is put in place
@@ -19,8 +24,17 @@
 # SALUS_DEVICE_PLUGIN_BIN (the binaries; default target/release/).
 set -euo pipefail
 
+gpu=""
+for arg in "$@"; do
+    case "$arg" in
+        --gpu) gpu=1 ;;
+        -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "build_image: unknown argument $arg (try --help)" >&2; exit 2 ;;
+    esac
+done
+
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-IMAGE="${SALUS_IMAGE:-localhost/salus:dev}"
+IMAGE="${SALUS_IMAGE:-localhost/salus:dev${gpu:+-gpu}}"
 BASE_IMAGE="${SALUS_BASE_IMAGE:-localhost/salus-base:bookworm}"
 export CONTAINERS_CONF="${CONTAINERS_CONF:-/etc/containers/containers-salus.conf}"
 SERVER_BIN="${SALUS_SERVER_BIN:-$REPO/target/release/salus-server}"
@@ -36,6 +50,11 @@ for f in "$SERVER_BIN" "$PLUGIN_BIN"; do
     [[ -x "$f" ]] || die "$f not found: build it first (cargo build --release --bins, or cargo build --release -p salus-device-plugin)"
 done
 [[ -x "$PYTHON" ]] || die "$PYTHON not found: scripts/setup.sh makes the venv (it builds the adapter's wheel)"
+# A cuda build names the CUDA driver library it loads at run time (server/src/gpu.rs); a CPU build does not,
+# and on a GPU node would share the host's CPU instead of the GPU's memory.
+if [[ -n "$gpu" ]] && ! grep -q 'libcuda\.so\.1' "$SERVER_BIN"; then
+    die "$SERVER_BIN is not a cuda build: build it with SALUS_TF=gpu scripts/setup.sh (or cargo build --release --features salus-server/cuda) for --gpu"
+fi
 
 # 1. Tools.
 missing=()
@@ -84,7 +103,13 @@ trap 'rm -rf "$ctx"' EXIT
 mkdir -p "$ctx/bin" "$ctx/wheels"
 cp "$SERVER_BIN" "$ctx/bin/salus-server"
 cp "$PLUGIN_BIN" "$ctx/bin/salus-device-plugin"
-cp "$REPO/deploy/k8s/requirements.txt" "$ctx/"
+if [[ -n "$gpu" ]]; then
+    # The same pins with TensorFlow's GPU wheel (its nvidia-* dependencies resolved by pip from PyPI).
+    sed 's/^tensorflow-cpu==/tensorflow[and-cuda]==/' "$REPO/deploy/k8s/requirements.txt" >"$ctx/requirements.txt"
+    grep -q '^tensorflow\[and-cuda\]==' "$ctx/requirements.txt" || die "requirements.txt names no tensorflow-cpu pin"
+else
+    cp "$REPO/deploy/k8s/requirements.txt" "$ctx/"
+fi
 say "building the salus-tf wheel (python/)"
 "$PYTHON" -m pip wheel --quiet --no-deps --wheel-dir "$ctx/wheels" "$REPO/python" >/dev/null
 ls "$ctx"/wheels/salus_tf-*.whl >/dev/null
@@ -97,9 +122,10 @@ if [[ -f "$ca" ]]; then
     ca_args=(--volume "$ca:/run/host-ca.crt:ro" --build-arg PIP_CERT=/run/host-ca.crt)
 fi
 revision="$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-say "building $IMAGE (podman build; the first build downloads TensorFlow, several minutes)"
+say "building $IMAGE (podman build; the first build downloads TensorFlow${gpu:+ and the CUDA libraries, about 6 GB}, several minutes)"
 podman build --network host --layers --build-arg "BASE=$BASE_IMAGE" "${ca_args[@]}" \
     --label "org.opencontainers.image.source=salus" --label "org.opencontainers.image.revision=$revision" \
+    --label "io.salus.tensorflow=${gpu:+gpu}${gpu:-cpu}" \
     --file "$REPO/deploy/k8s/Containerfile" --tag "$IMAGE" "$ctx"
 rm -rf "$ctx"
 trap - EXIT

@@ -25,12 +25,35 @@ const MMAP_THRESHOLD_BYTES: i32 = 1 << 30;
 /// memory freed by one step is there for the next.
 const TRIM_THRESHOLD_BYTES: i32 = i32::MAX;
 
+/// TensorFlow maps nearly all of a GPU's memory into the first process that
+/// uses it. Each tenant's executor is a process of its own (and the supervisor
+/// lists devices with a session too), so the first would leave the others
+/// nothing: each grows its GPU memory as its jobs need it instead. Memory
+/// lanes are the server's budgets, not TensorFlow's reservations. (`--gpu-lanes`
+/// virtual GPUs keep their fixed sizes.)
+const GPU_ALLOW_GROWTH: &str = "TF_FORCE_GPU_ALLOW_GROWTH";
+
+/// CUDA numbers GPUs fastest first; nvidia-smi, the NVIDIA container toolkit
+/// and cluster engines number them by PCI bus. The server's "GPU 0" is the one
+/// they call 0.
+const DEVICE_ORDER: &str = "CUDA_DEVICE_ORDER";
+
+/// The variables set here when the environment does not set them (executors
+/// inherit them).
+const DEFAULTS: [(&str, &str); 3] = [
+    (SYSTEM_ALLOCATOR, "true"),
+    (GPU_ALLOW_GROWTH, "true"),
+    (DEVICE_ORDER, "PCI_BUS_ID"),
+];
+
 /// Call first thing in `main`, before any thread starts and before TensorFlow
-/// creates its allocators (it reads the variable when it first allocates).
+/// creates its allocators (it reads the variables when it first allocates).
 pub fn prepare() {
-    if std::env::var_os(SYSTEM_ALLOCATOR).is_none() {
-        // SAFETY (edition 2024 would require `unsafe`): single-threaded here.
-        std::env::set_var(SYSTEM_ALLOCATOR, "true");
+    for (name, value) in DEFAULTS {
+        if std::env::var_os(name).is_none() {
+            // SAFETY (edition 2024 would require `unsafe`): single-threaded here.
+            std::env::set_var(name, value);
+        }
     }
     tune_malloc();
 }

@@ -6,7 +6,7 @@
 //! The front end translates the protocol into [`Item`]s; nothing here knows
 //! about gRPC.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
@@ -391,6 +391,7 @@ impl EagerJob {
                         unsent: Vec::new(),
                         slots: Default::default(),
                         allocators: HashMap::new(),
+                        pending_samples: HashSet::new(),
                         ctx,
                         shared: thread_shared,
                     }
@@ -860,6 +861,9 @@ struct Worker {
     slots: std::cell::RefCell<OutputSlots>,
     /// Device allocators by the device names calls gave (None: no statistics).
     allocators: HashMap<String, Option<DeviceAllocator>>,
+    /// Functions whose memory sample was due while another job held the
+    /// sampling turn: sampled at their next call.
+    pending_samples: HashSet<String>,
     ctx: EagerContext,
     shared: Arc<Shared>,
 }
@@ -1367,12 +1371,20 @@ impl Worker {
         };
         let sample = is_call
             && self.shared.sched.measure_memory
-            && MEMORY_SAMPLE_RUNS.contains(&(profile.runs + 1));
+            && (MEMORY_SAMPLE_RUNS.contains(&(profile.runs + 1))
+                || self.pending_samples.contains(&op.name));
         let trace_turn = if sample {
             memory_profile::TRACE_TURN.try_lock().ok()
         } else {
             None
         };
+        // A sample that another job's held the turn from is taken at the
+        // function's next call (as graph jobs do), not dropped.
+        if sample && trace_turn.is_none() {
+            self.pending_samples.insert(op.name.clone());
+        } else if trace_turn.is_some() {
+            self.pending_samples.remove(&op.name);
+        }
         // A sample reads the device allocator's peak where it keeps one (a GPU,
         // TensorFlow's CPU allocator), else the heap's rise.
         let allocator = if trace_turn.is_some() {
@@ -1544,8 +1556,7 @@ impl Worker {
         if let Some(found) = self.allocators.get(device) {
             return *found;
         }
-        let found =
-            DeviceAllocator::of_eager(&self.ctx, device).filter(|a| a.stats().is_some());
+        let found = DeviceAllocator::of_eager(&self.ctx, device).filter(|a| a.stats().is_some());
         self.allocators.insert(device.to_string(), found);
         found
     }
