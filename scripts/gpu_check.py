@@ -986,8 +986,11 @@ def claim_memory(ctx: Ctx) -> str:
     lanes = sorted({r["lane"] for r in both})
     # The figures the admission used (measured again in this run).
     p, e, rule, mps_rule = _figures(both)
+    # What measured E (ctl jobs' ephemeral_meter): on a GPU the device allocator ("allocator") is the claim; a
+    # "heap" there would mean the GPU allocator kept no statistics and host memory was counted instead.
     sources = (f"P {row_a['persistent_source']}/{row_b['persistent_source']}, "
-               f"E {row_a['ephemeral_source']}/{row_b['ephemeral_source']}")
+               f"E {row_a['ephemeral_source']}/{row_b['ephemeral_source']} by "
+               f"{row_a.get('ephemeral_meter') or '-'}/{row_b.get('ephemeral_meter') or '-'}")
     if mps_rule <= capacity:
         raise ClaimFailed(f"this run's figures (P {p}, E {e}) moved from the calibration's: sum(P+E) {mib(mps_rule)} "
                           f"fits the capacity {mib(capacity)} too, so the admission proves nothing")
