@@ -15,20 +15,17 @@ use tonic::{Request, Response, Status};
 use crate::error::Error;
 use crate::frontend::history;
 use crate::frontend::identify::tenant_of;
-use crate::runtime::admission::{Admission, MemoryState};
-use crate::runtime::eager_job::EagerJob;
+use crate::runtime::admission::Admission;
 use crate::runtime::executor::{Executor, TenantFigures};
 use crate::sched::tenants::MAX_WEIGHT;
 use crate::tenant::identity::Identifier;
 use crate::tenant::limits::Limits;
 use crate::tenant::tokens;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use crate::runtime::graph_delta::VariableBytes;
-use crate::runtime::graph_job::Job;
 use crate::runtime::latency::LatencySnapshot;
-use crate::runtime::run_class::MemoryEstimate;
+use crate::runtime::report::Rows;
 use crate::runtime::state::ServerState;
-use crate::sched::{Hints, JobId, JobStatus};
+use crate::sched::{Hints, JobId};
 use crate::seam::msg as seam_msg;
 use crate::supervisor::executors::Executors;
 use crate::tenant::admins::Admins;
@@ -209,25 +206,6 @@ impl AdminService {
         }
     }
 
-    /// An executor's row with this process's view of the scheduler and memory.
-    fn with_scheduler_view(&self, mut row: JobInfo) -> JobInfo {
-        let id = JobId(row.id);
-        let policy = self.state.executor.policy_name();
-        let status = self.state.executor.job_status(id);
-        let s = status.as_ref();
-        let memory = self.memory_state(id);
-        // The executor's own view: an eager job busy there is running.
-        let busy_there = row.state == "running";
-        row.state = state_label(memory.waiting, s, busy_there).into();
-        if let Some(s) = s {
-            row.hints = Some(hints_to_proto(&s.hints));
-        }
-        row.note = self.row_note(id, memory.note, policy, s);
-        if self.state.admission.is_some() {
-            row.memory_state = memory.label;
-        }
-        self.scheduler_fields(id, s, policy, row)
-    }
 
     /// Version, devices and server-wide counters (`GetServerInfo`).
     pub fn server_info(&self) -> ServerInfo {
@@ -346,12 +324,12 @@ impl AdminService {
         let mut jobs: Vec<JobInfo> = if self.executors.is_some() {
             reported_rows(reports, viewer)
                 .into_iter()
-                .map(|row| self.with_scheduler_view(row))
+                .map(|row| Rows(&self.state).with_scheduler_view(row))
                 .collect()
         } else {
-            let mut rows = owned_rows(self.state.sessions.all_owned(), viewer, |j| self.job_info(j));
+            let mut rows = owned_rows(self.state.sessions.all_owned(), viewer, |j| Rows(&self.state).graph(j));
             rows.extend(owned_rows(self.state.contexts.all_owned(), viewer, |j| {
-                self.eager_job_info(j)
+                Rows(&self.state).eager(j)
             }));
             rows
         };
@@ -427,219 +405,8 @@ impl AdminService {
         }
     }
 
-    /// Everything known about one job. Walks its graph (under TF's lock), so
-    /// callers run it off the runtime.
-    fn job_info(&self, job: &Job) -> JobInfo {
-        let policy = self.state.executor.policy_name();
-        let status = self.state.executor.job_status(job.id);
-        let s = status.as_ref();
-        let variables = job.variable_bytes();
-        let estimate = job.memory_estimate(
-            &s.map(|s| s.hints.clone())
-                .unwrap_or_else(|| job.hints.clone()),
-        );
-        let memory = self.memory_state(job.id);
-        let memory_state = memory.label.clone();
-        JobInfo {
-            id: job.id.0,
-            handle: job.handle.clone(),
-            name: job.name.clone(),
-            state: state_label(memory.waiting, s, false).into(),
-            hints: s.map(|s| hints_to_proto(&s.hints)),
-            note: self.row_note(job.id, memory.note, policy, s),
-            graph_version: job.graph_version(),
-            graph_nodes: job.graph_nodes() as u64,
-            runs_completed: job.stats.runs_completed.load(Ordering::Relaxed),
-            runs_failed: job.stats.runs_failed.load(Ordering::Relaxed),
-            age_seconds: job.created.elapsed().as_secs_f64(),
-            idle_seconds: job.idle_seconds(),
-            kind: "graph".into(),
-            ..self.scheduler_fields(
-                job.id,
-                s,
-                policy,
-                memory_fields(variables, &estimate, memory_state),
-            )
-        }
-    }
-
-    /// Where a job stands with memory admission, for its row.
-    fn memory_state(&self, job: JobId) -> MemoryRow {
-        let Some(admission) = &self.state.admission else {
-            return MemoryRow::default();
-        };
-        match admission.state_of(job) {
-            MemoryState::Waiting { need, waited } => MemoryRow {
-                label: "waiting for memory".into(),
-                waiting: true,
-                note: Some(format!(
-                    "waiting for memory {:.1} s: needs {} bytes ({} persistent + {} ephemeral), {} of {} free",
-                    waited.as_secs_f64(),
-                    need.limit(),
-                    need.persistent,
-                    need.ephemeral,
-                    admission.free(),
-                    admission.capacity()
-                )),
-            },
-            MemoryState::Admitted(_) => MemoryRow {
-                label: "admitted".into(),
-                ..Default::default()
-            },
-            MemoryState::NotRequested => MemoryRow {
-                label: "not admitted yet".into(),
-                ..Default::default()
-            },
-        }
-    }
-
-    /// An eager job's row: scheduler fields as for graph jobs; no graph, so
-    /// `graph_nodes` counts its registered functions.
-    fn eager_job_info(&self, job: &EagerJob) -> JobInfo {
-        let policy = self.state.executor.policy_name();
-        let status = self.state.executor.job_status(job.id);
-        let s = status.as_ref();
-        let stats = job.stats();
-        let variables = job.variable_bytes();
-        let estimate =
-            job.memory_estimate(&s.map_or_else(|| job.hints.clone(), |s| s.hints.clone()));
-        let memory = self.memory_state(job.id);
-        let memory_state = memory.label.clone();
-        JobInfo {
-            id: job.id.0,
-            handle: job.handle.clone(),
-            name: job.name.clone(),
-            state: state_label(memory.waiting, s, job.is_busy()).into(),
-            hints: Some(hints_to_proto(
-                &s.map_or_else(|| job.hints.clone(), |s| s.hints.clone()),
-            )),
-            note: self.row_note(job.id, memory.note, policy, s),
-            graph_nodes: stats.functions.load(Ordering::Relaxed),
-            runs_completed: stats.ops.load(Ordering::Relaxed),
-            runs_failed: stats.failed.load(Ordering::Relaxed),
-            age_seconds: job.created.elapsed().as_secs_f64(),
-            idle_seconds: job.idle_for().as_secs_f64(),
-            kind: "eager".into(),
-            ..self.scheduler_fields(
-                job.id,
-                s,
-                policy,
-                memory_fields(variables, &estimate, memory_state),
-            )
-        }
-    }
-
-    /// The scheduler's columns of a job's row, graph or eager, over `rest`
-    /// (zero for a job the scheduler does not know yet).
-    /// What a job's row notes: waiting for memory, or how the policy treats
-    /// it; and a priority hint lowered to its tenant's limit.
-    fn row_note(
-        &self,
-        job: JobId,
-        memory_note: Option<String>,
-        policy: &str,
-        s: Option<&JobStatus>,
-    ) -> String {
-        let note = memory_note.unwrap_or_else(|| s.map(|s| note(policy, s)).unwrap_or_default());
-        let Some(clamp) = self.state.executor.priority_clamp(job) else {
-            return note;
-        };
-        let lowered = format!(
-            "priority {} asked, lowered to {} (its tenant's max-priority)",
-            clamp.asked, clamp.max
-        );
-        if note.is_empty() {
-            lowered
-        } else {
-            format!("{note}; {lowered}")
-        }
-    }
-
-    fn scheduler_fields(
-        &self,
-        job: JobId,
-        s: Option<&JobStatus>,
-        policy: &str,
-        rest: JobInfo,
-    ) -> JobInfo {
-        JobInfo {
-            lane: s.map_or(0, |s| s.lane.0),
-            policy: policy.into(),
-            iterations: s.map_or(0, |s| s.iterations),
-            attained_seconds: s.map_or(0.0, |s| s.attained as f64 / 1e9),
-            service_seconds: s.map_or(0.0, |s| s.service as f64 / 1e9),
-            mean_iteration_ms: s
-                .and_then(|s| s.mean_iteration)
-                .map_or(0.0, |m| m as f64 / 1e6),
-            queue_wait_seconds: s.map_or(0.0, |s| s.total_wait as f64 / 1e9),
-            queued: s.map_or(0, |s| s.queued as u64),
-            cheap_runs: self.state.executor.cheap_runs(job),
-            identity: s
-                .and_then(|s| s.identity.as_ref())
-                .map(ToString::to_string)
-                .unwrap_or_default(),
-            history_expected_seconds: s.and_then(|s| s.expected).map_or(0.0, |e| e.median_s),
-            history_runs: s.and_then(|s| s.expected).map_or(0, |e| e.runs as u32),
-            ..rest
-        }
-    }
 }
 
-/// The memory columns of a job's row (the rest default).
-fn memory_fields(
-    variables: VariableBytes,
-    estimate: &MemoryEstimate,
-    memory_state: String,
-) -> JobInfo {
-    JobInfo {
-        variable_bytes: variables.bytes,
-        variables: variables.variables,
-        variables_of_unknown_size: variables.unknown,
-        memory_state,
-        persistent_estimate_bytes: estimate.need.persistent,
-        ephemeral_estimate_bytes: estimate.need.ephemeral,
-        persistent_source: estimate.persistent_source.into(),
-        ephemeral_source: estimate.ephemeral_source.into(),
-        ephemeral_meter: estimate.ephemeral_meter.into(),
-        ephemeral_allocator_bytes: estimate.ephemeral_allocator_bytes,
-        ..Default::default()
-    }
-}
-
-/// A job's memory admission as the admin API shows it.
-#[derive(Default)]
-struct MemoryRow {
-    /// "", "waiting for memory", "admitted" or "not admitted yet".
-    label: String,
-    waiting: bool,
-    note: Option<String>,
-}
-
-/// A job row's state: waiting for memory, running, queued (in the scheduler),
-/// running (`busy`: a request of the job is being served outside it), or idle.
-fn state_label(waiting_for_memory: bool, s: Option<&JobStatus>, busy: bool) -> &'static str {
-    match s {
-        _ if waiting_for_memory => "waiting for memory",
-        Some(s) if s.running > 0 => "running",
-        Some(s) if s.queued > 0 => "queued",
-        _ if busy => "running",
-        _ => "idle",
-    }
-}
-
-/// How the current policy treats a job, where that is not obvious.
-fn note(policy: &str, s: &JobStatus) -> String {
-    match policy {
-        "srtf" if s.remaining.is_none() && s.hints.expected_seconds.is_none() && s.hints.expected_iterations.is_none() => {
-            "srtf: no iterations/seconds hint, so ranked by least attained service (LAS) after jobs with estimates".into()
-        }
-        "srtf" if s.mean_iteration.is_none() && s.hints.expected_seconds.is_none() => {
-            "srtf: runs one iteration first to measure its iteration time".into()
-        }
-        "fifo" if s.queued > 0 && s.running == 0 => "fifo: runs after the earlier-admitted jobs of its lane finish".into(),
-        _ => String::new(),
-    }
-}
 
 /// The executors' rows of the jobs `viewer` sees, each with its owner (the
 /// executor's tenant, not anything the executor says).
@@ -854,14 +621,6 @@ fn latency_summary(l: &LatencySnapshot) -> LatencySummary {
     }
 }
 
-fn hints_to_proto(h: &Hints) -> JobHints {
-    JobHints {
-        priority: h.priority,
-        expected_iterations: h.expected_iterations.unwrap_or(0),
-        expected_seconds: h.expected_seconds.unwrap_or(0.0),
-    }
-}
-
 impl AdminService {
     /// `SetJobHints` for a job in an executor process: found by id, handle or
     /// name in the executors' reports; the hints are the scheduler's, here.
@@ -891,7 +650,7 @@ impl AdminService {
         let hints = hints_from_request(&req, row.name.clone(), &self.state, id)?;
         self.state.executor.set_hints(id, hints.clone())?;
         tracing::info!(job = id.0, ?hints, "job hints changed");
-        Ok(self.with_scheduler_view(row))
+        Ok(Rows(&self.state).with_scheduler_view(row))
     }
 }
 
@@ -1145,10 +904,10 @@ impl Admin for AdminService {
         tracing::info!(job = id.0, ?hints, "job hints changed");
         let this = self.clone();
         let info = match eager {
-            Some(job) => this.eager_job_info(&job),
+            Some(job) => Rows(&this.state).eager(&job),
             None => {
                 let job = self.state.sessions.find(&req.job)?;
-                crate::runtime::exec::blocking(move || Ok(this.job_info(&job))).await?
+                crate::runtime::exec::blocking(move || Ok(Rows(&this.state).graph(&job))).await?
             }
         };
         Ok(Response::new(owned_by(&owner, info)))

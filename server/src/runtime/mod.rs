@@ -15,6 +15,7 @@ pub mod latency;
 pub mod memory_profile;
 pub mod python_calls;
 pub mod rendezvous;
+pub mod report;
 pub mod run_class;
 pub mod run_errors;
 pub mod run_stats;
