@@ -31,7 +31,6 @@ use crate::runtime::rendezvous::{Rendezvous, Sent};
 use crate::runtime::run_class::{
     ephemeral_after_oom, MemoryEstimate, RunClass, RunProfile, MAIN_MARKER, MEMORY_SAMPLE_RUNS,
 };
-use crate::runtime::wire;
 use crate::sched::RunEnd;
 use crate::sched::{Hints, JobId, LaneId};
 use crate::tenant::op_policy::checkpoint_path_inputs;
@@ -43,113 +42,8 @@ use crate::tf::tensor::shape_proto;
 use crate::tf::Tensor;
 use crate::tf::TfError;
 
-/// FunctionDef.node_def and NodeDef.device field numbers.
-const FUNCTION_NODE_DEF_FIELD: u64 = 3;
-const NODE_DEVICE_FIELD: u64 = 4;
-
-/// An input of an op: an earlier output of this context, or a tensor sent inline.
-#[derive(Debug, Clone)]
-pub enum OpInput {
-    Handle { op_id: i64, output: i32 },
-    Tensor(TensorProto),
-}
-
-/// One op or function call, as the client enqueued it.
-#[derive(Debug, Clone)]
-pub struct OpRequest {
-    pub id: i64,
-    pub name: String,
-    pub inputs: Vec<OpInput>,
-    /// Serialized AttrValue protos by attribute name.
-    pub attrs: Vec<(String, Bytes)>,
-    /// The device in the client's names (mapped here).
-    pub device: String,
-    pub is_function: bool,
-}
-
-impl OpRequest {
-    /// `_Send` ops hand a tensor to a `RecvTensor` pull instead of running.
-    fn send_tensor_name(&self) -> Option<String> {
-        if !matches!(self.name.as_str(), "_Send" | "_HostSend") {
-            return None;
-        }
-        let attr = self.attrs.iter().find(|(k, _)| k == "tensor_name")?;
-        match AttrValue::decode(attr.1.as_ref()).ok()?.value? {
-            attr_value::Value::S(s) => Some(String::from_utf8_lossy(&s).into_owned()),
-            _ => None,
-        }
-    }
-}
-
-/// One queue item of a request.
-#[derive(Debug, Clone)]
-pub enum Item {
-    Execute(OpRequest),
-    /// A FunctionDef and the functions it calls (serialized).
-    RegisterFunction {
-        function_def: Bytes,
-        library: Vec<Bytes>,
-    },
-    /// Tensors the client pushes; they become outputs `0..n` of `op_id`.
-    SendTensors {
-        op_id: i64,
-        tensors: Vec<TensorProto>,
-        device: String,
-    },
-    Decref {
-        op_id: i64,
-        output: i32,
-    },
-    RemoveFunction(String),
-    /// Per-step state of a component function; a sync context keeps none.
-    CleanupFunction,
-    /// Answers once everything queued before it has run.
-    Sync,
-    /// A `_Send` whose value went to its pull when the request arrived
-    /// (`send_ready_values`); answered in its place.
-    SentEarly(String),
-}
-
-impl Item {
-    /// A short description for trace logs.
-    pub fn label(&self) -> String {
-        match self {
-            Item::Execute(op) => match op.send_tensor_name() {
-                Some(name) => format!("send {name}"),
-                None => format!("execute {} #{}", op.name, op.id),
-            },
-            Item::RegisterFunction { function_def, .. } => format!(
-                "register function {}",
-                FunctionDefView::decode(function_def.as_ref())
-                    .ok()
-                    .and_then(|view| view.signature)
-                    .map(|signature| signature.name)
-                    .unwrap_or_default()
-            ),
-            Item::SendTensors { op_id, .. } => format!("push #{op_id}"),
-            Item::Decref { op_id, output } => format!("decref #{op_id}:{output}"),
-            Item::RemoveFunction(name) => format!("remove function {name}"),
-            Item::CleanupFunction => "cleanup function".into(),
-            Item::Sync => "sync".into(),
-            Item::SentEarly(name) => format!("send {name} (sent on arrival)"),
-        }
-    }
-
-    fn send_tensor_name(&self) -> Option<String> {
-        match self {
-            Item::Execute(op) => op.send_tensor_name(),
-            _ => None,
-        }
-    }
-}
-
-/// What one item produced: the shapes of its outputs and, for function calls,
-/// their devices in the client's names.
-#[derive(Debug, Default, Clone, PartialEq)]
-pub struct ItemOutput {
-    pub shapes: Vec<Vec<i64>>,
-    pub devices: Vec<String>,
-}
+pub use crate::runtime::eager_functions::{map_function, FunctionRefusal, MappedFunction};
+pub use crate::runtime::eager_items::{Item, ItemOutput, OpInput, OpRequest};
 
 /// Counters for the admin API.
 #[derive(Default)]
@@ -1674,74 +1568,4 @@ impl Worker {
             .insert(function.name, function.without_outputs);
         Ok(())
     }
-}
-
-/// A client's FunctionDef as this context hands it to TensorFlow.
-#[derive(Debug)]
-pub struct MappedFunction {
-    pub name: String,
-    /// The client's bytes with only its nodes' devices mapped to this server's names.
-    pub mapped: Vec<u8>,
-    /// The signature has no outputs (such a call's failure is reported later).
-    pub without_outputs: bool,
-    /// Its nodes' names and ops, hashed (its fingerprint as a main iteration).
-    pub shape: ShapeHash,
-}
-
-/// Why a FunctionDef was not mapped.
-#[derive(Debug)]
-pub enum FunctionRefusal {
-    /// Not a FunctionDef this server can read.
-    Malformed(Error),
-    /// The tenant's rules refuse it: remembered by name, to refuse its use.
-    Refused { name: String, error: Error },
-}
-
-/// Everything `register_function` does before TensorFlow sees the function: decode
-/// it, check it against the tenant's rules, and map its nodes' devices (the
-/// context-free part the fuzz target `eager_decode` runs).
-pub fn map_function(
-    def: &[u8],
-    devices: &DeviceNames,
-    rules: &TenantRules,
-) -> std::result::Result<MappedFunction, FunctionRefusal> {
-    let malformed = |message: String| FunctionRefusal::Malformed(Error::InvalidArgument(message));
-    let view = FunctionDefView::decode(def)
-        .map_err(|e| malformed(format!("malformed FunctionDef: {e}")))?;
-    let name = view
-        .signature
-        .as_ref()
-        .map(|s| s.name.clone())
-        .unwrap_or_default();
-    if name.is_empty() {
-        return Err(malformed("a FunctionDef without a signature name".into()));
-    }
-    if let Err(error) = rules.check_function(&name, view.node_def.iter().map(|n| n.op.as_str())) {
-        return Err(FunctionRefusal::Refused { name, error });
-    }
-    let mapped = wire::rewrite_nested_fields(
-        def,
-        FUNCTION_NODE_DEF_FIELD,
-        NODE_DEVICE_FIELD,
-        &mut |device| {
-            devices
-                .node_to_local(std::str::from_utf8(device).ok()?)
-                .map(String::into_bytes)
-        },
-    )
-    .map_err(|e| malformed(format!("malformed FunctionDef {name:?}: {e}")))?;
-    let without_outputs = view
-        .signature
-        .as_ref()
-        .is_some_and(|s| s.output_arg.is_empty());
-    let mut shape = ShapeHash::default();
-    for node in &view.node_def {
-        shape.add_node(&node.name, &node.op);
-    }
-    Ok(MappedFunction {
-        name,
-        mapped,
-        without_outputs,
-        shape,
-    })
 }

@@ -4,6 +4,8 @@
 
 pub mod admission;
 pub mod eager_devices;
+pub mod eager_functions;
+pub mod eager_items;
 pub mod eager_job;
 pub mod exec;
 pub mod executor;
