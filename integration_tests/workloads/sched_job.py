@@ -18,7 +18,7 @@ contain the target (used when --target is not given). The session is created (th
 
 CLI: python sched_job.py [--target grpc://127.0.0.1:PORT] --name NAME [--seed N] [--steps N | --seconds S]
                          [--model M | --tiny] [--force-main] [--ready-file F --go-file G] [--hold]
-                         [--digest-only] [--step-times]
+                         [--stop-file F] [--digest-only] [--step-times]
 prints one JSON line at the end:
   {"name", "model", "seed", "steps", "losses" (unless --digest-only), "digest", "go", "start", "end",
    "step_ms_median", "step_ms_p95"}
@@ -26,6 +26,8 @@ prints one JSON line at the end:
 the first step; "end": after the last step.) --step-times adds "step_ms" (each step's wall time) and
 "step_end_s" (each step's end, in seconds after "start").
 --hold: after training print {"phase": "holding", ...} and keep the session open until killed.
+--stop-file F: after the --steps steps, keep training until F exists (a job that outlasts whatever the test
+does meanwhile, on any CPU; "steps" in the output says how many it ran).
 """
 
 from __future__ import annotations
@@ -134,6 +136,7 @@ def main() -> None:
     ap.add_argument("--ready-file")
     ap.add_argument("--go-file")
     ap.add_argument("--hold", action="store_true")
+    ap.add_argument("--stop-file", help="after --steps steps, train on until this file exists")
     ap.add_argument("--digest-only", action="store_true")
     ap.add_argument("--step-times", action="store_true",
                     help="also print each step's wall time (ms) and end (s after start)")
@@ -154,7 +157,12 @@ def main() -> None:
         losses, times, ends = [], [], []
         deadline = time.monotonic() + args.seconds
         p0 = time.perf_counter()
-        while (len(losses) < args.steps) if not args.seconds else (time.monotonic() < deadline):
+        def more() -> bool:
+            if args.seconds:
+                return time.monotonic() < deadline
+            return len(losses) < args.steps or bool(args.stop_file and not os.path.exists(args.stop_file))
+
+        while more():
             t0 = time.perf_counter()
             loss, _ = sess.run([m.loss, m.train_op])
             t1 = time.perf_counter()
