@@ -19,7 +19,7 @@ use crate::frontend::admin::AdminService;
 use crate::seam::client::SeamClient;
 use crate::seam::msg;
 use crate::server::{Role, ServeError, Server};
-use crate::supervisor::executors::{env, H2_FD, HANDOVER_FD, SEAM_FD};
+use crate::seam::contract::{env, H2_FD, HANDOVER_FD, SEAM_FD};
 use crate::tenant::CheckpointRoot;
 use crate::tenant::identity::{Tenant, TenantKey};
 

@@ -7,6 +7,7 @@
 //! job ids, lanes, hints and memory needs travel as plain fields.
 
 pub mod client;
+pub mod contract;
 pub mod frame;
 pub mod handover;
 pub mod replayed;

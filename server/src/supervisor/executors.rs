@@ -13,11 +13,11 @@ use std::collections::{HashMap, VecDeque};
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hyper::client::conn::http2::SendRequest;
@@ -34,44 +34,12 @@ use crate::tenant::connections::ConnectionPermit;
 use crate::tenant::identity::{Tenant, TenantKey};
 use crate::tenant::users::Account;
 
-/// The environment an executor process reads its tenant and credentials from.
-pub mod env {
-    pub const TENANT_NAME: &str = "SALUS_EXECUTOR_TENANT";
-    /// `uid:N`, `name:NAME` or `anonymous`.
-    pub const TENANT_KEY: &str = "SALUS_EXECUTOR_TENANT_KEY";
-    /// `UID:GID:G1,G2,...:HOME` when the executor must switch users.
-    pub const RUN_AS: &str = "SALUS_EXECUTOR_RUN_AS";
-    /// Bytes of data segment (RLIMIT_DATA) the executor may use.
-    pub const MEMORY: &str = "SALUS_EXECUTOR_MEMORY";
-    /// The first job id of this executor (ids are unique across executors).
-    pub const JOB_BASE: &str = "SALUS_EXECUTOR_JOB_BASE";
-    /// The tenant's per-job checkpoint base, absolute (the executor's working
-    /// directory is its user's home, not the server's).
-    pub const CHECKPOINT_BASE: &str = "SALUS_EXECUTOR_CHECKPOINT_BASE";
-    /// `--checkpoint-root`, absolute.
-    pub const CHECKPOINT_ROOT: &str = "SALUS_EXECUTOR_CHECKPOINT_ROOT";
-    /// How this tenant's previous executor died, when it did: what the
-    /// tenant's calls naming its lost sessions and contexts are told.
-    pub const PREDECESSOR: &str = "SALUS_EXECUTOR_PREDECESSOR";
-}
-
-/// Environment variables an executor inherits (besides its own `SALUS_EXECUTOR_*`).
-const PASSED_ENV: [&str; 6] = [
-    "PATH",
-    "LANG",
-    "TZ",
-    "LD_LIBRARY_PATH",
-    "RUST_LOG",
-    "RUST_BACKTRACE",
-];
-const PASSED_ENV_PREFIXES: [&str; 11] = [
-    "SALUS_", "TF_", "LC_", "CUDA_", "NVIDIA_", "OMP_", "KMP_", "MKL_", "ONEDNN_", "DNNL_", "XLA_",
-];
-
-/// The fds an executor finds its sockets on.
-pub const H2_FD: i32 = 3;
-pub const SEAM_FD: i32 = 4;
-pub const HANDOVER_FD: i32 = 5;
+use super::checkpoint_dir::checkpoint_subdir;
+use super::checkpoint_dir::prepare_checkpoint_dir;
+use super::death::death_message;
+pub use super::death::DeathNote;
+use crate::seam::contract::{env, H2_FD, HANDOVER_FD, SEAM_FD};
+use crate::seam::contract::{PASSED_ENV, PASSED_ENV_PREFIXES};
 
 /// How executors are started.
 #[derive(Clone, Debug)]
@@ -99,36 +67,6 @@ pub struct ExecutorSpec {
     /// `--executor-log-rate`: bytes per second of each executor's output
     /// copied into the server's log; `None`: all of it.
     pub log_rate: Option<u64>,
-}
-
-/// What the supervisor knows of a finished executor.
-#[derive(Default)]
-pub struct DeathNote {
-    message: OnceLock<String>,
-    notify: tokio::sync::Notify,
-}
-
-impl DeathNote {
-    fn record(&self, message: String) {
-        if self.message.set(message).is_ok() {
-            self.notify.notify_waiters();
-        }
-    }
-
-    pub fn get(&self) -> Option<&str> {
-        self.message.get().map(String::as_str)
-    }
-
-    /// The message, waiting up to `limit` for it (a closed socket is seen a
-    /// moment before the process is reaped).
-    pub async fn wait(&self, limit: Duration) -> Option<String> {
-        let notified = self.notify.notified();
-        if let Some(m) = self.get() {
-            return Some(m.to_string());
-        }
-        let _ = tokio::time::timeout(limit, notified).await;
-        self.get().map(str::to_string)
-    }
 }
 
 /// One running executor.
@@ -298,7 +236,7 @@ fn set_send_timeout(socket: &OwnedFd, limit: Duration) -> std::io::Result<()> {
 /// What a call gets once the server is stopping and its tenant's executor is gone.
 pub const SHUTTING_DOWN: &str = "the server is shutting down";
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -752,208 +690,4 @@ impl Executors {
 /// from the start of the range, `SALUS_EXECUTOR_JOB_BASE`).
 fn job_ids(serial: u64) -> std::ops::Range<u64> {
     serial << 32..(serial + 1) << 32
-}
-
-/// Where a tenant that is no Unix user keeps its jobs' checkpoint directories,
-/// below the per-job base: the anonymous tenant (`--auth off`) the base
-/// itself, a token tenant `tenant-NAME`.
-pub fn checkpoint_subdir(tenant: &Tenant) -> PathBuf {
-    match &tenant.key {
-        TenantKey::Named(name) => PathBuf::from(format!(
-            "tenant-{}",
-            name.replace(
-                |c: char| !(c.is_ascii_alphanumeric() || "-_.".contains(c)),
-                "_"
-            )
-        )),
-        _ => PathBuf::new(),
-    }
-}
-
-/// Creates `dir` for an executor that runs as `account` and cannot create it
-/// itself (the base belongs to the server's user).
-fn prepare_checkpoint_dir(
-    dir: &std::path::Path,
-    account: &Account,
-    groups: &[u32],
-) -> Result<(), String> {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    for ancestor in dir.ancestors().skip(1) {
-        let Ok(meta) = std::fs::metadata(ancestor) else {
-            continue; // created below, by us
-        };
-        let mode = meta.mode();
-        let searchable = (meta.uid() == account.uid && mode & 0o100 != 0)
-            || (groups.contains(&meta.gid()) && mode & 0o010 != 0)
-            || mode & 0o001 != 0;
-        if !searchable {
-            // Not fatal: the tenant may never save a checkpoint; one that does
-            // gets the operating system's refusal, and the log says why.
-            tracing::warn!("{}", format!(
-                "the checkpoint directory {} cannot be reached by user {} (uid {}), whom this tenant's executor \
-                 runs as: {} is not searchable for it (chmod o+x it, or choose another --checkpoint-root)",
-                dir.display(),
-                account.name,
-                account.uid,
-                ancestor.display()
-            ));
-            break;
-        }
-    }
-    std::fs::create_dir_all(dir).map_err(|e| {
-        format!(
-            "cannot create the checkpoint directory {}: {e}",
-            dir.display()
-        )
-    })?;
-    std::os::unix::fs::chown(dir, Some(account.uid), Some(account.gid))
-        .and_then(|()| std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)))
-        .map_err(|e| {
-            format!(
-                "cannot give the checkpoint directory {} to {}: {e}",
-                dir.display(),
-                account.name
-            )
-        })
-}
-
-/// "killed by signal 11 (SIGSEGV)" and what the executor said last that
-/// explains it (TensorFlow's fatal log lines, an uncaught C++ exception).
-fn death_message(
-    tenant: &Tenant,
-    pid: u32,
-    status: std::io::Result<std::process::ExitStatus>,
-    last_lines: &Mutex<VecDeque<String>>,
-) -> String {
-    let how = match status {
-        Ok(status) => match (status.code(), status.signal()) {
-            (Some(code), _) => format!("exited with status {code}"),
-            (None, Some(signal)) => format!(
-                "was killed by signal {signal} ({}){}",
-                signal_name(signal),
-                if signal == libc::SIGKILL {
-                    ": the server's memory limit for executors (--executor-memory), the kernel's OOM killer, or an operator"
-                } else {
-                    ""
-                }
-            ),
-            _ => "ended".to_string(),
-        },
-        Err(err) => format!("could not be waited for ({err})"),
-    };
-    let last = lock(last_lines);
-    let telling: Vec<&str> = last
-        .iter()
-        .map(String::as_str)
-        .filter(|l| is_fatal_line(l))
-        .map(explained)
-        .collect();
-    let said = match telling.as_slice() {
-        [] => String::new(),
-        lines => format!(
-            "; it said: {}",
-            lines[lines.len().saturating_sub(3)..].join(" | ")
-        ),
-    };
-    format!(
-        "the executor process of tenant {tenant} (pid {pid}) {how}{said}. Its sessions and eager contexts \
-         are lost; other tenants are not affected, and this tenant's next request starts a new executor"
-    )
-}
-
-/// Rust's abort when a C++ exception unwinds into the executor's own frames
-/// (TensorFlow ran the op on the calling thread) names no exception.
-const FOREIGN_EXCEPTION: &str = "Rust cannot catch foreign exceptions";
-
-/// A fatal line as the tenant should read it.
-fn explained(line: &str) -> &str {
-    if line.contains(FOREIGN_EXCEPTION) {
-        "TensorFlow threw a C++ exception (most often std::bad_alloc: an absurd size) \
-         on the executor's own thread, which cannot catch it"
-    } else {
-        line
-    }
-}
-
-fn is_fatal_line(line: &str) -> bool {
-    let mut chars = line.chars();
-    let absl_fatal = chars.next() == Some('F') && chars.next().is_some_and(|c| c.is_ascii_digit());
-    absl_fatal
-        || line.contains("Check failed")
-        || line.contains("terminate called")
-        || line.contains("what():")
-        || line.contains("panicked")
-        || line.contains("Fatal")
-        || line.contains("double free")
-        || line.contains("corrupted")
-        || line.contains("memory allocation")
-        || line.starts_with("salus-server")
-        || line.starts_with("fatal runtime error")
-}
-
-fn signal_name(signal: i32) -> &'static str {
-    match signal {
-        libc::SIGABRT => "SIGABRT",
-        libc::SIGSEGV => "SIGSEGV",
-        libc::SIGKILL => "SIGKILL",
-        libc::SIGBUS => "SIGBUS",
-        libc::SIGFPE => "SIGFPE",
-        libc::SIGILL => "SIGILL",
-        libc::SIGTERM => "SIGTERM",
-        libc::SIGTRAP => "SIGTRAP",
-        libc::SIGSYS => "SIGSYS",
-        _ => "a signal",
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn fatal_lines_are_recognised() {
-        assert!(is_fatal_line(
-            "F0000 00:00:1796189037.291926 14062 tensor_shape.cc:1 Check failed: x"
-        ));
-        assert!(is_fatal_line(
-            "terminate called after throwing an instance of 'std::bad_alloc'"
-        ));
-        assert!(is_fatal_line("  what():  std::bad_alloc"));
-        assert!(!is_fatal_line(
-            "I0000 00:00:1 port.cc:153] oneDNN custom operations are on"
-        ));
-        assert!(!is_fatal_line("Found 3 files"));
-    }
-
-    #[test]
-    fn deaths_say_how_and_why() {
-        let tenant = Tenant::from_uid(0);
-        let lines = Mutex::new(VecDeque::from(vec![
-            "I0000 something".to_string(),
-            "F0000 00:00:1.0 1 op.cc:9] Check failed: dims >= 0".to_string(),
-        ]));
-        let status = std::process::ExitStatus::from_raw(libc::SIGABRT);
-        let message = death_message(&tenant, 42, Ok(status), &lines);
-        assert!(
-            message.contains("pid 42) was killed by signal 6 (SIGABRT)"),
-            "{message}"
-        );
-        assert!(message.contains("Check failed: dims >= 0"), "{message}");
-        assert!(!message.contains("I0000"), "{message}");
-        let killed = death_message(
-            &tenant,
-            7,
-            Ok(std::process::ExitStatus::from_raw(libc::SIGKILL)),
-            &Mutex::new(VecDeque::new()),
-        );
-        assert!(killed.contains("--executor-memory"), "{killed}");
-        let foreign = Mutex::new(VecDeque::from(vec![
-            "fatal runtime error: Rust cannot catch foreign exceptions, aborting".to_string(),
-        ]));
-        let thrown = death_message(&tenant, 9, Ok(status), &foreign);
-        assert!(
-            thrown.contains("it said: TensorFlow threw a C++ exception"),
-            "{thrown}"
-        );
-    }
 }

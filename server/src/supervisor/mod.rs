@@ -7,6 +7,8 @@
 //! relayed ([`relay`]).
 
 pub mod accept;
+mod checkpoint_dir;
+mod death;
 pub mod executor_log;
 pub mod executors;
 pub mod handed;
