@@ -8,6 +8,8 @@ Environment:
                       not answer the gRPC health service); against the real binary they always run.
   SALUS_CI_PHASES     the times of the phases before pytest ("name N s; ..."), set by scripts/test.sh: the
                       summary prints them with pytest's own, just above its last line.
+  SALUS_TEST_PYTHON   the interpreter the tests start their TensorFlow programs with (default .venv's); the
+                      GPU-wheel run (test_gpu_wheel.py) sets .venv-gpu's.
 """
 
 from __future__ import annotations
@@ -49,8 +51,10 @@ def pytest_sessionstart(session):
 
 
 def pytest_collection_modifyitems(items):
-    # The wait for scripts/test.sh's background build checks goes last, when they have had the whole suite.
-    items.sort(key=lambda item: item.nodeid.startswith("test_background_builds.py"))
+    # The runs that wait for scripts/test.sh's background builds go last, when those have had the whole suite:
+    # the GPU-wheel suites, then the build checks.
+    last = ("test_gpu_wheel.py", "test_background_builds.py")
+    items.sort(key=lambda item: next((i + 1 for i, name in enumerate(last) if item.nodeid.startswith(name)), 0))
 
 
 def pytest_runtest_logreport(report):
@@ -65,7 +69,13 @@ def pytest_terminal_summary(terminalreporter):
     phases.append(f"pytest {time.monotonic() - _SESSION_STARTED[0]:.0f} s")
     seconds = Path(os.environ.get("SALUS_CI_BACKGROUND", "/nonexistent")) / "seconds"
     if seconds.exists():
-        phases.append(f"cuda check, fuzz build and seeds (beside pytest) {seconds.read_text().strip()} s")
+        phases.append(f"fuzz build and seeds (beside pytest) {seconds.read_text().strip()} s")
+    gpu_wheel = seconds.parent / "gpu-wheel"
+    times = {name: (gpu_wheel / f"{name}-seconds").read_text().strip()
+             for name in ("venv", "build", "suites") if (gpu_wheel / f"{name}-seconds").exists()}
+    if times:
+        phases.append(f"GPU wheel: venv {times.get('venv', '?')} s (beside cargo test), server build "
+                      f"{times.get('build', '?')} s (beside pytest), suites {times.get('suites', '?')} s (in pytest)")
     slowest = sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])[:12]
     phases.append("slowest test files: " + ", ".join(f"{name} {s:.0f} s" for name, s in slowest))
     terminalreporter.write_sep("=", "phases of scripts/test.sh")
@@ -78,7 +88,11 @@ def server_bin() -> Path:
 
 
 def venv_python() -> str:
-    """The project's venv interpreter for subprocesses (falls back to the one running pytest)."""
+    """The project's venv interpreter for subprocesses (falls back to the one running pytest). SALUS_TEST_PYTHON
+    names another (scripts/test.sh's GPU-wheel run: .venv-gpu's)."""
+    chosen = os.environ.get("SALUS_TEST_PYTHON")
+    if chosen:
+        return chosen
     p = REPO / ".venv" / "bin" / "python"
     return str(p) if p.exists() else sys.executable
 

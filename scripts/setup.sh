@@ -6,11 +6,14 @@
 #   scripts/setup.sh            # venv + link config + release build
 #   SALUS_SKIP_BUILD=1 scripts/setup.sh   # venv + link config only
 #   SALUS_TF=gpu|cpu scripts/setup.sh     # this TensorFlow wheel (default: gpu where an NVIDIA driver is)
+#   SALUS_TF=gpu SALUS_VENV=.venv-gpu SALUS_VENV_ONLY=1 scripts/setup.sh
+#                               # only a venv (TensorFlow, test tools, adapter) at another path: scripts/test.sh's
+#                               # GPU-wheel run beside the default CPU one
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-venv="$root/.venv"
+venv="$root/${SALUS_VENV:-.venv}"
 python="${PYTHON:-python3}"
 
 TF_VERSION=2.21.0
@@ -74,6 +77,7 @@ if [[ ! -f "$pkg_stamp" ]] || ! "$venv/bin/python" -c 'import salus' >/dev/null 
     rm -f "$venv"/.salus-python-*
     touch "$pkg_stamp"
 fi
+[[ "${SALUS_VENV_ONLY:-}" == 1 ]] && { echo "setup: done ($venv only)"; exit 0; }
 
 # Optional: a second venv with an older stock TF client (tensorflow-cpu 2.16.2 and the adapter), for
 # integration_tests/test_tf2_old_client.py (the server must serve TF 2.16+ clients). Made with

@@ -10,7 +10,8 @@ cd "$root"
 for var in $(compgen -e | grep '^SALUS_' || true); do
     # SALUS_ISOLATION=none runs the whole suite against single-process servers (tests that need one mode say so).
     # SALUS_TF=gpu|cpu picks setup's TensorFlow wheel (SALUS_TF=gpu: the GPU wheel, also on a CPU-only machine).
-    case "$var" in SALUS_TEST_TARGET|SALUS_SERVER_BIN|SALUS_ISOLATION|SALUS_TF) ;; *) unset "$var" ;; esac
+    # SALUS_GPU_WHEEL=0 leaves out the GPU wheel's run of the server and adapter suites (see below).
+    case "$var" in SALUS_TEST_TARGET|SALUS_SERVER_BIN|SALUS_ISOLATION|SALUS_TF|SALUS_GPU_WHEEL) ;; *) unset "$var" ;; esac
 done
 
 # The TF2 suites also run a TensorFlow 2.16 client (setup makes .venv-tf2.16 for it).
@@ -28,6 +29,47 @@ phase_done() {
 
 scripts/setup.sh
 phase_done setup
+
+# Checks that only need to build run beside the tests, niced so that the tests come first; their
+# logs, exit codes and times go in $background, which the suite's last tests read.
+background="$(mktemp -d "${TMPDIR:-/tmp}/salus-ci-background.XXXXXX")"
+export SALUS_CI_BACKGROUND="$background"
+
+# A GPU node's build, tested on every change (issue 39): the GPU wheel (tensorflow[and-cuda], which runs
+# on the CPU where there is no GPU) in a venv of its own, the server built with the `cuda` feature and its
+# rpath on that wheel's TensorFlow (target/gpu-wheel/), and the suites that drive the server and the
+# adapter run against both (integration_tests/test_gpu_wheel.py, near the end). The venv is made
+# beside `cargo test` (mostly download), the build beside pytest. Skipped where the main run already
+# uses the GPU wheel (SALUS_TF=gpu) or with SALUS_GPU_WHEEL=0.
+if [[ "$(cat .venv/.salus-tf-flavor 2>/dev/null)" != gpu && "${SALUS_GPU_WHEEL:-1}" != 0 ]]; then
+    mkdir "$background/gpu-wheel"
+    (
+        renice -n 19 -p "$BASHPID" > /dev/null 2>&1 || true
+        set +e
+        out="$background/gpu-wheel"
+        (
+            set -eo pipefail
+            started=$SECONDS
+            SALUS_TF=gpu SALUS_VENV=.venv-gpu SALUS_VENV_ONLY=1 scripts/setup.sh
+            echo "$((SECONDS - started))" > "$out/venv-seconds"
+            # The build waits for `cargo test`'s (the CPU is the tests' first); gone with test.sh if that fails.
+            while [[ ! -e "$background/cargo-test-done" ]]; do
+                kill -0 "$$" 2> /dev/null || exit 1
+                sleep 1
+            done
+            started=$SECONDS
+            # SALUS_TF_LIB_DIR overrides .cargo/config.toml's (the CPU venv's): the rpath, and the headers
+            # allocator_stats.cc is compiled against, are the GPU wheel's. (The link step resolves the same
+            # two libraries, same release, in the CPU wheel; at run time the rpath's are loaded.)
+            SALUS_TF_LIB_DIR="$(.venv-gpu/bin/python -c 'import importlib.util, os; print(os.path.dirname(importlib.util.find_spec("tensorflow").origin))')" \
+                cargo build --release --locked -p salus-server --bin salus-server --features cuda \
+                --target-dir target/gpu-wheel
+            echo "$((SECONDS - started))" > "$out/build-seconds"
+        ) < /dev/null > "$out/log" 2>&1
+        echo "$?" > "$out/rc.tmp"
+        mv "$out/rc.tmp" "$out/rc"
+    ) &
+fi
 # Release profile: shares the dependency build with the server binary. Builds the binaries the
 # end-to-end suites run too, the C-API shim's second real client among them
 # (tf_adapter/rust_client, for integration_tests/test_c_api_shim.py).
@@ -35,20 +77,20 @@ phase_done setup
 features=()
 [[ "$(cat .venv/.salus-tf-flavor 2>/dev/null)" == gpu ]] && features=(--features salus-server/cuda)
 cargo test --release --locked --workspace "${features[@]}" 2>&1
+touch "$background/cargo-test-done"
 phase_done "cargo test (build included)"
 
-# Checks that only need to build run beside pytest, niced so that its servers come first;
-# integration_tests/test_background_builds.py, the suite's last test, waits for them and
-# fails with their output if one failed.
-background="$(mktemp -d "${TMPDIR:-/tmp}/salus-ci-background.XXXXXX")"
+# integration_tests/test_background_builds.py, the suite's last test, waits for these and fails
+# with their output if one failed.
 (
     renice -n 19 -p "$BASHPID" > /dev/null 2>&1 || true
     started=$SECONDS
     set +e
     (
         set -eo pipefail
-        # GPU code stays optional: it must build without CUDA installed.
-        cargo check --release --locked --features cuda -p salus-server
+        # GPU code stays optional: it must build without CUDA installed (the GPU-wheel build above
+        # builds it where it runs).
+        [[ -d "$background/gpu-wheel" ]] || cargo check --release --locked --features cuda -p salus-server
         # The fuzz targets (fuzz/, their own workspace) must keep building. Built plainly, without
         # cargo-fuzz or nightly flags (libFuzzer linked, nothing instrumented), into target/ so the
         # dependencies built above are reused; fuzz/README.md says how to run them.
@@ -62,7 +104,6 @@ background="$(mktemp -d "${TMPDIR:-/tmp}/salus-ci-background.XXXXXX")"
     echo "$((SECONDS - started))" > "$background/seconds"
     mv "$background/rc.tmp" "$background/rc"
 ) < /dev/null &
-export SALUS_CI_BACKGROUND="$background"
 export SALUS_SERVER_BIN="$root/target/release/salus-server"
 export SALUS_CI_PHASES="$phases"
 exec .venv/bin/python -m pytest integration_tests -q -p no:cacheprovider "$@"
