@@ -12,6 +12,7 @@ pub mod executor;
 pub mod graph_delta;
 pub mod graph_job;
 pub mod job_history;
+pub mod job_open;
 pub mod jobs;
 pub mod latency;
 pub mod memory_profile;

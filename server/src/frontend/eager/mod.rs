@@ -32,7 +32,7 @@ use crate::runtime::rendezvous::UNANNOUNCED_GRACE;
 use crate::runtime::session_config::session_config;
 use crate::runtime::state::ServerState;
 use crate::runtime::timeline::JobKind;
-use crate::sched::{Hints, LaneId, RunEnd};
+use crate::sched::{Hints, RunEnd};
 use crate::tenant::identity::Tenant;
 use crate::tf::DeviceInfo;
 
@@ -109,38 +109,24 @@ impl EagerService for Eager {
             self.state.session_defaults,
         )?;
         let hints = Hints::parse(&metadata_name).map_err(Error::from)?;
-        if self.state.open_jobs() >= self.state.max_sessions {
-            return Err(Error::ResourceExhausted(format!(
-                "the server already holds its maximum of {} sessions and eager contexts (--max-sessions)",
-                self.state.max_sessions
-            ))
-            .into());
-        }
         let other_jobs = server_def
             .cluster
             .as_ref()
             .map(|c| c.job.iter().map(|j| j.name.clone()).collect())
             .unwrap_or_default();
-        // GPU lanes: the job's GPU ops run on the virtual GPU of the roomiest lane.
-        let gpu_lane = self
+        let opening = self
             .state
-            .admission
-            .as_ref()
-            .and_then(|a| a.lane_for_new_graph());
+            .begin_job(JobKind::Eager, tenant.as_ref(), &hints.name)
+            .await?;
+        let id = opening.id();
+        // GPU lanes: the job's GPU ops run on the virtual GPU of the roomiest lane.
         let devices = DeviceNames::new(
             &server_def.job_name,
             server_def.replica,
             server_def.task_index,
             other_jobs,
         )
-        .with_gpu_lane(gpu_lane.map(|l| l.0));
-        let (id, _) = self.state.sessions.next_job();
-        // First its owner (refused beyond the tenant's max-jobs before
-        // anything is built), whose share it joins the scheduler in.
-        self.state
-            .executor
-            .open_job(id, &hints.name, JobKind::Eager, Some(tenant.as_ref()))
-            .await?;
+        .with_gpu_lane(opening.gpu_lane.map(|l| l.0));
         let spec = EagerJobSpec {
             id,
             context_id: req.context_id,
@@ -159,39 +145,33 @@ impl EagerService for Eager {
                 runtime: tokio::runtime::Handle::current(),
                 cheap_below: self.state.settings.cheap_below,
                 measure_memory: self.state.settings.measure_memory,
-                gpu_lane,
+                gpu_lane: opening.gpu_lane,
                 draining: self.state.draining.clone(),
             },
         };
-        let job = match exec::blocking(move || EagerJob::create(spec)).await {
-            Ok(job) => Arc::new(job),
-            Err(err) => {
-                self.state.executor.remove_job(id);
-                return Err(err.into());
-            }
-        };
+        let job = Arc::new(exec::blocking(move || EagerJob::create(spec)).await?);
         if let Err(err) = self.state.contexts.insert(
             tenant.clone(),
             job.clone(),
             self.state.sessions.len(),
             self.state.max_sessions,
         ) {
+            // The last reference: its TensorFlow context ends off the async runtime.
             let _ = exec::blocking(move || {
                 drop(job);
                 Ok(())
             })
             .await;
-            self.state.executor.remove_job(id);
             return Err(err.into());
         }
-        // With memory lanes, jobs join the scheduler when they are admitted.
-        if self.state.admission.is_none() {
-            if let Err(err) = self.state.executor.add_job(id, LaneId(0), hints.clone()) {
-                self.state
-                    .close_context(job, "it could not join the scheduler", RunEnd::Cancelled)
-                    .await;
-                return Err(err.into());
-            }
+        let joined = opening.join_scheduler(hints.clone());
+        // From here the context's close ends the job.
+        opening.keep();
+        if let Err(err) = joined {
+            self.state
+                .close_context(job, "it could not join the scheduler", RunEnd::Cancelled)
+                .await;
+            return Err(err.into());
         }
         tracing::info!(
             context = req.context_id,

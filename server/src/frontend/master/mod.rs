@@ -12,13 +12,12 @@ use tonic::{Request, Response, Status};
 
 use crate::error::{Error, Result};
 use crate::frontend::identify::tenant_of;
-use crate::runtime::admission::Admission;
 use crate::runtime::exec;
 use crate::runtime::graph_job::{Job, RunClass, RunKey};
 use crate::runtime::session_config::session_config;
 use crate::runtime::state::ServerState;
 use crate::runtime::timeline::JobKind;
-use crate::sched::{Hints, LaneId};
+use crate::sched::Hints;
 use crate::tf::Tensor;
 
 pub struct Master {
@@ -197,30 +196,17 @@ impl MasterService for Master {
         let req = request.into_inner();
         let (config, metadata_name) = session_config(&req.config, self.state.session_defaults)?;
         let hints = Hints::parse(&metadata_name).map_err(Error::from)?;
-        if self.state.open_jobs() >= self.state.max_sessions {
-            return Err(Error::ResourceExhausted(format!(
-                "the server already holds its maximum of {} sessions (--max-sessions); close sessions you no longer use",
-                self.state.max_sessions
-            ))
-            .into());
-        }
-        let (id, handle) = self.state.sessions.next_job();
-        // First its owner, whose share it joins the scheduler in (refused
-        // beyond the tenant's max-jobs before anything is built).
-        self.state
-            .executor
-            .open_job(id, &hints.name, JobKind::Graph, Some(tenant.as_ref()))
-            .await?;
-        let gpu_lane = self
+        let opening = self
             .state
-            .admission
-            .as_ref()
-            .and_then(Admission::lane_for_new_graph);
-        let created = {
+            .begin_job(JobKind::Graph, tenant.as_ref(), &hints.name)
+            .await?;
+        let (id, handle) = (opening.id(), opening.handle.clone());
+        let job = {
             let handle = handle.clone();
             let hints = hints.clone();
             let settings = self.state.settings;
             let rules = self.state.rules_for(&tenant);
+            let gpu_lane = opening.gpu_lane;
             exec::blocking(move || {
                 Job::create(
                     id,
@@ -233,32 +219,28 @@ impl MasterService for Master {
                     rules,
                 )
             })
-            .await
+            .await?
         };
-        let job = match created {
-            Ok(job) => job,
-            Err(err) => {
-                self.state.executor.remove_job(id);
-                return Err(err.into());
-            }
-        };
-        // With memory lanes, the job joins the scheduler when it is admitted.
-        if self.state.admission.is_none() {
-            if let Err(err) = self.state.executor.add_job(id, LaneId(0), hints.clone()) {
-                self.state.executor.remove_job(id);
-                return Err(err.into());
-            }
-        }
-        if let Err(err) = self.state.sessions.insert(
-            tenant.clone(),
-            Arc::new(job),
-            self.state
-                .max_sessions
-                .saturating_sub(self.state.contexts.len()),
-        ) {
-            self.state.executor.remove_job(id);
+        let job = Arc::new(job);
+        let joined = opening.join_scheduler(hints.clone()).and_then(|()| {
+            self.state.sessions.insert(
+                tenant.clone(),
+                job.clone(),
+                self.state
+                    .max_sessions
+                    .saturating_sub(self.state.contexts.len()),
+            )
+        });
+        if let Err(err) = joined {
+            // The last reference: its TensorFlow session closes off the async runtime.
+            let _ = exec::blocking(move || {
+                drop(job);
+                Ok(())
+            })
+            .await;
             return Err(err.into());
         }
+        opening.keep();
         tracing::info!(session = %handle, job = id.0, name = %hints.name, tenant = %tenant, ?hints, "session created");
         Ok(Response::new(CreateSessionResponse {
             session_handle: handle,

@@ -1,0 +1,146 @@
+//! Opening a job: the one sequence TF1 sessions (`CreateSession`) and TF2
+//! eager contexts (`CreateContext`) share.
+//!
+//! [`ServerState::begin_job`] checks the server's `--max-sessions`, takes a job
+//! id and opens the job for its owner (refused beyond the tenant's max-jobs
+//! before anything is built; in an executor process the supervisor decides),
+//! and picks the GPU lane a new graph goes to. The front end then builds its
+//! job and puts it in its table, and [`JobOpening::join_scheduler`] adds it to
+//! the scheduler (with memory lanes it joins at its admission instead). Until
+//! [`JobOpening::keep`], dropping the opening takes the job back out of the
+//! scheduler, so no failure on the way leaves a half-open job behind.
+
+use crate::error::{Error, Result};
+use crate::runtime::executor::Executor;
+use crate::runtime::state::ServerState;
+use crate::runtime::timeline::JobKind;
+use crate::sched::{Hints, JobId, LaneId};
+use crate::tenant::identity::Tenant;
+
+/// A job between its id and its first turn; see the module's text.
+#[must_use = "dropping a JobOpening takes its job back out of the scheduler"]
+pub struct JobOpening {
+    executor: Executor,
+    id: JobId,
+    /// The session handle of a graph job (eager jobs are known by their
+    /// context id instead).
+    pub handle: String,
+    /// The GPU lane (virtual GPU) the job's graph goes to, with `--gpu-lanes`.
+    pub gpu_lane: Option<LaneId>,
+    /// Whether it joins the scheduler now (no memory lanes) or at admission.
+    joins_now: bool,
+    armed: bool,
+}
+
+impl ServerState {
+    /// The first steps of opening a job of `kind` named `name` for `owner`.
+    pub async fn begin_job(&self, kind: JobKind, owner: &Tenant, name: &str) -> Result<JobOpening> {
+        if self.open_jobs() >= self.max_sessions {
+            return Err(Error::ResourceExhausted(format!(
+                "the server already holds its maximum of {} sessions and eager contexts (--max-sessions); \
+                 close those you no longer use",
+                self.max_sessions
+            )));
+        }
+        let (id, handle) = self.sessions.next_job();
+        self.executor.open_job(id, name, kind, Some(owner)).await?;
+        // From here on a failure must take the job back out: the guard does.
+        Ok(JobOpening {
+            executor: self.executor.clone(),
+            id,
+            handle,
+            gpu_lane: self.admission.as_ref().and_then(|a| a.lane_for_new_graph()),
+            joins_now: self.admission.is_none(),
+            armed: true,
+        })
+    }
+}
+
+impl JobOpening {
+    pub fn id(&self) -> JobId {
+        self.id
+    }
+
+    /// Adds the job to the scheduler on lane 0, unless memory lanes add it
+    /// when they admit it.
+    pub fn join_scheduler(&self, hints: Hints) -> Result<()> {
+        if self.joins_now {
+            self.executor.add_job(self.id, LaneId(0), hints)?;
+        }
+        Ok(())
+    }
+
+    /// The job is open: from now on its table entry's close ends it.
+    pub fn keep(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for JobOpening {
+    fn drop(&mut self) {
+        if self.armed {
+            self.executor.remove_job(self.id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::runtime::graph_job::JobSettings;
+    use crate::sched::{policy, SchedConfig};
+
+    /// A server state without TensorFlow devices: enough to open jobs in the scheduler.
+    fn state(max_sessions: usize) -> Arc<ServerState> {
+        let executor = Executor::new(policy::by_name("fair").unwrap(), SchedConfig::default());
+        let settings = JobSettings {
+            max_tensor_bytes: 1 << 20,
+            inline_below: Duration::ZERO,
+            cheap_below: Duration::ZERO,
+            measure_memory: false,
+        };
+        Arc::new(ServerState::new(
+            executor,
+            None,
+            settings,
+            Default::default(),
+            Default::default(),
+            max_sessions,
+            Vec::new(),
+            "2.21.0".into(),
+        ))
+    }
+
+    #[tokio::test]
+    async fn an_opening_dropped_on_the_way_takes_its_job_back_out() {
+        let state = state(8);
+        let owner = Tenant::from_uid(0);
+        let opening = state.begin_job(JobKind::Graph, &owner, "a").await.unwrap();
+        let id = opening.id();
+        opening.join_scheduler(Hints::default()).unwrap();
+        assert!(state.executor.job_status(id).is_some());
+        drop(opening); // as a failed insert or build returns early
+        assert!(state.executor.job_status(id).is_none());
+
+        let kept = state.begin_job(JobKind::Eager, &owner, "b").await.unwrap();
+        let id = kept.id();
+        kept.join_scheduler(Hints::default()).unwrap();
+        kept.keep();
+        assert!(state.executor.job_status(id).is_some());
+        state.executor.remove_job(id);
+    }
+
+    #[tokio::test]
+    async fn beyond_max_sessions_nothing_is_opened() {
+        let state = state(0);
+        let err = state
+            .begin_job(JobKind::Graph, &Tenant::from_uid(0), "a")
+            .await
+            .err()
+            .expect("refused");
+        assert!(err.to_string().contains("--max-sessions"), "{err}");
+    }
+}
