@@ -23,7 +23,7 @@ use crate::error::{Error, Result};
 use crate::heap_meter;
 use crate::runtime::admission::{Admission, LaneReservation};
 use crate::runtime::eager_devices::DeviceNames;
-use crate::runtime::executor::Executor;
+use crate::runtime::executor::{Executor, MainTurn};
 use crate::runtime::graph_delta::{variable_bytes, VariableBytes};
 use crate::runtime::job_history::{HistoryFacts, ShapeHash};
 use crate::runtime::memory_profile::{self, MeasuredMemory, MemoryMeter, Sample};
@@ -712,10 +712,6 @@ impl Shared {
 
 /// The job's turn on its lane, from the scheduler; dropping it ends the
 /// iteration (the lane's thread, which waits for that, accounts it).
-struct Turn {
-    _done: mpsc::SyncSender<()>,
-}
-
 /// Context threads whose TFE context is live.
 static CONTEXT_THREADS: AtomicUsize = AtomicUsize::new(0);
 
@@ -1401,32 +1397,11 @@ impl Worker {
         Ok(())
     }
 
-    /// Queues a main iteration with the scheduler and waits until it is this
-    /// job's turn. The lane's thread holds the turn until the returned guard
-    /// drops, so the scheduler accounts the call's time to the job; TensorFlow
-    /// itself runs here, on the job's thread.
-    fn wait_for_turn(&self) -> Result<Turn> {
-        let (go_tx, go_rx) = mpsc::sync_channel::<()>(1);
-        let (done_tx, done_rx) = mpsc::sync_channel::<()>(1);
-        let executor = self.shared.sched.executor.clone();
-        let id = self.shared.id;
-        let iteration = self.shared.sched.runtime.spawn(async move {
-            executor
-                .run_main(id, None, move || {
-                    let _ = go_tx.send(());
-                    // Until the call ran (or the job's thread dropped the turn).
-                    let _ = done_rx.recv();
-                    Ok(())
-                })
-                .await
-        });
-        match go_rx.recv() {
-            Ok(()) => Ok(Turn { _done: done_tx }),
-            Err(_) => Err(match self.shared.sched.runtime.block_on(iteration) {
-                Ok(Err(err)) => err,
-                _ => Error::IterationDropped("the iteration was dropped before it ran".into()),
-            }),
-        }
+    /// Queues a main iteration with the scheduler and waits, on this job's
+    /// thread, until it is this job's turn; the call runs here while the
+    /// returned turn is held (see [`Executor::wait_turn`]).
+    fn wait_for_turn(&self) -> Result<MainTurn> {
+        self.shared.sched.executor.wait_turn(self.shared.id, None)
     }
 
     /// What the sampled call just run took at its peak (its outputs

@@ -367,6 +367,55 @@ impl Executor {
             std::mem::forget(cancel);
             return result;
         }
+        let rx = self.submit_local(job, deadline, f)?;
+        match rx.await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_panic)) => Err(Error::Internal("the iteration panicked".into())),
+            Err(_) => Err(dropped_before_it_ran()),
+        }
+    }
+
+    /// Waits on the calling thread (blocking: call it off the async runtime)
+    /// until the scheduler gives `job` a main iteration; the caller runs the
+    /// iteration itself while it holds the returned turn, and dropping the turn
+    /// ends it. The way an eager job's thread takes its turns: locally a lane
+    /// thread holds the lane meanwhile (so the iteration's time is the job's),
+    /// in an executor process the supervisor's go-ahead comes over the seam.
+    pub fn wait_turn(&self, job: JobId, deadline: Option<Instant>) -> Result<MainTurn> {
+        if let Some(seam) = &self.remote {
+            let wanted = seam.want(job, deadline)?;
+            return seam.take_turn(wanted).map(MainTurn::Remote);
+        }
+        let (go_tx, go_rx) = std::sync::mpsc::sync_channel::<()>(1);
+        let (done_tx, done_rx) = std::sync::mpsc::sync_channel::<()>(1);
+        let rx = self.submit_local(job, deadline, move || {
+            let _ = go_tx.send(());
+            // Until the caller's iteration ended (its turn dropped).
+            let _ = done_rx.recv();
+            Ok(())
+        })?;
+        match go_rx.recv() {
+            Ok(()) => Ok(MainTurn::Local { _done: done_tx }),
+            // Dropped before it ran: the reason, if the lane thread gave one.
+            Err(_) => Err(match rx.blocking_recv() {
+                Ok(Ok(Err(err))) => err,
+                _ => dropped_before_it_ran(),
+            }),
+        }
+    }
+
+    /// Queues `f` as a main iteration of `job` with the local scheduler core;
+    /// its result comes on the returned channel.
+    fn submit_local<T, F>(
+        &self,
+        job: JobId,
+        deadline: Option<Instant>,
+        f: F,
+    ) -> Result<oneshot::Receiver<std::thread::Result<Result<T>>>>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> Result<T> + Send + 'static,
+    {
         let (tx, rx) = oneshot::channel();
         let work = Work {
             deadline,
@@ -389,14 +438,7 @@ impl Executor {
                 })?;
         }
         self.shared.wake.notify_all();
-        match rx.await {
-            Ok(Ok(result)) => result,
-            Ok(Err(_panic)) => Err(Error::Internal("the iteration panicked".into())),
-            Err(_) => Err(Error::IterationDropped(
-                "the iteration was dropped before it ran: its session closed, its deadline passed, or the server is stopping"
-                    .into(),
-            )),
-        }
+        Ok(rx)
     }
 
     /// Queues a main iteration of `job` that another process runs (see
@@ -782,6 +824,21 @@ impl Executor {
         self.shared.lock().stopping = true;
         self.shared.wake.notify_all();
     }
+}
+
+/// A main iteration taken with [`Executor::wait_turn`], in progress until dropped.
+pub enum MainTurn {
+    /// A lane thread holds the lane until this sender drops.
+    Local { _done: std::sync::mpsc::SyncSender<()> },
+    /// The supervisor's go-ahead; dropping it reports the iteration done.
+    Remote(crate::seam::client::Turn),
+}
+
+fn dropped_before_it_ran() -> Error {
+    Error::IterationDropped(
+        "the iteration was dropped before it ran: its session closed, its deadline passed, or the server is stopping"
+            .into(),
+    )
 }
 
 /// Gives up a wanted remote iteration when dropped (see `Executor::run_main`).
