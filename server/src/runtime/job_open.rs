@@ -86,37 +86,11 @@ impl Drop for JobOpening {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-    use std::time::Duration;
-
     use super::*;
-    use crate::runtime::graph_job::JobSettings;
-    use crate::sched::{policy, SchedConfig};
-
-    /// A server state without TensorFlow devices: enough to open jobs in the scheduler.
-    fn state(max_sessions: usize) -> Arc<ServerState> {
-        let executor = Executor::new(policy::by_name("fair").unwrap(), SchedConfig::default());
-        let settings = JobSettings {
-            max_tensor_bytes: 1 << 20,
-            inline_below: Duration::ZERO,
-            cheap_below: Duration::ZERO,
-            measure_memory: false,
-        };
-        Arc::new(ServerState::new(
-            executor,
-            None,
-            settings,
-            Default::default(),
-            Default::default(),
-            max_sessions,
-            Vec::new(),
-            "2.21.0".into(),
-        ))
-    }
 
     #[tokio::test]
     async fn an_opening_dropped_on_the_way_takes_its_job_back_out() {
-        let state = state(8);
+        let state = ServerState::for_tests(8);
         let owner = Tenant::from_uid(0);
         let opening = state.begin_job(JobKind::Graph, &owner, "a").await.unwrap();
         let id = opening.id();
@@ -135,7 +109,7 @@ mod tests {
 
     #[tokio::test]
     async fn beyond_max_sessions_nothing_is_opened() {
-        let state = state(0);
+        let state = ServerState::for_tests(0);
         let err = state
             .begin_job(JobKind::Graph, &Tenant::from_uid(0), "a")
             .await

@@ -81,6 +81,30 @@ impl ServerState {
         }
     }
 
+    /// A server state with no jobs and no TensorFlow devices, scheduling
+    /// with `fair` in this process (unit tests).
+    #[cfg(test)]
+    pub fn for_tests(max_sessions: usize) -> Arc<ServerState> {
+        use crate::sched::{policy, SchedConfig};
+        let executor = Executor::new(policy::by_name("fair").unwrap(), SchedConfig::default());
+        let settings = JobSettings {
+            max_tensor_bytes: 1 << 20,
+            inline_below: std::time::Duration::ZERO,
+            cheap_below: std::time::Duration::ZERO,
+            measure_memory: false,
+        };
+        Arc::new(ServerState::new(
+            executor,
+            None,
+            settings,
+            Default::default(),
+            Default::default(),
+            max_sessions,
+            Vec::new(),
+            "2.21.0".into(),
+        ))
+    }
+
     /// The rules `tenant`'s jobs are held to here: unconfined when its
     /// computation runs with its own permissions (its Unix user is this
     /// process's effective user), else the deny list and checkpoint confinement.

@@ -135,31 +135,7 @@ async fn scrape(admin: AdminService) -> crate::error::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::executor::Executor;
-    use crate::runtime::graph_job::JobSettings;
-    use crate::sched::{policy, SchedConfig};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-    /// A server state with no jobs and no TensorFlow devices: enough for a scrape.
-    fn state() -> Arc<ServerState> {
-        let executor = Executor::new(policy::by_name("fair").unwrap(), SchedConfig::default());
-        let settings = JobSettings {
-            max_tensor_bytes: 1 << 20,
-            inline_below: Duration::ZERO,
-            cheap_below: Duration::ZERO,
-            measure_memory: false,
-        };
-        Arc::new(ServerState::new(
-            executor,
-            None,
-            settings,
-            Default::default(),
-            Default::default(),
-            8,
-            Vec::new(),
-            "2.21.0".into(),
-        ))
-    }
 
     /// Sends `request` raw and returns the whole response (the server closes after it).
     async fn exchange(addr: std::net::SocketAddr, request: &[u8]) -> String {
@@ -177,7 +153,7 @@ mod tests {
     async fn serves_metrics_and_refuses_everything_else() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let server = tokio::spawn(serve(listener, AdminService::new(state())));
+        let server = tokio::spawn(serve(listener, AdminService::new(ServerState::for_tests(8))));
 
         let ok = exchange(
             addr,
