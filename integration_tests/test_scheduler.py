@@ -35,14 +35,15 @@ pytestmark = pytest.mark.skipif(
 JOB_SCRIPT = WORKLOADS / "sched_job.py"
 POLICIES = ("fifo", "srtf", "pack", "fair", "rr", "priority", "las")
 # Submission order long, medium, short; steps of the same cost (~5-8 ms each on a 2-core machine).
-TRIO = {"long": dict(seed=1, steps=900), "medium": dict(seed=2, steps=300), "short": dict(seed=3, steps=60)}
+TRIO = {"long": dict(seed=1, steps=600), "medium": dict(seed=2, steps=300), "short": dict(seed=3, steps=60)}
 # The trio's jobs arrive by progress, not by the clock, so the orders below hold whatever a step takes on this
 # CPU: each next job is released once the server has run this many more iterations. When the medium job arrives
-# the long one has 800 steps left, far more than the medium's 300: under srtf the long job would have to run 500
-# steps alone while the medium one opens its session for the order to flip (with 600 steps it did, once, on a
-# loaded machine: a client slower than the anticipation window lets the long job's steps interleave). When the
-# short one arrives, the medium one (under srtf) has about 200 left, more than the short's 60; under fifo the
-# long job is still far from done.
+# the long one has 500 steps left (more than the medium's 300); when the short one arrives, the medium one (under
+# srtf) has about 200 left, more than the short's 60; under fifo the long job is still far from done.
+# Under srtf the long job runs SRTF_LONG_STEPS instead: 800 left when the medium job arrives, so the long job would
+# have to run 500 steps alone while the medium one opens its session for the order to flip (with 600 it did,
+# once, on a loaded machine: a client slower than the anticipation window lets the long job's steps interleave).
+SRTF_LONG_STEPS = 900
 ARRIVAL_ITERATIONS = 100
 ADMIN_JOBS = {"alpha": dict(seed=1, steps=400, hints="priority=3&iterations=400"),
               "beta": dict(seed=2, steps=400, hints="iterations=400&seconds=5")}
@@ -65,9 +66,16 @@ def references():
     from workloads import sched_job
 
     steps: dict[int, int] = {}
-    for cfg in [*TRIO.values(), *ADMIN_JOBS.values()]:
+    for cfg in [*trio_for("srtf").values(), *TRIO.values(), *ADMIN_JOBS.values()]:
         steps[cfg["seed"]] = max(steps.get(cfg["seed"], 0), cfg["steps"])
     return {seed: sched_job.reference(seed, n) for seed, n in steps.items()}
+
+
+def trio_for(policy: str) -> dict:
+    """The trio as `policy` runs it (srtf's long job is longer, see SRTF_LONG_STEPS)."""
+    if policy == "srtf":
+        return {**TRIO, "long": dict(TRIO["long"], steps=SRTF_LONG_STEPS)}
+    return TRIO
 
 
 def switch_latency(stats: dict) -> dict:
@@ -136,7 +144,8 @@ def test_three_jobs_finish_in_policy_order(policy, tenants, references, tmp_path
     executor processes and the one scheduler in the supervisor orders them. Between tenants the server shares
     device time first (--share tenants): fair between the three, short first. fifo between tenants needs
     --share jobs (under --share tenants fifo orders one tenant's own jobs), which the fifo case sets."""
-    flags, envs = token_tenants(tmp_path, TRIO) if tenants == "three" else ((), {})
+    trio = trio_for(policy)
+    flags, envs = token_tenants(tmp_path, trio) if tenants == "three" else ((), {})
     if tenants == "three":
         flags += ("--isolation", "tenant")
         if policy == "fifo":
@@ -144,11 +153,11 @@ def test_three_jobs_finish_in_policy_order(policy, tenants, references, tmp_path
     server = SalusProcess(tmp_path / "salus-server.stderr.log", extra_args=("--policy", policy, *flags))
     try:
         with Jobs(tmp_path) as jobs:
-            for key, cfg in TRIO.items():
+            for key, cfg in trio.items():
                 hints = f"?iterations={cfg['steps']}" if policy == "srtf" else ""
                 jobs.start(key, seed=cfg["seed"], steps=cfg["steps"], name=key + hints, env=envs.get(key))
             jobs.wait_ready()
-            for i, key in enumerate(TRIO):  # long, medium, short, each after ARRIVAL_ITERATIONS more iterations
+            for i, key in enumerate(trio):  # long, medium, short, each after ARRIVAL_ITERATIONS more iterations
                 if i:
                     target = i * ARRIVAL_ITERATIONS
                     assert wait_until(lambda: total_iterations(server.address) >= target, timeout=120,
@@ -177,7 +186,7 @@ def test_three_jobs_finish_in_policy_order(policy, tenants, references, tmp_path
     else:
         assert order[0] == "short", f"{policy} finished {order}, short first expected: {when}"
     assert stats["policy"] == policy
-    check_losses(results, TRIO, references)
+    check_losses(results, trio, references)
 
 
 # --- run-time policy switch ------------------------------------------------------------------------------
