@@ -29,6 +29,8 @@ phase_done() {
 
 scripts/setup.sh
 phase_done setup
+# The wheel setup installed in .venv (scripts/setup.sh writes it): cpu or gpu.
+tf_flavor="$(cat .venv/.salus-tf-flavor 2>/dev/null || true)"
 
 # Checks that only need to build run beside the tests, niced so that the tests come first; their
 # logs, exit codes and times go in $background, which the suite's last tests read.
@@ -41,7 +43,7 @@ export SALUS_CI_BACKGROUND="$background"
 # adapter run against both (integration_tests/test_gpu_wheel.py, near the end). The venv is made
 # beside `cargo test` (mostly download), the build beside pytest. Skipped where the main run already
 # uses the GPU wheel (SALUS_TF=gpu) or with SALUS_GPU_WHEEL=0.
-if [[ "$(cat .venv/.salus-tf-flavor 2>/dev/null)" != gpu && "${SALUS_GPU_WHEEL:-1}" != 0 ]]; then
+if [[ "$tf_flavor" != gpu && "${SALUS_GPU_WHEEL:-1}" != 0 ]]; then
     mkdir "$background/gpu-wheel"
     (
         renice -n 19 -p "$BASHPID" > /dev/null 2>&1 || true
@@ -75,7 +77,7 @@ fi
 # (tf_adapter/rust_client, for integration_tests/test_c_api_shim.py).
 # The same features as setup's build (the GPU wheel's adds `cuda`), so its dependencies are reused.
 features=()
-[[ "$(cat .venv/.salus-tf-flavor 2>/dev/null)" == gpu ]] && features=(--features salus-server/cuda)
+[[ "$tf_flavor" == gpu ]] && features=(--features salus-server/cuda)
 cargo test --release --locked --workspace "${features[@]}" 2>&1
 touch "$background/cargo-test-done"
 phase_done "cargo test (build included)"

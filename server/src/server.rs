@@ -447,11 +447,7 @@ async fn reap_idle_sessions(state: Arc<ServerState>, timeout: std::time::Duratio
                 state.count_reclaimed(false);
                 // Its client left without closing it: not a run to learn from.
                 state.executor.end_job(job.id, RunEnd::Failed);
-                let _ = exec::blocking(move || {
-                    drop(job);
-                    Ok(())
-                })
-                .await;
+                let _ = exec::drop_off_runtime(job).await;
             }
         }
     }

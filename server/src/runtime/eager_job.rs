@@ -710,8 +710,6 @@ impl Shared {
     }
 }
 
-/// The job's turn on its lane, from the scheduler; dropping it ends the
-/// iteration (the lane's thread, which waits for that, accounts it).
 /// Context threads whose TFE context is live.
 static CONTEXT_THREADS: AtomicUsize = AtomicUsize::new(0);
 

@@ -18,3 +18,14 @@ where
         }
     }
 }
+
+/// Drops `value` on the blocking thread pool: the last reference to a job
+/// closes its TensorFlow session or context, which must not happen on a tokio
+/// worker thread. Fails only if the drop panicked.
+pub async fn drop_off_runtime<T: Send + 'static>(value: T) -> Result<()> {
+    blocking(move || {
+        drop(value);
+        Ok(())
+    })
+    .await
+}

@@ -157,11 +157,7 @@ impl EagerService for Eager {
             self.state.max_sessions,
         ) {
             // The last reference: its TensorFlow context ends off the async runtime.
-            let _ = exec::blocking(move || {
-                drop(job);
-                Ok(())
-            })
-            .await;
+            let _ = exec::drop_off_runtime(job).await;
             return Err(err.into());
         }
         let joined = opening.join_scheduler(hints.clone());

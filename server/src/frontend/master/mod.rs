@@ -233,11 +233,7 @@ impl MasterService for Master {
         });
         if let Err(err) = joined {
             // The last reference: its TensorFlow session closes off the async runtime.
-            let _ = exec::blocking(move || {
-                drop(job);
-                Ok(())
-            })
-            .await;
+            let _ = exec::drop_off_runtime(job).await;
             return Err(err.into());
         }
         opening.keep();
@@ -329,11 +325,7 @@ impl MasterService for Master {
             admission.withdraw(job.id);
         }
         // The TF session closes when the last reference goes; do that off the runtime.
-        exec::blocking(move || {
-            drop(job);
-            Ok(())
-        })
-        .await?;
+        exec::drop_off_runtime(job).await?;
         tracing::info!(session = %handle, "session closed");
         Ok(Response::new(CloseSessionResponse {}))
     }
