@@ -70,6 +70,14 @@ pub enum Item {
 }
 
 impl Item {
+    /// The handle (op id, output) a decref releases.
+    pub fn decref_of(&self) -> Option<(i64, i32)> {
+        match self {
+            Item::Decref { op_id, output } => Some((*op_id, *output)),
+            _ => None,
+        }
+    }
+
     /// A short description for trace logs.
     pub fn label(&self) -> String {
         match self {

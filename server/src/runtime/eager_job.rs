@@ -92,6 +92,9 @@ struct Shared {
     stats: EagerStats,
     closing: AtomicBool,
     in_flight: AtomicUsize,
+    /// Handles (op id, output) whose decref is queued but not yet applied: an
+    /// early send of one would read a handle the client already released.
+    pending_decrefs: Mutex<HashMap<(i64, i32), usize>>,
     /// The client's tensor handles: outputs by op id (send_tensor ids
     /// included); `None` once decref'd. Written only by the context's thread;
     /// read by it and by early sends (`send_ready_values`) while it
@@ -258,6 +261,7 @@ impl EagerJob {
             stats: EagerStats::default(),
             closing: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
+            pending_decrefs: Mutex::new(HashMap::new()),
             handles: RwLock::new(HashMap::new()),
             max_tensor_bytes: spec.max_tensor_bytes,
             tenant: spec.tenant,
@@ -469,6 +473,9 @@ impl EagerJob {
             return Ok(rx);
         }
         send_ready_values(Arc::clone(&self.shared), early, None);
+        // Before the batch can reach the context's thread, which forgets each as it applies it.
+        let decrefs: Vec<(i64, i32)> = items.iter().filter_map(Item::decref_of).collect();
+        self.shared.note_pending_decrefs(&decrefs, true);
         self.shared.in_flight.fetch_add(1, Ordering::SeqCst);
         if queue
             .send(Batch {
@@ -479,6 +486,7 @@ impl EagerJob {
             .is_err()
         {
             self.shared.in_flight.fetch_sub(1, Ordering::SeqCst);
+            self.shared.note_pending_decrefs(&decrefs, false);
             for name in &names {
                 self.shared
                     .rendezvous
@@ -612,8 +620,15 @@ fn take_ready_sends(shared: &Shared, items: &mut [Item]) -> Vec<ReadySend> {
     let Ok(table) = shared.handles.try_read() else {
         return Vec::new();
     };
+    let pending = lock(&shared.pending_decrefs);
+    // Released by this request ahead of the send, or by an earlier one still queued: in order, it fails.
+    let mut released: HashSet<(i64, i32)> = HashSet::new();
     let mut ready = Vec::new();
     for item in items.iter_mut() {
+        if let Some(handle) = item.decref_of() {
+            released.insert(handle);
+            continue;
+        }
         let Item::Execute(op) = item else { continue };
         let Some(name) = op.send_tensor_name() else {
             continue;
@@ -621,7 +636,10 @@ fn take_ready_sends(shared: &Shared, items: &mut [Item]) -> Vec<ReadySend> {
         let [OpInput::Handle { op_id, output }] = op.inputs.as_slice() else {
             continue;
         };
-        let exists = find_handle(&table, *op_id, *output).is_some();
+        let handle = (*op_id, *output);
+        let exists = find_handle(&table, *op_id, *output).is_some()
+            && !released.contains(&handle)
+            && !pending.contains_key(&handle);
         if exists {
             ready.push(ReadySend {
                 name: name.clone(),
@@ -690,6 +708,24 @@ fn sent(op_id: i64, handle: &TensorHandle) -> Result<Sent> {
 }
 
 impl Shared {
+    /// Counts decrefs queued (`queued`) or applied or given up (not `queued`).
+    fn note_pending_decrefs(&self, handles: &[(i64, i32)], queued: bool) {
+        if handles.is_empty() {
+            return;
+        }
+        let mut pending = lock(&self.pending_decrefs);
+        for handle in handles {
+            if queued {
+                *pending.entry(*handle).or_insert(0) += 1;
+            } else if let Some(count) = pending.get_mut(handle) {
+                *count -= 1;
+                if *count == 0 {
+                    pending.remove(handle);
+                }
+            }
+        }
+    }
+
     /// The scheduler's current hints for the job (set at run time by the admin
     /// API), else those it was created with.
     fn current_hints(&self) -> Hints {
@@ -980,6 +1016,7 @@ impl Worker {
             Item::Decref { op_id, output } => {
                 // Lenient like a destructor: the outputs of a failed op never existed.
                 let mut handles = write(&self.shared.handles);
+                self.shared.note_pending_decrefs(&[(*op_id, *output)], false);
                 if let Some(outputs) = handles.get_mut(op_id) {
                     if let Some(slot) = usize::try_from(*output)
                         .ok()
