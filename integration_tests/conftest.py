@@ -27,6 +27,9 @@ from pathlib import Path
 
 # Before TensorFlow is imported anywhere in this process: quiet C++ logs.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Before grpc is imported: no fork handlers in this process's children (see `as_user`); the tests' own gRPC
+# never crosses a fork.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
 import grpc  # noqa: E402
 import pytest  # noqa: E402
@@ -378,14 +381,22 @@ def unix_users():
             subprocess.run(["userdel", "-r", name], capture_output=True)
 
 
+def as_user(user, cmd: list[str]) -> list[str]:
+    """`cmd` run as `user` (a pwd entry): its uid, primary group and no supplementary groups, by setpriv.
+
+    Not subprocess's user=/group=: with those CPython forks (it cannot vfork past a credential change), and
+    fork() runs grpc's fork handlers in the child, whose event engine may crash it before the exec (seen: sbatch
+    "died" of SIGSEGV with grpc's "epoll_wait error: Bad file descriptor"). setpriv lets CPython vfork, where
+    no fork handler runs."""
+    return ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups", "--", *cmd]
+
+
 def run_as(user, cmd: list[str], env: dict | None = None, timeout: float = 240, **kwargs):
-    """Runs `cmd` as `user` (a pwd entry): its uid, primary group and no supplementary groups, in its home
-    directory with HOME set, as a login would."""
+    """Runs `cmd` as `user` (see `as_user`) in its home directory with HOME set, as a login would."""
     full_env = {**os.environ, **(env or {}), "HOME": user.pw_dir, "USER": user.pw_name,
                 "LOGNAME": user.pw_name}
-    return subprocess.run(cmd, user=user.pw_uid, group=user.pw_gid, extra_groups=[], env=full_env,
-                          cwd=kwargs.pop("cwd", user.pw_dir), capture_output=True, text=True,
-                          timeout=timeout, **kwargs)
+    return subprocess.run(as_user(user, cmd), env=full_env, cwd=kwargs.pop("cwd", user.pw_dir),
+                          capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
 def reachable_tmpdir(prefix: str) -> Path:

@@ -48,7 +48,7 @@ from pathlib import Path
 import pytest
 
 import _slurm_cluster
-from conftest import SalusProcess, TESTS, child_env, last_json_line, reachable_tmpdir, run_as, server_bin, \
+from conftest import SalusProcess, TESTS, as_user, child_env, last_json_line, reachable_tmpdir, run_as, server_bin, \
     venv_python, wait_until
 from server_ctl import ctl, ctl_json, require_server_flag
 
@@ -352,8 +352,8 @@ def test_srun_job_trains_through_its_nodes_server_as_its_user(cluster, unix_user
     release = cluster.workdir(tb) / "release-srun"
     env = {**cluster.env(WORKLOAD_HOLD_FILE=str(release)), "HOME": tb.pw_dir, "USER": tb.pw_name,
            "LOGNAME": tb.pw_name}
-    proc = subprocess.Popen(["srun", "--nodelist=n2", "--gres=salusmem:768", "--job-name=srun-train",
-                             venv_python(), str(TRAIN)], user=tb.pw_uid, group=tb.pw_gid, extra_groups=[],
+    proc = subprocess.Popen(as_user(tb, ["srun", "--nodelist=n2", "--gres=salusmem:768", "--job-name=srun-train",
+                                         venv_python(), str(TRAIN)]),
                             env=env, cwd=cluster.workdir(tb), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, text=True)
     watchdog = threading.Timer(JOB_TIMEOUT_S, proc.kill)  # reading its output must not hang the suite

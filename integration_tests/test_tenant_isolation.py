@@ -25,7 +25,7 @@ import time
 
 import pytest
 
-from conftest import WORKLOADS, SalusProcess, last_json_line, run_as, venv_python, wait_until
+from conftest import WORKLOADS, SalusProcess, as_user, last_json_line, run_as, venv_python, wait_until
 from server_ctl import ctl_json, jobs_by_name
 from tf2_common import tf2_env
 
@@ -68,7 +68,7 @@ def start_training(user, target: str, name: str) -> subprocess.Popen:
     cmd = [venv_python(), str(WORKLOADS / "sched_job.py"), "--target", target, "--name", name,
            "--steps", TRAIN_STEPS, "--digest-only", "--seed", "3"]
     env = {**os.environ, "HOME": user.pw_dir}
-    return subprocess.Popen(cmd, user=user.pw_uid, group=user.pw_gid, extra_groups=[], env=env, cwd=user.pw_dir,
+    return subprocess.Popen(as_user(user, cmd), env=env, cwd=user.pw_dir,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -266,8 +266,8 @@ def test_a_blocked_iteration_holds_the_lane_only_until_the_limit(short_hold_serv
     server = short_hold_server
     ta, tb = unix_users["salus-ta"], unix_users["salus-tb"]
     env = {**os.environ, "HOME": ta.pw_dir}
-    blocker = subprocess.Popen([venv_python(), "-c", BLOCKER, server.target, "600000"], user=ta.pw_uid,
-                               group=ta.pw_gid, extra_groups=[], env=env, cwd=ta.pw_dir, stdout=subprocess.PIPE,
+    blocker = subprocess.Popen(as_user(ta, [venv_python(), "-c", BLOCKER, server.target, "600000"]),
+                               env=env, cwd=ta.pw_dir, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     try:
         assert blocker.stdout.readline().strip() == "blocking", blocker.stderr.read()[-3000:]
@@ -328,8 +328,8 @@ def capped_server(tmp_path_factory, unix_users):
 
 
 def hold_connections(user, server: SalusProcess, n: int, expect_refused: int) -> tuple[subprocess.Popen, dict]:
-    holder = subprocess.Popen([venv_python(), "-c", HOLDER, server.address, str(n), str(expect_refused)],
-                              user=user.pw_uid, group=user.pw_gid, extra_groups=[], cwd=user.pw_dir,
+    holder = subprocess.Popen(as_user(user, [venv_python(), "-c", HOLDER, server.address, str(n),
+                                             str(expect_refused)]), cwd=user.pw_dir,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = holder.stdout.readline()
     assert line, holder.stderr.read()[-3000:]
