@@ -50,10 +50,10 @@ use salus_server::runtime::eager_job::{
     map_function, FunctionRefusal, Item, ItemOutput, OpInput, OpRequest,
 };
 use salus_server::runtime::session_config::{session_config, SessionDefaults};
-use salus_server::runtime::wire;
 use salus_server::sched::Hints;
 use salus_server::tenant::TenantRules;
 use salus_server::tf::Tensor;
+use salus_server::wire;
 
 /// Largest tensor an input may create here (the server's default is 2 GiB): a
 /// proto claiming more must be refused before anything is allocated.

@@ -38,10 +38,10 @@ use salus_server::error::Error;
 use salus_server::runtime::graph_delta::{check_delta, CheckedDelta};
 use salus_server::runtime::graph_job::RunKey;
 use salus_server::runtime::session_config::{session_config, GpuLanes, SessionDefaults};
-use salus_server::runtime::wire;
 use salus_server::sched::{Hints, JobId};
 use salus_server::tenant::{CheckpointRoot, TenantRules};
 use salus_server::tf::{Graph, ImportMappings, Tensor};
+use salus_server::wire;
 
 /// Largest tensor a feed may create here (the server's default is 2 GiB): a
 /// proto claiming more must be refused before anything is allocated.

@@ -2,8 +2,8 @@
 
 use salus_proto::tensorflow::error::Code as TfCode;
 
-use crate::runtime::wire::WireError;
 use crate::tf::{TensorError, TfError};
+use crate::wire::WireError;
 
 /// Every error a request can end with. Codes follow TensorFlow's (and gRPC's)
 /// numbering, so a stock client raises the matching `tf.errors` class.

@@ -28,7 +28,6 @@
 //!     its device names.
 //!   - [`runtime::graph_delta`]: checks (delta) GraphDefs before import.
 //!   - [`runtime::session_config`]: client ConfigProto -> server-side session config.
-//!   - [`runtime::wire`]: wire-level protobuf field editing.
 //!   - [`runtime::executor`]: drives the scheduler core with real time.
 //!   - [`runtime::timeline`]: the bounded ring of recent runs per lane
 //!     (served by [`frontend::timeline`], drawn by `salus timeline`).
@@ -61,6 +60,10 @@
 //!   counted by the binary's `malloc` hooks (`malloc_hooks.rs`).
 //! - [`block_cache`]: large freed blocks kept for reuse by those hooks, so a
 //!   step's activations do not cost fresh page faults every iteration.
+//! - [`wire`]: wire-level protobuf field editing (a leaf, as [`http2`] and [`sync`]).
+//! - [`sync`]: a lock that survives a panic elsewhere.
+//! - [`http2`]: the HTTP/2 bytes the supervisor speaks itself (preface, SETTINGS,
+//!   GOAWAY) and every server's flow-control windows.
 //! - [`error`]: the error type and its mapping to gRPC/TensorFlow codes.
 
 pub mod block_cache;
@@ -73,15 +76,18 @@ pub mod frontend;
 pub mod gpu;
 pub mod gpu_probe;
 pub mod heap_meter;
+pub mod http2;
 pub mod runtime;
 pub mod seam;
 pub mod server;
 pub mod state_dir;
 pub mod supervisor;
+pub mod sync;
 pub mod tenant;
 pub mod tf;
 pub mod tf_env;
 pub mod tf_log;
+pub mod wire;
 
 /// The scheduler core, shared with the simulator (crate `salus-sched`).
 pub use salus_sched as sched;

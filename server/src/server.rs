@@ -17,6 +17,7 @@ use crate::error::Error;
 use crate::frontend::admin::AdminService;
 use crate::frontend::eager::{Eager, Worker};
 use crate::frontend::identify::{identified_incoming, IdentifyLayer};
+use crate::http2::{H2_CONNECTION_WINDOW, H2_STREAM_WINDOW};
 use crate::runtime::job_history::{load_history, HistorySaver};
 use crate::state_dir::StateDir;
 use crate::tenant::identity::Identifier;
@@ -78,10 +79,6 @@ pub enum ServeError {
     StateDir(#[from] crate::state_dir::StateDirError),
 }
 
-/// HTTP/2 flow-control windows of the gRPC servers and of the supervisor's
-/// connections to executors (one connection carries all of a tenant's calls).
-pub const H2_STREAM_WINDOW: u32 = 16 << 20;
-pub const H2_CONNECTION_WINDOW: u32 = 64 << 20;
 
 /// What this process is: the whole server (`--isolation none`), the
 /// supervisor of tenants' executor processes, or one tenant's executor.
@@ -254,14 +251,21 @@ impl Server {
 
     /// An executor process: serves its tenant's connections (handed over by
     /// the supervisor) and the calls the supervisor relays.
-    pub async fn serve_executor(
+    pub async fn serve_executor<IO, S>(
         self,
-        incoming: impl tokio_stream::Stream<Item = std::io::Result<crate::executor::incoming::Conn>>
-            + Send
-            + 'static,
+        incoming: S,
         tenant: Arc<crate::tenant::identity::Tenant>,
         shutdown: impl Future<Output = ()> + Send,
-    ) -> Result<(), ServeError> {
+    ) -> Result<(), ServeError>
+    where
+        S: tokio_stream::Stream<Item = std::io::Result<IO>> + Send + 'static,
+        IO: tonic::transport::server::Connected
+            + tokio::io::AsyncRead
+            + tokio::io::AsyncWrite
+            + Unpin
+            + Send
+            + 'static,
+    {
         // The supervisor keeps relaying until every executor's eager jobs are
         // quiet, then stops taking calls itself, which ends the relayed streams.
         let seam = self.state.executor.seam().cloned();
@@ -312,7 +316,9 @@ impl Server {
                 .with_admins(self.config.admins.clone())
                 .with_identifier(identifier.clone()),
         );
-        crate::tf::python_kernel::install(limit as u64);
+        crate::tf::python_kernel::install(limit as u64, |token, op, node, inputs| {
+            crate::runtime::python_calls::python_calls().call(token, op, node, inputs)
+        });
         let (close_callbacks, callbacks_closing) = tokio::sync::watch::channel(false);
         let callbacks = PythonCallbacksServer::new(crate::frontend::callbacks::Callbacks::new(
             self.state.clone(),

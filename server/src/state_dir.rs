@@ -142,7 +142,8 @@ impl StateDir {
     /// Creates `path` (0700; its missing parents as the umask allows) if it
     /// does not exist, and locks it for this process.
     pub fn open(path: &Path) -> Result<StateDir, StateDirError> {
-        let path = crate::tenant::absolute(path);
+        // Against the working directory, without touching the filesystem.
+        let path = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent).map_err(|source| StateDirError::Create {
                 path: path.clone(),

@@ -5,7 +5,6 @@
 //! tenant's, and alone may change the policy. Server-wide figures
 //! (`GetServerInfo`, `GetStats`) are aggregates, open to every tenant.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use salus_proto::salus::v1::admin_server::Admin;
@@ -27,7 +26,6 @@ use crate::runtime::report::Rows;
 use crate::runtime::state::ServerState;
 use crate::sched::{Hints, JobId};
 use crate::seam::msg as seam_msg;
-use crate::supervisor::executors::Executors;
 use crate::tenant::admins::Admins;
 use crate::tenant::identity::{Tenant, TenantKey};
 
@@ -40,8 +38,31 @@ pub struct AdminService {
     /// Under `--isolation tenant`, the jobs live in the tenants' executor
     /// processes: rows and counters come from their reports, the scheduler's
     /// columns from this process.
-    executors: Option<Arc<Executors>>,
+    executors: Option<Arc<dyn ExecutorProcesses>>,
     admins: Arc<Admins>,
+}
+
+/// The tenants' executor processes as the admin API needs them (the
+/// supervisor's `supervisor::executors::Executors` implements it): the admin
+/// service depends on this, not on the supervisor.
+pub trait ExecutorProcesses: Send + Sync {
+    /// Each running executor's report with its tenant, within `timeout` each
+    /// (an executor that does not answer is left out), holding only the rows
+    /// of jobs that executor owns. Blocks: call it off the async runtime.
+    fn reports(&self, timeout: Duration) -> Vec<(Arc<Tenant>, seam_msg::Report)>;
+    /// Executors running now, started and failed since the server started.
+    fn counts(&self) -> ExecutorProcessCounts;
+    /// Stops `tenant`'s executor, if it runs: the tenant may no longer be
+    /// served (`why`: its token was revoked or expired).
+    fn stop_tenant(&self, tenant: &TenantKey, why: &str);
+}
+
+/// [`ExecutorProcesses::counts`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExecutorProcessCounts {
+    pub running: u64,
+    pub started: u64,
+    pub failed: u64,
 }
 
 /// Whose jobs a caller of the admin API sees.
@@ -82,7 +103,7 @@ impl AdminService {
     }
 
     /// The supervisor's admin API, over the tenants' executors.
-    pub fn with_executors(state: Arc<ServerState>, executors: Arc<Executors>) -> AdminService {
+    pub fn with_executors(state: Arc<ServerState>, executors: Arc<dyn ExecutorProcesses>) -> AdminService {
         AdminService {
             state,
             identifier: None,
@@ -173,19 +194,10 @@ impl AdminService {
     /// The executors' reports, each with its tenant (blocks: call it off the
     /// async runtime).
     fn reports(&self) -> Vec<(Arc<Tenant>, seam_msg::Report)> {
-        let Some(executors) = &self.executors else {
-            return Vec::new();
-        };
-        executors
-            .running()
-            .iter()
-            .filter_map(|h| {
-                let mut report = h.link.report(REPORT_TIMEOUT)?;
-                // Rows of jobs not its own would show another tenant's scheduler view.
-                report.jobs.retain(|row| h.link.owns_job(row.id));
-                Some((h.tenant.clone(), report))
-            })
-            .collect()
+        match &self.executors {
+            Some(executors) => executors.reports(REPORT_TIMEOUT),
+            None => Vec::new(),
+        }
     }
 
     /// This process's jobs and counters, as an executor reports them to the supervisor.
@@ -225,9 +237,10 @@ impl AdminService {
         let mut info = self.own_server_info();
         if let Some(executors) = &self.executors {
             info.isolation = "tenant".into();
-            info.executors_running = executors.running().len() as u64;
-            info.executors_started = executors.counts.started.load(Ordering::Relaxed);
-            info.executors_failed = executors.counts.failed.load(Ordering::Relaxed);
+            let counts = executors.counts();
+            info.executors_running = counts.running;
+            info.executors_started = counts.started;
+            info.executors_failed = counts.failed;
         } else {
             info.isolation = "none".into();
         }
@@ -536,7 +549,7 @@ fn token_tenant(token: &tokens::IssuedToken) -> Tenant {
 /// otherwise. Under `--isolation none` every request is identified anew, so
 /// there is nothing to end: the tenant's next request is refused.
 fn end_connections(
-    executors: Option<&Executors>,
+    executors: Option<&dyn ExecutorProcesses>,
     identifier: &Identifier,
     gone: &tokens::IssuedToken,
     now: SystemTime,

@@ -175,9 +175,9 @@ pub fn identified_incoming(
 pub async fn refuse(mut stream: IdentifiedStream, refused: Refused) {
     use tokio::io::AsyncWriteExt;
     log_refusal(&refused);
-    let mut bytes = crate::supervisor::prologue::EMPTY_SETTINGS.to_vec();
-    bytes.extend(crate::supervisor::handed::goaway_frame(
-        crate::supervisor::handed::ENHANCE_YOUR_CALM,
+    let mut bytes = crate::http2::EMPTY_SETTINGS.to_vec();
+    bytes.extend(crate::http2::goaway_frame(
+        crate::http2::ENHANCE_YOUR_CALM,
         &refused.to_string(),
     ));
     // A client that reads nothing cannot hold this task: a second at most.

@@ -8,8 +8,8 @@ use salus_proto::tensorflow::FunctionDefView;
 use crate::error::Error;
 use crate::runtime::eager_devices::DeviceNames;
 use crate::runtime::job_history::ShapeHash;
-use crate::runtime::wire;
 use crate::tenant::TenantRules;
+use crate::wire;
 
 /// FunctionDef.node_def and NodeDef.device field numbers.
 const FUNCTION_NODE_DEF_FIELD: u64 = 3;

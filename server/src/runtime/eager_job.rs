@@ -19,6 +19,7 @@ use salus_proto::tensorflow::{
 };
 use tokio::sync::oneshot;
 
+use crate::sync::lock;
 use crate::error::{Error, Result};
 use crate::heap_meter;
 use crate::runtime::admission::{Admission, LaneReservation};
@@ -569,9 +570,6 @@ fn held_message(item: &Item, err: &Error) -> String {
     )
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 fn read<T>(m: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
     m.read().unwrap_or_else(|e| e.into_inner())

@@ -30,6 +30,7 @@ use bytes::Bytes;
 use salus_proto::tensorflow::{CallableOptions, DataType, TensorProto};
 use tensorflow_sys as sys;
 
+use crate::sync::lock;
 use crate::error::{Error, Result};
 use crate::runtime::admission::LaneReservation;
 use crate::runtime::graph_delta::{check_delta, CheckedDelta, VariableBytes};
@@ -37,7 +38,7 @@ use crate::runtime::job_history::{HistoryFacts, ShapeHash};
 use crate::runtime::memory_profile::{self, MeasuredMemory, MemoryMeter};
 use crate::runtime::run_errors::{self, TfCode};
 use crate::runtime::session_config::GpuLanes;
-use crate::runtime::wire;
+use crate::wire;
 use crate::sched::{Hints, JobId, LaneId};
 use crate::tenant::checkpoint_guard;
 use crate::tenant::TenantRules;
@@ -237,9 +238,6 @@ fn confine_checkpoints(graph: &Graph, delta: &CheckedDelta, dir: &std::path::Pat
     Ok(())
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 impl Job {
     /// Builds the graph from `graph_def` (may be empty) and opens a TF session
@@ -264,7 +262,7 @@ impl Job {
         let checkpoint_dir = rules.checkpoints.dir_for(&hints.name, id);
         if !graph_def.is_empty() {
             let delta = check_delta(graph_def, &graph)?;
-            rules.check_graph(graph_def.len(), &delta)?;
+            rules.check_graph(graph_def.len(), &delta.ops, &delta.library_ops)?;
             graph.import(graph_def, &delta.mappings, device.as_deref())?;
             if rules.confined {
                 confine_checkpoints(&graph, &delta, &checkpoint_dir)?;
@@ -423,7 +421,7 @@ impl Job {
         }
         let graph = self.session.graph();
         let delta = check_delta(graph_def, graph)?;
-        self.rules.check_graph(graph_def.len(), &delta)?;
+        self.rules.check_graph(graph_def.len(), &delta.ops, &delta.library_ops)?;
         let device = self.gpu_lane.map(|lane| GpuLanes::device(lane.0));
         graph.import(graph_def, &delta.mappings, device.as_deref())?;
         let confined = if self.rules.confined {

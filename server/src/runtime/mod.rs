@@ -27,4 +27,3 @@ pub mod stall_fault;
 pub mod state;
 pub mod tenant_ids;
 pub mod timeline;
-pub mod wire;

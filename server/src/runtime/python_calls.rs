@@ -36,7 +36,6 @@ pub const REGISTRATION_GRACE: Duration = Duration::from_secs(20);
 /// tensorflow.error.Code values used here.
 const FAILED_PRECONDITION: i32 = 9;
 const ABORTED: i32 = 10;
-const INVALID_ARGUMENT: i32 = 3;
 
 /// An op's outputs from the script, or the error its Python raised.
 pub type Reply = std::result::Result<Vec<TensorProto>, TfError>;
@@ -275,14 +274,6 @@ impl Drop for Registration<'_> {
     fn drop(&mut self) {
         self.table.unregister(self);
     }
-}
-
-/// The error for an op input that cannot be handed to Python.
-pub fn unsendable_input(op: &str, node: &str, index: usize, why: &str) -> TfError {
-    TfError::new(
-        INVALID_ARGUMENT,
-        format!("op {op} ({node}): input {index} cannot be passed to the script's Python: {why}"),
-    )
 }
 
 #[cfg(test)]

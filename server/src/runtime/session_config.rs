@@ -10,7 +10,7 @@ use salus_proto::tensorflow::gpu_options_view::{experimental::VirtualDevices, Ex
 use salus_proto::tensorflow::{ConfigProtoView, GpuOptionsView};
 
 use crate::error::{Error, Result};
-use crate::runtime::wire;
+use crate::wire;
 
 /// ConfigProto fields describing the client's devices or cluster, dropped:
 /// device_count (1), device_filters (4), rpc_options (13), cluster_def (14),

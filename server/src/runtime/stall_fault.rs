@@ -9,7 +9,7 @@ use std::sync::{Mutex, OnceLock};
 use tokio::sync::oneshot;
 
 use crate::error::Result;
-use crate::runtime::eager_job::{Item, ItemOutput};
+use crate::runtime::eager_items::{Item, ItemOutput};
 
 type Reply = oneshot::Sender<Result<Vec<ItemOutput>>>;
 

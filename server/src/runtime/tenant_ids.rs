@@ -82,8 +82,9 @@ impl TenantIds {
 
     /// The limits that apply to tenant `id` now (none for an unknown one).
     pub fn limits_of(&self, id: TenantId) -> Limits {
-        self.tenant(id)
-            .map_or_else(Limits::default, |t| self.limits.for_tenant(t))
+        self.tenant(id).map_or_else(Limits::default, |t| {
+            self.limits.for_tenant(&t.name, t.user.as_deref())
+        })
     }
 
     /// Every tenant seen, with its id.
@@ -97,7 +98,11 @@ impl TenantIds {
     /// `job` opens for `tenant`, unless the tenant has its maximum of jobs open.
     pub fn open(&mut self, job: JobId, tenant: &Tenant) -> Result<TenantId> {
         let id = self.id_of(tenant);
-        if let Some(max) = self.limits.for_tenant(tenant).max_jobs {
+        if let Some(max) = self
+            .limits
+            .for_tenant(&tenant.name, tenant.user.as_deref())
+            .max_jobs
+        {
             let open = self.owners.values().filter(|&&owner| owner == id).count();
             if open >= max as usize {
                 *self.refusals.entry(id).or_default() += 1;

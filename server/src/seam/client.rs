@@ -21,6 +21,7 @@ use crate::sched::{Hints, JobId, LaneId};
 use crate::seam::frame::{read_frame, write_frame};
 use crate::seam::hints_to_msg;
 use crate::seam::msg::{self, to_executor, to_supervisor};
+use crate::sync::lock;
 use crate::tf::TfError;
 
 /// What the supervisor said of a wanted turn.
@@ -77,10 +78,6 @@ const OUTRANKED_STALE: Duration = Duration::from_millis(4);
 /// How long a query (brief-run ranking, GPU lane choice) waits for its answer
 /// before the executor decides alone (the supervisor is stalled or gone).
 const QUERY_TIMEOUT: Duration = Duration::from_secs(2);
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 impl SeamClient {
     /// Starts the reader thread on `stream`; `on_close` runs on it once the

@@ -17,7 +17,7 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tonic::transport::server::Connected;
 
-use crate::supervisor::prologue::PREFACE;
+use crate::http2::PREFACE;
 
 pub struct Replayed<S> {
     inner: S,

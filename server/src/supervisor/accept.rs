@@ -16,10 +16,11 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
 use crate::frontend::identify::{refuse, IdentifiedStream};
+use crate::http2::EMPTY_SETTINGS;
 use crate::seam::handover::{Handed, MAX_READ_AHEAD};
 use crate::seam::replayed::Replayed;
 use crate::supervisor::executors::Executors;
-use crate::supervisor::prologue::{FirstRequest, Prologue, Step, EMPTY_SETTINGS};
+use crate::supervisor::prologue::{FirstRequest, Prologue, Step};
 use crate::tenant::connections::ConnectionCounts;
 use crate::tenant::identity::{Identifier, PeerUser, Tenant};
 

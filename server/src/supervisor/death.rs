@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::tenant::identity::Tenant;
 
-use super::executors::lock;
+use crate::sync::lock;
 
 /// What the supervisor knows of a finished executor.
 #[derive(Default)]

@@ -23,13 +23,15 @@ use std::time::{Duration, Instant};
 use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
+use crate::frontend::admin::{ExecutorProcessCounts, ExecutorProcesses};
 use crate::runtime::admission::Admission;
 use crate::runtime::executor::Executor;
 use crate::seam::handover::Handed;
+use crate::seam::msg;
 use crate::supervisor::executor_log::forward_stderr;
 use crate::supervisor::handed::HandedConnections;
 use crate::supervisor::link::Link;
-use crate::supervisor::relay::RelayRequestBody;
+use crate::sync::lock;
 use crate::tenant::connections::ConnectionPermit;
 use crate::tenant::identity::{Tenant, TenantKey};
 use crate::tenant::users::Account;
@@ -233,12 +235,14 @@ fn set_send_timeout(socket: &OwnedFd, limit: Duration) -> std::io::Result<()> {
     Ok(())
 }
 
+/// A request body on its way to an executor.
+pub type RelayRequestBody = http_body_util::combinators::UnsyncBoxBody<
+    bytes::Bytes,
+    Box<dyn std::error::Error + Send + Sync>,
+>;
+
 /// What a call gets once the server is stopping and its tenant's executor is gone.
 pub const SHUTTING_DOWN: &str = "the server is shutting down";
-
-pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 impl Executors {
     pub fn new(
@@ -530,8 +534,8 @@ impl Executors {
         let io = tokio::net::UnixStream::from_std(h2_ours)
             .map_err(|e| format!("socket setup failed: {e}"))?;
         let (sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-            .initial_stream_window_size(crate::server::H2_STREAM_WINDOW)
-            .initial_connection_window_size(crate::server::H2_CONNECTION_WINDOW)
+            .initial_stream_window_size(crate::http2::H2_STREAM_WINDOW)
+            .initial_connection_window_size(crate::http2::H2_CONNECTION_WINDOW)
             .max_frame_size(1 << 20)
             .handshake(TokioIo::new(io))
             .await
@@ -690,4 +694,30 @@ impl Executors {
 /// from the start of the range, `SALUS_EXECUTOR_JOB_BASE`).
 fn job_ids(serial: u64) -> std::ops::Range<u64> {
     serial << 32..(serial + 1) << 32
+}
+
+impl ExecutorProcesses for Executors {
+    fn reports(&self, timeout: Duration) -> Vec<(Arc<Tenant>, msg::Report)> {
+        self.running()
+            .iter()
+            .filter_map(|h| {
+                let mut report = h.link.report(timeout)?;
+                // Rows of jobs not its own would show another tenant's scheduler view.
+                report.jobs.retain(|row| h.link.owns_job(row.id));
+                Some((h.tenant.clone(), report))
+            })
+            .collect()
+    }
+
+    fn counts(&self) -> ExecutorProcessCounts {
+        ExecutorProcessCounts {
+            running: self.running().len() as u64,
+            started: self.counts.started.load(Ordering::Relaxed),
+            failed: self.counts.failed.load(Ordering::Relaxed),
+        }
+    }
+
+    fn stop_tenant(&self, tenant: &TenantKey, why: &str) {
+        Executors::stop_tenant(self, tenant, why)
+    }
 }

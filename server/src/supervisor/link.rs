@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
+use crate::sync::lock;
 use crate::runtime::admission::{Admission, LaneReservation};
 use crate::runtime::executor::{Executor, RemoteIteration};
 use crate::runtime::run_class::RunClass;
@@ -36,9 +37,6 @@ use crate::seam::hints_from_msg;
 use crate::seam::msg::{self, to_executor, to_supervisor};
 use crate::tenant::identity::Tenant;
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 pub struct Link {
     writer: Mutex<UnixStream>,

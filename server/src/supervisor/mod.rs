@@ -23,7 +23,8 @@ use tokio::net::TcpListener;
 
 use crate::frontend::admin::AdminService;
 use crate::frontend::identify::IdentifyLayer;
-use crate::server::{ServeError, Server, H2_CONNECTION_WINDOW, H2_STREAM_WINDOW};
+use crate::http2::{H2_CONNECTION_WINDOW, H2_STREAM_WINDOW};
+use crate::server::{ServeError, Server};
 use crate::supervisor::executors::{ExecutorSpec, Executors};
 use crate::supervisor::relay::Relay;
 use crate::tenant::connections::ConnectionCounts;

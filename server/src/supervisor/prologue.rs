@@ -14,10 +14,7 @@
 
 use std::fmt;
 
-/// The client connection preface (RFC 9113 §3.4).
-pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-/// An empty SETTINGS frame: the supervisor's only frame before the handover.
-pub const EMPTY_SETTINGS: [u8; 9] = [0, 0, 0, 4, 0, 0, 0, 0, 0];
+use crate::http2::PREFACE;
 
 const FRAME_HEADER: usize = 9;
 /// SETTINGS_MAX_FRAME_SIZE's default: the largest frame a client may send

@@ -19,17 +19,13 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
-use crate::supervisor::executors::{ExecutorHandle, Executors, SHUTTING_DOWN};
+use crate::supervisor::executors::{ExecutorHandle, Executors, RelayRequestBody, SHUTTING_DOWN};
 use crate::tenant::identity::Tenant;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// A request body on its way to an executor.
-pub type RelayRequestBody = UnsyncBoxBody<Bytes, BoxError>;
 
 /// The tower service behind every path the supervisor does not serve itself.
 #[derive(Clone)]

@@ -535,11 +535,13 @@ mod tests {
         .unwrap();
         assert_eq!(file.len(), 1, "only bot has a token");
         let limits = file.limits();
-        assert_eq!(limits.for_tenant(&Tenant::from_uid(0)).weight, Some(4));
-        assert_eq!(limits.for_tenant(&Tenant::from_uid(0)).max_jobs, Some(8));
+        let root = Tenant::from_uid(0);
+        let root_limits = limits.for_tenant(&root.name, root.user.as_deref());
+        assert_eq!(root_limits.weight, Some(4));
+        assert_eq!(root_limits.max_jobs, Some(8));
         assert_eq!(limits.defaults().max_priority, Some(1));
         let bot = Tenant::named("bot");
-        assert_eq!(limits.for_tenant(&bot).max_priority, Some(3));
+        assert_eq!(limits.for_tenant(&bot.name, bot.user.as_deref()).max_priority, Some(3));
     }
 
     #[test]

@@ -8,7 +8,6 @@ use std::fmt;
 
 use crate::sched::tenants::MAX_WEIGHT;
 use crate::sched::units::parse_size;
-use crate::tenant::identity::Tenant;
 
 /// The names a tenants file line and `ctl limits` accept.
 pub const LIMIT_NAMES: &str = "weight=1..1000, max-jobs=N, max-priority=P, memory=SIZE";
@@ -135,15 +134,13 @@ impl LimitsTable {
         };
     }
 
-    /// The limits that apply to `tenant`: its tokens', then its own by its
-    /// name (or its Unix user's name), then the defaults.
-    pub fn for_tenant(&self, tenant: &Tenant) -> Limits {
-        // The user's name as the tenant keeps it: no lookup here (see Tenant::user).
+    /// The limits that apply to the tenant named `name` whose Unix user (if
+    /// it has one) is `user`: its tokens', then its own by its name (or its
+    /// user's name), then the defaults. Takes the names the tenant keeps
+    /// (`Tenant::name`, `Tenant::user`): no lookup here.
+    pub fn for_tenant(&self, name: &str, user: Option<&str>) -> Limits {
         let find = |table: &BTreeMap<String, Limits>| {
-            table
-                .get(&tenant.name)
-                .or_else(|| table.get(tenant.user.as_deref()?))
-                .cloned()
+            table.get(name).or_else(|| table.get(user?)).cloned()
         };
         let own = find(&self.by_name).unwrap_or_default().over(&self.default);
         find(&self.granted).map_or(own.clone(), |granted| granted.over(&own))
@@ -177,9 +174,16 @@ impl LimitsTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tenant::identity::Tenant;
 
     fn named(name: &str) -> Tenant {
         Tenant::named(name)
+    }
+
+    impl LimitsTable {
+        fn of(&self, tenant: &Tenant) -> Limits {
+            self.for_tenant(&tenant.name, tenant.user.as_deref())
+        }
     }
 
     #[test]
@@ -226,7 +230,7 @@ mod tests {
         );
         table.set("alice", &Limits::parse(["max-jobs=2", "weight=5"]).unwrap());
         assert_eq!(
-            table.for_tenant(&named("alice")),
+            table.of(&named("alice")),
             Limits {
                 weight: Some(5),
                 max_jobs: Some(2),
@@ -234,19 +238,19 @@ mod tests {
                 memory: None,
             }
         );
-        assert_eq!(table.for_tenant(&named("bob")), table.defaults().clone());
+        assert_eq!(table.of(&named("bob")), table.defaults().clone());
         // A later change replaces only the limits it sets.
         table.set("alice", &Limits::parse(["weight=1"]).unwrap());
-        assert_eq!(table.for_tenant(&named("alice")).max_jobs, Some(2));
-        assert_eq!(table.for_tenant(&named("alice")).weight, Some(1));
+        assert_eq!(table.of(&named("alice")).max_jobs, Some(2));
+        assert_eq!(table.of(&named("alice")).weight, Some(1));
         // A uid tenant is found by its user's name.
         table.set("root", &Limits::parse(["max-priority=9"]).unwrap());
-        assert_eq!(table.for_tenant(&Tenant::from_uid(0)).max_priority, Some(9));
+        assert_eq!(table.of(&Tenant::from_uid(0)).max_priority, Some(9));
         // A token's limits go over the tenant's own while it is valid.
         table.set_granted("alice", Some(Limits::parse(["max-priority=7"]).unwrap()));
-        assert_eq!(table.for_tenant(&named("alice")).max_priority, Some(7));
+        assert_eq!(table.of(&named("alice")).max_priority, Some(7));
         assert_eq!(table.named("alice").max_jobs, Some(2));
         table.set_granted("alice", None);
-        assert_eq!(table.for_tenant(&named("alice")).max_priority, Some(2));
+        assert_eq!(table.of(&named("alice")).max_priority, Some(2));
     }
 }

@@ -12,10 +12,10 @@ pub mod peer_uid;
 pub mod tokens;
 pub mod users;
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
-use crate::runtime::graph_delta::CheckedDelta;
 use crate::sched::JobId;
 use crate::tenant::op_policy::{checkpoint_path_inputs, OpPolicy};
 
@@ -108,9 +108,15 @@ impl TenantRules {
         }
     }
 
-    /// Checks a graph (delta) before it is imported: its size, its ops and the
-    /// ops of its function library (where checkpoint paths cannot be confined).
-    pub fn check_graph(&self, graph_bytes: usize, delta: &CheckedDelta) -> Result<()> {
+    /// Checks a graph (delta) before it is imported: its size, its `ops` and
+    /// the ops of its function library (`library_ops`: each op with a function
+    /// using it), where checkpoint paths cannot be confined.
+    pub fn check_graph(
+        &self,
+        graph_bytes: usize,
+        ops: &BTreeSet<String>,
+        library_ops: &BTreeMap<String, String>,
+    ) -> Result<()> {
         if graph_bytes as u64 > self.max_graph_bytes {
             return Err(Error::ResourceExhausted(format!(
                 "the graph is {graph_bytes} bytes; this server accepts at most {} per request (--max-graph-bytes)",
@@ -120,12 +126,11 @@ impl TenantRules {
         if !self.confined {
             return Ok(());
         }
-        self.ops.check(delta.ops.iter().map(String::as_str))?;
+        self.ops.check(ops.iter().map(String::as_str))?;
         self.ops
-            .check(delta.library_ops.keys().map(String::as_str))
+            .check(library_ops.keys().map(String::as_str))
             .map_err(|e| Error::PermissionDenied(format!("in the function library: {e}")))?;
-        if let Some((op, function)) = delta
-            .library_ops
+        if let Some((op, function)) = library_ops
             .iter()
             .find(|(op, _)| checkpoint_path_inputs(op).is_some())
         {
@@ -203,21 +208,22 @@ mod tests {
             max_graph_bytes: 10,
             ..TenantRules::default()
         };
-        let mut delta = CheckedDelta::default();
-        assert!(rules.check_graph(10, &delta).is_ok());
+        let ops = BTreeSet::new();
+        let mut library_ops = BTreeMap::new();
+        assert!(rules.check_graph(10, &ops, &library_ops).is_ok());
         assert!(matches!(
-            rules.check_graph(11, &delta),
+            rules.check_graph(11, &ops, &library_ops),
             Err(Error::ResourceExhausted(_))
         ));
-        delta.library_ops.insert("WriteFile".into(), "f".into());
-        let err = rules.check_graph(1, &delta).unwrap_err().to_string();
+        library_ops.insert("WriteFile".into(), "f".into());
+        let err = rules.check_graph(1, &ops, &library_ops).unwrap_err().to_string();
         assert!(
             err.contains("in the function library") && err.contains("WriteFile"),
             "{err}"
         );
-        delta.library_ops.clear();
-        delta.library_ops.insert("SaveV2".into(), "f".into());
-        let err = rules.check_graph(1, &delta).unwrap_err().to_string();
+        library_ops.clear();
+        library_ops.insert("SaveV2".into(), "f".into());
+        let err = rules.check_graph(1, &ops, &library_ops).unwrap_err().to_string();
         assert!(err.contains("op SaveV2 in function \"f\""), "{err}");
     }
 }

@@ -1,11 +1,13 @@
 //! The server's CPU kernels for the ops that call Python (PyFunc,
 //! PyFuncStateless, EagerPyFunc). TensorFlow's own kernels for them live in
 //! its Python extension, which the server does not load; these hand the op's
-//! inputs to the script that built it and wait for its outputs
-//! (`runtime::python_calls`).
+//! inputs to the script that built it and wait for its outputs, through the
+//! [`PythonCall`] the server installs them with (`runtime::python_calls`).
 
 use std::ffi::{c_void, CString};
-use std::sync::Once;
+use std::sync::{Once, OnceLock};
+
+use salus_proto::tensorflow::TensorProto;
 
 use tensorflow_sys as sys;
 
@@ -13,7 +15,17 @@ use super::ffi::kernels as k;
 use super::ffi::TF_SetStatusRaw;
 use super::status::Status;
 use super::{Tensor, TfError};
-use crate::runtime::python_calls::{python_calls, unsendable_input};
+
+/// Hands an op's inputs to the Python of the script that built it (its
+/// token names the script) and waits for the outputs or the Python's error.
+pub type PythonCall = fn(
+    token: &str,
+    op: &str,
+    node: &str,
+    inputs: Vec<TensorProto>,
+) -> Result<Vec<TensorProto>, TfError>;
+
+static PYTHON_CALL: OnceLock<PythonCall> = OnceLock::new();
 
 /// The most bytes one output the script returns may take (its proto is
 /// bounded by the stream's message size; one value can fill a large shape).
@@ -25,11 +37,12 @@ struct Kernel {
     token: String,
 }
 
-/// Registers the kernels once per process; `max_output_bytes` bounds one
-/// output. Errors are logged: without them such ops fail with TensorFlow's
-/// "no kernel" error.
-pub fn install(max_output_bytes: u64) {
+/// Registers the kernels once per process, calling Python through `call`
+/// (the first one given); `max_output_bytes` bounds one output. Errors are
+/// logged: without them such ops fail with TensorFlow's "no kernel" error.
+pub fn install(max_output_bytes: u64, call: PythonCall) {
     MAX_OUTPUT_BYTES.store(max_output_bytes, std::sync::atomic::Ordering::Relaxed);
+    let _ = PYTHON_CALL.set(call);
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         for (op, create) in [
@@ -149,7 +162,10 @@ unsafe fn run(kernel: &Kernel, ctx: *mut k::TF_OpKernelContext) -> Result<(), Tf
             .map_err(|e| unsendable_input(op, node, i as usize, &e.to_string()))?;
         inputs.push(proto);
     }
-    let outputs = python_calls().call(&kernel.token, op, node, inputs)?;
+    let call = PYTHON_CALL
+        .get()
+        .expect("the kernels are registered by install, which sets the call");
+    let outputs = call(&kernel.token, op, node, inputs)?;
     let expected = k::TF_NumOutputs(ctx);
     if outputs.len() != expected as usize {
         return Err(TfError::new(
@@ -190,4 +206,12 @@ fn dtype_name(raw: i32) -> &'static str {
     salus_proto::tensorflow::DataType::try_from(raw)
         .map(|d| d.as_str_name())
         .unwrap_or("unknown")
+}
+
+/// The error for an op input that cannot be handed to Python.
+fn unsendable_input(op: &str, node: &str, index: usize, why: &str) -> TfError {
+    TfError::new(
+        3, // INVALID_ARGUMENT
+        format!("op {op} ({node}): input {index} cannot be passed to the script's Python: {why}"),
+    )
 }
