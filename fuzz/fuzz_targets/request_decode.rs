@@ -220,7 +220,7 @@ fn checked_graph(bytes: &[u8], delta: CheckedDelta, graph: &Graph) -> Result<(),
         assert_eq!(graph.operation(name), Some(*op));
     }
     assert!(delta.ops.len() <= delta.node_count);
-    TenantRules::default().check_graph(bytes.len(), &delta)
+    TenantRules::default().check_graph(bytes.len(), &delta.ops, &delta.library_ops)
 }
 
 /// A feed converted as `Job::feeds` does; a success must respect the limit.
