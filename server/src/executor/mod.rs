@@ -203,6 +203,7 @@ pub async fn run(
         version: env!("CARGO_PKG_VERSION").into(),
         pid: std::process::id(),
         uid,
+        protocol: crate::seam::PROTOCOL,
     }));
     server
         .serve_executor(incoming::connections(h2, handed), tenant, shutdown)

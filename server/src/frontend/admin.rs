@@ -206,7 +206,7 @@ impl AdminService {
         let (sessions_reclaimed, eager_contexts_reclaimed) = self.state.reclaimed();
         seam_msg::Report {
             id: 0,
-            jobs: self.jobs(),
+            jobs: self.jobs().into_iter().map(crate::seam::rows::row_to_msg).collect(),
             open_sessions: info.open_sessions,
             open_eager_contexts: info.open_eager_contexts,
             sessions_created: info.sessions_created,
@@ -428,7 +428,10 @@ fn reported_rows(reports: Vec<(Arc<Tenant>, seam_msg::Report)>, viewer: &Viewer)
         .into_iter()
         .filter(|(tenant, _)| viewer.sees(&tenant.key))
         .flat_map(|(tenant, report)| {
-            report.jobs.into_iter().map(move |row| owned_by(&tenant, row))
+            report
+                .jobs
+                .into_iter()
+                .map(move |row| owned_by(&tenant, crate::seam::rows::row_from_msg(row)))
         })
         .collect()
 }

@@ -11,8 +11,14 @@ pub mod contract;
 pub mod frame;
 pub mod handover;
 pub mod replayed;
+pub mod rows;
 
 pub use salus_proto::salus::seam::v1 as msg;
+
+/// The seam's protocol, in every executor's `Hello`: the supervisor refuses an
+/// executor that speaks another (bump it with any change to seam.proto's
+/// messages or their meaning).
+pub const PROTOCOL: u32 = 2;
 
 use crate::sched::Hints;
 

@@ -235,6 +235,23 @@ fn set_send_timeout(socket: &OwnedFd, limit: Duration) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Whether an executor's `Hello` shows it speaks this supervisor's seam: the
+/// same protocol and the same release (both ends are meant to be one binary;
+/// an executor from another build is refused with both sides named).
+fn compatible(hello: &msg::Hello) -> Result<(), String> {
+    let ours = env!("CARGO_PKG_VERSION");
+    if hello.protocol != crate::seam::PROTOCOL || hello.version != ours {
+        return Err(format!(
+            "its binary is salus-server {} speaking seam protocol {}, this supervisor {ours} speaking {}: \
+             the executor binary is not this server's",
+            hello.version,
+            hello.protocol,
+            crate::seam::PROTOCOL
+        ));
+    }
+    Ok(())
+}
+
 /// A request body on its way to an executor.
 pub type RelayRequestBody = http_body_util::combinators::UnsyncBoxBody<
     bytes::Bytes,
@@ -509,21 +526,32 @@ impl Executors {
                 })
                 .map_err(|e| format!("cannot start a reaper thread: {e}"))?;
         }
-        let started = tokio::select! {
-            hello = hello => hello.map_err(|_| ()),
-            _ = exited_rx.wait_for(|exited| *exited) => Err(()),
+        // Err(Some(why)): it started but cannot serve; Err(None): it did not start.
+        let started: Result<(), Option<String>> = tokio::select! {
+            hello = hello => match hello {
+                Ok(hello) => compatible(&hello).map_err(|why| {
+                    // SAFETY: signalling our own child.
+                    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                    Some(why)
+                }),
+                Err(_) => Err(None),
+            },
+            _ = exited_rx.wait_for(|exited| *exited) => Err(None),
             () = tokio::time::sleep(self.spec.start_timeout) => {
                 // SAFETY: signalling our own child.
                 unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-                Err(())
+                Err(None)
             }
         };
-        if started.is_err() {
+        if let Err(refused) = started {
             // The reaper counts the failure: the process is gone, or killed above.
-            let why = death
-                .wait(Duration::from_secs(5))
-                .await
-                .unwrap_or_else(|| "it did not start in time".into());
+            let why = match refused {
+                Some(why) => why,
+                None => death
+                    .wait(Duration::from_secs(5))
+                    .await
+                    .unwrap_or_else(|| "it did not start in time".into()),
+            };
             return Err(format!(
                 "the executor process for tenant {tenant} did not start: {why}"
             ));
@@ -719,5 +747,25 @@ impl ExecutorProcesses for Executors {
 
     fn stop_tenant(&self, tenant: &TenantKey, why: &str) {
         Executors::stop_tenant(self, tenant, why)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_executor_of_another_build_is_refused() {
+        let hello = |version: &str, protocol| msg::Hello {
+            version: version.into(),
+            pid: 1,
+            uid: 0,
+            protocol,
+        };
+        assert!(compatible(&hello(env!("CARGO_PKG_VERSION"), crate::seam::PROTOCOL)).is_ok());
+        let why = compatible(&hello(env!("CARGO_PKG_VERSION"), 1)).unwrap_err();
+        assert!(why.contains("seam protocol 1"), "{why}");
+        let why = compatible(&hello("0.0.1", crate::seam::PROTOCOL)).unwrap_err();
+        assert!(why.contains("salus-server 0.0.1"), "{why}");
     }
 }
