@@ -38,7 +38,8 @@
 //!     per job; failed runs by TensorFlow code.
 //!   - [`runtime::exec`]: runs TensorFlow work off the async runtime.
 //! - [`tenant`]: who a tenant is and what its jobs may do: [`tenant::identity`]
-//!   (`--auth`, tokens, the tenants file), [`tenant::peer_uid`] (the Unix user of
+//!   (`--auth`, tokens, the tenants file), [`tenant::grants`] (what issued tokens
+//!   grant, applied; the sweep of expired ones), [`tenant::peer_uid`] (the Unix user of
 //!   a loopback client, from the kernel's sock_diag), [`tenant::users`] (passwd
 //!   lookups); [`tenant::op_policy`] (refused ops) and [`tenant::checkpoint_guard`]
 //!   (checkpoint paths confined to the job's directory) for tenants whose

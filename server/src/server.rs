@@ -223,7 +223,7 @@ impl Server {
     pub fn identifier(&mut self) -> Arc<Identifier> {
         let identifier = Identifier::new(self.config.auth, self.config.tenants.clone())
             .with_issued(self.issued.take().unwrap_or_default());
-        crate::frontend::admin::hold_restored_grants(&self.state, &identifier);
+        crate::tenant::grants::hold_restored(&self.state.grant_holder(), &identifier);
         Arc::new(identifier)
     }
 

@@ -15,10 +15,11 @@ use crate::error::Error;
 use crate::frontend::history;
 use crate::frontend::identify::tenant_of;
 use crate::runtime::admission::Admission;
-use crate::runtime::executor::{Executor, TenantFigures};
+use crate::runtime::executor::TenantFigures;
 use crate::sched::tenants::MAX_WEIGHT;
 use crate::tenant::identity::Identifier;
 use crate::tenant::limits::Limits;
+use crate::tenant::grants::{self, token_tenant};
 use crate::tenant::tokens;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::runtime::latency::LatencySnapshot;
@@ -122,36 +123,14 @@ impl AdminService {
     /// Issues tokens into `identifier`'s store, and forgets expired ones
     /// (with the limits they gave) every few seconds.
     pub fn with_identifier(mut self, identifier: Arc<Identifier>) -> AdminService {
-        let weak = Arc::downgrade(&identifier);
-        let executor = self.state.executor.clone();
-        let admission = self.state.admission.clone();
         let executors = self.executors.clone();
-        tokio::spawn(async move {
-            let mut every = tokio::time::interval(TOKEN_SWEEP);
-            loop {
-                every.tick().await;
-                let Some(identifier) = weak.upgrade() else {
-                    return;
-                };
-                let now = SystemTime::now();
-                // Off the runtime: forgetting saves the state file (a fsync).
-                let sweeping = identifier.clone();
-                let expired = match tokio::task::spawn_blocking(move || sweeping.issued().sweep(now)).await {
-                    Ok(expired) => expired,
-                    Err(err) => {
-                        tracing::error!(cause = %err, "the sweep of expired tokens failed");
-                        continue;
-                    }
-                };
-                for token in expired {
-                    tracing::info!(id = token.id, tenant = token.tenant, "issued token expired");
-                    if let Err(err) = apply_grants(&executor, admission.as_ref(), identifier.issued(), &token, now) {
-                        tracing::error!(cause = %err, "cannot release an expired token's reservation");
-                    }
-                    end_connections(executors.as_deref(), &identifier, &token, now, "its token expired");
-                }
-            }
-        });
+        grants::sweep_expired(
+            Arc::downgrade(&identifier),
+            Arc::new(self.state.grant_holder()),
+            move |identifier, token, now| {
+                end_connections(executors.as_deref(), identifier, token, now, "its token expired")
+            },
+        );
         self.identifier = Some(identifier);
         self
     }
@@ -514,39 +493,6 @@ impl AdminService {
     }
 }
 
-/// Holds again what the tokens restored from the state directory grant
-/// (limits, memory reservations), one tenant at a time; called before the
-/// server accepts its first connection. A reservation that no longer fits
-/// (the server restarted with a smaller `--memory-capacity`) is logged and not
-/// held; the tokens stay valid and their limits apply.
-pub fn hold_restored_grants(state: &ServerState, identifier: &Identifier) {
-    let now = SystemTime::now();
-    let mut done: Vec<tokens::IssuedToken> = Vec::new();
-    for token in identifier.issued().list() {
-        if done.iter().any(|t| t.same_tenant(&token)) {
-            continue;
-        }
-        if let Err(err) = apply_grants(&state.executor, state.admission.as_ref(), identifier.issued(), &token, now) {
-            tracing::error!(tenant = token.tenant, cause = %err,
-                "a restored token's memory reservation does not fit this server: not held (its tokens stay valid)");
-            let tenant = token_tenant(&token);
-            state.executor.set_granted_limits(&tenant.name, identifier.issued().limits_of(&token, now));
-        } else {
-            let granted = identifier.issued().limits_of(&token, now);
-            tracing::info!(tenant = token.tenant, uid = ?token.uid,
-                limits = %granted.unwrap_or_default(), "restored tokens' grants held");
-        }
-        done.push(token);
-    }
-}
-
-/// The tenant a token identifies: its Unix user, or its name.
-fn token_tenant(token: &tokens::IssuedToken) -> Tenant {
-    token
-        .uid
-        .map_or_else(|| Tenant::named(&token.tenant), Tenant::from_uid)
-}
-
 /// Ends the open connections and jobs of `gone`'s tenant (under `--isolation
 /// tenant`, by stopping its executor) unless it can still be identified
 /// otherwise. Under `--isolation none` every request is identified anew, so
@@ -563,29 +509,6 @@ fn end_connections(
             executors.stop_tenant(&token_tenant(gone).key, why);
         }
     }
-}
-
-/// How often expired tokens are forgotten (they are refused from the moment they expire).
-const TOKEN_SWEEP: Duration = Duration::from_secs(5);
-
-/// Applies what the valid tokens of `token`'s tenant grant now: their limits,
-/// and (with memory admission) their memory as a reservation held for the
-/// tenant's jobs. Fails if the reservation does not fit the device.
-fn apply_grants(
-    executor: &Executor,
-    admission: Option<&Admission>,
-    store: &tokens::TokenStore,
-    token: &tokens::IssuedToken,
-    now: SystemTime,
-) -> Result<(), Error> {
-    let tenant = token_tenant(token);
-    let granted = store.limits_of(token, now);
-    if let Some(admission) = admission {
-        let reserved = granted.as_ref().and_then(|l| l.memory).unwrap_or(0);
-        admission.reserve(executor.tenant_id(&tenant), reserved)?;
-    }
-    executor.set_granted_limits(&tenant.name, granted);
-    Ok(())
 }
 
 fn token_info(token: &tokens::IssuedToken) -> TokenInfo {
@@ -788,18 +711,13 @@ impl Admin for AdminService {
             .map_err(|e| Error::Internal(format!("issuing a token failed: {e}")))?
             .map_err(|e| Error::Internal(e.to_string()))?;
         let now = SystemTime::now();
-        if let Err(err) = apply_grants(
-            &self.state.executor,
-            self.state.admission.as_ref(),
-            identifier.issued(),
-            &record,
-            now,
-        ) {
+        let holder = self.state.grant_holder();
+        if let Err(err) = grants::apply(&holder, identifier.issued(), &record, now) {
             // The reservation does not fit: the token was never handed out.
             let revoking = identifier.clone();
             let id = record.id.clone();
             let _ = tokio::task::spawn_blocking(move || revoking.issued().revoke(&id)).await;
-            apply_grants(&self.state.executor, self.state.admission.as_ref(), identifier.issued(), &record, now)?;
+            grants::apply(&holder, identifier.issued(), &record, now)?;
             return Err(err.into());
         }
         tracing::info!(id = record.id, tenant = record.tenant, uid = ?record.uid, limits = %record.limits, expires_s = req.expires_seconds, by = %caller, "token issued");
@@ -829,9 +747,10 @@ impl Admin for AdminService {
             .into());
         }
         let now = SystemTime::now();
+        let holder = self.state.grant_holder();
         for token in &revoked {
             tracing::info!(id = token.id, tenant = token.tenant, by = %caller, "token revoked");
-            apply_grants(&self.state.executor, self.state.admission.as_ref(), identifier.issued(), token, now)?;
+            grants::apply(&holder, identifier.issued(), token, now)?;
             end_connections(self.executors.as_deref(), identifier, token, now, "its token was revoked");
         }
         Ok(Response::new(ListTokensResponse {

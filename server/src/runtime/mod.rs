@@ -11,6 +11,7 @@ pub mod exec;
 pub mod executor;
 pub mod graph_delta;
 pub mod graph_job;
+pub mod grants;
 pub mod job_history;
 pub mod job_open;
 pub mod jobs;

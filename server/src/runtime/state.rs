@@ -49,6 +49,14 @@ pub struct ServerState {
 }
 
 impl ServerState {
+    /// The scheduler and memory admission as the holder of tenants' grants.
+    pub fn grant_holder(&self) -> crate::runtime::grants::RuntimeGrants {
+        crate::runtime::grants::RuntimeGrants {
+            executor: self.executor.clone(),
+            admission: self.admission.clone(),
+        }
+    }
+
     pub fn new(
         executor: Executor,
         admission: Option<Admission>,

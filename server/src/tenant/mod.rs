@@ -5,6 +5,7 @@
 pub mod admins;
 pub mod checkpoint_guard;
 pub mod connections;
+pub mod grants;
 pub mod identity;
 pub mod limits;
 pub mod op_policy;
