@@ -72,14 +72,13 @@ def pytest_terminal_summary(terminalreporter):
     phases.append(f"pytest {time.monotonic() - _SESSION_STARTED[0]:.0f} s")
     seconds = Path(os.environ.get("SALUS_CI_BACKGROUND", "/nonexistent")) / "seconds"
     if seconds.exists():
-        phases.append(f"build checks: fuzz build and seeds, and the cuda check where no GPU-wheel build runs "
-                      f"(beside pytest) {seconds.read_text().strip()} s")
+        phases.append(f"build checks: fuzz build and seeds (beside pytest) {seconds.read_text().strip()} s")
     gpu_wheel = seconds.parent / "gpu-wheel"
     times = {name: (gpu_wheel / f"{name}-seconds").read_text().strip()
-             for name in ("venv", "build", "suites") if (gpu_wheel / f"{name}-seconds").exists()}
+             for name in ("venv", "suites") if (gpu_wheel / f"{name}-seconds").exists()}
     if times:
-        phases.append(f"GPU wheel: venv {times.get('venv', '?')} s (beside cargo test), server build "
-                      f"{times.get('build', '?')} s (beside pytest), suites {times.get('suites', '?')} s (in pytest)")
+        phases.append(f"GPU wheel: venv {times.get('venv', '?')} s (beside cargo test and pytest), "
+                      f"suites {times.get('suites', '?')} s (in pytest)")
     slowest = sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])[:12]
     phases.append("slowest test files: " + ", ".join(f"{name} {s:.0f} s" for name, s in slowest))
     terminalreporter.write_sep("=", "phases of scripts/test.sh")

@@ -1,5 +1,4 @@
-"""The build checks scripts/test.sh runs beside pytest (the `cuda` feature's check, the fuzz targets' build and
-their seeds): this test, moved to the end of the session by conftest.py, waits for them and fails with their
+"""The build checks scripts/test.sh runs beside pytest (the fuzz targets' build and their seeds): this test, moved to the end of the session by conftest.py, waits for them and fails with their
 output if one failed. Skipped when pytest runs without scripts/test.sh (no SALUS_CI_BACKGROUND)."""
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ LIMIT_S = 30 * 60
 
 
 @pytest.mark.skipif(not BACKGROUND, reason="pytest was not started by scripts/test.sh")
-def test_cuda_check_fuzz_build_and_seeds_passed():
+def test_fuzz_build_and_seeds_passed():
     rc = Path(BACKGROUND) / "rc"
     assert wait_until(rc.exists, timeout=LIMIT_S, interval=1.0), f"the background build checks ran past {LIMIT_S} s"
     log = (Path(BACKGROUND) / "log").read_text(errors="replace")

@@ -174,7 +174,7 @@ impl Server {
         });
         let admission = capacity.map(|capacity| {
             if let Role::Executor { seam, .. } = &role {
-                return Admission::remote(seam.clone(), executor.clone());
+                return Admission::remote(seam.clone());
             }
             let lanes = match gpu_lanes {
                 Some(gpu) => LaneManager::fixed(&vec![gpu.lane_bytes; gpu.count as usize]),

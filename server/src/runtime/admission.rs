@@ -160,10 +160,9 @@ impl Shared {
         replies: Vec<oneshot::Sender<LaneReservation>>,
     ) {
         let mut reservation = Some(LaneReservation {
-            shared: self.clone(),
+            holder: Holder::Local(self.clone()),
             job: id,
             lane,
-            remote: None,
         });
         for reply in replies {
             match reply.send(reservation.take().expect("one reservation")) {
@@ -177,34 +176,39 @@ impl Shared {
 
 /// A job's share of a lane; dropping it releases the share.
 pub struct LaneReservation {
-    shared: Arc<Shared>,
+    holder: Holder,
     job: JobId,
     lane: LaneId,
-    /// In an executor process: the supervisor holds the share.
-    remote: Option<Arc<SeamClient>>,
+}
+
+/// Who holds a reservation's share.
+enum Holder {
+    /// This process's lanes.
+    Local(Arc<Shared>),
+    /// The supervisor's (in an executor process).
+    Seam(Arc<SeamClient>),
 }
 
 impl LaneReservation {
-    /// The job's lane now (a merge may have moved it since it was admitted).
+    /// The job's lane now (a merge may have moved it since it was admitted;
+    /// in an executor process, the lane it was admitted to).
     pub fn lane(&self) -> LaneId {
-        if self.remote.is_some() {
-            return self.lane;
+        match &self.holder {
+            Holder::Local(shared) => shared.lock().lanes.lane_of(self.job).unwrap_or(self.lane),
+            Holder::Seam(_) => self.lane,
         }
-        self.shared
-            .lock()
-            .lanes
-            .lane_of(self.job)
-            .unwrap_or(self.lane)
     }
 }
 
 impl Drop for LaneReservation {
     fn drop(&mut self) {
-        match &self.remote {
-            Some(seam) => seam.send(seam_msg::to_supervisor::Msg::Release(seam_msg::Release {
-                job: self.job.0,
-            })),
-            None => self.shared.release(self.job),
+        match &self.holder {
+            Holder::Seam(seam) => {
+                seam.send(seam_msg::to_supervisor::Msg::Release(seam_msg::Release {
+                    job: self.job.0,
+                }))
+            }
+            Holder::Local(shared) => shared.release(self.job),
         }
     }
 }
@@ -217,28 +221,157 @@ pub enum MemoryState {
     NotRequested,
 }
 
-/// Memory admission for the whole server; cheap to clone. In a tenant's
-/// executor process it is remote: the supervisor's admission decides.
+/// Memory admission for the whole server; cheap to clone. One of two ports:
+/// this process's lanes (the supervisor, or `--isolation none`), or, in a
+/// tenant's executor process, the supervisor's admission over the seam.
 #[derive(Clone)]
 pub struct Admission {
+    port: Port,
+}
+
+#[derive(Clone)]
+enum Port {
+    Local(LocalAdmission),
+    Seam(Arc<SeamClient>),
+}
+
+/// Admission decided in this process.
+#[derive(Clone)]
+struct LocalAdmission {
     shared: Arc<Shared>,
-    remote: Option<Arc<SeamClient>>,
 }
 
 impl Admission {
-    /// Admission over `lanes` (dynamic: [`LaneManager::new`]; GPU lanes:
-    /// [`LaneManager::fixed`]).
     /// The admission of an executor process: the supervisor's, over `seam`.
-    pub fn remote(seam: Arc<SeamClient>, executor: Executor) -> Admission {
+    pub fn remote(seam: Arc<SeamClient>) -> Admission {
         Admission {
-            remote: Some(seam),
-            ..Admission::new(LaneManager::new(0), Duration::ZERO, executor)
+            port: Port::Seam(seam),
         }
     }
 
+    /// Admission over `lanes` (dynamic: [`LaneManager::new`]; GPU lanes:
+    /// [`LaneManager::fixed`]).
     pub fn new(lanes: LaneManager, timeout: Duration, executor: Executor) -> Admission {
         Admission {
-            remote: None,
+            port: Port::Local(LocalAdmission::new(lanes, timeout, executor)),
+        }
+    }
+
+    /// This process's lanes, if it decides (not an executor process).
+    fn local(&self) -> Option<&LocalAdmission> {
+        match &self.port {
+            Port::Local(local) => Some(local),
+            Port::Seam(_) => None,
+        }
+    }
+
+    /// The device's memory (0 in an executor process: the supervisor's figures are its own).
+    pub fn capacity(&self) -> u64 {
+        self.local().map_or(0, LocalAdmission::capacity)
+    }
+
+    pub fn free(&self) -> u64 {
+        self.local().map_or(0, LocalAdmission::free)
+    }
+
+    pub fn lanes(&self) -> Vec<LaneStatus> {
+        self.local().map_or_else(Vec::new, LocalAdmission::lanes)
+    }
+
+    /// Holds `bytes` of device memory for `tenant`'s jobs (0: none), replacing
+    /// its earlier reservation, and admits waiting jobs a smaller one frees
+    /// room for. Refused (RESOURCE_EXHAUSTED) when the reservations together
+    /// would exceed the device.
+    pub fn reserve(&self, tenant: TenantId, bytes: u64) -> Result<()> {
+        match self.local() {
+            Some(local) => local.reserve(tenant, bytes),
+            None => Err(Error::Internal(
+                "reservations are made in the supervisor".into(),
+            )),
+        }
+    }
+
+    /// Bytes reserved by each tenant that has a reservation.
+    pub fn reserved_by_tenant(
+        &self,
+        tenants: impl IntoIterator<Item = TenantId>,
+    ) -> HashMap<TenantId, u64> {
+        self.local()
+            .map_or_else(HashMap::new, |local| local.reserved_by_tenant(tenants))
+    }
+
+    /// Bytes reserved in all, and the part of it no job holds yet (kept out
+    /// of the pool for other tenants).
+    pub fn reserved(&self) -> (u64, u64) {
+        self.local().map_or((0, 0), LocalAdmission::reserved)
+    }
+
+    /// Device memory each tenant's jobs hold admitted or wait for.
+    pub fn claimed_by_tenant(&self) -> HashMap<TenantId, u64> {
+        self.local()
+            .map_or_else(HashMap::new, LocalAdmission::claimed_by_tenant)
+    }
+
+    pub fn counts(&self) -> AdmissionCounts {
+        self.local()
+            .map_or_else(AdmissionCounts::default, LocalAdmission::counts)
+    }
+
+    /// With fixed (GPU) lanes, the lane a job whose graph is about to be
+    /// placed should be bound to: the one with the most room now.
+    pub fn lane_for_new_graph(&self) -> Option<LaneId> {
+        match &self.port {
+            Port::Local(local) => local.lane_for_new_graph(),
+            Port::Seam(seam) => seam.lane_for_new_graph(),
+        }
+    }
+
+    /// Where `job` stands (in an executor process the supervisor knows:
+    /// `NotRequested` here).
+    pub fn state_of(&self, job: JobId) -> MemoryState {
+        self.local()
+            .map_or(MemoryState::NotRequested, |local| local.state_of(job))
+    }
+
+    /// Forgets a job's waiting request, if any (its session closed).
+    pub fn withdraw(&self, job: JobId) {
+        match &self.port {
+            Port::Local(local) => local.withdraw(job),
+            Port::Seam(seam) => {
+                seam.send(seam_msg::to_supervisor::Msg::Withdraw(seam_msg::Withdraw {
+                    job: job.0,
+                }))
+            }
+        }
+    }
+
+    /// Asks for a lane for `job` (only `pinned`, if given: the GPU lane its
+    /// graph was placed on) and waits until it has one, up to the admission
+    /// timeout. A job larger than the whole device or lane is refused at once.
+    pub async fn admit(
+        &self,
+        job: JobId,
+        need: MemoryNeed,
+        pinned: Option<LaneId>,
+        hints: Hints,
+    ) -> Result<LaneReservation> {
+        match &self.port {
+            Port::Local(local) => local.admit(job, need, pinned, hints).await,
+            Port::Seam(seam) => {
+                let lane = seam.admit(job, need, pinned, &hints).await?;
+                Ok(LaneReservation {
+                    holder: Holder::Seam(seam.clone()),
+                    job,
+                    lane,
+                })
+            }
+        }
+    }
+}
+
+impl LocalAdmission {
+    fn new(lanes: LaneManager, timeout: Duration, executor: Executor) -> LocalAdmission {
+        LocalAdmission {
             shared: Arc::new(Shared {
                 state: Mutex::new(State {
                     lanes,
@@ -252,28 +385,19 @@ impl Admission {
         }
     }
 
-    pub fn capacity(&self) -> u64 {
+    fn capacity(&self) -> u64 {
         self.shared.lock().lanes.capacity()
     }
 
-    pub fn free(&self) -> u64 {
+    fn free(&self) -> u64 {
         self.shared.lock().lanes.free()
     }
 
-    pub fn lanes(&self) -> Vec<LaneStatus> {
+    fn lanes(&self) -> Vec<LaneStatus> {
         self.shared.lock().lanes.lanes()
     }
 
-    /// Holds `bytes` of device memory for `tenant`'s jobs (0: none), replacing
-    /// its earlier reservation, and admits waiting jobs a smaller one frees
-    /// room for. Refused (RESOURCE_EXHAUSTED) when the reservations together
-    /// would exceed the device.
-    pub fn reserve(&self, tenant: TenantId, bytes: u64) -> Result<()> {
-        if self.remote.is_some() {
-            return Err(Error::Internal(
-                "reservations are made in the supervisor".into(),
-            ));
-        }
+    fn reserve(&self, tenant: TenantId, bytes: u64) -> Result<()> {
         let admitted = {
             let mut state = self.shared.lock();
             let others = state
@@ -294,8 +418,7 @@ impl Admission {
         Ok(())
     }
 
-    /// Bytes reserved by each tenant that has a reservation.
-    pub fn reserved_by_tenant(
+    fn reserved_by_tenant(
         &self,
         tenants: impl IntoIterator<Item = TenantId>,
     ) -> HashMap<TenantId, u64> {
@@ -307,15 +430,12 @@ impl Admission {
             .collect()
     }
 
-    /// Bytes reserved in all, and the part of it no job holds yet (kept out
-    /// of the pool for other tenants).
-    pub fn reserved(&self) -> (u64, u64) {
+    fn reserved(&self) -> (u64, u64) {
         let state = self.shared.lock();
         (state.lanes.reserved_total(), state.lanes.held_back())
     }
 
-    /// Device memory each tenant's jobs hold admitted or wait for.
-    pub fn claimed_by_tenant(&self) -> HashMap<TenantId, u64> {
+    fn claimed_by_tenant(&self) -> HashMap<TenantId, u64> {
         let mut by_tenant = HashMap::new();
         for (owner, bytes) in self.shared.lock().claims.values() {
             *by_tenant.entry(*owner).or_default() += bytes;
@@ -323,7 +443,7 @@ impl Admission {
         by_tenant
     }
 
-    pub fn counts(&self) -> AdmissionCounts {
+    fn counts(&self) -> AdmissionCounts {
         let c = &self.shared.counts;
         AdmissionCounts {
             waits: c.waits.load(Ordering::Relaxed),
@@ -332,16 +452,11 @@ impl Admission {
         }
     }
 
-    /// With fixed (GPU) lanes, the lane a job whose graph is about to be
-    /// placed should be bound to: the one with the most room now.
-    pub fn lane_for_new_graph(&self) -> Option<LaneId> {
-        if let Some(seam) = &self.remote {
-            return seam.lane_for_new_graph();
-        }
+    fn lane_for_new_graph(&self) -> Option<LaneId> {
         self.shared.lock().lanes.roomiest_lane()
     }
 
-    pub fn state_of(&self, job: JobId) -> MemoryState {
+    fn state_of(&self, job: JobId) -> MemoryState {
         let state = self.shared.lock();
         if let Some(w) = state.waiting.get(&job) {
             return MemoryState::Waiting {
@@ -355,39 +470,20 @@ impl Admission {
             .map_or(MemoryState::NotRequested, MemoryState::Admitted)
     }
 
-    /// Forgets a job's waiting request, if any (its session closed).
-    pub fn withdraw(&self, job: JobId) {
-        if let Some(seam) = &self.remote {
-            seam.send(seam_msg::to_supervisor::Msg::Withdraw(seam_msg::Withdraw {
-                job: job.0,
-            }));
-            return;
-        }
+    fn withdraw(&self, job: JobId) {
         let waiting = self.shared.lock().waiting.remove(&job).is_some();
         if waiting {
             self.shared.release(job);
         }
     }
 
-    /// Asks for a lane for `job` (only `pinned`, if given: the GPU lane its
-    /// graph was placed on) and waits until it has one, up to the admission
-    /// timeout. A job larger than the whole device or lane is refused at once.
-    pub async fn admit(
+    async fn admit(
         &self,
         job: JobId,
         need: MemoryNeed,
         pinned: Option<LaneId>,
         hints: Hints,
     ) -> Result<LaneReservation> {
-        if let Some(seam) = &self.remote {
-            let lane = seam.admit(job, need, pinned, &hints).await?;
-            return Ok(LaneReservation {
-                shared: self.shared.clone(),
-                job,
-                lane,
-                remote: Some(seam.clone()),
-            });
-        }
         // Ranked before taking the admission lock: the executor has its own.
         let rank = self.shared.executor.rank_new(job, &hints);
         let (owner, share, owner_name) = self.shared.executor.memory_share(job);
@@ -433,10 +529,9 @@ impl Admission {
                         );
                         // If scheduling failed, its drop returns the share.
                         let reservation = LaneReservation {
-                            shared: self.shared.clone(),
+                            holder: Holder::Local(self.shared.clone()),
                             job,
                             lane,
-                            remote: None,
                         };
                         scheduled?;
                         return Ok(reservation);
@@ -548,7 +643,7 @@ mod tests {
                     let third = third.unwrap();
                     assert_eq!(a.lanes().len(), 1);
                     assert_eq!((first.lane(), second.lane()), (third.lane(), third.lane()));
-                    let executor = &a.shared.executor;
+                    let executor = &a.local().unwrap().shared.executor;
                     for job in [1, 2, 3] {
                         assert_eq!(
                             executor.job_status(JobId(job)).map(|s| s.lane),
@@ -645,7 +740,7 @@ mod tests {
         use crate::tenant::identity::Tenant;
         use crate::tenant::limits::{Limits, LimitsTable};
         let a = admission(1000, 5_000);
-        let executor = a.shared.executor.clone();
+        let executor = a.local().unwrap().shared.executor.clone();
         let mut table = LimitsTable::default();
         table.set("root", &Limits::parse(["memory=100"]).unwrap());
         executor.set_limits_table(table);
