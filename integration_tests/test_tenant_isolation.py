@@ -22,6 +22,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -143,6 +144,20 @@ def test_a_tenants_crashes_end_only_its_own_jobs(server, unix_users, in_process_
     assert trainer.returncode == 0, err[-3000:]
     assert last_json_line(out)["digest"] == digest_of(in_process_run)
     assert server.proc.poll() is None, "the server died"
+
+
+def test_the_supervisor_runs_no_tensorflow(server):
+    """The process users start lists the devices through a child (`probe-devices`) and runs no TensorFlow
+    itself: none of TensorFlow's threads (tf_Compute, tf_graph_runner: a session's pools, and on a GPU its
+    device context) are among its threads, while `ctl info` names TensorFlow's version and devices."""
+    threads = sorted(Path(f"/proc/{server.pid}/task/{tid}/comm").read_text().strip()
+                     for tid in os.listdir(f"/proc/{server.pid}/task"))
+    assert threads and not [t for t in threads if t.startswith("tf_")], threads
+    info = ctl_json(server.address, "info")
+    assert info["tensorflow_version"] and any(d["name"].endswith("device:CPU:0") for d in info["devices"]), info
+    rss = next(line for line in Path(f"/proc/{server.pid}/status").read_text().splitlines()
+               if line.startswith("VmRSS"))
+    print(f"supervisor threads {threads}; {rss} (TensorFlow's libraries stay mapped: it links them)")
 
 
 def test_an_executor_killed_mid_step_fails_its_tenant_at_once(server, unix_users):

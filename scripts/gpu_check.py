@@ -847,7 +847,8 @@ def claim_server_sees_gpu(ctx: Ctx) -> str:
         problems.append(f"capacity {memory['capacity_bytes']} != GPU 0 total {cuda['gpu0_total_bytes']}")
     if problems:
         raise ClaimFailed("; ".join(problems))
-    # What the supervisor itself holds on the GPU (it keeps a TensorFlow runtime for the device list).
+    # What the supervisor itself holds on the GPU (no TensorFlow runtime: a child listed the devices; only the
+    # driver query at start is its own).
     apps = smi_apps()
     held = apps.get(server.pid)
     held_note = (f"the supervisor (pid {server.pid}) holds {held:.0f} MiB of GPU memory" if held is not None

@@ -271,6 +271,10 @@ pub enum Command {
     /// A tenant's executor process: started by the server itself, not by users.
     #[command(hide = true)]
     Executor,
+    /// Lists the devices jobs get from these flags as one JSON line, and exits:
+    /// run by the supervisor, which runs no TensorFlow itself.
+    #[command(hide = true, name = "probe-devices")]
+    ProbeDevices,
 }
 
 /// Validated settings of one server.
@@ -389,7 +393,8 @@ impl TryFrom<Args> for Config {
         }
         // An executor process serves one tenant the supervisor identified:
         // it neither reads the tenants file nor could (it runs as the tenant).
-        let executor = matches!(args.command, Some(Command::Executor));
+        // A device probe needs neither those nor the state directory.
+        let executor = matches!(args.command, Some(Command::Executor | Command::ProbeDevices));
         let tenants = match &args.tenants_file {
             Some(path) if !executor => TenantsFile::load(path)?,
             _ => TenantsFile::default(),

@@ -63,6 +63,7 @@ fn main() -> anyhow::Result<()> {
         }
     };
     let executor = executor && matches!(args.command, Some(Command::Executor));
+    let probe = matches!(args.command, Some(Command::ProbeDevices));
     let ctl = match args.command.take() {
         Some(Command::Ctl(ctl)) => Some(ctl),
         other => {
@@ -106,6 +107,16 @@ fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    if probe {
+        match runtime.block_on(salus_server::server::probe_devices(config)) {
+            Ok(line) => println!("{line}"),
+            Err(err) => {
+                let _ = writeln!(stderr, "salus-server probe-devices: {err}");
+                std::process::exit(1);
+            }
+        }
+        return Ok(());
+    }
     if executor {
         if let Err(err) = runtime.block_on(salus_server::executor::run(config, shutdown_signal())) {
             let _ = writeln!(stderr, "salus-server executor: {err}");

@@ -26,17 +26,17 @@ use crate::tenant::connections::ConnectionCounts;
 use crate::frontend::master::Master;
 use crate::gpu_probe::{self, GpuProbe};
 use crate::runtime::admission::Admission;
+use crate::runtime::device_list::{self, DeviceList};
 use crate::runtime::exec;
 use crate::runtime::executor::Executor;
 use crate::runtime::graph_job::JobSettings;
-use crate::runtime::session_config::{session_config, GpuLanes};
+use crate::runtime::session_config::GpuLanes;
 use crate::runtime::state::ServerState;
 use crate::runtime::timeline::Timeline;
 use crate::seam::client::SeamClient;
 use crate::sched::lanes::LaneManager;
 use crate::sched::policy;
 use crate::sched::{History, RunEnd};
-use crate::tf::{self, Graph, Session};
 
 /// What the state directory gave back at start.
 struct Restored {
@@ -122,23 +122,15 @@ impl Server {
             }
             (_, Some(dir)) => Some(restore_state(dir).await?),
         };
-        let gpu = probe_gpu(&config, &role);
-        let (capacity, capacity_source) =
-            gpu_probe::memory_capacity(config.memory_capacity, config.gpu_lanes, &gpu);
-        if capacity.is_none() && gpu.cuda_build {
-            tracing::info!("no memory capacity (no --memory-capacity, no GPU): memory admission stays off");
-        }
-        let gpu_lanes = gpu_lanes(&config, capacity)?;
-        config.session_defaults.gpu_lanes = gpu_lanes;
-        // The probe is the process's first session: with GPU lanes it creates
-        // the virtual devices, so it gets the same config as every job.
-        let (probe_config, _) = session_config(&[], config.session_defaults)?;
-        let devices = exec::blocking(move || {
-            let probe = Session::new(Arc::new(Graph::new()), &probe_config)?;
-            Ok(probe.list_devices()?)
-        })
-        .await?;
-        let version = tf::tensorflow_version();
+        let (gpu, capacity, capacity_source, gpu_lanes) = memory_setup(&mut config, &role)?;
+        // The supervisor runs no TensorFlow: a child lists the devices for it.
+        let DeviceList {
+            devices,
+            tensorflow_version: version,
+        } = match role {
+            Role::Supervisor => device_list::list_in_child().await?,
+            _ => device_list::list_here(config.session_defaults).await?,
+        };
         for device in &devices {
             tracing::info!(device = %device.name, kind = %device.device_type, memory = device.memory_bytes, "device");
         }
@@ -506,6 +498,30 @@ fn probe_gpu(config: &Config, role: &Role) -> GpuProbe {
         Err(_) => {}
     }
     probe
+}
+
+/// What the device's memory is and how jobs share it: GPU 0 as the CUDA
+/// driver gives it, the capacity (flag or GPU), and `--gpu-lanes`' fixed lanes,
+/// which every session's config (`config.session_defaults`) then carries.
+fn memory_setup(
+    config: &mut Config,
+    role: &Role,
+) -> Result<(GpuProbe, Option<u64>, gpu_probe::CapacitySource, Option<GpuLanes>), Error> {
+    let gpu = probe_gpu(config, role);
+    let (capacity, capacity_source) = gpu_probe::memory_capacity(config.memory_capacity, config.gpu_lanes, &gpu);
+    if capacity.is_none() && gpu.cuda_build {
+        tracing::info!("no memory capacity (no --memory-capacity, no GPU): memory admission stays off");
+    }
+    let gpu_lanes = gpu_lanes(config, capacity)?;
+    config.session_defaults.gpu_lanes = gpu_lanes;
+    Ok((gpu, capacity, capacity_source, gpu_lanes))
+}
+
+/// `salus-server [FLAGS] probe-devices` (the supervisor's child, see
+/// `runtime::device_list`): the devices the flags give jobs, as one line.
+pub async fn probe_devices(mut config: Config) -> Result<String, ServeError> {
+    memory_setup(&mut config, &Role::Single)?;
+    Ok(device_list::to_line(&device_list::list_here(config.session_defaults).await?))
 }
 
 /// `--gpu-lanes N`: the capacity split into N equal lanes.

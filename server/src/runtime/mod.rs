@@ -3,6 +3,7 @@
 //! run classification, memory estimates).
 
 pub mod admission;
+pub mod device_list;
 pub mod eager_devices;
 pub mod eager_functions;
 pub mod eager_items;
