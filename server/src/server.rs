@@ -80,6 +80,18 @@ pub enum ServeError {
 }
 
 
+/// A connection the gRPC server can serve: a TCP client's, or in an executor
+/// one handed over by the supervisor or the supervisor's relay.
+pub trait ServedConnection:
+    tonic::transport::server::Connected + tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static
+{
+}
+
+impl<T> ServedConnection for T where
+    T: tonic::transport::server::Connected + tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static
+{
+}
+
 /// What this process is: the whole server (`--isolation none`), the
 /// supervisor of tenants' executor processes, or one tenant's executor.
 #[derive(Clone)]
@@ -243,21 +255,12 @@ impl Server {
 
     /// An executor process: serves its tenant's connections (handed over by
     /// the supervisor) and the calls the supervisor relays.
-    pub async fn serve_executor<IO, S>(
+    pub async fn serve_executor<IO: ServedConnection>(
         self,
-        incoming: S,
+        incoming: impl tokio_stream::Stream<Item = std::io::Result<IO>> + Send + 'static,
         tenant: Arc<crate::tenant::identity::Tenant>,
         shutdown: impl Future<Output = ()> + Send,
-    ) -> Result<(), ServeError>
-    where
-        S: tokio_stream::Stream<Item = std::io::Result<IO>> + Send + 'static,
-        IO: tonic::transport::server::Connected
-            + tokio::io::AsyncRead
-            + tokio::io::AsyncWrite
-            + Unpin
-            + Send
-            + 'static,
-    {
+    ) -> Result<(), ServeError> {
         // The supervisor keeps relaying until every executor's eager jobs are
         // quiet, then stops taking calls itself, which ends the relayed streams.
         let seam = self.state.executor.seam().cloned();
@@ -277,22 +280,13 @@ impl Server {
         .await
     }
 
-    async fn serve_incoming<IO, S>(
+    async fn serve_incoming<IO: ServedConnection>(
         self,
-        incoming: S,
+        incoming: impl tokio_stream::Stream<Item = std::io::Result<IO>> + Send + 'static,
         identifier: Arc<Identifier>,
         shutdown: impl Future<Output = ()> + Send,
         after_drain: impl FnOnce() + Send,
-    ) -> Result<(), ServeError>
-    where
-        S: tokio_stream::Stream<Item = std::io::Result<IO>> + Send + 'static,
-        IO: tonic::transport::server::Connected
-            + tokio::io::AsyncRead
-            + tokio::io::AsyncWrite
-            + Unpin
-            + Send
-            + 'static,
-    {
+    ) -> Result<(), ServeError> {
         let limit = self.config.max_message_size;
         let master = MasterServiceServer::new(Master::new(self.state.clone()))
             .max_decoding_message_size(limit)
