@@ -193,7 +193,14 @@ impl AdminService {
             heap_in_use_bytes: info.heap_in_use_bytes,
             sessions_reclaimed,
             eager_contexts_reclaimed,
-            run_errors: info.run_errors,
+            run_errors: info
+                .run_errors
+                .into_iter()
+                .map(|e| seam_msg::RunErrors {
+                    code: e.code,
+                    count: e.count,
+                })
+                .collect(),
         }
     }
 
@@ -234,7 +241,10 @@ impl AdminService {
             for count in &report.run_errors {
                 match info.run_errors.iter_mut().find(|c| c.code == count.code) {
                     Some(c) => c.count += count.count,
-                    None => info.run_errors.push(count.clone()),
+                    None => info.run_errors.push(ErrorCount {
+                        code: count.code.clone(),
+                        count: count.count,
+                    }),
                 }
             }
         }
