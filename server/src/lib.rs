@@ -78,6 +78,8 @@ pub mod gpu;
 pub mod gpu_probe;
 pub mod heap_meter;
 pub mod http2;
+pub mod node_start;
+pub mod process;
 pub mod runtime;
 pub mod seam;
 pub mod server;

@@ -1,15 +1,17 @@
-//! `salus-server` binary: flags, logging, signals; everything else is in the library.
+//! `salus-server` binary: flags, logging, signals; everything else is in the
+//! library. Under `--isolation tenant` (the default) it execs into
+//! `salus-supervisor`, which links no TensorFlow, and runs again only as that
+//! supervisor's children (`executor`, `probe-devices`).
 
-use std::io::{IsTerminal, Write};
+use std::io::Write;
+use std::os::unix::process::CommandExt;
 
 use anyhow::Context;
 use clap::Parser;
-use salus_server::config::{Args, Command, Config};
+use salus_server::config::{Command, Config};
 use salus_server::frontend::admin::AdminService;
-use salus_server::server::{Role, Server};
-use salus_server::supervisor::executors::ExecutorSpec;
-use salus_server::tenant::CheckpointRoot;
-use tracing_subscriber::EnvFilter;
+use salus_server::process::{self, SUPERVISOR_BIN};
+use salus_server::server::Server;
 
 mod malloc_hooks;
 
@@ -30,6 +32,10 @@ fn main() -> anyhow::Result<()> {
             eprintln!("salus-server executor: {err}");
             std::process::exit(1);
         }
+    } else if let Ok(args) = salus_server::config::Args::try_parse_from(std::env::args_os()) {
+        if args.command.is_none() && args.isolation == "tenant" {
+            become_supervisor();
+        }
     }
     salus_server::tf_env::prepare();
     // fd 2 may be a filtered pipe now: messages printed right before exiting go
@@ -40,28 +46,7 @@ fn main() -> anyhow::Result<()> {
     std::panic::set_hook(Box::new(move |info| {
         let _ = writeln!(&panic_stderr, "salus-server: {info}");
     }));
-    let mut args = match Args::try_parse() {
-        Ok(args) => args,
-        Err(err) => {
-            let terminal = if err.use_stderr() {
-                stderr.is_terminal()
-            } else {
-                std::io::stdout().is_terminal()
-            };
-            let styled = err.render();
-            let text = if terminal {
-                styled.ansi().to_string()
-            } else {
-                styled.to_string()
-            };
-            if err.use_stderr() {
-                let _ = write!(stderr, "{text}");
-            } else {
-                print!("{text}");
-            }
-            std::process::exit(err.exit_code());
-        }
-    };
+    let mut args = process::parse_args_or_exit(&mut stderr);
     let executor = executor && matches!(args.command, Some(Command::Executor));
     let probe = matches!(args.command, Some(Command::ProbeDevices));
     let ctl = match args.command.take() {
@@ -98,8 +83,8 @@ fn main() -> anyhow::Result<()> {
     if config.verbose == 0 && std::env::var_os("TF_CPP_MIN_LOG_LEVEL").is_none() {
         std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "2");
     }
-    init_logging(config.verbose, stderr.try_clone()?);
-    raise_open_file_limit();
+    process::init_logging(config.verbose, stderr.try_clone()?);
+    process::raise_open_file_limit();
     malloc_hooks::enable_block_cache(config.block_cache_bytes);
     if !salus_server::heap_meter::install() {
         tracing::warn!("the malloc hooks are not in effect: eager jobs' per-iteration memory will not be measured");
@@ -118,7 +103,7 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     if executor {
-        if let Err(err) = runtime.block_on(salus_server::executor::run(config, shutdown_signal())) {
+        if let Err(err) = runtime.block_on(salus_server::executor::run(config, process::shutdown_signal())) {
             let _ = writeln!(stderr, "salus-server executor: {err}");
             std::process::exit(1);
         }
@@ -131,53 +116,38 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn init_logging(verbose: u8, stderr: std::fs::File) {
-    let default = match verbose {
-        0 => "info",
-        1 => "debug",
-        _ => "trace",
+/// `--isolation tenant`: this process becomes `salus-supervisor` (same pid,
+/// same arguments), so the process users start maps no TensorFlow. Returns
+/// only if it cannot, after saying why.
+fn become_supervisor() -> ! {
+    // The exec'd binary gets the real stderr, not the pipe of a filter that
+    // would no longer run.
+    salus_server::tf_log::undo_early_redirect();
+    let why = match process::beside_this_binary(SUPERVISOR_BIN) {
+        Ok(supervisor) => {
+            let mut argv = std::env::args_os();
+            let mut command = std::process::Command::new(&supervisor);
+            if let Some(arg0) = argv.next() {
+                command.arg0(arg0);
+            }
+            let err = command.args(argv).exec();
+            format!("cannot run {}: {err}", supervisor.display())
+        }
+        Err(why) => why,
     };
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::sync::Mutex::new(LossyWriter(stderr)))
-        .with_ansi(false)
-        .init();
+    eprintln!("salus-server: --isolation tenant runs the supervisor, and {why} (--isolation none runs without it)");
+    std::process::exit(1);
 }
 
-/// The log's writer: a log line that cannot be written is lost, and nothing
-/// else happens. An executor's stderr is its supervisor's pipe, broken once the
-/// supervisor is gone; on a failed write tracing-subscriber would report it
-/// with `eprintln!`, which panics on that same broken stderr and ends the
-/// logging thread (the seam reader among them, before it could end the
-/// executor).
-struct LossyWriter(std::fs::File);
-
-impl Write for LossyWriter {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let _ = self.0.write_all(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
+/// `--isolation none`: the whole server in this process.
 async fn run(config: Config) -> anyhow::Result<()> {
     let listen = config.listen;
     let metrics_listen = config.metrics_listen;
-    let role = if config.isolate_tenants {
-        Role::Supervisor
-    } else {
-        Role::Single
-    };
-    let server = Server::start_as(config, role).await?;
+    let server = Server::start(config).await?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
     let addr = listener.local_addr()?;
-    let mut metrics_later = None;
     let metrics = match metrics_listen {
         Some(at) => Some(
             tokio::net::TcpListener::bind(at)
@@ -188,88 +158,15 @@ async fn run(config: Config) -> anyhow::Result<()> {
     };
     // Tests and scripts wait for this exact line.
     println!("salus-server listening on {addr}");
-    let isolate = server.config().isolate_tenants;
-    let executors = isolate.then(|| ExecutorSpec {
-        exe: std::path::PathBuf::from("/proc/self/exe"),
-        checkpoint_base: match &server.config().tenant.checkpoints {
-            CheckpointRoot::PerJob(base) => Some(base.clone()),
-            CheckpointRoot::Shared(_) => None,
-        },
-        checkpoint_root: match &server.config().tenant.checkpoints {
-            CheckpointRoot::Shared(dir) => Some(dir.clone()),
-            CheckpointRoot::PerJob(_) => None,
-        },
-        args: std::env::args_os().skip(1).collect(),
-        memory_limit: server.config().executor_memory,
-        idle_timeout: server.config().executor_idle_timeout,
-        lane_hold_limit: server.config().lane_hold_limit,
-        start_timeout: std::time::Duration::from_secs(120),
-        verbose: server.config().verbose > 0,
-        log_rate: server.config().executor_log_rate,
-    });
     if let Some(metrics) = metrics {
         // A line of its own, after the first one, for tests and scripts too.
         println!("salus-server metrics on {}", metrics.local_addr()?);
-        // Under tenant isolation the supervisor's admin API gathers the
-        // executors' jobs; the metrics are that API's view.
-        let admin = match &executors {
-            Some(_) => None,
-            None => Some(AdminService::new(server.state().clone())),
-        };
-        if let Some(admin) = admin {
-            tokio::spawn(salus_server::frontend::metrics::serve(metrics, admin));
-        } else {
-            metrics_later = Some(metrics);
-        }
+        let state = server.state().clone();
+        tokio::spawn(salus_server::frontend::metrics::serve(metrics, AdminService::new(state.node.clone(), state)));
     }
     std::io::stdout().flush()?;
-    tracing::info!(%addr, isolation = if isolate { "tenant" } else { "none" }, "serving tensorflow.MasterService, tensorflow.eager.EagerService, tensorflow.WorkerService (GetStatus, RecvTensor) and salus.v1.Admin");
-    match executors {
-        Some(spec) => {
-            salus_server::supervisor::serve(server, listener, spec, metrics_later, shutdown_signal())
-                .await?
-        }
-        None => server.serve(listener, shutdown_signal()).await?,
-    }
+    tracing::info!(%addr, isolation = "none", "serving tensorflow.MasterService, tensorflow.eager.EagerService, tensorflow.WorkerService (GetStatus, RecvTensor) and salus.v1.Admin");
+    server.serve(listener, process::shutdown_signal()).await?;
     tracing::info!("stopped");
     Ok(())
-}
-
-/// Resolves on SIGINT (Ctrl-C) or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(term) => term,
-        Err(err) => {
-            tracing::error!(cause = %err, "cannot watch SIGTERM; only Ctrl-C stops the server");
-            let _ = ctrl_c.await;
-            return;
-        }
-    };
-    tokio::select! {
-        _ = ctrl_c => tracing::info!("SIGINT received"),
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-    }
-}
-
-/// A server holds a socket per client connection (the supervisor also a copy
-/// of each one it handed over): lift the soft limit on open files to the hard
-/// one, as servers commonly do, so a default of 1,024 does not cap clients.
-/// Executor processes inherit it.
-fn raise_open_file_limit() {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: plain calls with a valid out-parameter.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 || limit.rlim_cur >= limit.rlim_max {
-            return;
-        }
-        let soft = limit.rlim_cur;
-        limit.rlim_cur = limit.rlim_max;
-        if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
-            tracing::debug!(from = soft, to = limit.rlim_max, "raised the open-file limit");
-        }
-    }
 }

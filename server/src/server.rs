@@ -13,72 +13,19 @@ use salus_proto::tensorflow::worker_service_server::WorkerServiceServer;
 use tokio::net::TcpListener;
 
 use crate::config::Config;
-use crate::error::Error;
 use crate::frontend::admin::AdminService;
 use crate::frontend::eager::{Eager, Worker};
 use crate::frontend::identify::{identified_incoming, IdentifyLayer};
-use crate::http2::{H2_CONNECTION_WINDOW, H2_STREAM_WINDOW};
-use crate::runtime::job_history::{load_history, HistorySaver};
-use crate::state_dir::StateDir;
-use crate::tenant::identity::Identifier;
-use crate::tenant::tokens::TokenStore;
-use crate::tenant::connections::ConnectionCounts;
 use crate::frontend::master::Master;
-use crate::gpu_probe::{self, GpuProbe};
-use crate::runtime::admission::Admission;
-use crate::runtime::device_list::{self, DeviceList};
+use crate::http2::{H2_CONNECTION_WINDOW, H2_STREAM_WINDOW};
+use crate::node_start::NodeStart;
+use crate::runtime::device_list;
 use crate::runtime::exec;
-use crate::runtime::executor::Executor;
 use crate::runtime::graph_job::JobSettings;
-use crate::runtime::session_config::GpuLanes;
 use crate::runtime::state::ServerState;
-use crate::runtime::timeline::Timeline;
-use crate::seam::client::SeamClient;
-use crate::sched::lanes::LaneManager;
-use crate::sched::policy;
-use crate::sched::{History, RunEnd};
-
-/// What the state directory gave back at start.
-struct Restored {
-    tokens: TokenStore,
-    history: Option<History>,
-    saver: HistorySaver,
-}
-
-/// Opens (and locks) the state directory and restores the issued tokens and
-/// the job history, saying what was dropped; off the async runtime (file
-/// reads, fsyncs).
-async fn restore_state(dir: std::path::PathBuf) -> Result<Restored, ServeError> {
-    let restored = tokio::task::spawn_blocking(move || {
-        let dir = Arc::new(StateDir::open(&dir)?);
-        tracing::info!(dir = %dir.path().display(), "state directory");
-        let history = load_history(&dir);
-        let saver = HistorySaver::start(dir.clone()).map_err(|e| {
-            Error::Internal(format!("cannot start the job history's saver thread: {e}"))
-        })?;
-        let (tokens, report) = TokenStore::restore(dir, std::time::SystemTime::now());
-        report.log();
-        Ok::<_, ServeError>(Restored {
-            tokens,
-            history,
-            saver,
-        })
-    })
-    .await
-    .map_err(|e| Error::Internal(format!("restoring the server's state failed: {e}")))?;
-    restored
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ServeError {
-    #[error("TensorFlow could not start: {0}")]
-    Startup(#[from] Error),
-    #[error("gRPC transport failed: {0}")]
-    Transport(#[from] tonic::transport::Error),
-    #[error(transparent)]
-    StateDir(#[from] crate::state_dir::StateDirError),
-}
-
+use crate::sched::RunEnd;
+use crate::tenant::connections::ConnectionCounts;
+use crate::tenant::identity::Identifier;
 
 /// A connection the gRPC server can serve: a TCP client's, or in an executor
 /// one handed over by the supervisor or the supervisor's relay.
@@ -92,26 +39,13 @@ impl<T> ServedConnection for T where
 {
 }
 
-/// What this process is: the whole server (`--isolation none`), the
-/// supervisor of tenants' executor processes, or one tenant's executor.
-#[derive(Clone)]
-pub enum Role {
-    Single,
-    Supervisor,
-    Executor {
-        seam: Arc<SeamClient>,
-        /// The first job id of this executor.
-        job_base: u64,
-    },
-}
+pub use crate::node_start::{Role, ServeError};
 
 /// A started server: TensorFlow initialised, devices known.
 pub struct Server {
     config: Config,
     state: Arc<ServerState>,
-    /// The tokens issued before this start (from `--state-dir`), until the
-    /// identifier takes them; None: an executor, or no state directory.
-    issued: Option<TokenStore>,
+    start: NodeStart,
 }
 
 impl Server {
@@ -122,113 +56,35 @@ impl Server {
 
     /// [`Server::start`] for a process of the given role: an executor's
     /// scheduling and memory admission are the supervisor's, over the seam.
-    pub async fn start_as(mut config: Config, role: Role) -> Result<Server, ServeError> {
-        // First: a directory another server holds stops this one before
-        // TensorFlow loads. An executor keeps no state (its supervisor does).
-        let restored = match (&role, config.state_dir.clone()) {
-            (Role::Executor { .. }, _) => None,
-            (_, None) => {
-                tracing::warn!("no state directory (--state-dir, and no home to default to): \
-                    tokens issued at run time and the job history are forgotten at a restart");
-                None
-            }
-            (_, Some(dir)) => Some(restore_state(dir).await?),
-        };
-        let (gpu, capacity, capacity_source, gpu_lanes) = memory_setup(&mut config, &role)?;
-        // The supervisor runs no TensorFlow: a child lists the devices for it.
-        let DeviceList {
-            devices,
-            tensorflow_version: version,
-        } = match role {
-            Role::Supervisor => device_list::list_in_child().await?,
-            _ => device_list::list_here(config.session_defaults).await?,
-        };
-        for device in &devices {
-            tracing::info!(device = %device.name, kind = %device.device_type, memory = device.memory_bytes, "device");
-        }
-        if let Some(lanes) = gpu_lanes {
-            let gpus = devices.iter().filter(|d| d.device_type == "GPU").count();
-            if gpus < lanes.count as usize {
-                tracing::warn!(
-                    lanes = lanes.count,
-                    gpus,
-                    "TensorFlow sees fewer GPUs than --gpu-lanes: lanes stay fixed memory budgets, \
-                     and soft placement runs their ops on the devices that exist"
-                );
-            }
-        }
-        let policy =
-            policy::by_name(&config.policy).map_err(|e| Error::InvalidArgument(e.to_string()))?;
-        tracing::info!(
-            policy = policy.name(),
-            lane_concurrency = config.sched.lane_concurrency,
-            "scheduler"
-        );
-        let timeline = Arc::new(Timeline::new(config.timeline_capacity));
-        let executor = match &role {
-            Role::Executor { seam, .. } => Executor::remote(policy, config.sched, seam.clone()),
-            _ => Executor::with_timeline(policy, config.sched, timeline),
-        };
-        if !matches!(role, Role::Executor { .. }) {
-            executor.set_limits_table(config.tenants.limits().clone());
-        }
-        let issued = restored.map(|restored| {
-            executor.keep_history(restored.history, Some(restored.saver));
-            restored.tokens
-        });
-        let admission = capacity.map(|capacity| {
-            if let Role::Executor { seam, .. } = &role {
-                return Admission::remote(seam.clone());
-            }
-            let lanes = match gpu_lanes {
-                Some(gpu) => LaneManager::fixed(&vec![gpu.lane_bytes; gpu.count as usize]),
-                None => LaneManager::with_rule(capacity, config.lane_rule),
-            };
-            tracing::info!(
-                capacity,
-                fixed_lanes = gpu_lanes.map_or(0, |g| g.count),
-                lane_rule = %config.lane_rule,
-                timeout_s = config.admission_timeout.as_secs(),
-                "memory lanes"
-            );
-            Admission::new(lanes, config.admission_timeout, executor.clone())
-        });
+    pub async fn start_as(config: Config, role: Role) -> Result<Server, ServeError> {
+        let start = NodeStart::begin(config, &role, device_list::list_here).await?;
+        let config = start.config.clone();
         let settings = JobSettings {
             max_tensor_bytes: config.max_message_size as u64,
             inline_below: config.inline_below,
             cheap_below: config.cheap_below,
-            measure_memory: admission.is_some(),
+            measure_memory: start.node.admission.is_some(),
         };
         let mut state = ServerState::new(
-            executor,
-            admission,
+            start.node.clone(),
             settings,
             config.session_defaults,
             Arc::new(config.tenant.clone()),
             config.max_sessions,
-            devices,
-            version,
         );
         if let Role::Executor { job_base, .. } = role {
             state.sessions.set_id_base(job_base);
         }
-        state.gpu = gpu;
-        state.capacity_source = capacity_source;
         Ok(Server {
             config,
             state: Arc::new(state),
-            issued,
+            start,
         })
     }
 
-    /// Who tenants are: the tenants file, and the tokens issued before this
-    /// start, whose reservations and limits are held again here, before any
-    /// connection is accepted (so no job admitted first can take their memory).
+    /// Who tenants are (see [`NodeStart::identifier`]).
     pub fn identifier(&mut self) -> Arc<Identifier> {
-        let identifier = Identifier::new(self.config.auth, self.config.tenants.clone())
-            .with_issued(self.issued.take().unwrap_or_default());
-        crate::tenant::grants::hold_restored(&self.state.grant_holder(), &identifier);
-        Arc::new(identifier)
+        self.start.identifier()
     }
 
     pub fn state(&self) -> &Arc<ServerState> {
@@ -298,7 +154,7 @@ impl Server {
             .max_decoding_message_size(limit)
             .max_encoding_message_size(limit);
         let admin = AdminServer::new(
-            AdminService::new(self.state.clone())
+            AdminService::new(self.state.node.clone(), self.state.clone())
                 .with_admins(self.config.admins.clone())
                 .with_identifier(identifier.clone()),
         );
@@ -473,73 +329,9 @@ async fn reap_idle_contexts(state: Arc<ServerState>, idle_timeout: Option<std::t
     }
 }
 
-/// GPU 0 from the driver (a `cuda` build), once; an executor given its
-/// capacity by the supervisor does not ask (its figures are never shown).
-fn probe_gpu(config: &Config, role: &Role) -> GpuProbe {
-    if matches!(role, Role::Executor { .. }) && config.memory_capacity.is_some() {
-        return GpuProbe::not_asked();
-    }
-    let probe = GpuProbe::of_gpu0();
-    match &probe.memory {
-        Ok(memory) => tracing::info!(
-            total = memory.total,
-            free = memory.free,
-            "GPU 0 memory from the CUDA driver"
-        ),
-        Err(cause) if probe.cuda_build => {
-            tracing::info!(%cause, "no GPU memory from the CUDA driver")
-        }
-        Err(_) => {}
-    }
-    probe
-}
-
-/// What the device's memory is and how jobs share it: GPU 0 as the CUDA
-/// driver gives it, the capacity (flag or GPU), and `--gpu-lanes`' fixed lanes,
-/// which every session's config (`config.session_defaults`) then carries.
-fn memory_setup(
-    config: &mut Config,
-    role: &Role,
-) -> Result<(GpuProbe, Option<u64>, gpu_probe::CapacitySource, Option<GpuLanes>), Error> {
-    let gpu = probe_gpu(config, role);
-    let (capacity, capacity_source) = gpu_probe::memory_capacity(config.memory_capacity, config.gpu_lanes, &gpu);
-    if capacity.is_none() && gpu.cuda_build {
-        tracing::info!("no memory capacity (no --memory-capacity, no GPU): memory admission stays off");
-    }
-    let gpu_lanes = gpu_lanes(config, capacity)?;
-    config.session_defaults.gpu_lanes = gpu_lanes;
-    Ok((gpu, capacity, capacity_source, gpu_lanes))
-}
-
 /// `salus-server [FLAGS] probe-devices` (the supervisor's child, see
 /// `runtime::device_list`): the devices the flags give jobs, as one line.
 pub async fn probe_devices(mut config: Config) -> Result<String, ServeError> {
-    memory_setup(&mut config, &Role::Single)?;
+    crate::node_start::memory_setup(&mut config, &Role::Single)?;
     Ok(device_list::to_line(&device_list::list_here(config.session_defaults).await?))
-}
-
-/// `--gpu-lanes N`: the capacity split into N equal lanes.
-fn gpu_lanes(config: &Config, capacity: Option<u64>) -> Result<Option<GpuLanes>, Error> {
-    if config.gpu_lanes == 0 {
-        return Ok(None);
-    }
-    let capacity = capacity.ok_or_else(|| {
-        Error::InvalidArgument(
-            "--gpu-lanes needs a memory capacity: set --memory-capacity, or run on a GPU \
-             with a salus-server built with --features cuda"
-                .into(),
-        )
-    })?;
-    let lane_bytes = capacity / u64::from(config.gpu_lanes);
-    if lane_bytes < 1 << 20 {
-        return Err(Error::InvalidArgument(format!(
-            "--gpu-lanes {} leaves lanes of {lane_bytes} bytes from a capacity of {capacity}; \
-             a lane needs at least 1 MiB",
-            config.gpu_lanes
-        )));
-    }
-    Ok(Some(GpuLanes {
-        count: config.gpu_lanes,
-        lane_bytes,
-    }))
 }

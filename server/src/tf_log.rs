@@ -108,6 +108,24 @@ pub unsafe extern "C" fn early_redirect(
     REAL_STDERR.store(real, Ordering::SeqCst);
 }
 
+/// Puts the real stderr back on fd 2 and drops the early redirect's pipe
+/// (what TensorFlow logged while loading is dropped with it): before this
+/// process execs another binary, which must not inherit a pipe nobody reads.
+pub fn undo_early_redirect() {
+    let pipe = EARLY_PIPE.swap(-1, Ordering::SeqCst);
+    let real = REAL_STDERR.swap(-1, Ordering::SeqCst);
+    if pipe < 0 || real < 0 {
+        return;
+    }
+    // SAFETY: both descriptors were created by early_redirect and are owned
+    // here (swapped out above, so only once).
+    unsafe {
+        libc::dup2(real, 2);
+        libc::close(real);
+        libc::close(pipe);
+    }
+}
+
 /// Whether a line is a TensorFlow/absl log line of INFO or WARNING severity, or
 /// absl's notice about logging before initialisation.
 pub fn is_tensorflow_noise(line: &str) -> bool {

@@ -15,7 +15,6 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::Arc;
 
 use crate::config::Config;
-use crate::frontend::admin::AdminService;
 use crate::seam::client::SeamClient;
 use crate::seam::msg;
 use crate::server::{Role, ServeError, Server};
@@ -191,8 +190,8 @@ pub async fn run(
     )
     .await
     .map_err(|e| e.to_string())?;
-    let admin = AdminService::new(server.state().clone());
-    seam.set_reporter(Box::new(move || admin.executor_report()));
+    let state = server.state().clone();
+    seam.set_reporter(Box::new(move || state.executor_report()));
     h2.set_nonblocking(true).map_err(|e| e.to_string())?;
     let h2 = tokio::net::UnixStream::from_std(h2).map_err(|e| e.to_string())?;
     let handed = incoming::handed_over(handover).map_err(|e| e.to_string())?;

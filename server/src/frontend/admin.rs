@@ -22,93 +22,32 @@ use crate::tenant::limits::Limits;
 use crate::tenant::grants::{self, token_tenant};
 use crate::tenant::tokens;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use crate::runtime::job_source::{JobCounters, JobSource, Viewer};
 use crate::runtime::latency::LatencySnapshot;
+use crate::runtime::node::Node;
 use crate::runtime::report::Rows;
-use crate::runtime::state::ServerState;
 use crate::sched::{Hints, JobId};
-use crate::seam::msg as seam_msg;
 use crate::tenant::admins::Admins;
-use crate::tenant::identity::{Tenant, TenantKey};
+use crate::tenant::identity::Tenant;
 
 #[derive(Clone)]
 pub struct AdminService {
-    state: Arc<ServerState>,
+    /// The scheduler, memory admission and devices.
+    node: Arc<Node>,
+    /// The jobs: this process's, or the tenants' executors' (the supervisor).
+    jobs: Arc<dyn JobSource>,
     /// Who tenants are; its store of tokens issued at run time (None: this
-    /// process issues none, e.g. a tenant's executor).
+    /// process issues none).
     identifier: Option<Arc<Identifier>>,
-    /// Under `--isolation tenant`, the jobs live in the tenants' executor
-    /// processes: rows and counters come from their reports, the scheduler's
-    /// columns from this process.
-    executors: Option<Arc<dyn ExecutorProcesses>>,
     admins: Arc<Admins>,
 }
 
-/// The tenants' executor processes as the admin API needs them (the
-/// supervisor's `supervisor::executors::Executors` implements it): the admin
-/// service depends on this, not on the supervisor.
-pub trait ExecutorProcesses: Send + Sync {
-    /// Each running executor's report with its tenant, within `timeout` each
-    /// (an executor that does not answer is left out), holding only the rows
-    /// of jobs that executor owns. Blocks: call it off the async runtime.
-    fn reports(&self, timeout: Duration) -> Vec<(Arc<Tenant>, seam_msg::Report)>;
-    /// Executors running now, started and failed since the server started.
-    fn counts(&self) -> ExecutorProcessCounts;
-    /// Stops `tenant`'s executor, if it runs: the tenant may no longer be
-    /// served (`why`: its token was revoked or expired).
-    fn stop_tenant(&self, tenant: &TenantKey, why: &str);
-}
-
-/// [`ExecutorProcesses::counts`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ExecutorProcessCounts {
-    pub running: u64,
-    pub started: u64,
-    pub failed: u64,
-}
-
-/// Whose jobs a caller of the admin API sees.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Viewer {
-    Admin,
-    Tenant(TenantKey),
-}
-
-impl Viewer {
-    fn sees(&self, owner: &TenantKey) -> bool {
-        match self {
-            Viewer::Admin => true,
-            Viewer::Tenant(key) => key == owner,
-        }
-    }
-
-    /// "no job has ..." / "no job of yours has ...".
-    fn whose(&self) -> &'static str {
-        match self {
-            Viewer::Admin => "no job",
-            Viewer::Tenant(_) => "no job of yours",
-        }
-    }
-}
-
-/// How long the admin API waits for an executor's report.
-const REPORT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
-
 impl AdminService {
-    pub fn new(state: Arc<ServerState>) -> AdminService {
+    pub fn new(node: Arc<Node>, jobs: Arc<dyn JobSource>) -> AdminService {
         AdminService {
-            state,
+            node,
+            jobs,
             identifier: None,
-            executors: None,
-            admins: Arc::new(Admins::default()),
-        }
-    }
-
-    /// The supervisor's admin API, over the tenants' executors.
-    pub fn with_executors(state: Arc<ServerState>, executors: Arc<dyn ExecutorProcesses>) -> AdminService {
-        AdminService {
-            state,
-            identifier: None,
-            executors: Some(executors),
             admins: Arc::new(Admins::default()),
         }
     }
@@ -123,13 +62,11 @@ impl AdminService {
     /// Issues tokens into `identifier`'s store, and forgets expired ones
     /// (with the limits they gave) every few seconds.
     pub fn with_identifier(mut self, identifier: Arc<Identifier>) -> AdminService {
-        let executors = self.executors.clone();
+        let jobs = self.jobs.clone();
         grants::sweep_expired(
             Arc::downgrade(&identifier),
-            Arc::new(self.state.grant_holder()),
-            move |identifier, token, now| {
-                end_connections(executors.as_deref(), identifier, token, now, "its token expired")
-            },
+            Arc::new(self.node.grant_holder()),
+            move |identifier, token, now| end_connections(&*jobs, identifier, token, now, "its token expired"),
         );
         self.identifier = Some(identifier);
         self
@@ -170,91 +107,56 @@ impl AdminService {
         }
     }
 
-    /// The executors' reports, each with its tenant (blocks: call it off the
-    /// async runtime).
-    fn reports(&self) -> Vec<(Arc<Tenant>, seam_msg::Report)> {
-        match &self.executors {
-            Some(executors) => executors.reports(REPORT_TIMEOUT),
-            None => Vec::new(),
-        }
-    }
-
-    /// This process's jobs and counters, as an executor reports them to the supervisor.
-    pub fn executor_report(&self) -> seam_msg::Report {
-        let info = self.server_info();
-        let (sessions_reclaimed, eager_contexts_reclaimed) = self.state.reclaimed();
-        seam_msg::Report {
-            id: 0,
-            jobs: self.jobs().into_iter().map(crate::seam::rows::row_to_msg).collect(),
-            open_sessions: info.open_sessions,
-            open_eager_contexts: info.open_eager_contexts,
-            sessions_created: info.sessions_created,
-            runs_completed: info.runs_completed,
-            heap_in_use_bytes: info.heap_in_use_bytes,
-            sessions_reclaimed,
-            eager_contexts_reclaimed,
-            run_errors: info
-                .run_errors
-                .into_iter()
-                .map(|e| seam_msg::RunErrors {
-                    code: e.code,
-                    count: e.count,
-                })
-                .collect(),
-        }
-    }
-
-
-    /// Version, devices and server-wide counters (`GetServerInfo`).
+    /// Version, devices and server-wide counters (`GetServerInfo`). Blocks:
+    /// call it off the async runtime.
     pub fn server_info(&self) -> ServerInfo {
-        self.server_info_from(&self.reports())
+        self.server_info_from(self.jobs.gather(&self.node, None).counters)
     }
 
-    /// The server's counters and its jobs from one round of executor reports
+    /// The server's counters and every job from one look at the jobs
     /// (`/metrics`: one report per executor per scrape). Blocks: call it off
     /// the async runtime.
     pub fn snapshot(&self) -> (ServerInfo, Vec<JobInfo>) {
-        let reports = self.reports();
-        let info = self.server_info_from(&reports);
-        (info, self.jobs_from(reports, &Viewer::Admin))
+        let gathered = self.jobs.gather(&self.node, Some(&Viewer::Admin));
+        (self.server_info_from(gathered.counters), self.with_scheduler_view(gathered.rows))
     }
 
-    fn server_info_from(&self, reports: &[(Arc<Tenant>, seam_msg::Report)]) -> ServerInfo {
-        let mut info = self.own_server_info();
-        if let Some(executors) = &self.executors {
-            info.isolation = "tenant".into();
-            let counts = executors.counts();
-            info.executors_running = counts.running;
-            info.executors_started = counts.started;
-            info.executors_failed = counts.failed;
-        } else {
-            info.isolation = "none".into();
+    fn server_info_from(&self, counters: JobCounters) -> ServerInfo {
+        ServerInfo {
+            isolation: counters.isolation.into(),
+            executors_running: counters.executors.running,
+            executors_started: counters.executors.started,
+            executors_failed: counters.executors.failed,
+            open_sessions: counters.open_sessions,
+            open_eager_contexts: counters.open_eager_contexts,
+            sessions_created: counters.sessions_created,
+            runs_completed: counters.runs_completed,
+            heap_in_use_bytes: counters.heap_in_use_bytes,
+            sessions_reclaimed: counters.sessions_reclaimed,
+            eager_contexts_reclaimed: counters.eager_contexts_reclaimed,
+            run_errors: counters.run_errors,
+            ..self.node_info()
         }
-        for (_, report) in reports {
-            info.open_sessions += report.open_sessions;
-            info.open_eager_contexts += report.open_eager_contexts;
-            info.sessions_created += report.sessions_created;
-            info.runs_completed += report.runs_completed;
-            info.heap_in_use_bytes += report.heap_in_use_bytes;
-            info.sessions_reclaimed += report.sessions_reclaimed;
-            info.eager_contexts_reclaimed += report.eager_contexts_reclaimed;
-            for count in &report.run_errors {
-                match info.run_errors.iter_mut().find(|c| c.code == count.code) {
-                    Some(c) => c.count += count.count,
-                    None => info.run_errors.push(ErrorCount {
-                        code: count.code.clone(),
-                        count: count.count,
-                    }),
-                }
-            }
-        }
-        info
     }
 
-    fn own_server_info(&self) -> ServerInfo {
-        let s = &self.state;
+    /// The jobs `viewer` sees, by id, with this process's scheduler view.
+    /// Blocks: call it off the async runtime.
+    fn jobs_for(&self, viewer: &Viewer) -> Vec<JobInfo> {
+        self.with_scheduler_view(self.jobs.gather(&self.node, Some(viewer)).rows)
+    }
+
+    /// `rows` by id, each with the scheduler's and memory admission's view
+    /// from this process (an executor's rows carry only its own columns).
+    fn with_scheduler_view(&self, rows: Vec<JobInfo>) -> Vec<JobInfo> {
+        let mut rows: Vec<JobInfo> = rows.into_iter().map(|row| Rows(&self.node).with_scheduler_view(row)).collect();
+        rows.sort_by_key(|j| j.id);
+        rows
+    }
+
+    /// What the node knows of itself; the job counters are the caller's.
+    fn node_info(&self) -> ServerInfo {
+        let s = &self.node;
         let admission = s.admission.as_ref().map(|a| a.counts()).unwrap_or_default();
-        let (sessions_reclaimed, eager_contexts_reclaimed) = s.reclaimed();
         ServerInfo {
             version: env!("CARGO_PKG_VERSION").to_string(),
             tensorflow_version: s.tensorflow_version.clone(),
@@ -267,11 +169,6 @@ impl AdminService {
                     memory_limit_bytes: d.memory_bytes,
                 })
                 .collect(),
-            open_sessions: s.sessions.len() as u64,
-            open_eager_contexts: s.contexts.len() as u64,
-            heap_in_use_bytes: crate::heap_meter::heap_in_use(),
-            sessions_created: s.sessions.sessions_created(),
-            runs_completed: s.runs_completed(),
             uptime_seconds: s.started.elapsed().as_secs_f64(),
             policy: s.executor.policy_name().into(),
             memory_capacity_bytes: s.admission.as_ref().map_or(0, |a| a.capacity()),
@@ -296,65 +193,15 @@ impl AdminService {
             admission_waits: admission.waits,
             admission_refusals: admission.refusals,
             admission_timeouts: admission.timeouts,
-            sessions_reclaimed,
-            eager_contexts_reclaimed,
-            run_errors: crate::runtime::run_errors::snapshot()
-                .into_iter()
-                .map(|(code, count)| ErrorCount {
-                    code: code.as_str_name().into(),
-                    count,
-                })
-                .collect(),
-            // Filled in by `server_info`.
+            // The job counters: filled in by `server_info_from`.
             ..Default::default()
         }
     }
 
-    /// Every open job, by id (`ListJobs`; `/metrics` reads it too). Walks
-    /// graphs under TF's lock: call it off the async runtime.
+    /// Every open job, by id (`ListJobs`; `/metrics` reads it too). Blocks:
+    /// call it off the async runtime.
     pub fn jobs(&self) -> Vec<JobInfo> {
-        self.jobs_from(self.reports(), &Viewer::Admin)
-    }
-
-    /// The open jobs `viewer` sees: from the executors' `reports` under
-    /// tenant isolation, this process's tables otherwise.
-    fn jobs_from(
-        &self,
-        reports: Vec<(Arc<Tenant>, seam_msg::Report)>,
-        viewer: &Viewer,
-    ) -> Vec<JobInfo> {
-        let mut jobs: Vec<JobInfo> = if self.executors.is_some() {
-            reported_rows(reports, viewer)
-                .into_iter()
-                .map(|row| Rows(&self.state).with_scheduler_view(row))
-                .collect()
-        } else {
-            let mut rows = owned_rows(self.state.sessions.all_owned(), viewer, |j| Rows(&self.state).graph(j));
-            rows.extend(owned_rows(self.state.contexts.all_owned(), viewer, |j| {
-                Rows(&self.state).eager(j)
-            }));
-            rows
-        };
-        jobs.sort_by_key(|j| j.id);
-        jobs
-    }
-
-    /// The owner of a job in this process's tables.
-    fn owner_here(&self, id: JobId) -> Option<Arc<Tenant>> {
-        self.state
-            .sessions
-            .all_owned()
-            .into_iter()
-            .find(|(_, j)| j.id == id)
-            .map(|(owner, _)| owner)
-            .or_else(|| {
-                self.state
-                    .contexts
-                    .all_owned()
-                    .into_iter()
-                    .find(|(_, j)| j.id == id)
-                    .map(|(owner, _)| owner)
-            })
+        self.jobs_for(&Viewer::Admin)
     }
 
     /// Scheduler statistics, every tenant's row included (`/metrics`).
@@ -364,7 +211,7 @@ impl AdminService {
 
     /// Scheduler statistics with the tenant rows `viewer` sees (`GetStats`).
     fn scheduler_stats_for(&self, viewer: &Viewer) -> SchedulerStats {
-        let stats = self.state.executor.stats();
+        let stats = self.node.executor.stats();
         SchedulerStats {
             policy: stats.policy.into(),
             iterations_total: stats.iterations_total,
@@ -389,12 +236,12 @@ impl AdminService {
             share: stats.share.name().into(),
             tenants: {
                 let memory = self
-                    .state
+                    .node
                     .admission
                     .as_ref()
                     .map(Admission::claimed_by_tenant)
                     .unwrap_or_default();
-                self.state
+                self.node
                     .executor
                     .tenant_figures()
                     .iter()
@@ -409,45 +256,6 @@ impl AdminService {
 
 }
 
-
-/// The executors' rows of the jobs `viewer` sees, each with its owner (the
-/// executor's tenant, not anything the executor says).
-fn reported_rows(reports: Vec<(Arc<Tenant>, seam_msg::Report)>, viewer: &Viewer) -> Vec<JobInfo> {
-    reports
-        .into_iter()
-        .filter(|(tenant, _)| viewer.sees(&tenant.key))
-        .flat_map(|(tenant, report)| {
-            report
-                .jobs
-                .into_iter()
-                .map(move |row| owned_by(&tenant, crate::seam::rows::row_from_msg(row)))
-        })
-        .collect()
-}
-
-/// The rows of the jobs `viewer` sees, each with its owner.
-fn owned_rows<J>(
-    owned: Vec<(Arc<Tenant>, Arc<J>)>,
-    viewer: &Viewer,
-    info: impl Fn(&J) -> JobInfo,
-) -> Vec<JobInfo> {
-    owned
-        .into_iter()
-        .filter(|(owner, _)| viewer.sees(&owner.key))
-        .map(|(owner, job)| owned_by(&owner, info(&job)))
-        .collect()
-}
-
-/// `row` with its owner: the display label and, apart, the bare name and uid
-/// (clients that show tenants as data must not parse the label).
-fn owned_by(owner: &Tenant, row: JobInfo) -> JobInfo {
-    JobInfo {
-        tenant: owner.to_string(),
-        tenant_name: owner.name.clone(),
-        tenant_uid: owner.uid,
-        ..row
-    }
-}
 
 fn tenant_share(figures: &TenantFigures, memory_bytes: u64) -> TenantShare {
     TenantShare {
@@ -467,7 +275,7 @@ fn tenant_share(figures: &TenantFigures, memory_bytes: u64) -> TenantShare {
 impl AdminService {
     /// The memory reservations of issued tokens that `viewer` sees, by tenant.
     fn reservations_for(&self, viewer: &Viewer) -> Vec<Reservation> {
-        let (Some(identifier), Some(admission)) = (&self.identifier, &self.state.admission) else {
+        let (Some(identifier), Some(admission)) = (&self.identifier, &self.node.admission) else {
             return Vec::new();
         };
         let claimed = admission.claimed_by_tenant();
@@ -486,7 +294,7 @@ impl AdminService {
             .into_iter()
             .filter(|(tenant, _)| viewer.sees(&tenant.key))
             .map(|(tenant, tokens)| {
-                let id = self.state.executor.tenant_id(&tenant);
+                let id = self.node.executor.tenant_id(&tenant);
                 let unix = |t: SystemTime| t.duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
                 Reservation {
                     tenant: tenant.to_string(),
@@ -496,7 +304,7 @@ impl AdminService {
                     claimed_bytes: claimed.get(&id).copied().unwrap_or(0),
                     token_ids: tokens.iter().map(|t| t.id.clone()).collect(),
                     expires_unix_seconds: tokens.iter().filter_map(|t| t.expires_at).min().map_or(0.0, unix),
-                    jobs_started: self.state.executor.jobs_opened(id),
+                    jobs_started: self.node.executor.jobs_opened(id),
                 }
             })
             .collect()
@@ -505,19 +313,10 @@ impl AdminService {
 
 /// Ends the open connections and jobs of `gone`'s tenant (under `--isolation
 /// tenant`, by stopping its executor) unless it can still be identified
-/// otherwise. Under `--isolation none` every request is identified anew, so
-/// there is nothing to end: the tenant's next request is refused.
-fn end_connections(
-    executors: Option<&dyn ExecutorProcesses>,
-    identifier: &Identifier,
-    gone: &tokens::IssuedToken,
-    now: SystemTime,
-    why: &str,
-) {
-    if let Some(executors) = executors {
-        if !identifier.still_admits(gone, now) {
-            executors.stop_tenant(&token_tenant(gone).key, why);
-        }
+/// otherwise.
+fn end_connections(jobs: &dyn JobSource, identifier: &Identifier, gone: &tokens::IssuedToken, now: SystemTime, why: &str) {
+    if !identifier.still_admits(gone, now) {
+        jobs.stop_tenant(&token_tenant(gone).key, why);
     }
 }
 
@@ -571,19 +370,12 @@ fn latency_summary(l: &LatencySnapshot) -> LatencySummary {
 }
 
 impl AdminService {
-    /// `SetJobHints` for a job in an executor process: found by id, handle or
-    /// name in the executors' reports; the hints are the scheduler's, here.
-    async fn set_executor_job_hints(
-        &self,
-        req: SetJobHintsRequest,
-        viewer: Viewer,
-    ) -> Result<JobInfo, Status> {
+    /// `SetJobHints`: the job found by id, handle or name among those
+    /// `viewer` sees; the hints are the scheduler's, in this process.
+    async fn set_job_hints_as(&self, req: SetJobHintsRequest, viewer: Viewer) -> Result<JobInfo, Status> {
         let this = self.clone();
         let seen = viewer.clone();
-        let rows = crate::runtime::exec::blocking(move || {
-            Ok(reported_rows(this.reports(), &seen))
-        })
-        .await?;
+        let rows = crate::runtime::exec::blocking(move || Ok(this.jobs.gather(&this.node, Some(&seen)).rows)).await?;
         let key_id = req.job.parse::<u64>().ok();
         let row = rows
             .into_iter()
@@ -596,10 +388,10 @@ impl AdminService {
                 ))
             })?;
         let id = JobId(row.id);
-        let hints = hints_from_request(&req, row.name.clone(), &self.state, id)?;
-        self.state.executor.set_hints(id, hints.clone())?;
+        let hints = hints_from_request(&req, row.name.clone(), &self.node, id)?;
+        self.node.executor.set_hints(id, hints.clone())?;
         tracing::info!(job = id.0, ?hints, "job hints changed");
-        Ok(Rows(&self.state).with_scheduler_view(row))
+        Ok(Rows(&self.node).with_scheduler_view(row))
     }
 }
 
@@ -607,7 +399,7 @@ impl AdminService {
 fn hints_from_request(
     req: &SetJobHintsRequest,
     name: String,
-    state: &ServerState,
+    state: &Node,
     id: JobId,
 ) -> Result<Hints, Status> {
     let given = req.hints.clone().unwrap_or_default();
@@ -648,7 +440,7 @@ impl Admin for AdminService {
         let viewer = self.viewer(&tenant_of(&request));
         let this = self.clone();
         let (jobs, reservations) = crate::runtime::exec::blocking(move || {
-            Ok((this.jobs_from(this.reports(), &viewer), this.reservations_for(&viewer)))
+            Ok((this.jobs_for(&viewer), this.reservations_for(&viewer)))
         })
         .await?;
         Ok(Response::new(ListJobsResponse { jobs, reservations }))
@@ -677,7 +469,7 @@ impl Admin for AdminService {
             .into());
         }
         let limits = limits_from_proto(req.limits)?;
-        let now = self.state.executor.set_limits(name, &limits);
+        let now = self.node.executor.set_limits(name, &limits);
         tracing::info!(tenant = name, limits = %now, by = %caller, "tenant limits changed");
         Ok(Response::new(limits_to_proto(&now)))
     }
@@ -721,7 +513,7 @@ impl Admin for AdminService {
             .map_err(|e| Error::Internal(format!("issuing a token failed: {e}")))?
             .map_err(|e| Error::Internal(e.to_string()))?;
         let now = SystemTime::now();
-        let holder = self.state.grant_holder();
+        let holder = self.node.grant_holder();
         if let Err(err) = grants::apply(&holder, identifier.issued(), &record, now) {
             // The reservation does not fit: the token was never handed out.
             let revoking = identifier.clone();
@@ -757,11 +549,11 @@ impl Admin for AdminService {
             .into());
         }
         let now = SystemTime::now();
-        let holder = self.state.grant_holder();
+        let holder = self.node.grant_holder();
         for token in &revoked {
             tracing::info!(id = token.id, tenant = token.tenant, by = %caller, "token revoked");
             grants::apply(&holder, identifier.issued(), token, now)?;
-            end_connections(self.executors.as_deref(), identifier, token, now, "its token was revoked");
+            end_connections(&*self.jobs, identifier, token, now, "its token was revoked");
         }
         Ok(Response::new(ListTokensResponse {
             tokens: revoked.iter().map(token_info).collect(),
@@ -785,7 +577,7 @@ impl Admin for AdminService {
     ) -> Result<Response<ListHistoryResponse>, Status> {
         let caller = tenant_of(&request);
         let asker = self.history_asker(&caller);
-        let listed = history::list(&self.state.executor, &asker, &request.get_ref().tenant)?;
+        let listed = history::list(&self.node.executor, &asker, &request.get_ref().tenant)?;
         Ok(Response::new(listed))
     }
 
@@ -796,7 +588,7 @@ impl Admin for AdminService {
         let caller = tenant_of(&request);
         let asker = self.history_asker(&caller);
         let tenant = &request.get_ref().tenant;
-        let erased = history::erase(&self.state.executor, &asker, tenant)?;
+        let erased = history::erase(&self.node.executor, &asker, tenant)?;
         tracing::info!(by = %caller, "job history erase asked");
         Ok(Response::new(erased))
     }
@@ -807,7 +599,7 @@ impl Admin for AdminService {
     ) -> Result<Response<SetPolicyResponse>, Status> {
         self.admin_only(&request, "changing the scheduling policy")?;
         let name = request.into_inner().policy;
-        let (previous, policy) = self.state.executor.set_policy(&name)?;
+        let (previous, policy) = self.node.executor.set_policy(&name)?;
         tracing::info!(previous, policy, "scheduling policy changed");
         Ok(Response::new(SetPolicyResponse {
             previous: previous.into(),
@@ -821,41 +613,7 @@ impl Admin for AdminService {
     ) -> Result<Response<JobInfo>, Status> {
         let viewer = self.viewer(&tenant_of(&request));
         let req = request.into_inner();
-        if self.executors.is_some() {
-            return self
-                .set_executor_job_hints(req, viewer)
-                .await
-                .map(Response::new);
-        }
-        let not_found = || {
-            Status::from(Error::InvalidArgument(format!(
-                "{} has id, handle or name {:?}",
-                viewer.whose(),
-                req.job
-            )))
-        };
-        let (id, name, eager) = match self.state.sessions.find(&req.job) {
-            Ok(job) => (job.id, job.name.clone(), None),
-            Err(_) => match self.state.contexts.find(&req.job) {
-                Some(job) => (job.id, job.name.clone(), Some(job)),
-                None => return Err(not_found()),
-            },
-        };
-        let Some(owner) = self.owner_here(id).filter(|o| viewer.sees(&o.key)) else {
-            return Err(not_found());
-        };
-        let hints = hints_from_request(&req, name, &self.state, id)?;
-        self.state.executor.set_hints(id, hints.clone())?;
-        tracing::info!(job = id.0, ?hints, "job hints changed");
-        let this = self.clone();
-        let info = match eager {
-            Some(job) => Rows(&this.state).eager(&job),
-            None => {
-                let job = self.state.sessions.find(&req.job)?;
-                crate::runtime::exec::blocking(move || Ok(Rows(&this.state).graph(&job))).await?
-            }
-        };
-        Ok(Response::new(owned_by(&owner, info)))
+        self.set_job_hints_as(req, viewer).await.map(Response::new)
     }
 
     async fn get_timeline(
@@ -864,7 +622,7 @@ impl Admin for AdminService {
     ) -> Result<Response<Timeline>, Status> {
         let viewer = self.viewer(&tenant_of(&request));
         let window = super::timeline::window(request.into_inner().seconds)?;
-        let mut snapshot = self.state.executor.timeline().snapshot(window);
+        let mut snapshot = self.node.executor.timeline().snapshot(window);
         if let Viewer::Tenant(key) = &viewer {
             snapshot
                 .spans
@@ -872,7 +630,7 @@ impl Admin for AdminService {
         }
         Ok(Response::new(super::timeline::to_proto(
             &snapshot,
-            self.state.started,
+            self.node.started,
         )))
     }
 }

@@ -2,10 +2,10 @@
 //! process's first: with GPU lanes it creates the virtual devices, so it gets
 //! every job's config), and TensorFlow's version.
 //!
-//! The supervisor runs no TensorFlow: it has a short-lived child of the same
-//! binary and flags list them (`salus-server [FLAGS] probe-devices`, which
-//! prints one JSON line and exits), so no TensorFlow runtime, thread or device
-//! context stays in the process users start.
+//! The supervisor runs no TensorFlow (its binary does not link it): a
+//! short-lived child of `salus-server` with the same flags lists them
+//! (`salus-server [FLAGS] probe-devices`, which prints one JSON line and
+//! exits).
 
 use std::io::Read;
 use std::process::{Command, Stdio};
@@ -47,11 +47,12 @@ pub async fn list_here(defaults: SessionDefaults) -> Result<DeviceList> {
     })
 }
 
-/// Lists the devices in a child of this binary, run with this process's own
-/// arguments and [`PROBE_COMMAND`] (it sets up its devices from the same flags).
-pub async fn list_in_child() -> Result<DeviceList> {
-    exec::blocking(|| {
-        let mut child = Command::new("/proc/self/exe")
+/// Lists the devices in a child running `server_bin` (salus-server) with this
+/// process's own arguments and [`PROBE_COMMAND`] (it sets up its devices from
+/// the same flags).
+pub async fn list_in_child(server_bin: std::path::PathBuf) -> Result<DeviceList> {
+    exec::blocking(move || {
+        let mut child = Command::new(&server_bin)
             .args(std::env::args_os().skip(1))
             .arg(PROBE_COMMAND)
             .stdin(Stdio::null())

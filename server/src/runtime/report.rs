@@ -10,12 +10,12 @@ use crate::runtime::admission::MemoryState;
 use crate::runtime::eager_job::EagerJob;
 use crate::runtime::graph_delta::VariableBytes;
 use crate::runtime::graph_job::Job;
+use crate::runtime::node::Node;
 use crate::runtime::run_class::MemoryEstimate;
-use crate::runtime::state::ServerState;
 use crate::sched::{Hints, JobId, JobStatus};
 
-/// Rows of this process's jobs.
-pub struct Rows<'a>(pub &'a ServerState);
+/// Rows of jobs, with the node's scheduler and memory admission's columns.
+pub struct Rows<'a>(pub &'a Node);
 
 impl Rows<'_> {
     /// An executor's row with this process's view of the scheduler and memory.

@@ -4,40 +4,29 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::gpu_probe::{CapacitySource, GpuProbe};
-use crate::runtime::admission::Admission;
 use crate::runtime::eager_job::EagerJob;
 use crate::runtime::exec;
-use crate::runtime::executor::Executor;
 use crate::runtime::graph_job::JobSettings;
 use crate::runtime::jobs::{ContextTable, SessionTable};
+use crate::runtime::node::Node;
 use crate::runtime::session_config::SessionDefaults;
 use crate::sched::RunEnd;
 use crate::tenant::identity::Tenant;
 use crate::tenant::TenantRules;
-use crate::tf::DeviceInfo;
 
+/// A process that runs jobs: its tables of jobs over the node (scheduler,
+/// admission, devices), whose fields it derefs to.
 pub struct ServerState {
+    pub node: Arc<Node>,
     pub sessions: SessionTable,
     /// Remote-eager jobs (TF2 clients).
     pub contexts: ContextTable,
-    pub executor: Executor,
-    /// Memory admission, when a capacity is configured.
-    pub admission: Option<Admission>,
     pub settings: JobSettings,
     pub session_defaults: SessionDefaults,
     pub tenant: Arc<TenantRules>,
     /// The same rules unconfined, for tenants whose user is this process's.
     own_user_rules: Arc<TenantRules>,
     pub max_sessions: usize,
-    /// The server's devices, listed once at start-up.
-    pub devices: Vec<DeviceInfo>,
-    pub tensorflow_version: String,
-    /// GPU 0 as the CUDA driver reported it at start, and where the memory
-    /// capacity came from (`ctl info`).
-    pub gpu: GpuProbe,
-    pub capacity_source: CapacitySource,
-    pub started: Instant,
     /// Set at shutdown: eager jobs start no new function calls, so their
     /// clients can still fetch the results of calls in flight.
     pub draining: Arc<AtomicBool>,
@@ -48,40 +37,31 @@ pub struct ServerState {
     reclaimed_contexts: AtomicU64,
 }
 
-impl ServerState {
-    /// The scheduler and memory admission as the holder of tenants' grants.
-    pub fn grant_holder(&self) -> crate::runtime::grants::RuntimeGrants {
-        crate::runtime::grants::RuntimeGrants {
-            executor: self.executor.clone(),
-            admission: self.admission.clone(),
-        }
-    }
+impl std::ops::Deref for ServerState {
+    type Target = Node;
 
+    fn deref(&self) -> &Node {
+        &self.node
+    }
+}
+
+impl ServerState {
     pub fn new(
-        executor: Executor,
-        admission: Option<Admission>,
+        node: Arc<Node>,
         settings: JobSettings,
         session_defaults: SessionDefaults,
         tenant: Arc<TenantRules>,
         max_sessions: usize,
-        devices: Vec<DeviceInfo>,
-        tensorflow_version: String,
     ) -> Self {
         ServerState {
+            node,
             sessions: SessionTable::new(),
             contexts: ContextTable::default(),
-            executor,
-            admission,
             settings,
             session_defaults,
             own_user_rules: Arc::new(tenant.for_own_user()),
             tenant,
             max_sessions,
-            devices,
-            tensorflow_version,
-            gpu: GpuProbe::default(),
-            capacity_source: CapacitySource::default(),
-            started: Instant::now(),
             draining: Arc::new(AtomicBool::new(false)),
             runs_completed: AtomicU64::new(0),
             reclaimed_sessions: AtomicU64::new(0),
@@ -93,6 +73,7 @@ impl ServerState {
     /// with `fair` in this process (unit tests).
     #[cfg(test)]
     pub fn for_tests(max_sessions: usize) -> Arc<ServerState> {
+        use crate::runtime::executor::Executor;
         use crate::sched::{policy, SchedConfig};
         let executor = Executor::new(policy::by_name("fair").unwrap(), SchedConfig::default());
         let settings = JobSettings {
@@ -102,14 +83,11 @@ impl ServerState {
             measure_memory: false,
         };
         Arc::new(ServerState::new(
-            executor,
-            None,
+            Arc::new(Node::new(executor, None, Vec::new(), "2.21.0".into())),
             settings,
             Default::default(),
             Default::default(),
             max_sessions,
-            Vec::new(),
-            "2.21.0".into(),
         ))
     }
 

@@ -23,9 +23,12 @@ use std::time::{Duration, Instant};
 use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
-use crate::frontend::admin::{ExecutorProcessCounts, ExecutorProcesses};
 use crate::runtime::admission::Admission;
 use crate::runtime::executor::Executor;
+use crate::runtime::job_source::{
+    owned_by, ExecutorProcessCounts, Gathered, JobCounters, JobSource, Viewer,
+};
+use crate::runtime::node::Node;
 use crate::seam::handover::Handed;
 use crate::seam::msg;
 use crate::supervisor::executor_log::forward_stderr;
@@ -724,25 +727,44 @@ fn job_ids(serial: u64) -> std::ops::Range<u64> {
     serial << 32..(serial + 1) << 32
 }
 
-impl ExecutorProcesses for Executors {
-    fn reports(&self, timeout: Duration) -> Vec<(Arc<Tenant>, msg::Report)> {
-        self.running()
-            .iter()
-            .filter_map(|h| {
-                let mut report = h.link.report(timeout)?;
-                // Rows of jobs not its own would show another tenant's scheduler view.
-                report.jobs.retain(|row| h.link.owns_job(row.id));
-                Some((h.tenant.clone(), report))
-            })
-            .collect()
-    }
+/// How long the admin API waits for an executor's report.
+const REPORT_TIMEOUT: Duration = Duration::from_secs(5);
 
-    fn counts(&self) -> ExecutorProcessCounts {
-        ExecutorProcessCounts {
-            running: self.running().len() as u64,
-            started: self.counts.started.load(Ordering::Relaxed),
-            failed: self.counts.failed.load(Ordering::Relaxed),
+/// The jobs are the executors': one report from each running executor (one
+/// that does not answer within [`REPORT_TIMEOUT`] is left out), holding only
+/// the rows of jobs that executor owns, each owned by the executor's tenant
+/// (not anything the executor says).
+impl JobSource for Executors {
+    fn gather(&self, _: &Node, rows_for: Option<&Viewer>) -> Gathered {
+        let mut gathered = Gathered {
+            counters: JobCounters {
+                isolation: "tenant",
+                executors: ExecutorProcessCounts {
+                    running: self.running().len() as u64,
+                    started: self.counts.started.load(Ordering::Relaxed),
+                    failed: self.counts.failed.load(Ordering::Relaxed),
+                },
+                ..Default::default()
+            },
+            rows: Vec::new(),
+        };
+        for handle in self.running() {
+            let Some(report) = handle.link.report(REPORT_TIMEOUT) else {
+                continue;
+            };
+            gathered.counters.add_report(&report);
+            if rows_for.is_some_and(|viewer| viewer.sees(&handle.tenant.key)) {
+                // Rows of jobs not its own would show another tenant's scheduler view.
+                gathered.rows.extend(
+                    report
+                        .jobs
+                        .into_iter()
+                        .filter(|row| handle.link.owns_job(row.id))
+                        .map(|row| owned_by(&handle.tenant, crate::seam::rows::row_from_msg(row))),
+                );
+            }
         }
+        gathered
     }
 
     fn stop_tenant(&self, tenant: &TenantKey, why: &str) {

@@ -24,7 +24,7 @@ use tokio::net::TcpListener;
 use crate::frontend::admin::AdminService;
 use crate::frontend::identify::IdentifyLayer;
 use crate::http2::{H2_CONNECTION_WINDOW, H2_STREAM_WINDOW};
-use crate::server::{ServeError, Server};
+use crate::node_start::{NodeStart, ServeError};
 use crate::supervisor::executors::{ExecutorSpec, Executors};
 use crate::supervisor::relay::Relay;
 use crate::tenant::connections::ConnectionCounts;
@@ -32,26 +32,26 @@ use crate::tenant::connections::ConnectionCounts;
 /// Serves `listener` as the supervisor until `shutdown`: stops taking calls,
 /// lets the executors finish theirs (up to the grace period) and stops them.
 pub async fn serve(
-    mut server: Server,
+    mut start: NodeStart,
     listener: TcpListener,
     spec: ExecutorSpec,
     metrics: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    let config = server.config().clone();
-    let state = server.state().clone();
+    let config = start.config.clone();
+    let node = start.node.clone();
     let executors = Executors::new(
         spec,
-        state.executor.clone(),
-        state.admission.clone(),
+        node.executor.clone(),
+        node.admission.clone(),
         tokio::runtime::Handle::current(),
     );
     // Before the first connection is accepted: restored tokens' reservations are held.
-    let identifier = server.identifier();
+    let identifier = start.identifier();
     tracing::info!(auth = %config.auth, token_tenants = config.tenants.len(), "tenant identity; isolation: one executor process per tenant");
     let counts = ConnectionCounts::new(config.max_tenant_connections);
     let incoming = accept::incoming(listener, identifier.clone(), executors.clone(), counts);
-    let admin = AdminService::with_executors(state.clone(), executors.clone())
+    let admin = AdminService::new(node.clone(), executors.clone())
         .with_admins(config.admins.clone())
         .with_identifier(identifier.clone());
     if let Some(metrics) = metrics {
@@ -94,6 +94,6 @@ pub async fn serve(
     executors
         .stop_all(grace + std::time::Duration::from_secs(5))
         .await;
-    state.executor.stop();
+    node.executor.stop();
     Ok(())
 }

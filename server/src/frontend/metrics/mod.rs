@@ -153,7 +153,10 @@ mod tests {
     async fn serves_metrics_and_refuses_everything_else() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let server = tokio::spawn(serve(listener, AdminService::new(ServerState::for_tests(8))));
+        let server = tokio::spawn(serve(listener, {
+            let state = ServerState::for_tests(8);
+            AdminService::new(state.node.clone(), state)
+        }));
 
         let ok = exchange(
             addr,

@@ -1,0 +1,140 @@
+//! What both binaries (`salus-server`, `salus-supervisor`) do as processes:
+//! flags parsed or their error shown, logging, the shutdown signals, the
+//! open-file limit, and where the other binary is.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+use crate::config::Args;
+
+/// The binary that runs TensorFlow: `--isolation none`, executors, probes.
+pub const SERVER_BIN: &str = "salus-server";
+/// The binary `salus-server` becomes under `--isolation tenant`: it links no
+/// TensorFlow.
+pub const SUPERVISOR_BIN: &str = "salus-supervisor";
+
+/// `name`, installed beside this process's binary (both binaries are built
+/// and installed together).
+pub fn beside_this_binary(name: &str) -> Result<PathBuf, String> {
+    let this =
+        std::env::current_exe().map_err(|e| format!("cannot find this process's binary: {e}"))?;
+    let other = this.with_file_name(name);
+    if other.is_file() {
+        Ok(other)
+    } else {
+        Err(format!(
+            "{} is not beside {} ({} is missing): install both binaries of the salus-server package together",
+            name,
+            this.display(),
+            other.display()
+        ))
+    }
+}
+
+/// The flags, or their error (or `--help`) shown on `stderr` / stdout, styled
+/// where that is a terminal, and the process ended with clap's exit code.
+pub fn parse_args_or_exit(stderr: &mut std::fs::File) -> Args {
+    match Args::try_parse() {
+        Ok(args) => args,
+        Err(err) => {
+            let terminal = if err.use_stderr() {
+                stderr.is_terminal()
+            } else {
+                std::io::stdout().is_terminal()
+            };
+            let styled = err.render();
+            let text = if terminal {
+                styled.ansi().to_string()
+            } else {
+                styled.to_string()
+            };
+            if err.use_stderr() {
+                let _ = write!(stderr, "{text}");
+            } else {
+                print!("{text}");
+            }
+            std::process::exit(err.exit_code());
+        }
+    }
+}
+
+/// The log: `-v` levels, `RUST_LOG` over them, into `stderr`.
+pub fn init_logging(verbose: u8, stderr: std::fs::File) {
+    let default = match verbose {
+        0 => "info",
+        1 => "debug",
+        _ => "trace",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::sync::Mutex::new(LossyWriter(stderr)))
+        .with_ansi(false)
+        .init();
+}
+
+/// The log's writer: a log line that cannot be written is lost, and nothing
+/// else happens. An executor's stderr is its supervisor's pipe, broken once the
+/// supervisor is gone; on a failed write tracing-subscriber would report it
+/// with `eprintln!`, which panics on that same broken stderr and ends the
+/// logging thread (the seam reader among them, before it could end the
+/// executor).
+struct LossyWriter(std::fs::File);
+
+impl Write for LossyWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let _ = self.0.write_all(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(err) => {
+            tracing::error!(cause = %err, "cannot watch SIGTERM; only Ctrl-C stops the server");
+            let _ = ctrl_c.await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => tracing::info!("SIGINT received"),
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+    }
+}
+
+/// A server holds a socket per client connection (the supervisor also a copy
+/// of each one it handed over): lift the soft limit on open files to the hard
+/// one, as servers commonly do, so a default of 1,024 does not cap clients.
+/// Executor processes inherit it.
+pub fn raise_open_file_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain calls with a valid out-parameter.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 || limit.rlim_cur >= limit.rlim_max
+        {
+            return;
+        }
+        let soft = limit.rlim_cur;
+        limit.rlim_cur = limit.rlim_max;
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+            tracing::debug!(
+                from = soft,
+                to = limit.rlim_max,
+                "raised the open-file limit"
+            );
+        }
+    }
+}

@@ -1,0 +1,52 @@
+//! The node: the one scheduler core, memory admission and what start-up
+//! learnt of the devices. TensorFlow-free (the supervisor holds just this);
+//! a process that runs jobs holds it inside its `ServerState`.
+
+use std::time::Instant;
+
+use crate::gpu_probe::{CapacitySource, GpuProbe};
+use crate::runtime::admission::Admission;
+use crate::runtime::executor::Executor;
+use crate::runtime::grants::RuntimeGrants;
+use crate::tf::DeviceInfo;
+
+pub struct Node {
+    pub executor: Executor,
+    /// Memory admission, when a capacity is configured.
+    pub admission: Option<Admission>,
+    /// The devices jobs get, listed once at start-up.
+    pub devices: Vec<DeviceInfo>,
+    pub tensorflow_version: String,
+    /// GPU 0 as the CUDA driver reported it at start, and where the memory
+    /// capacity came from (`ctl info`).
+    pub gpu: GpuProbe,
+    pub capacity_source: CapacitySource,
+    pub started: Instant,
+}
+
+impl Node {
+    pub fn new(
+        executor: Executor,
+        admission: Option<Admission>,
+        devices: Vec<DeviceInfo>,
+        tensorflow_version: String,
+    ) -> Node {
+        Node {
+            executor,
+            admission,
+            devices,
+            tensorflow_version,
+            gpu: GpuProbe::default(),
+            capacity_source: CapacitySource::default(),
+            started: Instant::now(),
+        }
+    }
+
+    /// The scheduler and memory admission as the holder of tenants' grants.
+    pub fn grant_holder(&self) -> RuntimeGrants {
+        RuntimeGrants {
+            executor: self.executor.clone(),
+            admission: self.admission.clone(),
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! `salus-supervisor`: the process users start under `--isolation tenant`
+//! (`salus-server` execs into it). It links no TensorFlow: its code reaches
+//! no TensorFlow symbol, so the linker leaves the libraries out. Devices are
+//! listed and jobs run by `salus-server` children (`probe-devices`,
+//! `executor`) beside it.
+
+use std::io::Write;
+use std::os::fd::AsFd;
+
+use anyhow::Context;
+use salus_server::config::Config;
+use salus_server::node_start::{NodeStart, Role};
+use salus_server::process::{self, SERVER_BIN};
+use salus_server::runtime::device_list;
+use salus_server::supervisor::executors::ExecutorSpec;
+use salus_server::tenant::CheckpointRoot;
+
+fn main() -> anyhow::Result<()> {
+    salus_server::tf_env::prepare();
+    let mut stderr = std::fs::File::from(std::io::stderr().as_fd().try_clone_to_owned()?);
+    let panic_stderr = stderr.try_clone()?;
+    std::panic::set_hook(Box::new(move |info| {
+        let _ = writeln!(&panic_stderr, "salus-supervisor: {info}");
+    }));
+    let args = process::parse_args_or_exit(&mut stderr);
+    if args.command.is_some() {
+        let _ = writeln!(
+            stderr,
+            "salus-supervisor: subcommands are salus-server's: run salus-server"
+        );
+        std::process::exit(2);
+    }
+    let config = match Config::try_from(args) {
+        Ok(config) if config.isolate_tenants => config,
+        Ok(_) => {
+            let _ = writeln!(
+                stderr,
+                "salus-supervisor serves --isolation tenant; run salus-server for --isolation none"
+            );
+            std::process::exit(2);
+        }
+        Err(message) => {
+            let _ = writeln!(stderr, "salus-server: {message}");
+            std::process::exit(2);
+        }
+    };
+    let server_bin = match process::beside_this_binary(SERVER_BIN) {
+        Ok(path) => path,
+        Err(message) => {
+            let _ = writeln!(stderr, "salus-supervisor: {message}");
+            std::process::exit(1);
+        }
+    };
+    // Executors inherit it; TensorFlow reads it when it first logs.
+    if config.verbose == 0 && std::env::var_os("TF_CPP_MIN_LOG_LEVEL").is_none() {
+        std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "2");
+    }
+    process::init_logging(config.verbose, stderr.try_clone()?);
+    process::raise_open_file_limit();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    if let Err(err) = runtime.block_on(run(config, server_bin)) {
+        let _ = writeln!(stderr, "salus-server: {err:#}");
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+async fn run(config: Config, server_bin: std::path::PathBuf) -> anyhow::Result<()> {
+    let listen = config.listen;
+    let metrics_listen = config.metrics_listen;
+    let probe_bin = server_bin.clone();
+    let start = NodeStart::begin(config, &Role::Supervisor, move |_| {
+        device_list::list_in_child(probe_bin)
+    })
+    .await?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen}"))?;
+    let addr = listener.local_addr()?;
+    let metrics = match metrics_listen {
+        Some(at) => Some(
+            tokio::net::TcpListener::bind(at)
+                .await
+                .with_context(|| format!("cannot listen on {at} for metrics"))?,
+        ),
+        None => None,
+    };
+    // Tests and scripts wait for this exact line.
+    println!("salus-server listening on {addr}");
+    let config = &start.config;
+    let spec = ExecutorSpec {
+        exe: server_bin,
+        checkpoint_base: match &config.tenant.checkpoints {
+            CheckpointRoot::PerJob(base) => Some(base.clone()),
+            CheckpointRoot::Shared(_) => None,
+        },
+        checkpoint_root: match &config.tenant.checkpoints {
+            CheckpointRoot::Shared(dir) => Some(dir.clone()),
+            CheckpointRoot::PerJob(_) => None,
+        },
+        args: std::env::args_os().skip(1).collect(),
+        memory_limit: config.executor_memory,
+        idle_timeout: config.executor_idle_timeout,
+        lane_hold_limit: config.lane_hold_limit,
+        start_timeout: std::time::Duration::from_secs(120),
+        verbose: config.verbose > 0,
+        log_rate: config.executor_log_rate,
+    };
+    if let Some(metrics) = &metrics {
+        // A line of its own, after the first one, for tests and scripts too.
+        println!("salus-server metrics on {}", metrics.local_addr()?);
+    }
+    std::io::stdout().flush()?;
+    tracing::info!(%addr, isolation = "tenant", "serving tensorflow.MasterService, tensorflow.eager.EagerService, tensorflow.WorkerService (GetStatus, RecvTensor) and salus.v1.Admin");
+    salus_server::supervisor::serve(start, listener, spec, metrics, process::shutdown_signal())
+        .await?;
+    tracing::info!("stopped");
+    Ok(())
+}
