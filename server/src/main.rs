@@ -72,19 +72,8 @@ fn main() -> anyhow::Result<()> {
             }
         };
     }
-    let config = match Config::try_from(args) {
-        Ok(config) => config,
-        Err(message) => {
-            let _ = writeln!(stderr, "salus-server: {message}");
-            std::process::exit(2);
-        }
-    };
-    // TensorFlow reads this when it first logs; set it before any thread starts.
-    if config.verbose == 0 && std::env::var_os("TF_CPP_MIN_LOG_LEVEL").is_none() {
-        std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "2");
-    }
-    process::init_logging(config.verbose, stderr.try_clone()?);
-    process::raise_open_file_limit();
+    let config = process::config_or_exit(args, &mut stderr);
+    process::set_up_serving(&config, stderr.try_clone()?);
     malloc_hooks::enable_block_cache(config.block_cache_bytes);
     if !salus_server::heap_meter::install() {
         tracing::warn!("the malloc hooks are not in effect: eager jobs' per-iteration memory will not be measured");
@@ -162,7 +151,9 @@ async fn run(config: Config) -> anyhow::Result<()> {
         // A line of its own, after the first one, for tests and scripts too.
         println!("salus-server metrics on {}", metrics.local_addr()?);
         let state = server.state().clone();
-        tokio::spawn(salus_server::frontend::metrics::serve(metrics, AdminService::new(state.node.clone(), state)));
+        if let Some(admin) = AdminService::new(state.node.clone(), state) {
+            tokio::spawn(salus_server::frontend::metrics::serve(metrics, admin));
+        }
     }
     std::io::stdout().flush()?;
     tracing::info!(%addr, isolation = "none", "serving tensorflow.MasterService, tensorflow.eager.EagerService, tensorflow.WorkerService (GetStatus, RecvTensor) and salus.v1.Admin");

@@ -15,6 +15,7 @@ use crate::runtime::device_list::DeviceList;
 use crate::runtime::executor::Executor;
 use crate::runtime::job_history::{load_history, HistorySaver};
 use crate::runtime::node::Node;
+use crate::runtime::sched_port::SchedPort;
 use crate::runtime::session_config::{GpuLanes, SessionDefaults};
 use crate::runtime::timeline::Timeline;
 use crate::sched::lanes::LaneManager;
@@ -111,21 +112,25 @@ impl NodeStart {
             "scheduler"
         );
         let timeline = Arc::new(Timeline::new(config.timeline_capacity));
-        let executor = match role {
-            Role::Executor { seam, .. } => Executor::remote(policy, config.sched, seam.clone()),
-            _ => Executor::with_timeline(policy, config.sched, timeline),
+        let sched = match role {
+            Role::Executor { seam, .. } => SchedPort::Seam(seam.clone()),
+            _ => {
+                let core = Executor::with_timeline(policy, config.sched, timeline);
+                core.set_limits_table(config.tenants.limits().clone());
+                SchedPort::Local(core)
+            }
         };
-        if !matches!(role, Role::Executor { .. }) {
-            executor.set_limits_table(config.tenants.limits().clone());
-        }
         let issued = restored.map(|restored| {
-            executor.keep_history(restored.history, Some(restored.saver));
+            if let Some(core) = sched.core() {
+                core.keep_history(restored.history, Some(restored.saver));
+            }
             restored.tokens
         });
         let admission = capacity.map(|capacity| {
-            if let Role::Executor { seam, .. } = role {
-                return Admission::remote(seam.clone());
-            }
+            let core = match &sched {
+                SchedPort::Local(core) => core.clone(),
+                SchedPort::Seam(seam) => return Admission::remote(seam.clone()),
+            };
             let lanes = match gpu_lanes {
                 Some(gpu) => LaneManager::fixed(&vec![gpu.lane_bytes; gpu.count as usize]),
                 None => LaneManager::with_rule(capacity, config.lane_rule),
@@ -137,9 +142,9 @@ impl NodeStart {
                 timeout_s = config.admission_timeout.as_secs(),
                 "memory lanes"
             );
-            Admission::new(lanes, config.admission_timeout, executor.clone())
+            Admission::new(lanes, config.admission_timeout, core)
         });
-        let mut node = Node::new(executor, admission, devices, tensorflow_version);
+        let mut node = Node::new(sched, admission, devices, tensorflow_version);
         node.gpu = gpu;
         node.capacity_source = capacity_source;
         Ok(NodeStart {
@@ -155,7 +160,9 @@ impl NodeStart {
     pub fn identifier(&mut self) -> Arc<Identifier> {
         let identifier = Identifier::new(self.config.auth, self.config.tenants.clone())
             .with_issued(self.issued.take().unwrap_or_default());
-        crate::tenant::grants::hold_restored(&self.node.grant_holder(), &identifier);
+        if let Some(holder) = self.node.grant_holder() {
+            crate::tenant::grants::hold_restored(&holder, &identifier);
+        }
         Arc::new(identifier)
     }
 }

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
-use crate::config::Args;
+use crate::config::{Args, Config};
 
 /// The binary that runs TensorFlow: `--isolation none`, executors, probes.
 pub const SERVER_BIN: &str = "salus-server";
@@ -59,6 +59,29 @@ pub fn parse_args_or_exit(stderr: &mut std::fs::File) -> Args {
             std::process::exit(err.exit_code());
         }
     }
+}
+
+/// The validated config of `args`, or its error shown and the process ended
+/// with exit code 2.
+pub fn config_or_exit(args: Args, stderr: &mut std::fs::File) -> Config {
+    match Config::try_from(args) {
+        Ok(config) => config,
+        Err(message) => {
+            let _ = writeln!(stderr, "salus-server: {message}");
+            std::process::exit(2);
+        }
+    }
+}
+
+/// What a serving process sets up before its async runtime: TensorFlow's
+/// log level (read when it first logs; inherited by executors; set before
+/// any thread starts), the log into `stderr`, the open-file limit.
+pub fn set_up_serving(config: &Config, stderr: std::fs::File) {
+    if config.verbose == 0 && std::env::var_os("TF_CPP_MIN_LOG_LEVEL").is_none() {
+        std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "2");
+    }
+    init_logging(config.verbose, stderr);
+    raise_open_file_limit();
 }
 
 /// The log: `-v` levels, `RUST_LOG` over them, into `stderr`.

@@ -119,7 +119,7 @@ impl Server {
     ) -> Result<(), ServeError> {
         // The supervisor keeps relaying until every executor's eager jobs are
         // quiet, then stops taking calls itself, which ends the relayed streams.
-        let seam = self.state.executor.seam().cloned();
+        let seam = self.state.sched.seam().cloned();
         let drained = move || {
             if let Some(seam) = seam {
                 seam.send(crate::seam::msg::to_supervisor::Msg::Drained(
@@ -153,11 +153,14 @@ impl Server {
         let worker = WorkerServiceServer::new(Worker::new(self.state.clone()))
             .max_decoding_message_size(limit)
             .max_encoding_message_size(limit);
-        let admin = AdminServer::new(
-            AdminService::new(self.state.node.clone(), self.state.clone())
-                .with_admins(self.config.admins.clone())
-                .with_identifier(identifier.clone()),
-        );
+        // The admin API is the scheduling process's: a tenant's executor has none.
+        let admin = AdminService::new(self.state.node.clone(), self.state.clone()).map(|admin| {
+            AdminServer::new(
+                admin
+                    .with_admins(self.config.admins.clone())
+                    .with_identifier(identifier.clone()),
+            )
+        });
         crate::tf::python_kernel::install(limit as u64, |token, op, node, inputs| {
             crate::runtime::python_calls::python_calls().call(token, op, node, inputs)
         });
@@ -171,7 +174,9 @@ impl Server {
         let (health, health_service) = tonic_health::server::health_reporter();
         health.set_serving::<MasterServiceServer<Master>>().await;
         health.set_serving::<EagerServiceServer<Eager>>().await;
-        health.set_serving::<AdminServer<AdminService>>().await;
+        if admin.is_some() {
+            health.set_serving::<AdminServer<AdminService>>().await;
+        }
 
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let grace = self.config.shutdown_grace;
@@ -186,7 +191,7 @@ impl Server {
             .add_service(master)
             .add_service(eager)
             .add_service(worker)
-            .add_service(admin)
+            .add_optional_service(admin)
             .add_service(callbacks)
             .serve_with_incoming_shutdown(incoming, async move {
                 shutdown.await;
@@ -230,7 +235,9 @@ impl Server {
         }
         context_reaper.abort();
         self.close_sessions().await;
-        self.state.executor.stop();
+        if let Some(core) = self.state.sched.core() {
+            core.stop();
+        }
         Ok(())
     }
 
@@ -238,7 +245,7 @@ impl Server {
         let contexts = self.state.contexts.drain();
         for job in &contexts {
             // Frees a context thread waiting for its turn or for memory.
-            self.state.executor.remove_job(job.id);
+            self.state.sched.remove_job(job.id);
             if let Some(admission) = &self.state.admission {
                 admission.withdraw(job.id);
             }
@@ -257,7 +264,7 @@ impl Server {
         tracing::info!(contexts = closed_contexts, "all eager contexts closed");
         let jobs = self.state.sessions.drain();
         for job in &jobs {
-            self.state.executor.remove_job(job.id);
+            self.state.sched.remove_job(job.id);
         }
         let count = jobs.len();
         if let Err(err) = exec::blocking(move || {
@@ -284,7 +291,7 @@ async fn reap_idle_sessions(state: Arc<ServerState>, timeout: std::time::Duratio
         tick.tick().await;
         for job in state.sessions.all() {
             let busy = state
-                .executor
+                .sched
                 .job_status(job.id)
                 .is_some_and(|s| s.queued > 0 || s.running > 0);
             if busy || job.is_busy() || job.idle_seconds() < timeout.as_secs_f64() {
@@ -294,7 +301,7 @@ async fn reap_idle_sessions(state: Arc<ServerState>, timeout: std::time::Duratio
                 tracing::warn!(session = %job.handle, name = %job.name, idle_s = job.idle_seconds(), "closing idle session");
                 state.count_reclaimed(false);
                 // Its client left without closing it: not a run to learn from.
-                state.executor.end_job(job.id, RunEnd::Failed);
+                state.sched.end_job(job.id, RunEnd::Failed);
                 let _ = exec::drop_off_runtime(job).await;
             }
         }

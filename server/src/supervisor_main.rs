@@ -30,20 +30,14 @@ fn main() -> anyhow::Result<()> {
         );
         std::process::exit(2);
     }
-    let config = match Config::try_from(args) {
-        Ok(config) if config.isolate_tenants => config,
-        Ok(_) => {
-            let _ = writeln!(
-                stderr,
-                "salus-supervisor serves --isolation tenant; run salus-server for --isolation none"
-            );
-            std::process::exit(2);
-        }
-        Err(message) => {
-            let _ = writeln!(stderr, "salus-server: {message}");
-            std::process::exit(2);
-        }
-    };
+    let config = process::config_or_exit(args, &mut stderr);
+    if !config.isolate_tenants {
+        let _ = writeln!(
+            stderr,
+            "salus-supervisor serves --isolation tenant; run salus-server for --isolation none"
+        );
+        std::process::exit(2);
+    }
     let server_bin = match process::beside_this_binary(SERVER_BIN) {
         Ok(path) => path,
         Err(message) => {
@@ -51,12 +45,7 @@ fn main() -> anyhow::Result<()> {
             std::process::exit(1);
         }
     };
-    // Executors inherit it; TensorFlow reads it when it first logs.
-    if config.verbose == 0 && std::env::var_os("TF_CPP_MIN_LOG_LEVEL").is_none() {
-        std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "2");
-    }
-    process::init_logging(config.verbose, stderr.try_clone()?);
-    process::raise_open_file_limit();
+    process::set_up_serving(&config, stderr.try_clone()?);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

@@ -15,7 +15,8 @@ use crate::error::Error;
 use crate::frontend::history;
 use crate::frontend::identify::tenant_of;
 use crate::runtime::admission::Admission;
-use crate::runtime::executor::TenantFigures;
+use crate::runtime::executor::{Executor, TenantFigures};
+use crate::runtime::grants::RuntimeGrants;
 use crate::sched::tenants::MAX_WEIGHT;
 use crate::tenant::identity::Identifier;
 use crate::tenant::limits::Limits;
@@ -32,7 +33,9 @@ use crate::tenant::identity::Tenant;
 
 #[derive(Clone)]
 pub struct AdminService {
-    /// The scheduler, memory admission and devices.
+    /// The scheduler core (this process schedules: the admin API is served
+    /// where the core is), memory admission and devices.
+    core: Executor,
     node: Arc<Node>,
     /// The jobs: this process's, or the tenants' executors' (the supervisor).
     jobs: Arc<dyn JobSource>,
@@ -43,12 +46,23 @@ pub struct AdminService {
 }
 
 impl AdminService {
-    pub fn new(node: Arc<Node>, jobs: Arc<dyn JobSource>) -> AdminService {
-        AdminService {
+    /// The admin API of `node`, whose jobs `jobs` gives; None where the node
+    /// schedules nothing (a tenant's executor: its supervisor serves it).
+    pub fn new(node: Arc<Node>, jobs: Arc<dyn JobSource>) -> Option<AdminService> {
+        Some(AdminService {
+            core: node.sched.core()?.clone(),
             node,
             jobs,
             identifier: None,
             admins: Arc::new(Admins::default()),
+        })
+    }
+
+    /// The scheduler and memory admission as the holder of tenants' grants.
+    fn grant_holder(&self) -> RuntimeGrants {
+        RuntimeGrants {
+            executor: self.core.clone(),
+            admission: self.node.admission.clone(),
         }
     }
 
@@ -65,7 +79,7 @@ impl AdminService {
         let jobs = self.jobs.clone();
         grants::sweep_expired(
             Arc::downgrade(&identifier),
-            Arc::new(self.node.grant_holder()),
+            Arc::new(self.grant_holder()),
             move |identifier, token, now| end_connections(&*jobs, identifier, token, now, "its token expired"),
         );
         self.identifier = Some(identifier);
@@ -170,7 +184,7 @@ impl AdminService {
                 })
                 .collect(),
             uptime_seconds: s.started.elapsed().as_secs_f64(),
-            policy: s.executor.policy_name().into(),
+            policy: self.core.policy_name().into(),
             memory_capacity_bytes: s.admission.as_ref().map_or(0, |a| a.capacity()),
             memory_free_bytes: s.admission.as_ref().map_or(0, |a| a.free()),
             memory_reserved_bytes: s.admission.as_ref().map_or(0, |a| a.reserved().0),
@@ -211,7 +225,7 @@ impl AdminService {
 
     /// Scheduler statistics with the tenant rows `viewer` sees (`GetStats`).
     fn scheduler_stats_for(&self, viewer: &Viewer) -> SchedulerStats {
-        let stats = self.node.executor.stats();
+        let stats = self.core.stats();
         SchedulerStats {
             policy: stats.policy.into(),
             iterations_total: stats.iterations_total,
@@ -241,8 +255,7 @@ impl AdminService {
                     .as_ref()
                     .map(Admission::claimed_by_tenant)
                     .unwrap_or_default();
-                self.node
-                    .executor
+                self.core
                     .tenant_figures()
                     .iter()
                     .filter(|figures| viewer.sees(&figures.tenant.key))
@@ -294,7 +307,7 @@ impl AdminService {
             .into_iter()
             .filter(|(tenant, _)| viewer.sees(&tenant.key))
             .map(|(tenant, tokens)| {
-                let id = self.node.executor.tenant_id(&tenant);
+                let id = self.core.tenant_id(&tenant);
                 let unix = |t: SystemTime| t.duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
                 Reservation {
                     tenant: tenant.to_string(),
@@ -304,7 +317,7 @@ impl AdminService {
                     claimed_bytes: claimed.get(&id).copied().unwrap_or(0),
                     token_ids: tokens.iter().map(|t| t.id.clone()).collect(),
                     expires_unix_seconds: tokens.iter().filter_map(|t| t.expires_at).min().map_or(0.0, unix),
-                    jobs_started: self.node.executor.jobs_opened(id),
+                    jobs_started: self.core.jobs_opened(id),
                 }
             })
             .collect()
@@ -388,8 +401,8 @@ impl AdminService {
                 ))
             })?;
         let id = JobId(row.id);
-        let hints = hints_from_request(&req, row.name.clone(), &self.node, id)?;
-        self.node.executor.set_hints(id, hints.clone())?;
+        let hints = hints_from_request(&req, row.name.clone(), &self.core, id)?;
+        self.core.set_hints(id, hints.clone())?;
         tracing::info!(job = id.0, ?hints, "job hints changed");
         Ok(Rows(&self.node).with_scheduler_view(row))
     }
@@ -399,7 +412,7 @@ impl AdminService {
 fn hints_from_request(
     req: &SetJobHintsRequest,
     name: String,
-    state: &Node,
+    core: &Executor,
     id: JobId,
 ) -> Result<Hints, Status> {
     let given = req.hints.clone().unwrap_or_default();
@@ -414,8 +427,7 @@ fn hints_from_request(
         priority: given.priority,
         expected_iterations: (given.expected_iterations > 0).then_some(given.expected_iterations),
         expected_seconds: (given.expected_seconds > 0.0).then_some(given.expected_seconds),
-        ..state
-            .executor
+        ..core
             .job_status(id)
             .map(|s| s.hints)
             .unwrap_or_default()
@@ -469,7 +481,7 @@ impl Admin for AdminService {
             .into());
         }
         let limits = limits_from_proto(req.limits)?;
-        let now = self.node.executor.set_limits(name, &limits);
+        let now = self.core.set_limits(name, &limits);
         tracing::info!(tenant = name, limits = %now, by = %caller, "tenant limits changed");
         Ok(Response::new(limits_to_proto(&now)))
     }
@@ -513,7 +525,7 @@ impl Admin for AdminService {
             .map_err(|e| Error::Internal(format!("issuing a token failed: {e}")))?
             .map_err(|e| Error::Internal(e.to_string()))?;
         let now = SystemTime::now();
-        let holder = self.node.grant_holder();
+        let holder = self.grant_holder();
         if let Err(err) = grants::apply(&holder, identifier.issued(), &record, now) {
             // The reservation does not fit: the token was never handed out.
             let revoking = identifier.clone();
@@ -549,7 +561,7 @@ impl Admin for AdminService {
             .into());
         }
         let now = SystemTime::now();
-        let holder = self.node.grant_holder();
+        let holder = self.grant_holder();
         for token in &revoked {
             tracing::info!(id = token.id, tenant = token.tenant, by = %caller, "token revoked");
             grants::apply(&holder, identifier.issued(), token, now)?;
@@ -577,7 +589,7 @@ impl Admin for AdminService {
     ) -> Result<Response<ListHistoryResponse>, Status> {
         let caller = tenant_of(&request);
         let asker = self.history_asker(&caller);
-        let listed = history::list(&self.node.executor, &asker, &request.get_ref().tenant)?;
+        let listed = history::list(&self.core, &asker, &request.get_ref().tenant)?;
         Ok(Response::new(listed))
     }
 
@@ -588,7 +600,7 @@ impl Admin for AdminService {
         let caller = tenant_of(&request);
         let asker = self.history_asker(&caller);
         let tenant = &request.get_ref().tenant;
-        let erased = history::erase(&self.node.executor, &asker, tenant)?;
+        let erased = history::erase(&self.core, &asker, tenant)?;
         tracing::info!(by = %caller, "job history erase asked");
         Ok(Response::new(erased))
     }
@@ -599,7 +611,7 @@ impl Admin for AdminService {
     ) -> Result<Response<SetPolicyResponse>, Status> {
         self.admin_only(&request, "changing the scheduling policy")?;
         let name = request.into_inner().policy;
-        let (previous, policy) = self.node.executor.set_policy(&name)?;
+        let (previous, policy) = self.core.set_policy(&name)?;
         tracing::info!(previous, policy, "scheduling policy changed");
         Ok(Response::new(SetPolicyResponse {
             previous: previous.into(),
@@ -622,7 +634,7 @@ impl Admin for AdminService {
     ) -> Result<Response<Timeline>, Status> {
         let viewer = self.viewer(&tenant_of(&request));
         let window = super::timeline::window(request.into_inner().seconds)?;
-        let mut snapshot = self.node.executor.timeline().snapshot(window);
+        let mut snapshot = self.core.timeline().snapshot(window);
         if let Viewer::Tenant(key) = &viewer {
             snapshot
                 .spans

@@ -608,6 +608,7 @@ impl LocalAdmission {
 #[cfg(test)]
 mod tests {
     use super::*;
+
     use crate::sched::policy::by_name;
     use crate::sched::SchedConfig;
 
@@ -651,7 +652,10 @@ mod tests {
                         );
                     }
                     // The moved job runs in the merged lane.
-                    let out = executor.run_main(JobId(2), None, || Ok(7)).await.unwrap();
+                    let out = crate::runtime::sched_port::SchedPort::Local(executor.clone())
+                        .run_main(JobId(2), None, || Ok(7))
+                        .await
+                        .unwrap();
                     assert_eq!(out, 7);
                     drop(third);
                 }
@@ -748,7 +752,6 @@ mod tests {
         for (job, owner) in [(1, &capped), (2, &capped), (3, &capped), (4, &free)] {
             executor
                 .open_job(JobId(job), "j", JobKind::Graph, Some(owner))
-                .await
                 .unwrap();
         }
         let first = a

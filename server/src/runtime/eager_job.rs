@@ -24,7 +24,8 @@ use crate::error::{Error, Result};
 use crate::heap_meter;
 use crate::runtime::admission::{Admission, LaneReservation};
 use crate::runtime::eager_devices::DeviceNames;
-use crate::runtime::executor::{Executor, MainTurn};
+use crate::runtime::executor::MainTurn;
+use crate::runtime::sched_port::SchedPort;
 use crate::runtime::graph_delta::{variable_bytes, VariableBytes};
 use crate::runtime::job_history::{HistoryFacts, ShapeHash};
 use crate::runtime::memory_profile::{self, MeasuredMemory, MemoryMeter, Sample};
@@ -59,7 +60,7 @@ pub struct EagerStats {
 /// What an eager job's thread needs of the scheduler and memory admission.
 #[derive(Clone)]
 pub struct Scheduling {
-    pub executor: Executor,
+    pub port: SchedPort,
     /// Memory admission, when a capacity is configured.
     pub admission: Option<Admission>,
     /// The server's async runtime: scheduling and admission are awaited there
@@ -728,7 +729,7 @@ impl Shared {
     /// API), else those it was created with.
     fn current_hints(&self) -> Hints {
         self.sched
-            .executor
+            .port
             .job_status(self.id)
             .map(|s| s.hints)
             .unwrap_or_else(|| self.hints.clone())
@@ -1272,7 +1273,7 @@ impl Worker {
                 self.shared.sched.cheap_below.as_nanos() as f64,
                 op.name.contains(MAIN_MARKER),
             );
-            self.shared.sched.executor.resolve(self.shared.id, class)
+            self.shared.sched.port.resolve(self.shared.id, class)
         } else {
             RunClass::Cheap
         };
@@ -1283,7 +1284,7 @@ impl Worker {
             RunClass::Main => {
                 if self.shared.history.first_main() {
                     let shape = self.function_shapes.get(&op.name).copied();
-                    self.shared.sched.executor.set_fingerprint(
+                    self.shared.sched.port.set_fingerprint(
                         self.shared.id,
                         &shape.unwrap_or_default().fingerprint('f'),
                     );
@@ -1341,7 +1342,7 @@ impl Worker {
         if is_call && class == RunClass::Cheap {
             self.shared
                 .sched
-                .executor
+                .port
                 .record_cheap_run(self.shared.id, started, ended);
         }
         drop(inputs);
@@ -1432,9 +1433,9 @@ impl Worker {
 
     /// Queues a main iteration with the scheduler and waits, on this job's
     /// thread, until it is this job's turn; the call runs here while the
-    /// returned turn is held (see [`Executor::wait_turn`]).
+    /// returned turn is held (see [`SchedPort::wait_turn`]).
     fn wait_for_turn(&self) -> Result<MainTurn> {
-        self.shared.sched.executor.wait_turn(self.shared.id, None)
+        self.shared.sched.port.wait_turn(self.shared.id, None)
     }
 
     /// What the sampled call just run took at its peak (its outputs

@@ -11,11 +11,10 @@
 //! `.await` or a TensorFlow call, only for a decision or a bookkeeping update.
 
 use std::collections::{HashSet, VecDeque};
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use tokio::sync::oneshot;
 
 use crate::error::{Error, Result};
 use crate::runtime::job_history::{HistorySaver, HistoryView, JobIdentities};
@@ -24,8 +23,6 @@ use crate::runtime::run_class::RunClass;
 use crate::runtime::run_stats::{RunStats, RunStatsSnapshot};
 use crate::runtime::tenant_ids::{Clamp, TenantIds};
 use crate::runtime::timeline::{JobKind, Timeline};
-use crate::seam::client::SeamClient;
-use crate::seam::{hints_to_msg, msg as seam_msg};
 use crate::sched::policy::{self, Policy};
 use crate::sched::{
     Decision, Hints, History, JobId, JobStatus, LaneId, Nanos, RunEnd, SchedConfig, SchedError, Scheduler, SortKey, Share, TenantId, TenantStatus,
@@ -57,22 +54,77 @@ trait Task: Send {
     fn run(self: Box<Self>) -> Box<dyn FnOnce() + Send>;
 }
 
-/// Runs `f` and sends its outcome (a panic included) to the waiting handler.
-struct Reply<T, F> {
-    f: F,
-    tx: oneshot::Sender<std::thread::Result<T>>,
+/// A main iteration that another thread of this process runs
+/// ([`Executor::want`]): the lane thread gives the go-ahead, holds the lane
+/// until the runner's turn drops, and accounts the iteration before that
+/// drop returns.
+struct HoldLane {
+    go: mpsc::SyncSender<()>,
+    /// Disconnected when the runner's turn drops.
+    done: mpsc::Receiver<()>,
+    /// Dropped once the iteration is accounted.
+    accounted: mpsc::SyncSender<()>,
+    /// The runner gave up before its go-ahead.
+    gone: Arc<AtomicBool>,
 }
 
-impl<T: Send + 'static, F: FnOnce() -> T + Send> Task for Reply<T, F> {
+impl Task for HoldLane {
     fn client_gone(&self) -> bool {
-        self.tx.is_closed()
+        self.gone.load(Ordering::SeqCst)
     }
     fn run(self: Box<Self>) -> Box<dyn FnOnce() + Send> {
-        let Reply { f, tx } = *self;
-        let outcome = catch_unwind(AssertUnwindSafe(f));
-        Box::new(move || {
-            let _ = tx.send(outcome);
-        })
+        let HoldLane {
+            go, done, accounted, ..
+        } = *self;
+        if go.send(()).is_ok() {
+            let _ = done.recv();
+        }
+        Box::new(move || drop(accounted))
+    }
+}
+
+/// A main iteration queued with this process's core ([`Executor::want`]),
+/// not started yet. Dropped, or given up, before its go-ahead, it is dropped
+/// from the queue unrun.
+pub struct LocalWant {
+    go: mpsc::Receiver<()>,
+    done: mpsc::SyncSender<()>,
+    accounted: mpsc::Receiver<()>,
+    gone: Arc<AtomicBool>,
+}
+
+impl LocalWant {
+    /// Waits on the calling thread (blocking) for the go-ahead.
+    pub fn take(self) -> Result<MainTurn> {
+        match self.go.recv() {
+            Ok(()) => Ok(MainTurn::Local(LocalTurn {
+                done: Some(self.done),
+                accounted: self.accounted,
+            })),
+            // Dropped before it ran (its job left, its deadline passed, the
+            // executor stops, or its runner gave up).
+            Err(_) => Err(dropped_before_it_ran()),
+        }
+    }
+
+    /// What gives the iteration up from another thread, if it has not started.
+    pub fn give_up_flag(&self) -> Arc<AtomicBool> {
+        self.gone.clone()
+    }
+}
+
+/// A main iteration of this process's core in progress: the lane thread
+/// waits for this to drop, and the drop returns once the iteration is
+/// accounted (so whoever then reads the statistics sees it).
+pub struct LocalTurn {
+    done: Option<mpsc::SyncSender<()>>,
+    accounted: mpsc::Receiver<()>,
+}
+
+impl Drop for LocalTurn {
+    fn drop(&mut self) {
+        drop(self.done.take());
+        let _ = self.accounted.recv();
     }
 }
 
@@ -170,16 +222,13 @@ impl Shared {
     }
 }
 
-/// Cheap handle to the executor.
-///
-/// In a tenant's executor process (`--isolation tenant`) the handle is
-/// remote: the scheduler core runs in the supervisor, and the methods a job
-/// uses (join, leave, take a main iteration, report a cheap run, rank a brief
-/// one) cross the seam; the local core stays empty.
+/// Cheap handle to the scheduler core of the process that schedules (the
+/// `--isolation none` server, or the supervisor), with its lane threads. Jobs
+/// reach it through a [`crate::runtime::sched_port::SchedPort`]: this in the
+/// same process, the seam in a tenant's executor process.
 #[derive(Clone)]
 pub struct Executor {
     shared: Arc<Shared>,
-    remote: Option<Arc<SeamClient>>,
 }
 
 impl Executor {
@@ -188,26 +237,12 @@ impl Executor {
     }
 
     /// An executor that records its runs in `timeline`.
-    /// The executor of a tenant's executor process: decisions by the supervisor over `seam`.
-    pub fn remote(policy: Box<dyn Policy>, config: SchedConfig, seam: Arc<SeamClient>) -> Executor {
-        Executor {
-            remote: Some(seam),
-            ..Executor::new(policy, config)
-        }
-    }
-
-    /// The seam, in an executor process.
-    pub fn seam(&self) -> Option<&Arc<SeamClient>> {
-        self.remote.as_ref()
-    }
-
     pub fn with_timeline(
         policy: Box<dyn Policy>,
         config: SchedConfig,
         timeline: Arc<Timeline>,
     ) -> Executor {
         Executor {
-            remote: None,
             shared: Arc::new(Shared {
                 inner: Mutex::new(Inner {
                     sched: Scheduler::new(policy, config),
@@ -235,14 +270,6 @@ impl Executor {
     }
 
     pub fn add_job(&self, id: JobId, lane: LaneId, hints: Hints) -> Result<()> {
-        if let Some(seam) = &self.remote {
-            seam.send(seam_msg::to_supervisor::Msg::AddJob(seam_msg::AddJob {
-                job: id.0,
-                lane: lane.0,
-                hints: Some(hints_to_msg(&hints)),
-            }));
-            return Ok(());
-        }
         let now = self.shared.now();
         let mut inner = self.shared.lock();
         // The owner was recorded when the job opened (`open_job`).
@@ -306,15 +333,6 @@ impl Executor {
     /// main iteration adds its run to the job history (saved to the state
     /// directory). A job already forgotten is ignored.
     pub fn end_job(&self, id: JobId, end: RunEnd) {
-        if let Some(seam) = &self.remote {
-            seam.send(seam_msg::to_supervisor::Msg::RemoveJob(
-                seam_msg::RemoveJob {
-                    job: id.0,
-                    end: end.name().into(),
-                },
-            ));
-            return;
-        }
         let dropped = {
             let mut inner = self.shared.lock();
             let recorded = inner
@@ -338,121 +356,38 @@ impl Executor {
         drop(dropped);
     }
 
-    /// Runs `f` as a main iteration of `job` when the scheduler picks it.
-    pub async fn run_main<T, F>(&self, job: JobId, deadline: Option<Instant>, f: F) -> Result<T>
-    where
-        T: Send + 'static,
-        F: FnOnce() -> Result<T> + Send + 'static,
-    {
-        if let Some(seam) = &self.remote {
-            let wanted = seam.want(job, deadline)?;
-            // If this future is dropped (the client left) before the go-ahead,
-            // the supervisor drops the queued iteration, as the local queue
-            // drops one whose reply nobody waits for.
-            let cancel = CancelTurn {
-                seam: seam.clone(),
-                turn: wanted.turn,
-            };
-            let seam = seam.clone();
-            // Waits for the supervisor's go-ahead on a blocking thread, runs
-            // the iteration there, and ends the turn when the guard drops.
-            let result = crate::runtime::exec::blocking(move || {
-                let _turn = seam.take_turn(wanted)?;
-                match catch_unwind(AssertUnwindSafe(f)) {
-                    Ok(result) => result,
-                    Err(_panic) => Err(Error::Internal("the iteration panicked".into())),
-                }
-            })
-            .await;
-            std::mem::forget(cancel);
-            return result;
-        }
-        let rx = self.submit_local(job, deadline, f)?;
-        match rx.await {
-            Ok(Ok(result)) => result,
-            Ok(Err(_panic)) => Err(Error::Internal("the iteration panicked".into())),
-            Err(_) => Err(dropped_before_it_ran()),
-        }
-    }
-
-    /// Waits on the calling thread (blocking: call it off the async runtime)
-    /// until the scheduler gives `job` a main iteration; the caller runs the
-    /// iteration itself while it holds the returned turn, and dropping the turn
-    /// ends it. The way an eager job's thread takes its turns: locally a lane
-    /// thread holds the lane meanwhile (so the iteration's time is the job's),
-    /// in an executor process the supervisor's go-ahead comes over the seam.
-    pub fn wait_turn(&self, job: JobId, deadline: Option<Instant>) -> Result<MainTurn> {
-        if let Some(seam) = &self.remote {
-            let wanted = seam.want(job, deadline)?;
-            return seam.take_turn(wanted).map(MainTurn::Remote);
-        }
-        let (go_tx, go_rx) = std::sync::mpsc::sync_channel::<()>(1);
-        let (done_tx, done_rx) = std::sync::mpsc::sync_channel::<()>(1);
-        let rx = self.submit_local(job, deadline, move || {
-            let _ = go_tx.send(());
-            // Until the caller's iteration ended (its turn dropped).
-            let _ = done_rx.recv();
-            Ok(())
-        })?;
-        match go_rx.recv() {
-            Ok(()) => Ok(MainTurn::Local { _done: done_tx }),
-            // Dropped before it ran: the reason, if the lane thread gave one.
-            Err(_) => Err(match rx.blocking_recv() {
-                Ok(Ok(Err(err))) => err,
-                _ => dropped_before_it_ran(),
-            }),
-        }
-    }
-
-    /// Queues `f` as a main iteration of `job` with the local scheduler core;
-    /// its result comes on the returned channel.
-    fn submit_local<T, F>(
-        &self,
-        job: JobId,
-        deadline: Option<Instant>,
-        f: F,
-    ) -> Result<oneshot::Receiver<std::thread::Result<Result<T>>>>
-    where
-        T: Send + 'static,
-        F: FnOnce() -> Result<T> + Send + 'static,
-    {
-        let (tx, rx) = oneshot::channel();
-        let work = Work {
-            deadline,
-            task: Box::new(Reply { f, tx }),
+    /// Queues a main iteration of `job` that the caller's thread will run:
+    /// [`LocalWant::take`] waits for the scheduler's go-ahead, and a lane
+    /// thread holds the lane while the caller runs it (so the iteration's time
+    /// is the job's).
+    pub fn want(&self, job: JobId, deadline: Option<Instant>) -> Result<LocalWant> {
+        let (go_tx, go_rx) = mpsc::sync_channel(1);
+        let (done_tx, done_rx) = mpsc::sync_channel(1);
+        let (accounted_tx, accounted_rx) = mpsc::sync_channel(1);
+        let gone = Arc::new(AtomicBool::new(false));
+        let task = HoldLane {
+            go: go_tx,
+            done: done_rx,
+            accounted: accounted_tx,
+            gone: gone.clone(),
         };
-        {
-            let now = self.shared.now();
-            let mut inner = self.shared.lock();
-            if inner.stopping {
-                return Err(Error::ShuttingDown);
-            }
-            inner
-                .sched
-                .submit(job, work, now)
-                .map_err(|err| match err {
-                    SchedError::UnknownJob(_) => {
-                        Error::IterationDropped("the job's session was closed".into())
-                    }
-                    other => sched_error(other),
-                })?;
-        }
-        self.shared.wake.notify_all();
-        Ok(rx)
+        self.submit(
+            job,
+            Work {
+                deadline,
+                task: Box::new(task),
+            },
+        )?;
+        Ok(LocalWant {
+            go: go_rx,
+            done: done_tx,
+            accounted: accounted_rx,
+            gone,
+        })
     }
 
-    /// Queues a main iteration of `job` that another process runs (see
-    /// [`RemoteIteration`]); an unknown job or a stopping executor refuses it.
-    pub fn submit_remote(
-        &self,
-        job: JobId,
-        deadline: Option<Instant>,
-        iteration: Box<dyn RemoteIteration>,
-    ) -> Result<()> {
-        let work = Work {
-            deadline,
-            task: Box::new(Remote(iteration)),
-        };
+    /// Queues `work` for `job`; an unknown job or a stopping executor refuses it.
+    fn submit(&self, job: JobId, work: Work) -> Result<()> {
         {
             let now = self.shared.now();
             let mut inner = self.shared.lock();
@@ -470,6 +405,23 @@ impl Executor {
         Ok(())
     }
 
+    /// Queues a main iteration of `job` that another process runs (see
+    /// [`RemoteIteration`]); an unknown job or a stopping executor refuses it.
+    pub fn submit_remote(
+        &self,
+        job: JobId,
+        deadline: Option<Instant>,
+        iteration: Box<dyn RemoteIteration>,
+    ) -> Result<()> {
+        self.submit(
+            job,
+            Work {
+                deadline,
+                task: Box::new(Remote(iteration)),
+            },
+        )
+    }
+
     /// Counts a main iteration whose lane stopped waiting for it (the hold limit).
     pub fn count_released_hold(&self) {
         self.shared.lock().lane_holds_released += 1;
@@ -485,13 +437,6 @@ impl Executor {
     /// a [`RunClass::Brief`] run queues when another job's queued iteration
     /// ranks ahead of `job`.
     pub fn resolve(&self, job: JobId, class: RunClass) -> RunClass {
-        if let Some(seam) = &self.remote {
-            return match class {
-                RunClass::Brief if seam.outranked(job) => RunClass::Main,
-                RunClass::Brief => RunClass::Cheap,
-                other => other,
-            };
-        }
         match class {
             RunClass::Brief if self.shared.lock().sched.outranked(job) => RunClass::Main,
             RunClass::Brief => RunClass::Cheap,
@@ -503,15 +448,6 @@ impl Executor {
     /// service (which policies that share by service then see), and puts it on
     /// the timeline, on the job's lane (none before the job joined the scheduler).
     pub fn record_cheap_run(&self, job: JobId, started: Instant, ended: Instant) {
-        if let Some(seam) = &self.remote {
-            let now = Instant::now();
-            seam.send(seam_msg::to_supervisor::Msg::CheapRun(seam_msg::CheapRun {
-                job: job.0,
-                started_ago_ns: now.saturating_duration_since(started).as_nanos() as u64,
-                ended_ago_ns: now.saturating_duration_since(ended).as_nanos() as u64,
-            }));
-            return;
-        }
         let elapsed = ended.saturating_duration_since(started);
         let lane = {
             let mut inner = self.shared.lock();
@@ -534,23 +470,8 @@ impl Executor {
 
     /// A job opens: its owner, whose share it runs in once it joins the
     /// scheduler (call this first), and its label on the timeline. Refused
-    /// when the owner has its maximum of jobs open. In an executor process the
-    /// supervisor decides, for the executor's tenant.
-    pub async fn open_job(
-        &self,
-        job: JobId,
-        name: &str,
-        kind: JobKind,
-        owner: Option<&Tenant>,
-    ) -> Result<()> {
-        if let Some(seam) = &self.remote {
-            return seam.open_job(job, name, kind == JobKind::Eager).await;
-        }
-        self.open_local_job(job, name, kind, owner)
-    }
-
-    /// [`Executor::open_job`] in the process that schedules.
-    pub fn open_local_job(
+    /// when the owner has its maximum of jobs open.
+    pub fn open_job(
         &self,
         job: JobId,
         name: &str,
@@ -679,13 +600,6 @@ impl Executor {
     }
 
     pub fn set_hints(&self, id: JobId, hints: Hints) -> Result<()> {
-        if let Some(seam) = &self.remote {
-            seam.send(seam_msg::to_supervisor::Msg::SetHints(seam_msg::SetHints {
-                job: id.0,
-                hints: Some(hints_to_msg(&hints)),
-            }));
-            return Ok(());
-        }
         {
             let mut inner = self.shared.lock();
             let hints = inner.tenants.clamp(id, hints);
@@ -708,15 +622,6 @@ impl Executor {
     /// (known at its first one): from then on it ranks, and its run is
     /// recorded, as that identity.
     pub fn set_fingerprint(&self, id: JobId, fingerprint: &str) {
-        if let Some(seam) = &self.remote {
-            seam.send(seam_msg::to_supervisor::Msg::SetFingerprint(
-                seam_msg::SetFingerprint {
-                    job: id.0,
-                    fingerprint: fingerprint.into(),
-                },
-            ));
-            return;
-        }
         let mut inner = self.shared.lock();
         if let Some(identity) = inner.identities.set_fingerprint(id, fingerprint) {
             // Not in the scheduler yet (waiting for memory): it joins as this identity.
@@ -826,31 +731,19 @@ impl Executor {
     }
 }
 
-/// A main iteration taken with [`Executor::wait_turn`], in progress until dropped.
+/// A main iteration taken (`SchedPort::wait_turn`), in progress until dropped.
 pub enum MainTurn {
-    /// A lane thread holds the lane until this sender drops.
-    Local { _done: std::sync::mpsc::SyncSender<()> },
+    /// A lane thread of this process's core holds the lane meanwhile.
+    Local(LocalTurn),
     /// The supervisor's go-ahead; dropping it reports the iteration done.
     Remote(crate::seam::client::Turn),
 }
 
-fn dropped_before_it_ran() -> Error {
+pub(crate) fn dropped_before_it_ran() -> Error {
     Error::IterationDropped(
         "the iteration was dropped before it ran: its session closed, its deadline passed, or the server is stopping"
             .into(),
     )
-}
-
-/// Gives up a wanted remote iteration when dropped (see `Executor::run_main`).
-struct CancelTurn {
-    seam: Arc<SeamClient>,
-    turn: u64,
-}
-
-impl Drop for CancelTurn {
-    fn drop(&mut self) {
-        self.seam.cancel(self.turn);
-    }
 }
 
 /// Every known tenant's weight from its limits, into the scheduler core.
@@ -998,6 +891,17 @@ fn lane_loop(shared: &Shared, lane: LaneId) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A main iteration through this core's port, as the front ends run one.
+    async fn run_main<T, F>(core: &Executor, job: JobId, deadline: Option<Instant>, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> Result<T> + Send + 'static,
+    {
+        crate::runtime::sched_port::SchedPort::Local(core.clone())
+            .run_main(job, deadline, f)
+            .await
+    }
     use crate::sched::policy::by_name;
 
     fn executor(policy: &str) -> Executor {
@@ -1015,22 +919,20 @@ mod tests {
     async fn runs_iterations_and_reports_results_and_stats() {
         let ex = executor("pack");
         ex.add_job(JobId(1), LaneId(0), Hints::default()).unwrap();
-        let v = ex.run_main(JobId(1), None, || Ok(41 + 1)).await.unwrap();
+        let v = run_main(&ex, JobId(1), None, || Ok(41 + 1)).await.unwrap();
         assert_eq!(v, 42);
-        let err = ex
-            .run_main::<(), _>(JobId(1), None, || Err(Error::InvalidArgument("bad".into())))
+        let err = run_main::<(), _>(&ex, JobId(1), None, || Err(Error::InvalidArgument("bad".into())))
             .await
             .unwrap_err();
         assert!(matches!(err, Error::InvalidArgument(_)));
-        let panicked = ex
-            .run_main::<(), _>(JobId(1), None, || panic!("boom"))
+        let panicked = run_main::<(), _>(&ex, JobId(1), None, || panic!("boom"))
             .await
             .unwrap_err();
         assert!(matches!(panicked, Error::Internal(_)));
         let status = ex.job_status(JobId(1)).unwrap();
         assert_eq!(status.iterations, 3);
         assert_eq!(ex.stats().iterations_total, 3);
-        let unknown = ex.run_main(JobId(9), None, || Ok(())).await.unwrap_err();
+        let unknown = run_main(&ex, JobId(9), None, || Ok(())).await.unwrap_err();
         assert!(matches!(unknown, Error::IterationDropped(_)));
     }
 
@@ -1039,12 +941,12 @@ mod tests {
         let ex = executor("fifo");
         ex.add_job(JobId(1), LaneId(0), Hints::default()).unwrap();
         ex.add_job(JobId(2), LaneId(0), Hints::default()).unwrap();
-        ex.run_main(JobId(1), None, || Ok(())).await.unwrap();
+        run_main(&ex, JobId(1), None, || Ok(())).await.unwrap();
         // FIFO: job 2 waits behind job 1 (alive, started, idle) forever...
         let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = ran.clone();
         let past = Instant::now();
-        let expired = ex.run_main(JobId(2), Some(past), move || {
+        let expired = run_main(&ex, JobId(2), Some(past), move || {
             flag.store(true, std::sync::atomic::Ordering::SeqCst);
             Ok(())
         });
@@ -1052,12 +954,41 @@ mod tests {
         assert!(!ran.load(std::sync::atomic::Ordering::SeqCst));
         // ...until job 1 is removed; a job's own queue is dropped when it is removed.
         let ex2 = ex.clone();
-        let waiting = tokio::spawn(async move { ex2.run_main(JobId(2), None, || Ok(7)).await });
+        let waiting = tokio::spawn(async move { run_main(&ex2, JobId(2), None, || Ok(7)).await });
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!waiting.is_finished());
         ex.remove_job(JobId(1));
         assert_eq!(waiting.await.unwrap().unwrap(), 7);
         assert!(ex.stats().dropped_iterations >= 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_iteration_whose_caller_left_before_its_turn_is_dropped_unrun() {
+        let ex = executor("fifo");
+        ex.add_job(JobId(1), LaneId(0), Hints::default()).unwrap();
+        ex.add_job(JobId(2), LaneId(0), Hints::default()).unwrap();
+        run_main(&ex, JobId(1), None, || Ok(())).await.unwrap();
+        // FIFO: job 2 waits behind job 1 until job 1 leaves.
+        let ran = Arc::new(AtomicBool::new(false));
+        let flag = ran.clone();
+        let ex2 = ex.clone();
+        let waiting = tokio::spawn(async move {
+            run_main(&ex2, JobId(2), None, move || {
+                flag.store(true, Ordering::SeqCst);
+                Ok(())
+            })
+            .await
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        waiting.abort(); // its client left
+        let _ = waiting.await;
+        let dropped_before = ex.stats().dropped_iterations;
+        ex.remove_job(JobId(1));
+        // Job 2 can run now; its given-up iteration is dropped, and a new one runs.
+        assert_eq!(run_main(&ex, JobId(2), None, || Ok(3)).await.unwrap(), 3);
+        assert!(!ran.load(Ordering::SeqCst));
+        assert_eq!(ex.stats().dropped_iterations, dropped_before + 1);
+        assert_eq!(ex.job_status(JobId(2)).unwrap().iterations, 1);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1067,7 +998,7 @@ mod tests {
         ex.timeline().open_job(JobId(1), "a", JobKind::Graph, None);
         ex.add_job(JobId(1), LaneId(3), Hints::default()).unwrap();
         let before = Instant::now();
-        ex.run_main(JobId(1), None, || {
+        run_main(&ex, JobId(1), None, || {
             std::thread::sleep(Duration::from_millis(2));
             Ok(())
         })
@@ -1111,7 +1042,7 @@ mod tests {
             let ex = ex.clone();
             handles.push(tokio::spawn(async move {
                 for _ in 0..20 {
-                    ex.run_main(JobId(job), None, || {
+                    run_main(&ex, JobId(job), None, || {
                         std::thread::sleep(Duration::from_micros(200));
                         Ok(())
                     })
@@ -1139,7 +1070,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(ex.shared.lock().lanes_with_threads.is_empty());
         ex.add_job(JobId(3), LaneId(0), Hints::default()).unwrap();
-        assert_eq!(ex.run_main(JobId(3), None, || Ok(5)).await.unwrap(), 5);
+        assert_eq!(run_main(&ex, JobId(3), None, || Ok(5)).await.unwrap(), 5);
         assert!(ex.set_policy("bogus").is_err());
         assert_eq!(ex.policy_name(), "srtf");
     }

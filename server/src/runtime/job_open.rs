@@ -11,7 +11,7 @@
 //! scheduler, so no failure on the way leaves a half-open job behind.
 
 use crate::error::{Error, Result};
-use crate::runtime::executor::Executor;
+use crate::runtime::sched_port::SchedPort;
 use crate::runtime::state::ServerState;
 use crate::runtime::timeline::JobKind;
 use crate::sched::{Hints, JobId, LaneId};
@@ -20,7 +20,7 @@ use crate::tenant::identity::Tenant;
 /// A job between its id and its first turn; see the module's text.
 #[must_use = "dropping a JobOpening takes its job back out of the scheduler"]
 pub struct JobOpening {
-    executor: Executor,
+    sched: SchedPort,
     id: JobId,
     /// The session handle of a graph job (eager jobs are known by their
     /// context id instead).
@@ -43,10 +43,10 @@ impl ServerState {
             )));
         }
         let (id, handle) = self.sessions.next_job();
-        self.executor.open_job(id, name, kind, Some(owner)).await?;
+        self.sched.open_job(id, name, kind, Some(owner)).await?;
         // From here on a failure must take the job back out: the guard does.
         Ok(JobOpening {
-            executor: self.executor.clone(),
+            sched: self.sched.clone(),
             id,
             handle,
             gpu_lane: self.admission.as_ref().and_then(|a| a.lane_for_new_graph()),
@@ -65,7 +65,7 @@ impl JobOpening {
     /// when they admit it.
     pub fn join_scheduler(&self, hints: Hints) -> Result<()> {
         if self.joins_now {
-            self.executor.add_job(self.id, LaneId(0), hints)?;
+            self.sched.add_job(self.id, LaneId(0), hints)?;
         }
         Ok(())
     }
@@ -79,7 +79,7 @@ impl JobOpening {
 impl Drop for JobOpening {
     fn drop(&mut self) {
         if self.armed {
-            self.executor.remove_job(self.id);
+            self.sched.remove_job(self.id);
         }
     }
 }
@@ -95,16 +95,16 @@ mod tests {
         let opening = state.begin_job(JobKind::Graph, &owner, "a").await.unwrap();
         let id = opening.id();
         opening.join_scheduler(Hints::default()).unwrap();
-        assert!(state.executor.job_status(id).is_some());
+        assert!(state.sched.job_status(id).is_some());
         drop(opening); // as a failed insert or build returns early
-        assert!(state.executor.job_status(id).is_none());
+        assert!(state.sched.job_status(id).is_none());
 
         let kept = state.begin_job(JobKind::Eager, &owner, "b").await.unwrap();
         let id = kept.id();
         kept.join_scheduler(Hints::default()).unwrap();
         kept.keep();
-        assert!(state.executor.job_status(id).is_some());
-        state.executor.remove_job(id);
+        assert!(state.sched.job_status(id).is_some());
+        state.sched.remove_job(id);
     }
 
     #[tokio::test]

@@ -26,6 +26,7 @@ pub mod report;
 pub mod run_class;
 pub mod run_errors;
 pub mod run_stats;
+pub mod sched_port;
 pub mod session_config;
 pub mod stall_fault;
 pub mod state;

@@ -6,12 +6,13 @@ use std::time::Instant;
 
 use crate::gpu_probe::{CapacitySource, GpuProbe};
 use crate::runtime::admission::Admission;
-use crate::runtime::executor::Executor;
 use crate::runtime::grants::RuntimeGrants;
+use crate::runtime::sched_port::SchedPort;
 use crate::tf::DeviceInfo;
 
 pub struct Node {
-    pub executor: Executor,
+    /// The scheduler: its core here, or the supervisor's over the seam.
+    pub sched: SchedPort,
     /// Memory admission, when a capacity is configured.
     pub admission: Option<Admission>,
     /// The devices jobs get, listed once at start-up.
@@ -26,13 +27,13 @@ pub struct Node {
 
 impl Node {
     pub fn new(
-        executor: Executor,
+        sched: SchedPort,
         admission: Option<Admission>,
         devices: Vec<DeviceInfo>,
         tensorflow_version: String,
     ) -> Node {
         Node {
-            executor,
+            sched,
             admission,
             devices,
             tensorflow_version,
@@ -42,11 +43,12 @@ impl Node {
         }
     }
 
-    /// The scheduler and memory admission as the holder of tenants' grants.
-    pub fn grant_holder(&self) -> RuntimeGrants {
-        RuntimeGrants {
-            executor: self.executor.clone(),
+    /// The scheduler and memory admission as the holder of tenants' grants,
+    /// where this process schedules (a tenant's executor holds none).
+    pub fn grant_holder(&self) -> Option<RuntimeGrants> {
+        Some(RuntimeGrants {
+            executor: self.sched.core()?.clone(),
             admission: self.admission.clone(),
-        }
+        })
     }
 }

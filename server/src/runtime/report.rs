@@ -21,8 +21,8 @@ impl Rows<'_> {
     /// An executor's row with this process's view of the scheduler and memory.
     pub fn with_scheduler_view(&self, mut row: JobInfo) -> JobInfo {
         let id = JobId(row.id);
-        let policy = self.0.executor.policy_name();
-        let status = self.0.executor.job_status(id);
+        let policy = self.0.sched.policy_name();
+        let status = self.0.sched.job_status(id);
         let s = status.as_ref();
         let memory = self.memory_state(id);
         // The executor's own view: an eager job busy there is running.
@@ -41,8 +41,8 @@ impl Rows<'_> {
     /// Everything known about one job. Walks its graph (under TF's lock), so
     /// callers run it off the runtime.
     pub fn graph(&self, job: &Job) -> JobInfo {
-        let policy = self.0.executor.policy_name();
-        let status = self.0.executor.job_status(job.id);
+        let policy = self.0.sched.policy_name();
+        let status = self.0.sched.job_status(job.id);
         let s = status.as_ref();
         let variables = job.variable_bytes();
         let estimate = job.memory_estimate(
@@ -107,8 +107,8 @@ impl Rows<'_> {
     /// An eager job's row: scheduler fields as for graph jobs; no graph, so
     /// `graph_nodes` counts its registered functions.
     pub fn eager(&self, job: &EagerJob) -> JobInfo {
-        let policy = self.0.executor.policy_name();
-        let status = self.0.executor.job_status(job.id);
+        let policy = self.0.sched.policy_name();
+        let status = self.0.sched.job_status(job.id);
         let s = status.as_ref();
         let stats = job.stats();
         let variables = job.variable_bytes();
@@ -150,7 +150,7 @@ impl Rows<'_> {
         s: Option<&JobStatus>,
     ) -> String {
         let note = memory_note.unwrap_or_else(|| s.map(|s| note(policy, s)).unwrap_or_default());
-        let Some(clamp) = self.0.executor.priority_clamp(job) else {
+        let Some(clamp) = self.0.sched.priority_clamp(job) else {
             return note;
         };
         let lowered = format!(
@@ -184,7 +184,7 @@ impl Rows<'_> {
                 .map_or(0.0, |m| m as f64 / 1e6),
             queue_wait_seconds: s.map_or(0.0, |s| s.total_wait as f64 / 1e9),
             queued: s.map_or(0, |s| s.queued as u64),
-            cheap_runs: self.0.executor.cheap_runs(job),
+            cheap_runs: self.0.sched.cheap_runs(job),
             identity: s
                 .and_then(|s| s.identity.as_ref())
                 .map(ToString::to_string)

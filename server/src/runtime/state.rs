@@ -83,7 +83,12 @@ impl ServerState {
             measure_memory: false,
         };
         Arc::new(ServerState::new(
-            Arc::new(Node::new(executor, None, Vec::new(), "2.21.0".into())),
+            Arc::new(Node::new(
+                crate::runtime::sched_port::SchedPort::Local(executor),
+                None,
+                Vec::new(),
+                "2.21.0".into(),
+            )),
             settings,
             Default::default(),
             Default::default(),
@@ -140,7 +145,7 @@ impl ServerState {
     /// `end`: how its run ended, for the job history.
     pub async fn close_context(&self, job: Arc<EagerJob>, reason: &str, end: RunEnd) {
         self.contexts.remove_job(&job);
-        self.executor.end_job(job.id, end);
+        self.sched.end_job(job.id, end);
         if let Some(admission) = &self.admission {
             admission.withdraw(job.id);
         }

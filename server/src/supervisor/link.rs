@@ -227,7 +227,7 @@ impl Link {
                 // The owner is this link's tenant, whatever the executor says.
                 let error = self
                     .executor
-                    .open_local_job(job, &open.name, kind, Some(&self.owner))
+                    .open_job(job, &open.name, kind, Some(&self.owner))
                     .err()
                     .map(|err| {
                         lock(&self.jobs).remove(&job);
@@ -520,7 +520,7 @@ mod tests {
         let core = Executor::new(by_name("fifo").unwrap(), SchedConfig::default());
         // Another tenant's job, of another executor's range.
         let victim = JobId(5 << 32);
-        core.open_local_job(victim, "victim", JobKind::Graph, Some(&Tenant::named("other")))
+        core.open_job(victim, "victim", JobKind::Graph, Some(&Tenant::named("other")))
             .unwrap();
         core.add_job(victim, LaneId(0), Hints::default()).unwrap();
 

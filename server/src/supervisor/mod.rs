@@ -21,6 +21,7 @@ use std::future::Future;
 use salus_proto::salus::v1::admin_server::AdminServer;
 use tokio::net::TcpListener;
 
+use crate::error::Error;
 use crate::frontend::admin::AdminService;
 use crate::frontend::identify::IdentifyLayer;
 use crate::http2::{H2_CONNECTION_WINDOW, H2_STREAM_WINDOW};
@@ -40,9 +41,14 @@ pub async fn serve(
 ) -> Result<(), ServeError> {
     let config = start.config.clone();
     let node = start.node.clone();
+    let Some(core) = node.sched.core().cloned() else {
+        return Err(ServeError::Startup(Error::Internal(
+            "the supervisor was started as a tenant's executor".into(),
+        )));
+    };
     let executors = Executors::new(
         spec,
-        node.executor.clone(),
+        core.clone(),
         node.admission.clone(),
         tokio::runtime::Handle::current(),
     );
@@ -52,6 +58,7 @@ pub async fn serve(
     let counts = ConnectionCounts::new(config.max_tenant_connections);
     let incoming = accept::incoming(listener, identifier.clone(), executors.clone(), counts);
     let admin = AdminService::new(node.clone(), executors.clone())
+        .ok_or_else(|| Error::Internal("the supervisor schedules nothing".into()))?
         .with_admins(config.admins.clone())
         .with_identifier(identifier.clone());
     if let Some(metrics) = metrics {
@@ -94,6 +101,6 @@ pub async fn serve(
     executors
         .stop_all(grace + std::time::Duration::from_secs(5))
         .await;
-    node.executor.stop();
+    core.stop();
     Ok(())
 }

@@ -140,7 +140,7 @@ impl EagerService for Eager {
             tenant: self.state.rules_for(&tenant),
             checkpoint_dir: self.state.tenant.checkpoints.dir_for(&hints.name, id),
             scheduling: Scheduling {
-                executor: self.state.executor.clone(),
+                port: self.state.sched.clone(),
                 admission: self.state.admission.clone(),
                 runtime: tokio::runtime::Handle::current(),
                 cheap_below: self.state.settings.cheap_below,

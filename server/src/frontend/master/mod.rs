@@ -50,7 +50,7 @@ impl Master {
             // Shutdown: eager clients still fetch results; graph runs start no more.
             return Err(Error::ShuttingDown);
         }
-        match self.state.executor.resolve(job.id, class) {
+        match self.state.sched.resolve(job.id, class) {
             RunClass::Cheap | RunClass::Brief => {
                 let (result, started, ended) = exec::blocking(move || {
                     let started = Instant::now();
@@ -58,17 +58,15 @@ impl Master {
                     Ok((result, started, Instant::now()))
                 })
                 .await?;
-                self.state.executor.record_cheap_run(job.id, started, ended);
+                self.state.sched.record_cheap_run(job.id, started, ended);
                 result
             }
             RunClass::Main => {
                 if job.history.first_main() {
-                    self.state
-                        .executor
-                        .set_fingerprint(job.id, &job.fingerprint());
+                    self.state.sched.set_fingerprint(job.id, &job.fingerprint());
                 }
                 self.admit(job).await?;
-                let result = self.state.executor.run_main(job.id, deadline, f).await;
+                let result = self.state.sched.run_main(job.id, deadline, f).await;
                 job.history
                     .main_ended(result.as_ref().err().map(Error::code));
                 result
@@ -93,7 +91,7 @@ impl Master {
         }
         let hints = self
             .state
-            .executor
+            .sched
             .job_status(job.id)
             .map(|s| s.hints)
             .unwrap_or_else(|| job.hints.clone());
@@ -319,7 +317,7 @@ impl MasterService for Master {
         let handle = request.into_inner().session_handle;
         let job = self.state.sessions.remove(&handle, &tenant.key)?;
         self.state
-            .executor
+            .sched
             .end_job(job.id, job.history.end_when_closed());
         if let Some(admission) = &self.state.admission {
             admission.withdraw(job.id);

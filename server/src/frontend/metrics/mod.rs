@@ -155,7 +155,7 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let server = tokio::spawn(serve(listener, {
             let state = ServerState::for_tests(8);
-            AdminService::new(state.node.clone(), state)
+            AdminService::new(state.node.clone(), state).unwrap()
         }));
 
         let ok = exchange(
