@@ -56,8 +56,7 @@ trait Task: Send {
 
 /// A main iteration that another thread of this process runs
 /// ([`Executor::want`]): the lane thread gives the go-ahead, holds the lane
-/// until the runner's turn drops, and accounts the iteration before that
-/// drop returns.
+/// until the runner's turn ends, and then accounts the iteration.
 struct HoldLane {
     go: mpsc::SyncSender<()>,
     /// Disconnected when the runner's turn drops.
@@ -98,7 +97,7 @@ impl LocalWant {
     pub fn take(self) -> Result<MainTurn> {
         match self.go.recv() {
             Ok(()) => Ok(MainTurn::Local(LocalTurn {
-                done: Some(self.done),
+                done: self.done,
                 accounted: self.accounted,
             })),
             // Dropped before it ran (its job left, its deadline passed, the
@@ -114,17 +113,21 @@ impl LocalWant {
 }
 
 /// A main iteration of this process's core in progress: the lane thread
-/// waits for this to drop, and the drop returns once the iteration is
-/// accounted (so whoever then reads the statistics sees it).
+/// holds the lane until this drops.
 pub struct LocalTurn {
-    done: Option<mpsc::SyncSender<()>>,
+    /// Disconnects when dropped: the lane thread's signal.
+    done: mpsc::SyncSender<()>,
     accounted: mpsc::Receiver<()>,
 }
 
-impl Drop for LocalTurn {
-    fn drop(&mut self) {
-        drop(self.done.take());
-        let _ = self.accounted.recv();
+impl LocalTurn {
+    /// Ends the iteration and returns once the core has accounted it, so
+    /// that a reply sent next is seen in the statistics (as a graph job's
+    /// client expects); dropping the turn ends it without waiting.
+    pub fn end_accounted(self) {
+        let LocalTurn { done, accounted } = self;
+        drop(done);
+        let _ = accounted.recv();
     }
 }
 
@@ -731,12 +734,24 @@ impl Executor {
     }
 }
 
-/// A main iteration taken (`SchedPort::wait_turn`), in progress until dropped.
+/// A main iteration taken (`SchedPort::wait_turn`), in progress until dropped
+/// or ended with [`MainTurn::end_accounted`].
 pub enum MainTurn {
     /// A lane thread of this process's core holds the lane meanwhile.
     Local(LocalTurn),
     /// The supervisor's go-ahead; dropping it reports the iteration done.
     Remote(crate::seam::client::Turn),
+}
+
+impl MainTurn {
+    /// Ends the iteration once the scheduler has accounted it where that is
+    /// this process (over the seam the supervisor accounts it on its own).
+    pub fn end_accounted(self) {
+        match self {
+            MainTurn::Local(turn) => turn.end_accounted(),
+            MainTurn::Remote(turn) => drop(turn),
+        }
+    }
 }
 
 pub(crate) fn dropped_before_it_ran() -> Error {

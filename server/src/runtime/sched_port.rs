@@ -118,11 +118,14 @@ impl SchedPort {
         let wanted = self.want(job, deadline)?;
         let give_up = wanted.give_up_on_drop();
         let result = crate::runtime::exec::blocking(move || {
-            let _turn = wanted.take()?;
-            match catch_unwind(AssertUnwindSafe(f)) {
+            let turn = wanted.take()?;
+            let result = match catch_unwind(AssertUnwindSafe(f)) {
                 Ok(result) => result,
                 Err(_panic) => Err(Error::Internal("the iteration panicked".into())),
-            }
+            };
+            // The client that has the reply sees the iteration counted.
+            turn.end_accounted();
+            result
         })
         .await;
         give_up.disarm();
