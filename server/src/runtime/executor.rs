@@ -58,7 +58,8 @@ trait Task: Send {
 /// ([`Executor::want`]): the lane thread gives the go-ahead, holds the lane
 /// until the runner's turn ends, and then accounts the iteration.
 struct HoldLane {
-    go: mpsc::SyncSender<()>,
+    /// The go-ahead, with when it was given.
+    go: mpsc::SyncSender<Instant>,
     /// Disconnected when the runner's turn drops.
     done: mpsc::Receiver<()>,
     /// Dropped once the iteration is accounted.
@@ -75,7 +76,7 @@ impl Task for HoldLane {
         let HoldLane {
             go, done, accounted, ..
         } = *self;
-        if go.send(()).is_ok() {
+        if go.send(Instant::now()).is_ok() {
             let _ = done.recv();
         }
         Box::new(move || drop(accounted))
@@ -86,7 +87,8 @@ impl Task for HoldLane {
 /// not started yet. Dropped, or given up, before its go-ahead, it is dropped
 /// from the queue unrun.
 pub struct LocalWant {
-    go: mpsc::Receiver<()>,
+    core: Executor,
+    go: mpsc::Receiver<Instant>,
     done: mpsc::SyncSender<()>,
     accounted: mpsc::Receiver<()>,
     gone: Arc<AtomicBool>,
@@ -96,10 +98,15 @@ impl LocalWant {
     /// Waits on the calling thread (blocking) for the go-ahead.
     pub fn take(self) -> Result<MainTurn> {
         match self.go.recv() {
-            Ok(()) => Ok(MainTurn::Local(LocalTurn {
-                done: self.done,
-                accounted: self.accounted,
-            })),
+            Ok(given) => {
+                // The wake of the thread that runs it: what a switch costs
+                // beyond the core's decision, as over the seam.
+                self.core.record_handover(given.elapsed().as_nanos() as u64);
+                Ok(MainTurn::Local(LocalTurn {
+                    done: self.done,
+                    accounted: self.accounted,
+                }))
+            }
             // Dropped before it ran (its job left, its deadline passed, the
             // executor stops, or its runner gave up).
             Err(_) => Err(dropped_before_it_ran()),
@@ -382,6 +389,7 @@ impl Executor {
             },
         )?;
         Ok(LocalWant {
+            core: self.clone(),
             go: go_rx,
             done: done_tx,
             accounted: accounted_rx,
@@ -430,8 +438,9 @@ impl Executor {
         self.shared.lock().lane_holds_released += 1;
     }
 
-    /// Records how long an executor process took from a go-ahead to starting
-    /// the iteration (reported with its Done).
+    /// Records how long the thread that runs an iteration took from its
+    /// go-ahead to starting it: here, or in an executor process (reported
+    /// with its Done).
     pub fn record_handover(&self, ns: u64) {
         self.shared.lock().handover_latency.record(ns);
     }
@@ -1077,6 +1086,8 @@ mod tests {
             "{stats:?}"
         );
         assert_eq!(stats.runs.queue_wait.count, 40);
+        // Each go-ahead's wake of the thread that ran the iteration.
+        assert_eq!(stats.handover_latency.count, 40);
         assert!(stats.switch_latency.count > 0, "{stats:?}");
         assert_eq!(ex.set_policy("srtf").unwrap(), ("rr", "srtf"));
         // Lane threads end with their lane and come back with a new job.
