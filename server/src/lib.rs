@@ -10,8 +10,14 @@
 //! The folders follow the architecture: protocol front ends on top, one job
 //! runtime under them, the tenant boundary and the TensorFlow bindings below.
 //! - [`config`]: command-line flags and the validated [`config::Config`].
-//! - [`server`]: assembles the gRPC services and runs them until shutdown, in
-//!   one of three roles ([`server::Role`]).
+//! - [`node_start`]: every role's start ([`node_start::Role`]: the whole server,
+//!   the supervisor, a tenant's executor), TensorFlow-free; [`runtime::node`]
+//!   is what it gives.
+//! - [`server`]: assembles the gRPC services of a process that runs jobs and
+//!   runs them until shutdown.
+//! - [`process`]: what the two binaries (`main.rs`: `salus-server`;
+//!   `supervisor_main.rs`: `salus-supervisor`, which links no TensorFlow) do
+//!   as processes.
 //! - [`frontend::identify`]: each request's tenant, from its connection and headers.
 //! - [`frontend`]: the gRPC services; they translate requests and call the runtime.
 //!   - [`frontend::master`]: `tensorflow.MasterService`, one handler per RPC.
@@ -28,7 +34,11 @@
 //!     its device names.
 //!   - [`runtime::graph_delta`]: checks (delta) GraphDefs before import.
 //!   - [`runtime::session_config`]: client ConfigProto -> server-side session config.
-//!   - [`runtime::executor`]: drives the scheduler core with real time.
+//!   - [`runtime::sched_port`]: the jobs' one way to the scheduler core, in
+//!     memory or over the seam; [`runtime::executor`]: the core, driven with
+//!     real time by lane threads.
+//!   - [`runtime::job_source`]: the admin API's jobs: this process's, or the
+//!     executors' reports.
 //!   - [`runtime::timeline`]: the bounded ring of recent runs per lane
 //!     (served by [`frontend::timeline`], drawn by `salus timeline`).
 //!   - [`runtime::admission`]: memory lanes for jobs, waiting, RAII reservations.

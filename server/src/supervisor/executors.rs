@@ -731,7 +731,7 @@ fn job_ids(serial: u64) -> std::ops::Range<u64> {
 const REPORT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The jobs are the executors': one report from each running executor (one
-/// that does not answer within [`REPORT_TIMEOUT`] is left out), holding only
+/// that does not answer within `REPORT_TIMEOUT` is left out), holding only
 /// the rows of jobs that executor owns, each owned by the executor's tenant
 /// (not anything the executor says).
 impl JobSource for Executors {
