@@ -10,7 +10,7 @@ use anyhow::Context;
 use clap::Parser;
 use salus_server::config::{Command, Config};
 use salus_server::frontend::admin::AdminService;
-use salus_server::process::{self, SUPERVISOR_BIN};
+use salus_server::process::{self, Listeners, SUPERVISOR_BIN};
 use salus_server::server::Server;
 
 mod malloc_hooks;
@@ -130,34 +130,17 @@ fn become_supervisor() -> ! {
 
 /// `--isolation none`: the whole server in this process.
 async fn run(config: Config) -> anyhow::Result<()> {
-    let listen = config.listen;
-    let metrics_listen = config.metrics_listen;
     let server = Server::start(config).await?;
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("cannot listen on {listen}"))?;
-    let addr = listener.local_addr()?;
-    let metrics = match metrics_listen {
-        Some(at) => Some(
-            tokio::net::TcpListener::bind(at)
-                .await
-                .with_context(|| format!("cannot listen on {at} for metrics"))?,
-        ),
-        None => None,
-    };
-    // Tests and scripts wait for this exact line.
-    println!("salus-server listening on {addr}");
-    if let Some(metrics) = metrics {
-        // A line of its own, after the first one, for tests and scripts too.
-        println!("salus-server metrics on {}", metrics.local_addr()?);
+    let listeners = Listeners::bind(server.config()).await?;
+    let addr = listeners.announce()?;
+    if let Some(metrics) = listeners.metrics {
         let state = server.state().clone();
         if let Some(admin) = AdminService::new(state.node.clone(), state) {
             tokio::spawn(salus_server::frontend::metrics::serve(metrics, admin));
         }
     }
-    std::io::stdout().flush()?;
     tracing::info!(%addr, isolation = "none", "serving tensorflow.MasterService, tensorflow.eager.EagerService, tensorflow.WorkerService (GetStatus, RecvTensor) and salus.v1.Admin");
-    server.serve(listener, process::shutdown_signal()).await?;
+    server.serve(listeners.api, process::shutdown_signal()).await?;
     tracing::info!("stopped");
     Ok(())
 }

@@ -84,6 +84,43 @@ pub fn set_up_serving(config: &Config, stderr: std::fs::File) {
     raise_open_file_limit();
 }
 
+/// A serving process's sockets: the API's, and `--metrics-listen`'s.
+pub struct Listeners {
+    pub api: tokio::net::TcpListener,
+    pub metrics: Option<tokio::net::TcpListener>,
+}
+
+impl Listeners {
+    pub async fn bind(config: &Config) -> anyhow::Result<Listeners> {
+        use anyhow::Context;
+        let listen = config.listen;
+        let api = tokio::net::TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("cannot listen on {listen}"))?;
+        let metrics = match config.metrics_listen {
+            Some(at) => Some(
+                tokio::net::TcpListener::bind(at)
+                    .await
+                    .with_context(|| format!("cannot listen on {at} for metrics"))?,
+            ),
+            None => None,
+        };
+        Ok(Listeners { api, metrics })
+    }
+
+    /// Prints where the server listens, a line each, and returns the API's
+    /// address. Tests and scripts wait for these exact lines.
+    pub fn announce(&self) -> std::io::Result<std::net::SocketAddr> {
+        let addr = self.api.local_addr()?;
+        println!("salus-server listening on {addr}");
+        if let Some(metrics) = &self.metrics {
+            println!("salus-server metrics on {}", metrics.local_addr()?);
+        }
+        std::io::stdout().flush()?;
+        Ok(addr)
+    }
+}
+
 /// The log: `-v` levels, `RUST_LOG` over them, into `stderr`.
 pub fn init_logging(verbose: u8, stderr: std::fs::File) {
     let default = match verbose {

@@ -7,10 +7,9 @@
 use std::io::Write;
 use std::os::fd::AsFd;
 
-use anyhow::Context;
 use salus_server::config::Config;
 use salus_server::node_start::{NodeStart, Role};
-use salus_server::process::{self, SERVER_BIN};
+use salus_server::process::{self, Listeners, SERVER_BIN};
 use salus_server::runtime::device_list;
 use salus_server::supervisor::executors::ExecutorSpec;
 use salus_server::tenant::CheckpointRoot;
@@ -57,27 +56,13 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn run(config: Config, server_bin: std::path::PathBuf) -> anyhow::Result<()> {
-    let listen = config.listen;
-    let metrics_listen = config.metrics_listen;
     let probe_bin = server_bin.clone();
     let start = NodeStart::begin(config, &Role::Supervisor, move |_| {
         device_list::list_in_child(probe_bin)
     })
     .await?;
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("cannot listen on {listen}"))?;
-    let addr = listener.local_addr()?;
-    let metrics = match metrics_listen {
-        Some(at) => Some(
-            tokio::net::TcpListener::bind(at)
-                .await
-                .with_context(|| format!("cannot listen on {at} for metrics"))?,
-        ),
-        None => None,
-    };
-    // Tests and scripts wait for this exact line.
-    println!("salus-server listening on {addr}");
+    let listeners = Listeners::bind(&start.config).await?;
+    let addr = listeners.announce()?;
     let config = &start.config;
     let spec = ExecutorSpec {
         exe: server_bin,
@@ -97,14 +82,15 @@ async fn run(config: Config, server_bin: std::path::PathBuf) -> anyhow::Result<(
         verbose: config.verbose > 0,
         log_rate: config.executor_log_rate,
     };
-    if let Some(metrics) = &metrics {
-        // A line of its own, after the first one, for tests and scripts too.
-        println!("salus-server metrics on {}", metrics.local_addr()?);
-    }
-    std::io::stdout().flush()?;
     tracing::info!(%addr, isolation = "tenant", "serving tensorflow.MasterService, tensorflow.eager.EagerService, tensorflow.WorkerService (GetStatus, RecvTensor) and salus.v1.Admin");
-    salus_server::supervisor::serve(start, listener, spec, metrics, process::shutdown_signal())
-        .await?;
+    salus_server::supervisor::serve(
+        start,
+        listeners.api,
+        spec,
+        listeners.metrics,
+        process::shutdown_signal(),
+    )
+    .await?;
     tracing::info!("stopped");
     Ok(())
 }
