@@ -9,8 +9,9 @@ the allocator's figure (`ephemeral_allocator_bytes`) and what the need was taken
 host the heap's rise is added, for the kernels' malloc'ed scratch the allocator never sees).
 
 Checked against TensorFlow's own figure for the same job in a process of its own:
-- a TF2 tf.function step (tf2_steps.py) and a TF1 CNN (mem_job.py cnn_small_infer): within 5% (they agree to the
-  byte here: their steps run their ops in one order);
+- a TF2 tf.function step (tf2_steps.py) and a TF1 CNN (mem_job.py cnn_small_infer): within 5% of TensorFlow's figure
+  for the same calls (they agree to the byte here: their steps run their ops in one order; the TF2 step's variable
+  may be copied on write once, see its test);
 - a Keras 3 model trained with fit: within a factor of 2, the figures printed. TensorFlow's own figure for a
   training step is not one number on this CPU: the order in which inter-op threads run the gradients (and BFC's
   chunk rounding after it) decides what is live at once. Measured in-process, the same Keras script gave
@@ -120,8 +121,19 @@ def compare(name: str, row: dict, tf_bytes: int, low: float, high: float) -> Non
 
 
 def test_a_tf2_step_is_measured_as_tensorflows_allocator_counts_it(measured):
-    compare("tf2_steps", measured["rows"]["tf2_steps"], measured["refs"]["tf2_steps"]["step_allocator_peak_bytes"],
-            0.95, 1.05)
+    # Like with like: TensorFlow's figure for the calls the server samples.
+    rises = measured["refs"]["tf2_steps"]["step_allocator_rises"]
+    row, tf_bytes = measured["rows"]["tf2_steps"], sampled(rises)
+    print(f"tf2_steps in-process rises: {rises}")
+    # The step reads its variable (1 MiB) in each matmul and then assigns to it: TensorFlow copies the variable on
+    # write when a read of it is still held, which the inter-op threads' timing decides (seen once, in CI, on a
+    # loaded machine: 4193280 through the server against 3145472). Either outcome is TensorFlow's own figure for
+    # the step; anything else is not.
+    copy_on_write = 512 * 512 * 4
+    if row["ephemeral_allocator_bytes"] > 1.05 * tf_bytes:
+        tf_bytes += copy_on_write
+        print(f"tf2_steps: compared with TensorFlow's figure plus one copy of the variable ({tf_bytes})")
+    compare("tf2_steps", row, tf_bytes, 0.95, 1.05)
 
 
 def test_a_tf1_cnn_is_measured_as_tensorflows_allocator_counts_it(measured):

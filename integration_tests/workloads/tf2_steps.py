@@ -6,8 +6,8 @@ context exists on the server (the adapter connects at the first eager op).
 With the environment variable TF2_STEPS_MEMORY=heap (in-process runs, integration_tests/c_programs/heap_peak.c
 preloaded), the JSON line also has "step_heap_peak_bytes": the peak rise of the process's heap during one more
 step, measured after the others: the quantity salus-server measures for an eager call. With
-TF2_STEPS_MEMORY=allocator (and TF_CPU_ALLOCATOR_USE_BFC=true), "step_allocator_peak_bytes": the CPU allocator's peak
-above its use at the start of one more step, as get_memory_info reads it.
+TF2_STEPS_MEMORY=allocator (and TF_CPU_ALLOCATOR_USE_BFC=true), "step_allocator_rises": for each step, the CPU
+allocator's peak above its use at the step's start, as get_memory_info reads it.
 Prints one JSON line at the end: {"steps", "start", "end", "values": [...first 3...], "device"}; if a step fails,
 {"error": class name, "message": ...} instead.
 """
@@ -39,13 +39,20 @@ def step(x):
 
 x = tf.ones([512, 512])
 values = []
+# TF2_STEPS_MEMORY=allocator: TensorFlow's own accounting of every step, as get_memory_info reads it.
+allocator_rises = [] if os.environ.get("TF2_STEPS_MEMORY") == "allocator" else None
 start = time.time()
 try:
     for i in range(steps):
         if i == hold_after:
             print("HOLD", flush=True)
             sys.stdin.readline()
+        if allocator_rises is not None:
+            tf.config.experimental.reset_memory_stats("CPU:0")
+            before = tf.config.experimental.get_memory_info("CPU:0")["current"]
         values.append(float(step(x).numpy()))
+        if allocator_rises is not None:
+            allocator_rises.append(tf.config.experimental.get_memory_info("CPU:0")["peak"] - before)
 except tf.errors.OpError as e:
     print(json.dumps({"error": type(e).__name__, "message": e.message[:2000], "after": len(values)}), flush=True)
     sys.exit(0)
@@ -58,10 +65,6 @@ if os.environ.get("TF2_STEPS_MEMORY") == "heap":
     meter.salus_heap_meter_start()
     step(x).numpy()
     result["step_heap_peak_bytes"] = meter.salus_heap_meter_stop()
-elif os.environ.get("TF2_STEPS_MEMORY") == "allocator":
-    # TensorFlow's own accounting of one more step (TF_CPU_ALLOCATOR_USE_BFC=true in-process runs).
-    tf.config.experimental.reset_memory_stats("CPU:0")
-    before = tf.config.experimental.get_memory_info("CPU:0")["current"]
-    step(x).numpy()
-    result["step_allocator_peak_bytes"] = tf.config.experimental.get_memory_info("CPU:0")["peak"] - before
+elif allocator_rises is not None:
+    result["step_allocator_rises"] = allocator_rises
 print(json.dumps(result), flush=True)
