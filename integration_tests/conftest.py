@@ -53,11 +53,53 @@ def pytest_sessionstart(session):
     _SESSION_STARTED[0] = time.monotonic()
 
 
+# scripts/test.sh runs the files on two pytest-xdist workers (`--dist loadfile`: a file's tests, and so its
+# module-scoped servers, stay on one worker), each taking the next file in collection order when it runs dry.
+# The longest files go first (as measured on 2 cores, scripts/test.sh's summary prints them), so that neither
+# worker is left with a long file at the end; then the GPU-wheel suites, which wait for scripts/test.sh's
+# background venv (ready by then); then the rest as pytest found them; the build checks last, when the
+# background builds have had the whole suite.
+FILES_FIRST = ("test_tenant_isolation.py", "test_scheduler.py", "test_tf2_scheduling.py",
+               "test_tf2_python_pipeline.py", "test_slurm.py", "test_tf2_faults.py", "test_tf2_old_client.py",
+               "test_k8s_device_plugin.py", "test_ray.py", "test_python_adapter.py", "test_tf2_eager.py",
+               "test_gpu_wheel.py")
+FILES_LAST = ("test_background_builds.py",)
+
+
+def _file_rank(nodeid: str) -> int:
+    name = nodeid.split("::")[0].rsplit("/", 1)[-1]
+    if name in FILES_FIRST:
+        return FILES_FIRST.index(name) - len(FILES_FIRST)
+    return 1 if name in FILES_LAST else 0
+
+
 def pytest_collection_modifyitems(items):
-    # The runs that wait for scripts/test.sh's background builds go last, when those have had the whole suite:
-    # the GPU-wheel suites, then the build checks.
-    last = ("test_gpu_wheel.py", "test_background_builds.py")
-    items.sort(key=lambda item: next((i + 1 for i, name in enumerate(last) if item.nodeid.startswith(name)), 0))
+    items.sort(key=lambda item: _file_rank(item.nodeid))  # stable: a file's tests keep their order
+
+
+# What the whole run shares across xdist workers (the Unix test users) is made once, under a lock, in a
+# directory the first process (the xdist controller, or pytest alone) makes, and undone by that process at the end.
+SHARED_DIR_VAR = "_SALUS_TESTS_SHARED_DIR"
+
+
+def pytest_configure(config):
+    if SHARED_DIR_VAR not in os.environ:
+        import tempfile
+        os.environ[SHARED_DIR_VAR] = tempfile.mkdtemp(prefix="salus-tests-")
+        config.salus_shared_dir = Path(os.environ[SHARED_DIR_VAR])
+
+
+def pytest_unconfigure(config):
+    shared = getattr(config, "salus_shared_dir", None)
+    if shared is None:
+        return
+    record = shared / "unix-users.json"
+    if record.exists():
+        _restore_modes(json.loads(record.read_text()).get("modes", []))
+        for name in TEST_USERS:
+            subprocess.run(["userdel", "-r", name], capture_output=True)
+    shutil.rmtree(shared, ignore_errors=True)
+    os.environ.pop(SHARED_DIR_VAR, None)
 
 
 def pytest_runtest_logreport(report):
@@ -353,31 +395,33 @@ def _restore_modes(changed) -> None:
 
 @pytest.fixture(scope="session")
 def unix_users():
-    """Two real Unix users with home directories (0700), created for the test session and removed after
-    it: {name: pwd entry}. Needs root (CI runs as root); the interpreter and the venv are made reachable
-    for them (o+x on their ancestors) while the session runs, and the modes restored after."""
+    """Two real Unix users with home directories (0700), created once for the test run (whichever xdist worker
+    asks first; the others wait on the lock and use them) and removed at its end (`pytest_unconfigure`):
+    {name: pwd entry}. Needs root (CI runs as root); the interpreter and the venv are made reachable for them
+    (o+x on their ancestors) while the run lasts, and the modes restored after."""
+    import fcntl
     import pwd
     if os.geteuid() != 0:
         pytest.fail("the tenant tests create Unix users and need root (CI runs as root)")
     if shutil.which("useradd") is None:
         pytest.fail("useradd is missing (Debian: apt-get install passwd)")
-    for name in TEST_USERS:  # left over by a run that was killed
-        subprocess.run(["userdel", "-r", name], capture_output=True)
-    users = {}
-    for name in TEST_USERS:
-        subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", "--user-group", name],
-                       check=True, capture_output=True)
-        entry = pwd.getpwnam(name)
-        os.chmod(entry.pw_dir, 0o700)
-        users[name] = entry
-    python = Path(venv_python())
-    changed = _made_traversable([python.resolve(), python.parent, TESTS])
-    try:
-        yield users
-    finally:
-        _restore_modes(changed)
-        for name in TEST_USERS:
-            subprocess.run(["userdel", "-r", name], capture_output=True)
+    shared = Path(os.environ[SHARED_DIR_VAR])
+    record = shared / "unix-users.json"
+    with open(shared / "unix-users.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not record.exists():
+            # Written first, so that the users are removed at the end even if making them fails halfway.
+            record.write_text(json.dumps({"modes": []}))
+            for name in TEST_USERS:  # left over by a run that was killed
+                subprocess.run(["userdel", "-r", name], capture_output=True)
+            for name in TEST_USERS:
+                subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", "--user-group", name],
+                               check=True, capture_output=True)
+                os.chmod(pwd.getpwnam(name).pw_dir, 0o700)
+            python = Path(venv_python())
+            changed = _made_traversable([python.resolve(), python.parent, TESTS])
+            record.write_text(json.dumps({"modes": changed}))
+    return {name: pwd.getpwnam(name) for name in TEST_USERS}
 
 
 def as_user(user, cmd: list[str]) -> list[str]:

@@ -27,10 +27,12 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent import futures
@@ -157,8 +159,10 @@ def another_node(api, directory: Path, *plugin_flags: str, server_address: str |
     """A node of its own (server, stand-in kubelet, plugin), for a plugin with other flags than the module's
     (or one that would adopt the module plugin's tokens); `server_address`: where the plugin dials instead of
     the caller's server instead of one of its own (through a relay that is not up yet)."""
-    plugins = directory / "device-plugins"
-    plugins.mkdir(parents=True)
+    directory.mkdir(parents=True)
+    # The sockets' directory (a kubelet's /var/lib/kubelet/device-plugins): short, as a test's tmp_path may not be
+    # (an AF_UNIX path holds 107 bytes).
+    plugins = Path(tempfile.mkdtemp(prefix="salus-dp-"))
     server = None if server_address else SalusProcess(directory / "salus-server.stderr.log",
                                                       ("--memory-capacity", "2GiB"))
     kubelet = StandInKubelet(api, plugins)
@@ -173,6 +177,7 @@ def another_node(api, directory: Path, *plugin_flags: str, server_address: str |
         kubelet.stop()
         if server:
             server.kill()
+        shutil.rmtree(plugins, ignore_errors=True)
 
 
 def plugin_log(node) -> str:

@@ -16,6 +16,7 @@ Costs about 25 s on 2 cores (three server starts, four TensorFlow client process
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -77,8 +78,14 @@ def check_history(address: str, runs: int) -> dict[str, dict]:
         assert identity["fingerprint"], f"no fingerprint of the main iteration in {identity}"
     # Same graph, so same fingerprint: the name alone tells the two identities apart.
     assert listed["short"]["fingerprint"] == listed["long"]["fingerprint"], listed
-    # Six times the steps of the same cost: the expectation follows the runs (well above 3x, whatever the CPU).
-    assert listed["long"]["expected_s"] > 3 * listed["short"]["expected_s"], listed
+    # The expectation is the median of the completed runs' device time (the middle run's, or the geometric mean of
+    # the middle two). Device seconds per step follow the machine's load (other tests run beside this one), so the
+    # two identities are compared by order, not by their 6:1 ratio of steps.
+    for identity in listed.values():
+        logs = sorted(math.log(r["device_s"]) for r in identity["runs"])
+        median = math.exp((logs[(len(logs) - 1) // 2] + logs[len(logs) // 2]) / 2)
+        assert identity["expected_s"] == pytest.approx(median, rel=1e-6), identity
+    assert listed["long"]["expected_s"] > listed["short"]["expected_s"], listed
     return listed
 
 

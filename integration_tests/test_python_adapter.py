@@ -31,6 +31,8 @@ JOB_JSON_KEYS = {"id", "handle", "name", "state", "lane", "policy", "iterations"
                  "mean_iteration_ms", "queue_wait_s", "queued", "priority", "expected_iterations", "expected_seconds",
                  "note", "graph_version", "graph_nodes", "runs_completed", "runs_failed", "age_s", "idle_s"}
 TF_TIMEOUT = 180
+# matplotlib for `salus timeline --png`, outside the venv (scripts/setup.sh: Keras imports it with TensorFlow).
+PLOT_PACKAGES = REPO / ".venv-plot"
 
 
 # --- the package in the venv ---------------------------------------------------------------------------
@@ -545,7 +547,9 @@ def test_timeline_shows_both_jobs_iterations_on_their_lane(salus_address, salus_
     assert r.returncode == 0 and f"lane {lane}: busy" in r.stdout and graph in r.stdout and eager in r.stdout, \
         r.stdout + r.stderr
     png = tmp_path / "timeline.png"
-    r = salus_cli("timeline", "--seconds", "0", "--png", str(png), env=env)
+    assert PLOT_PACKAGES.is_dir(), f"{PLOT_PACKAGES} (matplotlib) is missing: scripts/setup.sh makes it"
+    plot_env = {**env, "PYTHONPATH": os.pathsep.join(p for p in (str(PLOT_PACKAGES), env.get("PYTHONPATH")) if p)}
+    r = salus_cli("timeline", "--seconds", "0", "--png", str(png), env=plot_env)
     assert r.returncode == 0 and r.stderr == "", r.stderr
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", data[:32]

@@ -36,6 +36,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -68,13 +69,13 @@ class RayNode:
     """`salus-ray-start ... -- ... --block` in a process group of its own: every Ray daemon and worker of the
     node is in it, and is stopped by that group id (SIGTERM, then SIGKILL: some ignore SIGTERM for >15 s)."""
 
-    def __init__(self, directory: Path, salus: str, ray_args: list[str]):
+    def __init__(self, directory: Path, salus: str, ray_args: list[str], temp_dir: Path):
         self.log_path = directory / "ray-start.log"
         env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "SALUS_RAY": str(RAY_CLI)}
         env.pop("SALUS_SERVER", None)
         env.pop("SALUS_TOKEN", None)
         self.proc = subprocess.Popen(
-            [str(START), "--salus", salus, "--", *ray_args, "--temp-dir", str(directory / "ray"), "--num-cpus", "1",
+            [str(START), "--salus", salus, "--", *ray_args, "--temp-dir", str(temp_dir), "--num-cpus", "1",
              "--dashboard-agent-listen-port", str(free_port()),
              "--object-store-memory", str(100 * 1000 * 1000), "--disable-usage-stats", "--block"],
             stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
@@ -186,6 +187,8 @@ def scenario(tmp_path_factory):
     everything started here is stopped by its PID or group."""
     base = tmp_path_factory.mktemp("ray")
     cwd = reachable_tmpdir("salus-ray-")  # executors of token tenants run as nobody
+    # Ray's session directories hold AF_UNIX sockets (107 bytes at most, its own name ~60 of them): a short root.
+    ray_temp = Path(tempfile.mkdtemp(prefix="ray-"))
     started: list = []
     try:
         servers = {}
@@ -197,9 +200,10 @@ def scenario(tmp_path_factory):
         head_address = f"127.0.0.1:{head_port}"
         head_args = ["--head", "--port", str(head_port), "--include-dashboard", "false",
                      "--dashboard-port", str(free_port()), "--ray-client-server-port", str(free_port())]
-        nodes = {"head": RayNode(base / "head", servers["head"].address, head_args)}
+        nodes = {"head": RayNode(base / "head", servers["head"].address, head_args, ray_temp / "head")}
         started.append(nodes["head"])
-        nodes["worker"] = RayNode(base / "worker", servers["worker"].address, ["--address", head_address])
+        nodes["worker"] = RayNode(base / "worker", servers["worker"].address, ["--address", head_address],
+                                  ray_temp / "worker")
         started.append(nodes["worker"])
 
         driver = Driver(head_address)
@@ -245,6 +249,7 @@ def scenario(tmp_path_factory):
             else:
                 thing.stop()
         shutil.rmtree(cwd, ignore_errors=True)
+        shutil.rmtree(ray_temp, ignore_errors=True)
 
 
 def node_of(scenario, server_name: str) -> str:

@@ -17,6 +17,9 @@ venv="$root/${SALUS_VENV:-.venv}"
 python="${PYTHON:-python3}"
 
 TF_VERSION=2.21.0
+# Every TensorFlow process imports ml_dtypes: 0.7.0's extension takes ~0.6 s of CPU to import, 0.6.0's ~5 ms
+# (measured here; TensorFlow 2.21 asks for >=0.5.1,<1). The test suite starts hundreds of TensorFlow processes.
+ML_DTYPES_VERSION=0.6.0
 
 # Which TensorFlow wheel (the server links the C API of the one in the venv): the GPU wheel
 # (tensorflow[and-cuda], TensorFlow with its CUDA libraries from PyPI) where an NVIDIA driver is
@@ -53,13 +56,35 @@ if [[ ! -f "$stamp" ]]; then
     fi
     tf_started=$SECONDS
     "$venv/bin/pip" install --quiet --disable-pip-version-check \
-        "$tf_wheel" pytest numpy grpcio grpcio-tools matplotlib
+        "$tf_wheel" "ml_dtypes==$ML_DTYPES_VERSION" pytest numpy grpcio grpcio-tools
     # Without --no-deps tf-keras pulls the full GPU tensorflow wheel over the CPU one.
     "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps "tf-keras==$TF_VERSION"
     echo "setup: $tf_wheel and the test tools installed in $((SECONDS - tf_started)) s ($(du -sh "$venv" | cut -f1) venv)"
     touch "$stamp"
 else
     echo "setup: $venv is ready ($tf_wheel: $tf_why)"
+fi
+# For venvs made before these lines: the fast ml_dtypes (above) and pytest-xdist (scripts/test.sh runs the
+# end-to-end files on two workers).
+if [[ "$("$venv/bin/python" -c "import ml_dtypes; print(ml_dtypes.__version__)" 2> /dev/null)" != "$ML_DTYPES_VERSION" ]]; then
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "ml_dtypes==$ML_DTYPES_VERSION"
+fi
+if ! "$venv/bin/python" -c "import xdist" 2> /dev/null; then
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "pytest-xdist==3.8.0"
+fi
+# matplotlib lives outside the venv: `import tensorflow` imports Keras 3, which imports matplotlib.pyplot when it
+# can (~0.55 s of CPU in every TensorFlow process). Only `salus timeline --png` draws with it (the user installs
+# it, README says); its test finds it in .venv-plot, with the venv's numpy. Venvs made before: removed once.
+if [[ ! -f "$venv/.salus-matplotlib-outside" ]]; then
+    "$venv/bin/pip" uninstall --quiet --disable-pip-version-check -y matplotlib > /dev/null 2>&1 || true
+    touch "$venv/.salus-matplotlib-outside"
+fi
+plot="$root/.venv-plot"
+if [[ ! -f "$plot/.salus-plot-3.11.2" ]]; then
+    rm -rf "$plot"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check --target "$plot" --no-deps "matplotlib==3.11.2" \
+        contourpy cycler fonttools kiwisolver pillow pyparsing python-dateutil six
+    touch "$plot/.salus-plot-3.11.2"
 fi
 # scripts/test.sh builds with the same features as the binaries built below.
 echo "$tf_flavor" > "$venv/.salus-tf-flavor"
