@@ -1,9 +1,7 @@
 //! Starts the real server on port 0 and drives it with a gRPC client, the way
 //! TensorFlow's own client does.
 
-mod common;
-
-use common::{float_vector, floats};
+use crate::common::{float_vector, floats};
 
 use std::collections::HashMap;
 
@@ -91,7 +89,7 @@ fn base_graph() -> bytes::Bytes {
 struct TestServer {
     master: MasterServiceClient<Channel>,
     admin: AdminClient<Channel>,
-    server: common::Running,
+    server: crate::common::Running,
 }
 
 async fn start() -> TestServer {
@@ -99,7 +97,7 @@ async fn start() -> TestServer {
 }
 
 async fn start_with(config: Config) -> TestServer {
-    let server = common::Running::start(config).await;
+    let server = crate::common::Running::start(config).await;
     TestServer {
         master: MasterServiceClient::new(server.channel.clone()),
         admin: AdminClient::new(server.channel.clone()),

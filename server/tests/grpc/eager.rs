@@ -3,9 +3,7 @@
 //! ops, a registered function, `_Send` + RecvTensor, streams; then hostile
 //! requests, each of which must get a clear error and leave the server healthy.
 
-mod common;
-
-use common::{float_vector, floats};
+use crate::common::{float_vector, floats};
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -199,7 +197,7 @@ struct TestServer {
     eager: EagerServiceClient<Channel>,
     worker: WorkerServiceClient<Channel>,
     admin: AdminClient<Channel>,
-    server: common::Running,
+    server: crate::common::Running,
 }
 
 impl TestServer {
@@ -217,7 +215,7 @@ impl TestServer {
     }
 
     async fn start_with(config: Config) -> TestServer {
-        let server = common::Running::start(config).await;
+        let server = crate::common::Running::start(config).await;
         TestServer {
             eager: EagerServiceClient::new(server.channel.clone()),
             worker: WorkerServiceClient::new(server.channel.clone()),
