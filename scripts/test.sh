@@ -77,10 +77,10 @@ phase_done "cargo test (build included)"
     set +e
     (
         set -eo pipefail
-        # The fuzz targets (fuzz/, their own workspace) must keep building. Built plainly, without
-        # cargo-fuzz or nightly flags (libFuzzer linked, nothing instrumented), into target/ so the
-        # dependencies built above are reused; fuzz/README.md says how to run them.
-        cargo build --release --locked --manifest-path fuzz/Cargo.toml --target-dir target
+        # The fuzz targets (fuzz/, a workspace member) must keep building. Built plainly, without
+        # cargo-fuzz or nightly flags (libFuzzer linked, nothing instrumented), with the features of the
+        # build above, whose server they reuse; fuzz/README.md says how to run them.
+        cargo build --release --locked -p salus-fuzz --features salus-server/cuda
         # Each target runs its committed seeds once (they include inputs that crashed the server).
         for target in request_decode tensor_proto eager_decode; do
             target/release/"$target" -runs=0 "fuzz/seeds/$target" 2>&1 | tail -n 1
