@@ -56,9 +56,8 @@ def pytest_sessionstart(session):
 # scripts/test.sh runs the files on two pytest-xdist workers (`--dist loadfile`: a file's tests, and so its
 # module-scoped servers, stay on one worker), each taking the next file in collection order when it runs dry.
 # The longest files go first (as measured on 2 cores, scripts/test.sh's summary prints them), so that neither
-# worker is left with a long file at the end; then the GPU-wheel suites, which wait for scripts/test.sh's
-# background venv (ready by then); then the rest as pytest found them; the build checks last, when the
-# background builds have had the whole suite.
+# worker is left with a long file at the end (the GPU-wheel suites among them); then the rest as pytest found
+# them; the build checks last, when the background builds have had the whole suite.
 FILES_FIRST = ("test_tenant_isolation.py", "test_scheduler.py", "test_tf2_scheduling.py",
                "test_tf2_python_pipeline.py", "test_slurm.py", "test_tf2_faults.py", "test_tf2_old_client.py",
                "test_k8s_device_plugin.py", "test_ray.py", "test_python_adapter.py", "test_tf2_eager.py",
@@ -119,7 +118,7 @@ def pytest_terminal_summary(terminalreporter):
     times = {name: (gpu_wheel / f"{name}-seconds").read_text().strip()
              for name in ("venv", "suites") if (gpu_wheel / f"{name}-seconds").exists()}
     if times:
-        phases.append(f"GPU wheel: venv {times.get('venv', '?')} s (beside cargo test and pytest), "
+        phases.append(f"GPU wheel: venv {times.get('venv', '?')} s (beside setup), "
                       f"suites {times.get('suites', '?')} s (in pytest)")
     slowest = sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])[:12]
     phases.append("slowest test files: " + ", ".join(f"{name} {s:.0f} s" for name, s in slowest))

