@@ -273,6 +273,12 @@ def is_salus_server(address: str) -> bool:
             return False
 
 
+# The shared server outlives every test of its worker, some of which leave a client's request or stream behind
+# (killed clients, held callback streams): at its stop it would give them the production grace (30 s, idle CPU
+# at the end of the run). Shutdown itself is tested with servers of its own (test_lifecycle, test_tf2_lifecycle).
+SHARED_SERVER_SHUTDOWN = ("--shutdown-grace", "3")
+
+
 @pytest.fixture(scope="session")
 def salus_server(tmp_path_factory):
     """(target, SalusProcess or None). None when SALUS_TEST_TARGET names an external server."""
@@ -283,7 +289,7 @@ def salus_server(tmp_path_factory):
     # Tests save checkpoints under their tmp_path: the shared server's checkpoint root is pytest's base.
     root = str(tmp_path_factory.getbasetemp())
     server = SalusProcess(tmp_path_factory.mktemp("salus") / "salus-server.stderr.log",
-                          ("--checkpoint-root", root))
+                          ("--checkpoint-root", root, *SHARED_SERVER_SHUTDOWN))
     yield server.target, server
     code = server.stop()
     assert code == 0, f"salus-server exited with {code} after SIGTERM; stderr tail:\n{server.stderr_tail()}"

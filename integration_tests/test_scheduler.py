@@ -26,7 +26,8 @@ import pytest
 import salus_wire as w
 from gated_jobs import GatedJob, GatedJobs
 from server_ctl import ctl, ctl_json, jobs_by_name, require_server_flag, stop_cleanly, wait_state
-from conftest import WORKLOADS, SalusProcess, server_bin, wait_until
+import reference_runs
+from conftest import WORKLOADS, SalusProcess, child_env, last_json_line, server_bin, venv_python, wait_until
 
 pytestmark = pytest.mark.skipif(
     bool(os.environ.get("SALUS_TEST_TARGET")),
@@ -62,13 +63,20 @@ def scheduler_binary():
 
 @pytest.fixture(scope="module")
 def references():
-    """In-process per-step losses by seed, as long as the longest use of that seed (runs share prefixes)."""
-    from workloads import sched_job
-
+    """In-process per-step losses by seed, as long as the longest use of that seed (runs share prefixes):
+    sched_job.py without a server, replayed from the cache of reference runs (reference_runs.py) when the same run
+    was made before."""
     steps: dict[int, int] = {}
     for cfg in [*trio_for("srtf").values(), *TRIO.values(), *ADMIN_JOBS.values()]:
         steps[cfg["seed"]] = max(steps.get(cfg["seed"], 0), cfg["steps"])
-    return {seed: sched_job.reference(seed, n) for seed, n in steps.items()}
+    env = {k: v for k, v in child_env().items() if not k.startswith("SALUS_")}
+    losses = {}
+    for seed, n in steps.items():
+        proc = reference_runs.run([venv_python(), str(JOB_SCRIPT), "--seed", str(seed), "--steps", str(n)], env,
+                                  timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        losses[seed] = last_json_line(proc.stdout)["losses"]
+    return losses
 
 
 def trio_for(policy: str) -> dict:

@@ -18,7 +18,7 @@ contain the target (used when --target is not given). The session is created (th
 
 CLI: python sched_job.py [--target grpc://127.0.0.1:PORT] --name NAME [--seed N] [--steps N | --seconds S]
                          [--model M | --tiny] [--force-main] [--ready-file F --go-file G] [--hold]
-                         [--stop-file F] [--digest-only] [--step-times]
+                         [--stop-file F] [--gap-ms MS] [--digest-only] [--step-times]
 prints one JSON line at the end:
   {"name", "model", "seed", "steps", "losses" (unless --digest-only), "digest", "go", "start", "end",
    "step_ms_median", "step_ms_p95"}
@@ -137,6 +137,9 @@ def main() -> None:
     ap.add_argument("--go-file")
     ap.add_argument("--hold", action="store_true")
     ap.add_argument("--stop-file", help="after --steps steps, train on until this file exists")
+    ap.add_argument("--gap-ms", type=float, default=0.0,
+                    help="sleep this long after each step (a job that trains through whatever the test does meanwhile "
+                         "with few steps)")
     ap.add_argument("--digest-only", action="store_true")
     ap.add_argument("--step-times", action="store_true",
                     help="also print each step's wall time (ms) and end (s after start)")
@@ -169,6 +172,8 @@ def main() -> None:
             times.append(t1 - t0)
             ends.append(t1 - p0)
             losses.append(float(loss))
+            if args.gap_ms:
+                time.sleep(args.gap_ms / 1000)
         end = time.time()
         times_ms = sorted(t * 1000 for t in times) or [0.0]
         result = {"name": args.name, "model": model, "seed": args.seed, "steps": len(losses), "digest": digest(losses),
