@@ -90,7 +90,7 @@ if [[ "${SALUS_VENV_ONLY:-}" != 1 && ! -f "$plot/.salus-plot-3.11.2" ]]; then
         contourpy cycler fonttools kiwisolver pillow pyparsing python-dateutil six
     touch "$plot/.salus-plot-3.11.2"
 fi
-# scripts/test.sh builds with the same features as the binaries built below.
+# Which wheel the venv has (cpu or gpu), for scripts/gpu_check.py (scripts/test.sh asks `setup.sh --flavor`).
 echo "$tf_flavor" > "$venv/.salus-tf-flavor"
 
 # The Python adapter (python/, distribution salus-tf, import name salus, CLI `salus`): reinstalled
