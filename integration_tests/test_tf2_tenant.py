@@ -3,8 +3,8 @@ tenant, whose executor runs as nobody): an unmodified TF2 script's reads, writes
 are refused (eagerly and inside a tf.function) with PERMISSION_DENIED while the job goes on; tf.train.Checkpoint
 writes land in the job's checkpoint directory on the server, a path outside it fails, and restoring from that
 directory (same machine) gives the saved values back. A refused op without outputs (a file write, a lookup
-table's file initialiser) raises its own PERMISSION_DENIED at the next call; a tf.py_function inside a
-tf.function and a pipeline that calls Python run, their Python in the script.
+table's file initialiser) raises its own PERMISSION_DENIED at the next call that reads a value or waits; a
+tf.py_function inside a tf.function and a pipeline that calls Python run, their Python in the script.
 """
 
 from __future__ import annotations

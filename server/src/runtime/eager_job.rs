@@ -43,6 +43,7 @@ use crate::tf::op_registry;
 use crate::tf::tensor::shape_proto;
 use crate::tf::Tensor;
 use crate::tf::TfError;
+use salus_proto::tensorflow::error::Code as TfCode;
 
 pub use crate::runtime::eager_functions::{map_function, FunctionRefusal, MappedFunction};
 pub use crate::runtime::eager_items::{Item, ItemOutput, OpInput, OpRequest};
@@ -126,9 +127,10 @@ pub struct StreamState {
     pub failed: AtomicBool,
     /// The failure of a request whose last op has no outputs. The stock client
     /// does not wait for such an op (it only poisons outputs), so the request
-    /// is answered as done and the stream's next op or sync fails with this
-    /// instead of running: the script hears of the failure at its next call,
-    /// not at a later, unrelated symptom (a table "not initialized").
+    /// is answered as done and the stream's next value read or sync fails with
+    /// this instead of running, as does a later item that fails on its own:
+    /// the script hears of the failure at its next wait, not at a later,
+    /// unrelated symptom (a table "not initialized").
     held: Mutex<Option<TfError>>,
     /// Set once the stream's error status has been handed to the transport.
     status_sent: (Mutex<bool>, std::sync::Condvar),
@@ -161,6 +163,11 @@ impl StreamState {
             }
             self.ended.notified().await;
         }
+    }
+
+    /// The failure held for the stream's next value read or sync, once.
+    fn take_held(&self) -> Option<TfError> {
+        lock(&self.held).take()
     }
 
     /// Called by the stream's writer when it ended the stream with an error.
@@ -464,6 +471,12 @@ impl EagerJob {
         } else {
             Vec::new()
         };
+        // A failure held for the stream's next value read: an early read
+        // reports it too (see `run_batch`).
+        let held = match (&stream, early.is_empty()) {
+            (Some(stream), false) => stream.take_held(),
+            _ => None,
+        };
         if !early.is_empty()
             && stream.is_none()
             && items.iter().all(|item| matches!(item, Item::SentEarly(_)))
@@ -471,10 +484,10 @@ impl EagerJob {
             // A unary request of nothing but such sends is answered once they
             // are delivered: its client thread waits for that before it pulls.
             let outputs = vec![ItemOutput::default(); items.len()];
-            send_ready_values(Arc::clone(&self.shared), early, Some((reply, outputs)));
+            send_ready_values(Arc::clone(&self.shared), early, None, Some((reply, outputs)));
             return Ok(rx);
         }
-        send_ready_values(Arc::clone(&self.shared), early, None);
+        send_ready_values(Arc::clone(&self.shared), early, held, None);
         // Before the batch can reach the context's thread, which forgets each as it applies it.
         let decrefs: Vec<(i64, i32)> = items.iter().filter_map(Item::decref_of).collect();
         self.shared.note_pending_decrefs(&decrefs, true);
@@ -492,7 +505,7 @@ impl EagerJob {
             for name in &names {
                 self.shared
                     .rendezvous
-                    .deliver(name, Err("the eager context was closed".into()));
+                    .deliver(name, Err(TfError::new(TfCode::FailedPrecondition as i32, "the eager context was closed")));
             }
             return Err(self.gone());
         }
@@ -653,10 +666,12 @@ fn take_ready_sends(shared: &Shared, items: &mut [Item]) -> Vec<ReadySend> {
 }
 
 /// Delivers `ready`'s values to their pulls off the async runtime (resolving
-/// a handle is a TensorFlow call), then answers `reply` if given.
+/// a handle is a TensorFlow call), then answers `reply` if given. A `held`
+/// failure goes to the first pull instead of its value.
 fn send_ready_values(
     shared: Arc<Shared>,
     ready: Vec<ReadySend>,
+    mut held: Option<TfError>,
     reply: Option<(oneshot::Sender<Result<Vec<ItemOutput>>>, Vec<ItemOutput>)>,
 ) {
     if ready.is_empty() {
@@ -665,6 +680,10 @@ fn send_ready_values(
     let work = move || {
         let mut failure = None;
         for send in ready {
+            if let Some(held) = held.take() {
+                shared.rendezvous.deliver(&send.name, Err(held));
+                continue;
+            }
             let value = {
                 let table = read(&shared.handles);
                 find_handle(&table, send.op_id, send.output)
@@ -672,9 +691,9 @@ fn send_ready_values(
                     .and_then(|handle| sent(send.send_id, handle))
             };
             let delivered = value.map_err(|err| {
-                let message = err.to_string();
+                let failed = TfError::new(err.code() as i32, err.to_string());
                 failure.get_or_insert(err);
-                message
+                failed
             });
             shared.rendezvous.deliver(&send.name, delivered);
         }
@@ -779,7 +798,7 @@ struct Worker {
     last_failure: Option<TfError>,
     /// Sends of the failed request just run that will not run: (tensor name,
     /// error) for their pulls.
-    unsent: Vec<(String, String)>,
+    unsent: Vec<(String, TfError)>,
     /// Borrowed while the op's inputs borrow `handles`.
     slots: std::cell::RefCell<OutputSlots>,
     /// Device allocators by the device names calls gave (None: no statistics).
@@ -886,10 +905,17 @@ impl Worker {
         for (index, item) in items.iter().enumerate() {
             let held = stream
                 .filter(|_| self.reports_held_failure(items, index))
-                .and_then(|stream| lock(&stream.held).take());
-            let result = match held {
-                Some(held) => Err(Error::Tensorflow(held)),
-                None => {
+                .and_then(StreamState::take_held);
+            let result = match (held, item.send_tensor_name()) {
+                // A value read reports it through its pull: the client raises
+                // the pull's error (with its code) at the read, and the stream
+                // goes on.
+                (Some(held), Some(name)) => {
+                    self.shared.rendezvous.deliver(&name, Err(held));
+                    Ok(ItemOutput::default())
+                }
+                (Some(held), None) => Err(Error::Tensorflow(held)),
+                (None, _) => {
                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_item(item)))
                         .unwrap_or_else(|_| {
                             Err(Error::Internal("an eager queue item panicked".into()))
@@ -904,21 +930,26 @@ impl Worker {
                     crate::runtime::run_errors::record(err.code());
                     if let Some(stream) = stream.filter(|_| self.failure_is_silent(items, index)) {
                         tracing::debug!(context = self.shared.context_id, cause = %err,
-                                        "an op without outputs failed; its stream's next call or sync reports it");
+                                        "an op without outputs failed; its stream's next read or sync reports it");
                         lock(&stream.held).get_or_insert_with(|| {
                             TfError::new(err.code() as i32, held_message(item, &err))
                         });
                         outputs.push(ItemOutput::default());
                         continue;
                     }
+                    // A held failure came first: the script hears of it, not
+                    // of a later symptom (a table "not initialized").
+                    let err = match stream.and_then(StreamState::take_held) {
+                        Some(held) => Error::Tensorflow(held),
+                        None => err,
+                    };
                     // Pulls waiting for sends that will not run now get the
                     // error, once the request's own answer is out (see run).
+                    let code = err.code() as i32;
                     for later in &items[index + 1..] {
                         if let Some(name) = later.send_tensor_name() {
-                            self.unsent.push((
-                                name,
-                                format!("an earlier item of its request failed: {err}"),
-                            ));
+                            let why = format!("an earlier item of its request failed: {err}");
+                            self.unsent.push((name, TfError::new(code, why)));
                         }
                     }
                     return Err(err);
@@ -929,14 +960,15 @@ impl Worker {
     }
 
     /// Whether item `index` reports its stream's held failure instead of
-    /// running: a sync, or an op the client waits for (not a `_Send`: its pull
-    /// learns of failures on its own; not another silent one: that one runs).
+    /// running: what the client waits for, a sync or a value read (the
+    /// `_Send` of a tensor it pulls). Not an op with outputs: the client does
+    /// not wait for one, and an error answered to an op whose later ops are in
+    /// flight may never reach the script (TensorFlow's client then dropped it
+    /// about once in 20 checkpoint writes: the next read and sync passed).
     fn reports_held_failure(&self, items: &[Item], index: usize) -> bool {
         match &items[index] {
             Item::Sync => true,
-            Item::Execute(op) => {
-                op.send_tensor_name().is_none() && !self.failure_is_silent(items, index)
-            }
+            Item::Execute(op) => op.send_tensor_name().is_some(),
             _ => false,
         }
     }
@@ -1490,7 +1522,7 @@ impl Worker {
         let value = self.sent_value(op);
         let delivered = match &value {
             Ok(sent) => Ok(sent.clone()),
-            Err(err) => Err(err.to_string()),
+            Err(err) => Err(TfError::new(err.code() as i32, err.to_string())),
         };
         self.shared.rendezvous.deliver(name, delivered);
         value.map(|_| ())

@@ -12,12 +12,15 @@ use salus_proto::tensorflow::TensorProto;
 use tokio::sync::oneshot;
 
 use crate::error::{Error, Result};
+use crate::tf::TfError;
 
 /// How long a pull waits for a send that no queued request announced: the
 /// client sends the `_Send` op and the pull on two gRPC calls at once.
 pub const UNANNOUNCED_GRACE: Duration = Duration::from_secs(10);
 
-type Value = std::result::Result<Sent, String>;
+/// A sent tensor, or why its send failed (with the failure's code: the client
+/// raises the pull's error as the op's own, as with a failed send in TensorFlow).
+type Value = std::result::Result<Sent, TfError>;
 
 /// A sent tensor and when it was sent (µs since the epoch, for the response).
 #[derive(Clone, Debug)]
@@ -93,7 +96,7 @@ impl Rendezvous {
                 if slot.values.is_empty() && slot.waiters.is_empty() && slot.announced == 0 {
                     inner.slots.remove(name);
                 }
-                return value.map_err(Error::FailedPrecondition);
+                return value.map_err(Error::Tensorflow);
             }
             let (tx, rx) = oneshot::channel();
             slot.waiters.push(tx);
@@ -106,7 +109,7 @@ impl Rendezvous {
             tokio::select! {
                 value = &mut rx => {
                     return match value {
-                        Ok(value) => value.map_err(Error::FailedPrecondition),
+                        Ok(value) => value.map_err(Error::Tensorflow),
                         Err(_) => Err(Error::ContextGone(self.closed_reason())),
                     };
                 }
@@ -208,9 +211,10 @@ mod tests {
     async fn failed_sends_and_closed_contexts_fail_the_pull() {
         let r = std::sync::Arc::new(Rendezvous::default());
         r.announce("bad");
-        r.deliver("bad", Err("input handle 3:0 is unknown".into()));
+        r.deliver("bad", Err(TfError::new(3, "input handle 3:0 is unknown")));
+        // The send's own code: the client raises it as the op's error.
         assert!(
-            matches!(r.recv("bad", UNANNOUNCED_GRACE).await, Err(Error::FailedPrecondition(m)) if m.contains("3:0"))
+            matches!(r.recv("bad", UNANNOUNCED_GRACE).await, Err(Error::Tensorflow(e)) if e.code == 3 && e.message.contains("3:0"))
         );
         r.announce("later");
         let pull = tokio::spawn({

@@ -745,9 +745,10 @@ async fn contexts_hold_a_bounded_number_of_handles_and_functions() {
 /// The stock client keeps nothing that would raise the failure of an op without
 /// outputs (a SaveV2, an AssignVariableOp) from its response, and learns of it
 /// from its next sync: on a stream, such a request is answered as done and the
-/// stream's next sync item fails with its error, once.
+/// stream's next sync item or value read fails with its error, once (as does a
+/// later item that fails on its own).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_op_without_outputs_is_reported_by_the_streams_next_call_or_sync() {
+async fn a_failed_op_without_outputs_is_reported_by_the_streams_next_read_or_sync() {
     let mut s = TestServer::start().await;
     s.create_context(41, "silent").await;
     let request = |queue: Vec<QueueItem>| EnqueueRequest {
@@ -804,17 +805,37 @@ async fn a_failed_op_without_outputs_is_reported_by_the_streams_next_call_or_syn
         "the first failure, naming its op: {reported:?}"
     );
 
-    // The next op the client waits for (one with outputs) reports it too, instead of running.
+    // An op with outputs runs: the client does not wait for one. The next value
+    // it reads reports the failure, through the pull of the read's `_Send`
+    // (whose request is answered: the stream goes on).
     let requests = vec![
         request(vec![assign(6)]),
         request(vec![float_op(7, "Neg", vec![handle(1)])]),
+        request(vec![send_op(8, 7, "held_read")]),
+    ];
+    let mut responses = s.stream(requests).await;
+    answered(&mut responses, "answered as done").await;
+    answered(&mut responses, "an op with outputs runs").await;
+    answered(&mut responses, "the read's send").await;
+    drop(responses);
+    let pulled = s.recv(41, "held_read").await.unwrap_err();
+    assert_eq!(pulled.code(), unary.code(), "{pulled:?}");
+    assert!(
+        pulled.message().contains("AssignVariableOp")
+            && pulled.message().contains("reported by this later call"),
+        "{pulled:?}"
+    );
+
+    // A later item that fails on its own reports the held failure: it came first.
+    let requests = vec![
+        request(vec![assign(9)]),
+        request(vec![float_op(10, "Neg", vec![handle(12345)])]),
     ];
     let mut responses = s.stream(requests).await;
     answered(&mut responses, "answered as done").await;
     let err = responses.message().await.unwrap_err();
     assert!(
-        err.message().contains("AssignVariableOp")
-            && err.message().contains("reported by this later call"),
+        err.message().contains("AssignVariableOp") && !err.message().contains("12345"),
         "{err:?}"
     );
 
