@@ -627,11 +627,9 @@ struct ReadySend {
 /// wait for that call, which waits for the callback. A value that exists is
 /// the same whenever it is read, so sending it early changes nothing else.
 fn take_ready_sends(shared: &Shared, items: &mut [Item]) -> Vec<ReadySend> {
-    // Not waiting on the table: the context's thread writes it only between
-    // ops, and a send that cannot look now simply goes in order.
-    let Ok(table) = shared.handles.try_read() else {
-        return Vec::new();
-    };
+    // Waiting on the table at most for an insert or a take: the context's
+    // thread frees nothing and calls no TensorFlow while it writes it.
+    let table = read(&shared.handles);
     let pending = lock(&shared.pending_decrefs);
     // Released by this request ahead of the send, or by an earlier one still queued: in order, it fails.
     let mut released: HashSet<(i64, i32)> = HashSet::new();
@@ -848,8 +846,9 @@ impl Worker {
             let _ = batch.reply.send(result);
             self.fail_unsent_pulls(batch.stream.as_deref());
         }
-        // Handles before the context.
-        write(&self.shared.handles).clear();
+        // Handles before the context; freed with the table unlocked (see Decref).
+        let handles = std::mem::take(&mut *write(&self.shared.handles));
+        drop(handles);
         self.live_handles = 0;
     }
 
@@ -1046,21 +1045,29 @@ impl Worker {
             }
             Item::Decref { op_id, output } => {
                 // Lenient like a destructor: the outputs of a failed op never existed.
-                let mut handles = write(&self.shared.handles);
-                self.shared.note_pending_decrefs(&[(*op_id, *output)], false);
-                if let Some(outputs) = handles.get_mut(op_id) {
-                    if let Some(slot) = usize::try_from(*output)
-                        .ok()
-                        .and_then(|i| outputs.get_mut(i))
-                    {
-                        if slot.take().is_some() {
-                            self.live_handles -= 1;
+                let released = {
+                    let mut handles = write(&self.shared.handles);
+                    self.shared.note_pending_decrefs(&[(*op_id, *output)], false);
+                    let mut released = None;
+                    if let Some(outputs) = handles.get_mut(op_id) {
+                        released = usize::try_from(*output)
+                            .ok()
+                            .and_then(|i| outputs.get_mut(i))
+                            .and_then(Option::take);
+                        if outputs.iter().all(Option::is_none) {
+                            handles.remove(op_id);
                         }
                     }
-                    if outputs.iter().all(Option::is_none) {
-                        handles.remove(op_id);
-                    }
+                    released
+                };
+                if released.is_some() {
+                    self.live_handles -= 1;
                 }
+                // Freed with the table unlocked: the last handle of a dataset
+                // iterator waits for its prefetch thread, whose Python callback
+                // may be reading a tensor of this context (an early send, which
+                // needs the table).
+                drop(released);
                 Ok(ItemOutput::default())
             }
             Item::RemoveFunction(name) => {
