@@ -101,6 +101,11 @@ impl Error {
             Error::Internal(_) | Error::LostWithExecutor(_) => TfCode::Internal,
         }
     }
+
+    /// This error as a TensorFlow status: its code and message.
+    pub fn to_tf_error(&self) -> TfError {
+        TfError::new(self.code() as i32, self.to_string())
+    }
 }
 
 impl From<Error> for tonic::Status {

@@ -564,6 +564,20 @@ impl Drop for EagerJob {
     }
 }
 
+/// Whether `item` reports its stream's held failure instead of running: what
+/// the client waits for, a sync or a value read (the `_Send` of a tensor it
+/// pulls). Not an op with outputs: the client does not wait for one, and an
+/// error answered to an op whose later ops are in flight may never reach the
+/// script (TensorFlow's client then dropped 2 to 8 of 100 failed checkpoint
+/// writes: the next read and sync passed).
+fn reports_held_failure(item: &Item) -> bool {
+    match item {
+        Item::Sync => true,
+        Item::Execute(op) => op.send_tensor_name().is_some(),
+        _ => false,
+    }
+}
+
 /// The message a held failure is reported with, by a later call: it names the
 /// op that failed, since the call that raises it is another.
 fn held_message(item: &Item, err: &Error) -> String {
@@ -689,7 +703,7 @@ fn send_ready_values(
                     .and_then(|handle| sent(send.send_id, handle))
             };
             let delivered = value.map_err(|err| {
-                let failed = TfError::new(err.code() as i32, err.to_string());
+                let failed = err.to_tf_error();
                 failure.get_or_insert(err);
                 failed
             });
@@ -876,7 +890,7 @@ impl Worker {
         let cause = match err {
             // Skipped behind an earlier failure: that one is the cause.
             Error::ContextGone(_) => self.last_failure.clone(),
-            other => Some(TfError::new(other.code() as i32, other.to_string())),
+            other => Some(other.to_tf_error()),
         };
         let Some(cause) = cause else { return };
         if self.failed_ops.len() >= KEEP {
@@ -903,7 +917,7 @@ impl Worker {
         let mut outputs = Vec::with_capacity(items.len());
         for (index, item) in items.iter().enumerate() {
             let held = stream
-                .filter(|_| self.reports_held_failure(items, index))
+                .filter(|_| reports_held_failure(item))
                 .and_then(StreamState::take_held);
             let result = match (held, item.send_tensor_name()) {
                 // A value read reports it through its pull: the client raises
@@ -956,20 +970,6 @@ impl Worker {
             }
         }
         Ok(outputs)
-    }
-
-    /// Whether item `index` reports its stream's held failure instead of
-    /// running: what the client waits for, a sync or a value read (the
-    /// `_Send` of a tensor it pulls). Not an op with outputs: the client does
-    /// not wait for one, and an error answered to an op whose later ops are in
-    /// flight may never reach the script (TensorFlow's client then dropped it
-    /// about once in 20 checkpoint writes: the next read and sync passed).
-    fn reports_held_failure(&self, items: &[Item], index: usize) -> bool {
-        match &items[index] {
-            Item::Sync => true,
-            Item::Execute(op) => op.send_tensor_name().is_some(),
-            _ => false,
-        }
     }
 
     /// Whether item `index`, failed, is the request's last and an op (or
@@ -1529,7 +1529,7 @@ impl Worker {
         let value = self.sent_value(op);
         let delivered = match &value {
             Ok(sent) => Ok(sent.clone()),
-            Err(err) => Err(TfError::new(err.code() as i32, err.to_string())),
+            Err(err) => Err(err.to_tf_error()),
         };
         self.shared.rendezvous.deliver(name, delivered);
         value.map(|_| ())
