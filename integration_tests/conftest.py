@@ -189,10 +189,10 @@ class SalusProcess:
     """A salus-server child started on a free port; stopped by its own PID only."""
 
     def __init__(self, log_path: Path, extra_args: tuple[str, ...] = (), cwd: Path | None = None,
-                 listen: str = "127.0.0.1:0", env: dict | None = None):
+                 listen: str = "127.0.0.1:0", env: dict | None = None, binary: Path | None = None):
         """`listen`: a fixed address, to restart a server on the port of one that died (default: a free port);
-        `env`: extra environment variables for the server."""
-        binary = server_bin().resolve()  # absolute: the child runs in another directory
+        `env`: extra environment variables for the server; `binary`: another salus-server than the build's."""
+        binary = (binary or server_bin()).resolve()  # absolute: the child runs in another directory
         if not binary.exists():
             pytest.fail(f"salus-server binary not found at {binary}: build it (cargo build --release), set "
                         f"SALUS_SERVER_BIN, or point SALUS_TEST_TARGET at a running server")
@@ -202,7 +202,7 @@ class SalusProcess:
         # caller names one (a restart test reuses it).
         if "--state-dir" not in extra_args and "SALUS_STATE_DIR" not in (env or {}):
             extra_args = ("--state-dir", str(log_path.with_name(log_path.name + ".state")), *extra_args)
-        self._log = open(log_path, "wb")
+        self._log = open(log_path, "ab")
         # The server's working directory holds its default per-job checkpoint directories.
         self.proc = subprocess.Popen([str(binary), "--listen", listen, *extra_args],
                                      stdout=subprocess.PIPE, stderr=self._log, stdin=subprocess.DEVNULL,

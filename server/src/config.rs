@@ -171,6 +171,15 @@ pub struct Args {
     #[arg(long, env = "SALUS_SHUTDOWN_GRACE", default_value_t = 30)]
     pub shutdown_grace: u64,
 
+    /// Under --isolation tenant, seconds the executors (and their jobs) wait
+    /// for a new supervisor after the server's process ends without a full
+    /// stop (SIGTERM, SIGKILL, a crash, an upgrade): one started on the same
+    /// --state-dir within this adopts them and no job is lost. Past it they end
+    /// their jobs with UNAVAILABLE and exit. 0: executors end with the
+    /// supervisor. SIGINT and `ctl shutdown` stop everything.
+    #[arg(long, env = "SALUS_ADOPT_GRACE", default_value_t = 120)]
+    pub adopt_grace: u64,
+
     /// Recent runs (main iterations and cheap runs) the server keeps for the
     /// admin API's timeline (`salus timeline`); the oldest are evicted. 0 keeps none.
     #[arg(long, env = "SALUS_TIMELINE_CAPACITY", default_value_t = crate::runtime::timeline::DEFAULT_CAPACITY)]
@@ -300,6 +309,8 @@ pub struct Config {
     /// None: sessions are never reclaimed for idleness.
     pub idle_timeout: Option<Duration>,
     pub shutdown_grace: Duration,
+    /// `--adopt-grace`; zero: executors end with their supervisor.
+    pub adopt_grace: Duration,
     pub verbose: u8,
     /// What jobs' graphs may do (ops, checkpoint directory, graph size).
     pub tenant: TenantRules,
@@ -345,6 +356,7 @@ impl Default for Config {
             sched: SchedConfig::default(),
             idle_timeout: Some(Duration::from_secs(3600)),
             shutdown_grace: Duration::from_secs(30),
+            adopt_grace: Duration::from_secs(120),
             verbose: 0,
             tenant: TenantRules::default(),
             max_sessions: 1024,
@@ -445,6 +457,7 @@ impl TryFrom<Args> for Config {
             },
             idle_timeout: (args.idle_timeout > 0).then(|| Duration::from_secs(args.idle_timeout)),
             shutdown_grace: Duration::from_secs(args.shutdown_grace),
+            adopt_grace: Duration::from_secs(args.adopt_grace),
             verbose: args.verbose,
             tenant: TenantRules {
                 ops: OpPolicy::new(&args.allow_ops, &args.deny_ops),

@@ -45,6 +45,9 @@ pub enum Error {
     Unimplemented(String),
     #[error("the server is shutting down")]
     ShuttingDown,
+    /// The executor cannot go on (no supervisor adopted it in time): why.
+    #[error("{0}")]
+    Unavailable(String),
     #[error("{0}")]
     IterationDropped(String),
     /// The server ended a wait of the client's that nothing could end.
@@ -91,7 +94,7 @@ impl Error {
             | Error::PartialRunNotFound(_) => TfCode::InvalidArgument,
             Error::GraphVersion { .. } => TfCode::FailedPrecondition,
             Error::Unimplemented(_) => TfCode::Unimplemented,
-            Error::ShuttingDown => TfCode::Unavailable,
+            Error::ShuttingDown | Error::Unavailable(_) => TfCode::Unavailable,
             Error::IterationDropped(_) | Error::Aborted(_) => TfCode::Aborted,
             Error::ResourceExhausted(_) => TfCode::ResourceExhausted,
             Error::PermissionDenied(_) => TfCode::PermissionDenied,

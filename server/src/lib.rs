@@ -88,6 +88,7 @@ pub mod gpu;
 pub mod gpu_probe;
 pub mod heap_meter;
 pub mod http2;
+pub mod listen_fds;
 pub mod node_start;
 pub mod process;
 pub mod runtime;

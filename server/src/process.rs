@@ -92,18 +92,53 @@ pub struct Listeners {
 
 impl Listeners {
     pub async fn bind(config: &Config) -> anyhow::Result<Listeners> {
+        Self::open(config, None).await
+    }
+
+    /// The sockets this process was given (systemd's socket activation, or
+    /// an in-place upgrade: `listen_fds`), else those a keeper holds for the
+    /// rendezvous `keeper` (the previous supervisor's, across a restart),
+    /// else new ones.
+    pub async fn open(config: &Config, keeper: Option<&std::path::Path>) -> anyhow::Result<Listeners> {
         use anyhow::Context;
-        let listen = config.listen;
-        let api = tokio::net::TcpListener::bind(listen)
-            .await
-            .with_context(|| format!("cannot listen on {listen}"))?;
-        let metrics = match config.metrics_listen {
-            Some(at) => Some(
+        let activated = crate::listen_fds::take();
+        let (mut api, mut metrics) = (activated.api, activated.metrics);
+        if let Some(api) = &api {
+            if !crate::listen_fds::serves(api, config.listen) {
+                tracing::info!(passed = ?api.local_addr().ok(), listen = %config.listen, "serving the socket passed in, not --listen");
+            }
+        } else if let Some((held, held_metrics)) = keeper.and_then(crate::listen_fds::take_from_keeper) {
+            if crate::listen_fds::serves(&held, config.listen) {
+                tracing::info!(at = ?held.local_addr().ok(), "took the listening socket the previous supervisor left");
+                api = Some(held);
+                metrics = held_metrics.filter(|m| {
+                    config.metrics_listen.is_some_and(|at| crate::listen_fds::serves(m, at))
+                });
+            }
+        }
+        let api = match api {
+            Some(held) => {
+                held.set_nonblocking(true)?;
+                tokio::net::TcpListener::from_std(held)?
+            }
+            None => {
+                let listen = config.listen;
+                tokio::net::TcpListener::bind(listen)
+                    .await
+                    .with_context(|| format!("cannot listen on {listen}"))?
+            }
+        };
+        let metrics = match (metrics, config.metrics_listen) {
+            (Some(held), _) => {
+                held.set_nonblocking(true)?;
+                Some(tokio::net::TcpListener::from_std(held)?)
+            }
+            (None, Some(at)) => Some(
                 tokio::net::TcpListener::bind(at)
                     .await
                     .with_context(|| format!("cannot listen on {at} for metrics"))?,
             ),
-            None => None,
+            (None, None) => None,
         };
         Ok(Listeners { api, metrics })
     }
@@ -121,8 +156,29 @@ impl Listeners {
     }
 }
 
+/// The descriptor the log writes to (-1 before `init_logging`).
+static LOG_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+/// From now on the log and fd 2 go to `to` (an adopted executor's new
+/// supervisor reads its log there).
+pub fn redirect_log(to: &std::os::fd::OwnedFd) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let log = LOG_FD.load(std::sync::atomic::Ordering::SeqCst);
+    for fd in [2, log] {
+        // SAFETY: dup2 onto descriptors this process owns (the log's stays open).
+        if fd >= 0 && unsafe { libc::dup2(to.as_raw_fd(), fd) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 /// The log: `-v` levels, `RUST_LOG` over them, into `stderr`.
 pub fn init_logging(verbose: u8, stderr: std::fs::File) {
+    {
+        use std::os::fd::AsRawFd;
+        LOG_FD.store(stderr.as_raw_fd(), std::sync::atomic::Ordering::SeqCst);
+    }
     let default = match verbose {
         0 => "info",
         1 => "debug",
@@ -152,6 +208,76 @@ impl Write for LossyWriter {
 
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
+    }
+}
+
+/// The rendezvous folder of the state directory `state_dir` (made, mode 0700:
+/// only the server's user may reach its executors' sockets).
+pub fn rendezvous_dir(state_dir: &std::path::Path) -> anyhow::Result<PathBuf> {
+    use anyhow::Context;
+    use std::os::unix::fs::DirBuilderExt;
+    let dir = state_dir.join(crate::seam::adoption::DIR);
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .with_context(|| format!("cannot make {}", dir.display()))?;
+    Ok(dir)
+}
+
+/// How the supervisor is asked to stop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// Everything stops: the executors finish their requests and end.
+    Full,
+    /// Only the supervisor: its executors and their jobs wait for the next one
+    /// (`--adopt-grace`).
+    Restart,
+    /// As `Restart`, and the supervisor execs its binary anew (which may have
+    /// been replaced), with its listening sockets (SIGUSR2).
+    Upgrade,
+}
+
+/// The supervisor's stop: SIGINT (Ctrl-C) stops everything; SIGTERM (what
+/// systemd, container runtimes and `kill` send, for a stop as for a restart)
+/// stops only the supervisor when `restartable` (its executors can be
+/// adopted), else everything; SIGUSR2, when `restartable`, upgrades in place.
+pub async fn stop_signal(restartable: bool) -> Stop {
+    let upgrade = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined2()) {
+            Ok(mut usr2) if restartable => {
+                usr2.recv().await;
+            }
+            _ => std::future::pending::<()>().await,
+        }
+    };
+    let ctrl_c = tokio::signal::ctrl_c();
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(err) => {
+            tracing::error!(cause = %err, "cannot watch SIGTERM; only Ctrl-C stops the server");
+            let _ = ctrl_c.await;
+            return Stop::Full;
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => {
+            tracing::info!("SIGINT received: stopping the server and every job");
+            Stop::Full
+        }
+        () = upgrade => {
+            tracing::info!("SIGUSR2 received: the supervisor execs its binary anew; executors and their jobs wait for it");
+            Stop::Upgrade
+        }
+        _ = term.recv() => {
+            if restartable {
+                tracing::info!("SIGTERM received: the supervisor stops; executors and their jobs wait for the next one");
+                Stop::Restart
+            } else {
+                tracing::info!("SIGTERM received");
+                Stop::Full
+            }
+        }
     }
 }
 

@@ -317,6 +317,13 @@ fn decode<T: StateDocument>(bytes: &[u8]) -> Result<T, String> {
     Ok(data.data)
 }
 
+/// Writes `bytes` to `file` atomically and durably, mode 0600 (a file of the
+/// state directory that is no [`StateDocument`]).
+pub fn write_private(file: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = file.parent().unwrap_or(Path::new("."));
+    write_atomically(dir, file, bytes)
+}
+
 /// Writes `bytes` to a temporary file in `dir`, fsyncs it, renames it over
 /// `file` and fsyncs `dir`, so the rename itself is durable.
 fn write_atomically(dir: &Path, file: &Path, bytes: &[u8]) -> std::io::Result<()> {

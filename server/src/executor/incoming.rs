@@ -30,16 +30,23 @@ impl Connected for Conn {
     fn connect_info(&self) {}
 }
 
+/// A connection for the executor to serve, as it arrives from a supervisor.
+pub enum Arrival {
+    /// A supervisor's relay connection (one per supervisor: a new one comes
+    /// with each adoption).
+    Relay(std::os::unix::net::UnixStream),
+    Handed(Handed),
+}
+
 /// Receives handed-over connections on `channel` (a thread of its own: the
 /// reads block) until the supervisor's end closes.
-pub fn handed_over(channel: OwnedFd) -> io::Result<mpsc::UnboundedReceiver<Handed>> {
-    let (tx, rx) = mpsc::unbounded_channel();
+pub fn handed_over(channel: OwnedFd, to: mpsc::UnboundedSender<Arrival>) -> io::Result<()> {
     std::thread::Builder::new()
         .name("salus-handover".into())
         .spawn(move || loop {
             match crate::seam::handover::recv(&channel) {
                 Ok(Some(conn)) => {
-                    if tx.send(conn).is_err() {
+                    if to.send(Arrival::Handed(conn)).is_err() {
                         break;
                     }
                 }
@@ -50,27 +57,30 @@ pub fn handed_over(channel: OwnedFd) -> io::Result<mpsc::UnboundedReceiver<Hande
                 }
             }
         })?;
-    Ok(rx)
+    Ok(())
 }
 
-/// The relay connection, then every handed-over connection as it comes.
+/// Every connection as it arrives (never ends: a supervisor that adopts this
+/// executor brings new ones).
 pub fn connections(
-    relay: UnixStream,
-    handed: mpsc::UnboundedReceiver<Handed>,
+    arrivals: mpsc::UnboundedReceiver<Arrival>,
 ) -> impl Stream<Item = io::Result<Conn>> + Send + 'static {
-    let clients = UnboundedReceiverStream::new(handed).map(|handed| {
-        let std = std::net::TcpStream::from(handed.conn);
-        std.set_nonblocking(true)?;
-        let _ = std.set_nodelay(true);
-        Ok(Conn::Client(Replayed::new(
-            handed.read_ahead,
-            TcpStream::from_std(std)?,
-            handed.settings_acked,
-        )))
-    });
-    tokio_stream::once(Ok(Conn::Relay(relay)))
-        .chain(tokio_stream::pending())
-        .merge(clients)
+    UnboundedReceiverStream::new(arrivals).map(|arrival| match arrival {
+        Arrival::Relay(relay) => {
+            relay.set_nonblocking(true)?;
+            Ok(Conn::Relay(UnixStream::from_std(relay)?))
+        }
+        Arrival::Handed(handed) => {
+            let std = std::net::TcpStream::from(handed.conn);
+            std.set_nonblocking(true)?;
+            let _ = std.set_nodelay(true);
+            Ok(Conn::Client(Replayed::new(
+                handed.read_ahead,
+                TcpStream::from_std(std)?,
+                handed.settings_acked,
+            )))
+        }
+    })
 }
 
 /// The supervisor keeps a copy of each handed-over socket (to end it if this

@@ -9,13 +9,14 @@
 //! privileges, its home as working directory) and takes its memory limit.
 
 pub mod incoming;
+pub mod rendezvous;
 
 use std::ffi::CString;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::Arc;
 
 use crate::config::Config;
-use crate::seam::client::SeamClient;
+use crate::seam::client::{SeamClient, WhenOrphaned};
 use crate::seam::msg;
 use crate::server::{Role, ServeError, Server};
 use crate::seam::contract::{env, H2_FD, HANDOVER_FD, SEAM_FD};
@@ -30,6 +31,7 @@ pub fn is_executor_invocation() -> bool {
 /// Becomes the tenant's user and takes the memory limit, as the supervisor
 /// asked in the environment. Must run before any other thread starts.
 pub fn drop_privileges() -> Result<(), String> {
+    rendezvous::take_ticket();
     if let Ok(bytes) = std::env::var(env::MEMORY) {
         let bytes: u64 = bytes
             .parse()
@@ -127,7 +129,7 @@ fn tenant_from_env() -> Result<Tenant, String> {
     })
 }
 
-fn socket_fd(fd: i32) -> Result<(), String> {
+pub(crate) fn socket_fd(fd: i32) -> Result<(), String> {
     // SAFETY: fstat on an fd number with a valid out-parameter.
     let mut stat: libc::stat = unsafe { std::mem::zeroed() };
     if unsafe { libc::fstat(fd, &mut stat) } != 0 || stat.st_mode & libc::S_IFMT != libc::S_IFSOCK {
@@ -171,15 +173,24 @@ pub async fn run(
             OwnedFd::from_raw_fd(HANDOVER_FD),
         )
     };
-    let seam = SeamClient::start(seam, || {
-        // The supervisor is gone, and with it the scheduler and admission:
-        // end at once, as the server did. Clients of handed-over connections
-        // see them close (as with a killed server), not answers from a
-        // process on its way out; exit handlers would let other threads
-        // answer meanwhile.
-        // SAFETY: _exit ends the process; nothing runs after it.
-        unsafe { libc::_exit(0) };
-    })
+    // The supervisor is gone, and with it the scheduler and admission. Where
+    // nothing can adopt this executor it ends at once, as the server did:
+    // clients of handed-over connections see them close (as with a killed
+    // server), not answers from a process on its way out; exit handlers would
+    // let other threads answer meanwhile.
+    // SAFETY: _exit ends the process; nothing runs after it.
+    let exit = || unsafe { libc::_exit(0) };
+    let rendezvous = rendezvous::listener().filter(|_| !config.adopt_grace.is_zero());
+    let seam = match &rendezvous {
+        Some(_) => SeamClient::start_orphanable(
+            seam,
+            WhenOrphaned::Wait {
+                grace: config.adopt_grace,
+                exit: Box::new(exit),
+            },
+        ),
+        None => SeamClient::start(seam, exit),
+    }
     .map_err(|e| format!("cannot read the seam: {e}"))?;
     let server = Server::start_as(
         config,
@@ -192,9 +203,13 @@ pub async fn run(
     .map_err(|e| e.to_string())?;
     let state = server.state().clone();
     seam.set_reporter(Box::new(move || state.executor_report()));
-    h2.set_nonblocking(true).map_err(|e| e.to_string())?;
-    let h2 = tokio::net::UnixStream::from_std(h2).map_err(|e| e.to_string())?;
-    let handed = incoming::handed_over(handover).map_err(|e| e.to_string())?;
+    let (arrivals, arriving) = tokio::sync::mpsc::unbounded_channel();
+    let _ = arrivals.send(incoming::Arrival::Relay(h2));
+    incoming::handed_over(handover, arrivals.clone()).map_err(|e| e.to_string())?;
+    if let Some((listener, ticket)) = rendezvous {
+        rendezvous::serve(listener, ticket, seam.clone(), arrivals)
+            .map_err(|e| format!("cannot serve the rendezvous: {e}"))?;
+    }
     // SAFETY: getuid cannot fail.
     let uid = unsafe { libc::getuid() };
     tracing::info!(tenant = %tenant, uid, "executor serving");
@@ -203,9 +218,10 @@ pub async fn run(
         pid: std::process::id(),
         uid,
         protocol: crate::seam::PROTOCOL,
+        adoption: None,
     }));
     server
-        .serve_executor(incoming::connections(h2, handed), tenant, shutdown)
+        .serve_executor(incoming::connections(arriving), tenant, shutdown)
         .await
         .map_err(|e: ServeError| e.to_string())
 }

@@ -20,6 +20,7 @@ use crate::sched::lanes::MemoryNeed;
 use crate::sched::{Hints, JobId, LaneId};
 use crate::seam::frame::{read_frame, write_frame};
 use crate::seam::hints_to_msg;
+use crate::seam::mirror::Mirror;
 use crate::seam::msg::{self, to_executor, to_supervisor};
 use crate::sync::lock;
 use crate::tf::TfError;
@@ -29,19 +30,53 @@ enum TurnOutcome {
     /// When the supervisor sent it (CLOCK_MONOTONIC ns).
     Go(u64),
     Dropped(String),
+    /// No supervisor adopted the executor in time: why.
+    Unavailable(String),
+}
+
+/// What the executor does when its supervisor is gone.
+pub enum WhenOrphaned {
+    /// Nothing can adopt it: this runs at once (it ends the process).
+    Exit(Box<dyn FnOnce() + Send>),
+    /// Wait up to `grace` for a new supervisor to adopt it (`SeamClient::adopt`),
+    /// holding every request that needs the supervisor; after that, fail them
+    /// with UNAVAILABLE and why, and run `exit` [`LINGER`] later, so those
+    /// answers reach the clients.
+    Wait {
+        grace: Duration,
+        exit: Box<dyn Fn() + Send + Sync>,
+    },
+}
+
+/// How long an executor that no supervisor adopted keeps answering its
+/// clients (with the reason) before it exits.
+pub const LINGER: Duration = Duration::from_secs(5);
+
+/// The seam's writing end and what crossed it.
+struct Outgoing {
+    /// None while no supervisor holds the other end.
+    stream: Option<UnixStream>,
+    mirror: Mirror,
+    /// Bumped at each adoption: a reader of an earlier stream that ends is stale.
+    generation: u64,
 }
 
 /// Builds the executor's report (its jobs and counters) for the admin API.
 pub type Reporter = Box<dyn Fn() -> msg::Report + Send + Sync>;
 
 pub struct SeamClient {
-    writer: Mutex<UnixStream>,
+    out: Mutex<Outgoing>,
     next_id: AtomicU64,
     turns: Mutex<HashMap<u64, mpsc::SyncSender<TurnOutcome>>>,
     answers: Mutex<HashMap<u64, mpsc::SyncSender<msg::Answer>>>,
     admissions: Mutex<HashMap<u64, oneshot::Sender<msg::Admitted>>>,
     openings: Mutex<HashMap<u64, oneshot::Sender<msg::Opened>>>,
     closed: AtomicBool,
+    /// The supervisor is gone and no new one has adopted this executor yet.
+    orphaned: AtomicBool,
+    when_orphaned: Mutex<Option<WhenOrphaned>>,
+    /// Why the executor stopped waiting for a supervisor (it is ending).
+    gave_up: OnceLock<String>,
     reporter: OnceLock<Reporter>,
     /// Recent answers to "is this job outranked?", by job: a job doing
     /// thousands of brief runs a second asks once per [`OUTRANKED_TTL`].
@@ -87,31 +122,56 @@ impl SeamClient {
         stream: UnixStream,
         on_close: impl FnOnce() + Send + 'static,
     ) -> std::io::Result<Arc<SeamClient>> {
-        Self::start_with(stream, on_close, OUTRANKED_TTL, OUTRANKED_STALE)
+        Self::start_with(
+            stream,
+            WhenOrphaned::Exit(Box::new(on_close)),
+            OUTRANKED_TTL,
+            OUTRANKED_STALE,
+        )
+    }
+
+    /// As [`SeamClient::start`], with what happens when the supervisor goes.
+    pub fn start_orphanable(
+        stream: UnixStream,
+        when_orphaned: WhenOrphaned,
+    ) -> std::io::Result<Arc<SeamClient>> {
+        Self::start_with(stream, when_orphaned, OUTRANKED_TTL, OUTRANKED_STALE)
     }
 
     fn start_with(
         stream: UnixStream,
-        on_close: impl FnOnce() + Send + 'static,
+        when_orphaned: WhenOrphaned,
         ranking_fresh: Duration,
         ranking_usable: Duration,
     ) -> std::io::Result<Arc<SeamClient>> {
         let reader = stream.try_clone()?;
         let client = Arc::new(SeamClient {
-            writer: Mutex::new(stream),
+            out: Mutex::new(Outgoing {
+                stream: Some(stream),
+                mirror: Mirror::default(),
+                generation: 0,
+            }),
             next_id: AtomicU64::new(1),
             turns: Mutex::new(HashMap::new()),
             answers: Mutex::new(HashMap::new()),
             admissions: Mutex::new(HashMap::new()),
             openings: Mutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
+            orphaned: AtomicBool::new(false),
+            when_orphaned: Mutex::new(Some(when_orphaned)),
+            gave_up: OnceLock::new(),
             reporter: OnceLock::new(),
             outranked: Mutex::new(HashMap::new()),
             refreshes: Mutex::new(HashMap::new()),
             ranking_fresh,
             ranking_usable,
         });
-        let weak = Arc::downgrade(&client);
+        client.spawn_reader(reader, 0)?;
+        Ok(client)
+    }
+
+    fn spawn_reader(self: &Arc<Self>, reader: UnixStream, generation: u64) -> std::io::Result<()> {
+        let weak = Arc::downgrade(self);
         std::thread::Builder::new()
             .name("salus-seam".into())
             .spawn(move || {
@@ -127,19 +187,140 @@ impl SeamClient {
                     };
                     client.dispatch(message);
                 };
+                if let Some(client) = weak.upgrade() {
+                    client.lost(generation, failed);
+                }
+            })?;
+        Ok(())
+    }
+
+    /// The supervisor's end of the stream of `generation` is gone.
+    fn lost(self: &Arc<Self>, generation: u64, failed: Option<std::io::Error>) {
+        {
+            let mut out = lock(&self.out);
+            if out.generation != generation {
+                return;
+            }
+            out.stream = None;
+        }
+        let when = lock(&self.when_orphaned).take();
+        match when {
+            Some(WhenOrphaned::Wait { grace, exit }) => {
+                self.orphaned.store(true, Ordering::SeqCst);
+                let (opening, admitting, wanted) = lock(&self.out).mirror.waiting();
+                tracing::warn!(
+                    grace_s = grace.as_secs_f64(),
+                    opening,
+                    admitting,
+                    wanted,
+                    "the supervisor is gone: holding every request that needs it until a new one adopts this executor"
+                );
+                let client = self.clone();
+                let _ = std::thread::Builder::new()
+                    .name("salus-orphan".into())
+                    .spawn(move || {
+                        let until = Instant::now() + grace;
+                        while Instant::now() < until {
+                            if lock(&client.out).generation != generation {
+                                break;
+                            }
+                            std::thread::sleep(Duration::from_millis(100).min(until - Instant::now()));
+                        }
+                        if lock(&client.out).generation == generation {
+                            client.give_up(format!(
+                                "the salus-server supervisor went away and no new one adopted this executor \
+                                 within --adopt-grace ({} s): its jobs end",
+                                grace.as_secs()
+                            ));
+                            std::thread::sleep(LINGER);
+                            exit();
+                        } else {
+                            // Adopted: the next orphaning waits again.
+                            *lock(&client.when_orphaned) = Some(WhenOrphaned::Wait { grace, exit });
+                        }
+                    });
+            }
+            other => {
                 // `on_close` first: in an executor it ends the process before
                 // any waiter, woken by `close`, could answer a client, and
                 // before anything is logged (the supervisor that would copy
                 // the log is gone with the seam).
-                on_close();
+                if let Some(WhenOrphaned::Exit(on_close)) = other {
+                    on_close();
+                }
                 if let Some(err) = failed {
                     tracing::error!(cause = %err, "the seam to the supervisor failed");
                 }
-                if let Some(client) = weak.upgrade() {
-                    client.close();
-                }
-            })?;
-        Ok(client)
+                self.close();
+            }
+        }
+    }
+
+    /// No supervisor will come: every waiter fails with UNAVAILABLE and why.
+    fn give_up(&self, why: String) {
+        tracing::error!("{why}");
+        let _ = self.gave_up.set(why.clone());
+        self.closed.store(true, Ordering::SeqCst);
+        self.orphaned.store(false, Ordering::SeqCst);
+        for (_, tx) in lock(&self.turns).drain() {
+            let _ = tx.send(TurnOutcome::Unavailable(why.clone()));
+        }
+        let refusal = || msg::AdmitError {
+            code: salus_proto::tensorflow::error::Code::Unavailable as i32,
+            message: why.clone(),
+        };
+        for (id, tx) in lock(&self.admissions).drain() {
+            let _ = tx.send(msg::Admitted {
+                id,
+                outcome: Some(msg::admitted::Outcome::Error(refusal())),
+            });
+        }
+        for (id, tx) in lock(&self.openings).drain() {
+            let _ = tx.send(msg::Opened {
+                id,
+                error: Some(refusal()),
+            });
+        }
+        lock(&self.answers).clear();
+        lock(&self.refreshes).clear();
+    }
+
+    /// Whether the supervisor is gone and this executor waits to be adopted.
+    pub fn is_orphaned(&self) -> bool {
+        self.orphaned.load(Ordering::SeqCst)
+    }
+
+    /// A new supervisor adopts this orphaned executor over `stream`: `hello`
+    /// first, then what the old supervisor knew of it, then `Replayed`; from
+    /// then on the seam runs over `stream`. Held requests get their answers
+    /// from the new supervisor.
+    pub fn adopt(self: &Arc<Self>, stream: UnixStream, hello: msg::Hello) -> std::io::Result<()> {
+        let reader = stream.try_clone()?;
+        let generation = {
+            let mut out = lock(&self.out);
+            if !self.is_orphaned() || out.stream.is_some() {
+                return Err(std::io::Error::other(
+                    "this executor has a supervisor, or gave up waiting for one",
+                ));
+            }
+            let mut stream = stream;
+            let frame = |m| msg::ToSupervisor { msg: Some(m) };
+            write_frame(&mut stream, &frame(to_supervisor::Msg::Hello(hello)))?;
+            for message in out.mirror.replay() {
+                write_frame(&mut stream, &frame(message))?;
+            }
+            write_frame(
+                &mut stream,
+                &frame(to_supervisor::Msg::Replayed(msg::Replayed {})),
+            )?;
+            out.stream = Some(stream);
+            out.generation += 1;
+            self.orphaned.store(false, Ordering::SeqCst);
+            out.generation
+        };
+        // Rankings the old supervisor gave are stale.
+        lock(&self.outranked).clear();
+        self.spawn_reader(reader, generation)
     }
 
     /// Sets what answers the supervisor's report requests (once the
@@ -149,6 +330,9 @@ impl SeamClient {
     }
 
     fn dispatch(self: &Arc<Self>, message: msg::ToExecutor) {
+        if let Some(m) = &message.msg {
+            lock(&self.out).mirror.received(m);
+        }
         match message.msg {
             Some(to_executor::Msg::Go(go)) => {
                 if let Some(tx) = lock(&self.turns).remove(&go.turn) {
@@ -212,14 +396,28 @@ impl SeamClient {
         self.closed.load(Ordering::SeqCst)
     }
 
-    /// Sends one message; a closed seam drops it (the process is ending).
+    /// Sends one message; with no supervisor it is only remembered (a new
+    /// supervisor learns the state it leaves), and a closed seam drops it (the
+    /// process is ending).
     pub fn send(&self, message: to_supervisor::Msg) {
+        let mut out = lock(&self.out);
+        out.mirror.sent(&message);
+        let Some(stream) = out.stream.as_mut() else {
+            return;
+        };
         let frame = msg::ToSupervisor { msg: Some(message) };
-        let mut writer = lock(&self.writer);
-        if let Err(err) = write_frame(&mut *writer, &frame) {
-            if !self.closed.swap(true, Ordering::SeqCst) {
-                tracing::error!(cause = %err, "cannot write to the supervisor");
-            }
+        if let Err(err) = write_frame(stream, &frame) {
+            // The reader sees the end too, and decides what follows.
+            out.stream = None;
+            tracing::debug!(cause = %err, "cannot write to the supervisor");
+        }
+    }
+
+    /// The error of a request that needs the supervisor once none will come.
+    fn gone(&self) -> Error {
+        match self.gave_up.get() {
+            Some(why) => Error::Unavailable(why.clone()),
+            None => Error::ShuttingDown,
         }
     }
 
@@ -231,7 +429,7 @@ impl SeamClient {
     /// it with [`SeamClient::take_turn`], or give it up with [`SeamClient::cancel`].
     pub fn want(&self, job: JobId, deadline: Option<Instant>) -> Result<WantedTurn> {
         if self.is_closed() {
-            return Err(Error::ShuttingDown);
+            return Err(self.gone());
         }
         let turn = self.next_id();
         let (tx, rx) = mpsc::sync_channel(1);
@@ -245,6 +443,7 @@ impl SeamClient {
             turn,
             job: job.0,
             deadline_ms,
+            running: false,
         }));
         Ok(WantedTurn { turn, rx })
     }
@@ -268,7 +467,8 @@ impl SeamClient {
                 go_delay_ns: crate::seam::mono_ns().saturating_sub(sent),
             }),
             Ok(TurnOutcome::Dropped(reason)) => Err(Error::IterationDropped(reason)),
-            Err(_) if self.is_closed() => Err(Error::ShuttingDown),
+            Ok(TurnOutcome::Unavailable(why)) => Err(Error::Unavailable(why)),
+            Err(_) if self.is_closed() => Err(self.gone()),
             Err(_) => Err(Error::IterationDropped(
                 "the iteration was given up before it ran: its client left".into(),
             )),
@@ -301,7 +501,7 @@ impl SeamClient {
 
     /// Asks for `job`'s ranking without waiting: the answer updates the cache.
     fn refresh_ranking(&self, job: JobId) {
-        if self.is_closed() {
+        if self.is_closed() || self.is_orphaned() {
             return;
         }
         if let Some(ranking) = lock(&self.outranked).get_mut(&job) {
@@ -339,7 +539,8 @@ impl SeamClient {
     }
 
     fn query(&self, what: msg::query::What) -> Option<msg::Answer> {
-        if self.is_closed() {
+        // With no supervisor the executor decides alone at once.
+        if self.is_closed() || self.is_orphaned() {
             return None;
         }
         let id = self.next_id();
@@ -357,7 +558,7 @@ impl SeamClient {
     /// A job opens; the supervisor refuses one beyond the tenant's max-jobs.
     pub async fn open_job(&self, job: JobId, name: &str, eager: bool) -> Result<()> {
         if self.is_closed() {
-            return Err(Error::ShuttingDown);
+            return Err(self.gone());
         }
         let id = self.next_id();
         let (tx, rx) = oneshot::channel();
@@ -368,7 +569,7 @@ impl SeamClient {
             eager,
             id,
         }));
-        let opened = rx.await.map_err(|_| Error::ShuttingDown)?;
+        let opened = rx.await.map_err(|_| self.gone())?;
         match opened.error {
             None => Ok(()),
             Some(err) => Err(Error::Tensorflow(TfError::new(err.code, err.message))),
@@ -384,7 +585,7 @@ impl SeamClient {
         hints: &Hints,
     ) -> Result<LaneId> {
         if self.is_closed() {
-            return Err(Error::ShuttingDown);
+            return Err(self.gone());
         }
         let id = self.next_id();
         let (tx, rx) = oneshot::channel();
@@ -396,8 +597,9 @@ impl SeamClient {
             ephemeral: need.ephemeral,
             pinned_lane: pinned.map(|l| l.0),
             hints: Some(hints_to_msg(hints)),
+            held: false,
         }));
-        let admitted = rx.await.map_err(|_| Error::ShuttingDown)?;
+        let admitted = rx.await.map_err(|_| self.gone())?;
         match admitted.outcome {
             Some(msg::admitted::Outcome::Lane(lane)) => Ok(LaneId(lane)),
             Some(msg::admitted::Outcome::Error(err)) => {
@@ -480,7 +682,8 @@ mod tests {
         // the clock is aged back by those, so they must stay short of uptime).
         let fresh = Duration::from_secs(20);
         let usable = 2 * fresh;
-        let client = SeamClient::start_with(ours, || {}, fresh, usable).unwrap();
+        let client =
+            SeamClient::start_with(ours, WhenOrphaned::Exit(Box::new(|| {})), fresh, usable).unwrap();
         let job = JobId(7);
 
         // No answer yet: asked and waited for.

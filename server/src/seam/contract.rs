@@ -22,6 +22,11 @@ pub mod env {
     /// How this tenant's previous executor died, when it did: what the
     /// tenant's calls naming its lost sessions and contexts are told.
     pub const PREDECESSOR: &str = "SALUS_EXECUTOR_PREDECESSOR";
+    /// The secret that proves this executor to a supervisor that adopts it
+    /// (`seam::adoption`); read and removed from the environment first thing.
+    pub const ADOPT_SECRET: &str = "SALUS_EXECUTOR_ADOPT_SECRET";
+    /// The serial of the executor's record in the state directory.
+    pub const SERIAL: &str = "SALUS_EXECUTOR_SERIAL";
 }
 
 /// Environment variables an executor inherits (besides its own `SALUS_EXECUTOR_*`).
@@ -41,3 +46,6 @@ pub const PASSED_ENV_PREFIXES: [&str; 11] = [
 pub const H2_FD: i32 = 3;
 pub const SEAM_FD: i32 = 4;
 pub const HANDOVER_FD: i32 = 5;
+/// The listening socket of the executor's rendezvous (`seam::adoption`): a new
+/// supervisor connects to it once the one that started the executor is gone.
+pub const ADOPT_FD: i32 = 6;

@@ -56,6 +56,7 @@ mod tests {
                 turn: 7,
                 job: 1 << 40,
                 deadline_ms: 0,
+                running: false,
             })),
         };
         let done = ToSupervisor {

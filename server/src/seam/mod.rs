@@ -9,7 +9,9 @@
 pub mod client;
 pub mod contract;
 pub mod frame;
+pub mod adoption;
 pub mod handover;
+pub mod mirror;
 pub mod replayed;
 pub mod rows;
 
@@ -18,7 +20,7 @@ pub use salus_proto::salus::seam::v1 as msg;
 /// The seam's protocol, in every executor's `Hello`: the supervisor refuses an
 /// executor that speaks another (bump it with any change to seam.proto's
 /// messages or their meaning).
-pub const PROTOCOL: u32 = 2;
+pub const PROTOCOL: u32 = 3;
 
 use crate::sched::Hints;
 

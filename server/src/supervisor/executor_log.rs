@@ -104,7 +104,7 @@ impl LogBudget {
 /// its own) and keeps the last lines in `last`; TensorFlow's INFO noise is
 /// left out unless `verbose`. The returned channel hears when it ended.
 pub fn forward_stderr(
-    stderr: std::process::ChildStderr,
+    stderr: impl std::io::Read + Send + 'static,
     label: String,
     last: Arc<Mutex<VecDeque<String>>>,
     verbose: bool,

@@ -43,7 +43,8 @@ use super::checkpoint_dir::checkpoint_subdir;
 use super::checkpoint_dir::prepare_checkpoint_dir;
 use super::death::death_message;
 pub use super::death::DeathNote;
-use crate::seam::contract::{env, H2_FD, HANDOVER_FD, SEAM_FD};
+use crate::seam::adoption::ExecutorRecord;
+use crate::seam::contract::{env, ADOPT_FD, H2_FD, HANDOVER_FD, SEAM_FD};
 use crate::seam::contract::{PASSED_ENV, PASSED_ENV_PREFIXES};
 
 /// How executors are started.
@@ -72,6 +73,10 @@ pub struct ExecutorSpec {
     /// `--executor-log-rate`: bytes per second of each executor's output
     /// copied into the server's log; `None`: all of it.
     pub log_rate: Option<u64>,
+    /// The rendezvous folder in the state directory (`seam::adoption`), where
+    /// executors can be found by the next supervisor; None: they end with
+    /// this one (`--adopt-grace 0`).
+    pub rendezvous: Option<PathBuf>,
 }
 
 /// One running executor.
@@ -80,13 +85,15 @@ pub struct ExecutorHandle {
     pub pid: u32,
     pub sender: SendRequest<RelayRequestBody>,
     /// Where client connections are handed to the executor.
-    handover: Arc<OwnedFd>,
+    pub(super) handover: Arc<OwnedFd>,
     /// Copies of the connections handed over, to end them if it dies.
-    handed: Arc<HandedConnections>,
+    pub(super) handed: Arc<HandedConnections>,
     pub link: Arc<Link>,
     pub death: Arc<DeathNote>,
-    in_flight: AtomicUsize,
-    last_active: Mutex<Instant>,
+    pub(super) in_flight: AtomicUsize,
+    pub(super) last_active: Mutex<Instant>,
+    /// The release of the binary it runs (an adopted executor may run the previous one).
+    pub release: String,
 }
 
 impl ExecutorHandle {
@@ -186,8 +193,8 @@ pub struct HandoverFailed {
 }
 
 #[derive(Default)]
-struct Slot {
-    cell: tokio::sync::OnceCell<Arc<ExecutorHandle>>,
+pub(super) struct Slot {
+    pub(super) cell: tokio::sync::OnceCell<Arc<ExecutorHandle>>,
 }
 
 /// Counters for the admin API and /metrics.
@@ -198,14 +205,14 @@ pub struct ExecutorCounts {
 }
 
 pub struct Executors {
-    spec: ExecutorSpec,
-    executor: Executor,
-    admission: Option<Admission>,
-    runtime: tokio::runtime::Handle,
-    slots: Mutex<HashMap<TenantKey, Arc<Slot>>>,
+    pub(super) spec: ExecutorSpec,
+    pub(super) executor: Executor,
+    pub(super) admission: Option<Admission>,
+    pub(super) runtime: tokio::runtime::Handle,
+    pub(super) slots: Mutex<HashMap<TenantKey, Arc<Slot>>>,
     /// How each tenant's last executor died, when it failed, until a successor starts.
     deaths: Mutex<HashMap<TenantKey, String>>,
-    serial: AtomicU64,
+    pub(super) serial: AtomicU64,
     /// Set at shutdown: no new executors.
     closing: std::sync::atomic::AtomicBool,
     /// Executors killed on purpose ([`Self::stop_tenant`]) and why, until reaped.
@@ -215,9 +222,9 @@ pub struct Executors {
 
 /// Longest wait to pass a connection to an executor (it reads them on a
 /// thread of its own; one that does not is stuck, and the call is relayed).
-const HANDOVER_TIMEOUT: Duration = Duration::from_secs(5);
+pub(super) const HANDOVER_TIMEOUT: Duration = Duration::from_secs(5);
 
-fn set_send_timeout(socket: &OwnedFd, limit: Duration) -> std::io::Result<()> {
+pub(super) fn set_send_timeout(socket: &OwnedFd, limit: Duration) -> std::io::Result<()> {
     let tv = libc::timeval {
         tv_sec: limit.as_secs() as libc::time_t,
         tv_usec: limit.subsec_micros() as libc::suseconds_t,
@@ -319,6 +326,13 @@ impl Executors {
         ))
     }
 
+    /// Whether executor `pid` still serves its tenant here.
+    pub(super) fn holds(&self, pid: u32) -> bool {
+        lock(&self.slots)
+            .values()
+            .any(|s| s.cell.get().is_some_and(|h| h.pid == pid))
+    }
+
     fn forget_slot(&self, key: &TenantKey, slot: &Arc<Slot>) {
         let mut slots = lock(&self.slots);
         if slots.get(key).is_some_and(|s| Arc::ptr_eq(s, slot)) {
@@ -386,6 +400,10 @@ impl Executors {
             crate::seam::handover::pair().map_err(|e| format!("cannot make a socketpair: {e}"))?;
         set_send_timeout(&handover_ours, HANDOVER_TIMEOUT)
             .map_err(|e| format!("socket setup failed: {e}"))?;
+        let rendezvous = match &self.spec.rendezvous {
+            Some(dir) => Some(rendezvous_socket(dir, serial)?),
+            None => None,
+        };
         let mut command = Command::new(&self.spec.exe);
         // The tenant can read its executor's environment: it gets only what
         // configures the server and TensorFlow, not the operator's other variables.
@@ -405,14 +423,7 @@ impl Executors {
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .env(env::TENANT_NAME, &tenant.name)
-            .env(
-                env::TENANT_KEY,
-                match &tenant.key {
-                    TenantKey::Anonymous => "anonymous".to_string(),
-                    TenantKey::Uid(uid) => format!("uid:{uid}"),
-                    TenantKey::Named(name) => format!("name:{name}"),
-                },
-            )
+            .env(env::TENANT_KEY, tenant_key_text(&tenant.key))
             .env(env::JOB_BASE, job_ids(serial).start.to_string());
         if let Some(base) = &checkpoint_base {
             command.env(env::CHECKPOINT_BASE, base);
@@ -425,6 +436,11 @@ impl Executors {
         }
         if let Some(note) = lock(&self.deaths).remove(&tenant.key) {
             command.env(env::PREDECESSOR, note);
+        }
+        if let Some((_, secret)) = &rendezvous {
+            command
+                .env(env::ADOPT_SECRET, secret)
+                .env(env::SERIAL, serial.to_string());
         }
         let uid = match &credentials {
             Some((account, groups)) => {
@@ -447,9 +463,19 @@ impl Executors {
         let h2_fd = h2_theirs.as_raw_fd();
         let seam_fd = seam_theirs.as_raw_fd();
         let handover_fd = handover_theirs.as_raw_fd();
-        // SAFETY: only async-signal-safe calls (fcntl, dup2) between fork and exec.
+        let adopt_fd = rendezvous.as_ref().map(|(l, _)| l.as_raw_fd());
+        // SAFETY: only async-signal-safe calls (setsid, fcntl, dup2) between fork and exec.
         unsafe {
             command.pre_exec(move || {
+                // A session of its own: a terminal's Ctrl-C or hangup reaches the
+                // supervisor, which decides what its executors do.
+                libc::setsid();
+                if let Some(fd) = adopt_fd {
+                    let moved = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10);
+                    if moved < 0 || libc::dup2(moved, ADOPT_FD) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
                 // Out of the way first, so neither target fd clobbers the other.
                 let h2 = libc::fcntl(h2_fd, libc::F_DUPFD_CLOEXEC, 10);
                 let seam = libc::fcntl(seam_fd, libc::F_DUPFD_CLOEXEC, 10);
@@ -474,6 +500,21 @@ impl Executors {
         drop(seam_theirs);
         drop(handover_theirs);
         let pid = child.id();
+        if let (Some(dir), Some((listener, secret))) = (&self.spec.rendezvous, rendezvous) {
+            drop(listener);
+            let record = ExecutorRecord {
+                serial,
+                pid,
+                uid,
+                tenant_key: tenant_key_text(&tenant.key),
+                tenant_name: tenant.name.clone(),
+                secret,
+                release: env!("CARGO_PKG_VERSION").into(),
+            };
+            if let Err(err) = record.save(dir) {
+                tracing::warn!(tenant = %tenant, pid, cause = %err, "cannot write the executor's record: a restarted server will not adopt it");
+            }
+        }
         let label = format!("{}:{pid}", tenant.name);
         let last_lines = Arc::new(Mutex::new(VecDeque::new()));
         let stderr_ended = child.stderr.take().map(|stderr| {
@@ -506,10 +547,14 @@ impl Executors {
             let tenant = tenant.clone();
             let executors = Arc::downgrade(self);
             let handed = handed.clone();
+            let record_dir = self.spec.rendezvous.clone();
             std::thread::Builder::new()
                 .name(format!("salus-reap-{pid}"))
                 .spawn(move || {
                     let status = child.wait();
+                    if let Some(dir) = &record_dir {
+                        ExecutorRecord::remove(dir, serial);
+                    }
                     let clean = status.as_ref().is_ok_and(|s| s.success());
                     // The last lines explain the death: wait until they are read.
                     if let Some(ended) = stderr_ended {
@@ -559,21 +604,7 @@ impl Executors {
                 "the executor process for tenant {tenant} did not start: {why}"
             ));
         }
-        h2_ours
-            .set_nonblocking(true)
-            .map_err(|e| format!("socket setup failed: {e}"))?;
-        let io = tokio::net::UnixStream::from_std(h2_ours)
-            .map_err(|e| format!("socket setup failed: {e}"))?;
-        let (sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-            .initial_stream_window_size(crate::http2::H2_STREAM_WINDOW)
-            .initial_connection_window_size(crate::http2::H2_CONNECTION_WINDOW)
-            .max_frame_size(1 << 20)
-            .handshake(TokioIo::new(io))
-            .await
-            .map_err(|e| format!("cannot talk to the executor of tenant {tenant}: {e}"))?;
-        tokio::spawn(async move {
-            let _ = connection.await;
-        });
+        let sender = relay_sender(h2_ours, &tenant).await?;
         self.counts.started.fetch_add(1, Ordering::Relaxed);
         let started_in = began.elapsed();
         tracing::info!(tenant = %tenant, pid, uid, started_ms = started_in.as_millis() as u64, "executor started");
@@ -587,12 +618,13 @@ impl Executors {
             death,
             in_flight: AtomicUsize::new(0),
             last_active: Mutex::new(Instant::now()),
+            release: env!("CARGO_PKG_VERSION").into(),
         }))
     }
 
     /// Books an ended executor; returns what its clients are told, if it did
     /// not stop cleanly.
-    fn reaped(&self, tenant: &Arc<Tenant>, pid: u32, clean: bool, message: &str) -> Option<String> {
+    pub(super) fn reaped(&self, tenant: &Arc<Tenant>, pid: u32, clean: bool, message: &str) -> Option<String> {
         let stopped_because = lock(&self.killed).remove(&pid);
         let mut slots = lock(&self.slots);
         let ours = slots
@@ -721,9 +753,58 @@ impl Executors {
     }
 }
 
+/// The HTTP/2 client of an executor's relay socket (its connection driven on
+/// a task of its own).
+pub(super) async fn relay_sender(
+    h2_ours: UnixStream,
+    tenant: &Tenant,
+) -> Result<SendRequest<RelayRequestBody>, String> {
+    h2_ours
+        .set_nonblocking(true)
+        .map_err(|e| format!("socket setup failed: {e}"))?;
+    let io = tokio::net::UnixStream::from_std(h2_ours)
+        .map_err(|e| format!("socket setup failed: {e}"))?;
+    let (sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .initial_stream_window_size(crate::http2::H2_STREAM_WINDOW)
+        .initial_connection_window_size(crate::http2::H2_CONNECTION_WINDOW)
+        .max_frame_size(1 << 20)
+        .handshake(TokioIo::new(io))
+        .await
+        .map_err(|e| format!("cannot talk to the executor of tenant {tenant}: {e}"))?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(sender)
+}
+
+/// `uid:N`, `name:NAME` or `anonymous`: a tenant key as the executor's
+/// environment and its record in the state directory spell it.
+pub(super) fn tenant_key_text(key: &TenantKey) -> String {
+    match key {
+        TenantKey::Anonymous => "anonymous".to_string(),
+        TenantKey::Uid(uid) => format!("uid:{uid}"),
+        TenantKey::Named(name) => format!("name:{name}"),
+    }
+}
+
+/// The socket of executor `serial`'s rendezvous, bound in `dir` but not yet
+/// listening, and its secret. The executor calls listen(2) itself, after it
+/// became its tenant's user: a peer's credentials (`SO_PEERCRED`) are those of
+/// the process that listened, so the next supervisor sees the executor's pid
+/// and uid on it, not this process's.
+fn rendezvous_socket(dir: &std::path::Path, serial: u64) -> Result<(OwnedFd, String), String> {
+    let path = ExecutorRecord::socket_path(dir, serial);
+    let _ = std::fs::remove_file(&path);
+    let socket = crate::seam::adoption::bound_socket(&path)
+        .map_err(|e| format!("cannot bind the executor's rendezvous {}: {e}", path.display()))?;
+    let secret = crate::seam::adoption::new_secret()
+        .map_err(|e| format!("cannot make the executor's secret: {e}"))?;
+    Ok((socket, secret))
+}
+
 /// The job ids of the executor with this serial number (it numbers its jobs
 /// from the start of the range, `SALUS_EXECUTOR_JOB_BASE`).
-fn job_ids(serial: u64) -> std::ops::Range<u64> {
+pub(super) fn job_ids(serial: u64) -> std::ops::Range<u64> {
     serial << 32..(serial + 1) << 32
 }
 
@@ -783,6 +864,7 @@ mod tests {
             pid: 1,
             uid: 0,
             protocol,
+            adoption: None,
         };
         assert!(compatible(&hello(env!("CARGO_PKG_VERSION"), crate::seam::PROTOCOL)).is_ok());
         let why = compatible(&hello(env!("CARGO_PKG_VERSION"), 1)).unwrap_err();

@@ -47,6 +47,11 @@ pub struct Link {
     running: Mutex<HashMap<u64, mpsc::SyncSender<()>>>,
     /// Wanted iterations whose requester left before their go-ahead.
     cancelled: Mutex<HashSet<u64>>,
+    /// Iterations an adopted executor was running at its adoption (their
+    /// go-ahead came from the old supervisor), and those of them whose Done
+    /// came before the core picked them.
+    adopted_running: Mutex<HashSet<u64>>,
+    done_early: Mutex<HashSet<u64>>,
     /// The executor's jobs the core knows.
     jobs: Mutex<HashSet<JobId>>,
     reservations: Mutex<HashMap<JobId, LaneReservation>>,
@@ -88,6 +93,8 @@ impl Link {
             runtime,
             running: Mutex::new(HashMap::new()),
             cancelled: Mutex::new(HashSet::new()),
+            adopted_running: Mutex::new(HashSet::new()),
+            done_early: Mutex::new(HashSet::new()),
             jobs: Mutex::new(HashSet::new()),
             reservations: Mutex::new(HashMap::new()),
             reports: Mutex::new(HashMap::new()),
@@ -209,9 +216,15 @@ impl Link {
             to_supervisor::Msg::AddJob(add) => {
                 let job = JobId(add.job);
                 lock(&self.jobs).insert(job);
+                // The lane this supervisor's admission gave the job, if it
+                // holds memory, whatever the executor says (after an adoption
+                // the lanes are this admission's).
+                let lane = lock(&self.reservations)
+                    .get(&job)
+                    .map_or(LaneId(add.lane), LaneReservation::lane);
                 if let Err(err) =
                     self.executor
-                        .add_job(job, LaneId(add.lane), hints_from_msg(add.hints))
+                        .add_job(job, lane, hints_from_msg(add.hints))
                 {
                     tracing::warn!(job = add.job, cause = %err, "an executor's job could not join the scheduler");
                 }
@@ -236,7 +249,14 @@ impl Link {
                             message: err.to_string(),
                         }
                     });
-                self.send(to_executor::Msg::Opened(msg::Opened { id: open.id, error }));
+                if open.id == 0 {
+                    // An adopted executor's job, open already: no one waits.
+                    if let Some(err) = error {
+                        tracing::warn!(tenant = %self.owner, job = open.job, "an adopted job was refused: {}", err.message);
+                    }
+                } else {
+                    self.send(to_executor::Msg::Opened(msg::Opened { id: open.id, error }));
+                }
             }
             to_supervisor::Msg::RemoveJob(remove) => {
                 let end = RunEnd::from_name(&remove.end).unwrap_or(RunEnd::Cancelled);
@@ -248,11 +268,15 @@ impl Link {
             to_supervisor::Msg::Want(want) => {
                 let deadline = (want.deadline_ms > 0)
                     .then(|| Instant::now() + Duration::from_millis(want.deadline_ms));
+                if want.running {
+                    lock(&self.adopted_running).insert(want.turn);
+                }
                 let iteration = Box::new(Turn {
                     link: self.clone(),
                     turn: want.turn,
                     job: JobId(want.job),
                     ran: false,
+                    running_already: want.running,
                 });
                 // On refusal the iteration is dropped, which tells the executor.
                 let _ = self
@@ -263,8 +287,12 @@ impl Link {
                 if done.go_delay_ns > 0 {
                     self.executor.record_handover(done.go_delay_ns);
                 }
-                if let Some(tx) = lock(&self.running).remove(&done.turn) {
+                let mut running = lock(&self.running);
+                if let Some(tx) = running.remove(&done.turn) {
                     let _ = tx.send(());
+                } else if lock(&self.adopted_running).remove(&done.turn) {
+                    // Ended before the core picked it: its lane need not wait.
+                    lock(&self.done_early).insert(done.turn);
                 }
             }
             to_supervisor::Msg::CheapRun(run) => {
@@ -299,6 +327,7 @@ impl Link {
                 };
                 self.send(to_executor::Msg::Answer(answer));
             }
+            to_supervisor::Msg::Admit(admit) if admit.held => self.restore_admission(admit),
             to_supervisor::Msg::Admit(admit) => self.admit(admit),
             to_supervisor::Msg::Withdraw(withdraw) => {
                 if let Some(admission) = &self.admission {
@@ -315,6 +344,9 @@ impl Link {
             }
             to_supervisor::Msg::Cancel(cancel) => {
                 lock(&self.cancelled).insert(cancel.turn);
+            }
+            to_supervisor::Msg::Replayed(_) => {
+                tracing::info!(tenant = %self.owner, jobs = self.open_jobs(), "an adopted executor's jobs are scheduled here now");
             }
             to_supervisor::Msg::Drained(_) => {
                 self.drained.send_replace(true);
@@ -367,6 +399,36 @@ impl Link {
                 outcome: Some(outcome),
             }));
         });
+    }
+
+    /// An adopted executor's job holds memory the old supervisor admitted:
+    /// this admission takes it back at once (on its lane where lanes are
+    /// fixed), before any new job is served, so it fits as it did.
+    fn restore_admission(&self, admit: msg::Admit) {
+        let Some(admission) = self.admission.clone() else {
+            return;
+        };
+        let job = JobId(admit.job);
+        let need = MemoryNeed {
+            persistent: admit.persistent,
+            ephemeral: admit.ephemeral,
+        };
+        let restored = self.runtime.block_on(tokio::time::timeout(
+            RESTORE_TIMEOUT,
+            admission.admit(job, need, admit.pinned_lane.map(LaneId), hints_from_msg(admit.hints)),
+        ));
+        match restored {
+            Ok(Ok(reservation)) => {
+                lock(&self.reservations).insert(job, reservation);
+            }
+            Ok(Err(err)) => {
+                tracing::warn!(tenant = %self.owner, job = admit.job, cause = %err, "an adopted job's memory could not be restored")
+            }
+            Err(_) => {
+                admission.withdraw(job);
+                tracing::warn!(tenant = %self.owner, job = admit.job, "an adopted job's memory could not be restored in time (the device is fuller than before the restart)")
+            }
+        }
     }
 
     /// A job left: out of the scheduler, its waiting admission withdrawn, its memory back.
@@ -430,6 +492,7 @@ fn named_job(message: &to_supervisor::Msg) -> Option<u64> {
             ..
         }) => Some(*job),
         Msg::Query(_)
+        | Msg::Replayed(_)
         | Msg::Hello(_)
         | Msg::Done(_)
         | Msg::Cancel(_)
@@ -438,12 +501,17 @@ fn named_job(message: &to_supervisor::Msg) -> Option<u64> {
     }
 }
 
+/// How long an adopted job's memory may take to be restored.
+const RESTORE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// One wanted iteration, queued in the core.
 struct Turn {
     link: Arc<Link>,
     turn: u64,
     job: JobId,
     ran: bool,
+    /// An adopted executor runs it already: no Go, only the wait for Done.
+    running_already: bool,
 }
 
 impl RemoteIteration for Turn {
@@ -454,11 +522,19 @@ impl RemoteIteration for Turn {
     fn run(mut self: Box<Self>) {
         self.ran = true;
         let (tx, rx) = mpsc::sync_channel(1);
-        lock(&self.link.running).insert(self.turn, tx);
-        self.link.send(to_executor::Msg::Go(msg::Go {
-            turn: self.turn,
-            sent_mono_ns: crate::seam::mono_ns(),
-        }));
+        {
+            let mut running = lock(&self.link.running);
+            if self.running_already && lock(&self.link.done_early).remove(&self.turn) {
+                return;
+            }
+            running.insert(self.turn, tx);
+        }
+        if !self.running_already {
+            self.link.send(to_executor::Msg::Go(msg::Go {
+                turn: self.turn,
+                sent_mono_ns: crate::seam::mono_ns(),
+            }));
+        }
         // Done, or the executor's death (which drops the sender), or the
         // hold limit.
         let Some(limit) = self.link.hold_limit else {
@@ -486,7 +562,11 @@ impl Drop for Turn {
         if lock(&self.link.cancelled).remove(&self.turn) {
             return; // the executor gave it up itself
         }
-        if !self.ran {
+        if self.running_already {
+            lock(&self.link.adopted_running).remove(&self.turn);
+            lock(&self.link.done_early).remove(&self.turn);
+        }
+        if !self.ran && !self.running_already {
             self.link.send(to_executor::Msg::Dropped(msg::Dropped {
                 turn: self.turn,
                 reason: "the iteration was dropped before it ran: its session closed, its \
@@ -556,6 +636,7 @@ mod tests {
                 turn: 1,
                 job: victim.0,
                 deadline_ms: 0,
+                running: false,
             }),
         );
         match answer(&mut reading) {
