@@ -20,7 +20,9 @@ UNITS = Path(__file__).resolve().parent.parent / "deploy" / "systemd"
 def installed(tmp: Path, unit: str, as_name: str) -> Path:
     """The unit as a node would install it, with the binary and /etc/salus pointed into this checkout."""
     text = (UNITS / unit).read_text()
-    text = text.replace("/usr/local/bin/salus-server", str(server_bin().resolve()))
+    text = text.replace("/usr/local/bin/salus-server-stop", str(UNITS / "salus-server-stop"))
+    text = text.replace("/usr/local/bin/salus-server ", str(server_bin().resolve()) + " ")
+    text = text.replace("/usr/local/bin/salus-server\n", str(server_bin().resolve()) + "\n")
     text = text.replace("/etc/salus", str(tmp))
     path = tmp / as_name
     path.write_text(text)
@@ -41,7 +43,8 @@ def analyze():
 def test_units_verify_cleanly(analyze, tmp_path):
     (tmp_path / "salus-server-0.env").write_text("SALUS_LISTEN=127.0.0.1:5601\n")
     units = [installed(tmp_path, "salus-server.service", "salus-server.service"),
-             installed(tmp_path, "salus-server@.service", "salus-server@0.service")]
+             installed(tmp_path, "salus-server@.service", "salus-server@0.service"),
+             installed(tmp_path, "salus-server.socket", "salus-server.socket")]
     done = verify(*units)
     assert done.returncode == 0 and not done.stderr.strip(), done.stderr
     # The check can fail: a unit with a directive systemd does not know is reported.

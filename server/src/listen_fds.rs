@@ -15,6 +15,10 @@ pub const KEEPER_ENV: &str = "SALUS_KEEP_LISTENERS";
 /// A keeper's socket, in the state directory's rendezvous folder.
 pub const KEEPER_SOCKET: &str = "listeners.sock";
 
+/// Set by an in-place upgrade beside `LISTEN_FDS` (the sockets are the old
+/// supervisor's, not systemd's).
+pub const UPGRADED_ENV: &str = "SALUS_UPGRADED";
+
 /// The first fd of the protocol.
 const FIRST_FD: RawFd = 3;
 
@@ -23,16 +27,19 @@ const FIRST_FD: RawFd = 3;
 pub struct Activated {
     pub api: Option<std::net::TcpListener>,
     pub metrics: Option<std::net::TcpListener>,
+    /// They are a supervisor's that upgraded in place, not systemd's.
+    pub upgraded: bool,
 }
 
 /// Takes the sockets passed by `LISTEN_FDS` (once: the variables are removed,
-/// so children do not see them). The first is the API's; a second is the
+/// so children do not see them; call it before any thread starts). The first is the API's; a second is the
 /// metrics endpoint's, unless `LISTEN_FDNAMES` names them (`api`, `metrics`).
 pub fn take() -> Activated {
     let pid = std::env::var("LISTEN_PID").ok();
     let count = std::env::var("LISTEN_FDS").ok();
     let names = std::env::var("LISTEN_FDNAMES").ok();
-    for var in ["LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"] {
+    let upgraded = std::env::var_os(UPGRADED_ENV).is_some();
+    for var in ["LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES", UPGRADED_ENV] {
         std::env::remove_var(var);
     }
     let ours = pid.and_then(|p| p.parse::<u32>().ok()) == Some(std::process::id());
@@ -42,7 +49,10 @@ pub fn take() -> Activated {
     let names: Vec<String> = names
         .map(|n| n.split(':').map(str::to_string).collect())
         .unwrap_or_default();
-    let mut activated = Activated::default();
+    let mut activated = Activated {
+        upgraded,
+        ..Activated::default()
+    };
     for (i, fd) in (FIRST_FD..FIRST_FD + count.clamp(0, 16)).enumerate() {
         if !is_listening_tcp(fd) {
             tracing::warn!(

@@ -88,21 +88,28 @@ pub fn set_up_serving(config: &Config, stderr: std::fs::File) {
 pub struct Listeners {
     pub api: tokio::net::TcpListener,
     pub metrics: Option<tokio::net::TcpListener>,
+    /// The API's socket came from systemd (socket activation), which keeps it
+    /// across a restart.
+    pub activated: bool,
 }
 
 impl Listeners {
     pub async fn bind(config: &Config) -> anyhow::Result<Listeners> {
-        Self::open(config, None).await
+        Self::open(config, crate::listen_fds::Activated::default(), None).await
     }
 
-    /// The sockets this process was given (systemd's socket activation, or
-    /// an in-place upgrade: `listen_fds`), else those a keeper holds for the
+    /// The sockets this process was given (`passed`: systemd's socket
+    /// activation, or an in-place upgrade: `listen_fds::take`), else those a keeper holds for the
     /// rendezvous `keeper` (the previous supervisor's, across a restart),
     /// else new ones.
-    pub async fn open(config: &Config, keeper: Option<&std::path::Path>) -> anyhow::Result<Listeners> {
+    pub async fn open(
+        config: &Config,
+        passed: crate::listen_fds::Activated,
+        keeper: Option<&std::path::Path>,
+    ) -> anyhow::Result<Listeners> {
         use anyhow::Context;
-        let activated = crate::listen_fds::take();
-        let (mut api, mut metrics) = (activated.api, activated.metrics);
+        let activated = passed.api.is_some() && !passed.upgraded;
+        let (mut api, mut metrics) = (passed.api, passed.metrics);
         if let Some(api) = &api {
             if !crate::listen_fds::serves(api, config.listen) {
                 tracing::info!(passed = ?api.local_addr().ok(), listen = %config.listen, "serving the socket passed in, not --listen");
@@ -140,7 +147,11 @@ impl Listeners {
             ),
             (None, None) => None,
         };
-        Ok(Listeners { api, metrics })
+        Ok(Listeners {
+            api,
+            metrics,
+            activated,
+        })
     }
 
     /// Prints where the server listens, a line each, and returns the API's

@@ -50,17 +50,24 @@ fn main() -> anyhow::Result<()> {
         }
     };
     process::set_up_serving(&config, stderr.try_clone()?);
+    // Before any thread: the sockets systemd or an upgrade passed (and the
+    // variables that name them, removed).
+    let passed = salus_server::listen_fds::take();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    if let Err(err) = runtime.block_on(run(config, server_bin)) {
+    if let Err(err) = runtime.block_on(run(config, server_bin, passed)) {
         let _ = writeln!(stderr, "salus-server: {err:#}");
         std::process::exit(1);
     }
     Ok(())
 }
 
-async fn run(config: Config, server_bin: std::path::PathBuf) -> anyhow::Result<()> {
+async fn run(
+    config: Config,
+    server_bin: std::path::PathBuf,
+    passed: salus_server::listen_fds::Activated,
+) -> anyhow::Result<()> {
     let probe_bin = server_bin.clone();
     let start = NodeStart::begin(config, &Role::Supervisor, move |_| {
         device_list::list_in_child(probe_bin)
@@ -78,7 +85,7 @@ async fn run(config: Config, server_bin: std::path::PathBuf) -> anyhow::Result<(
         (_, true) => None,
     };
     let restartable = rendezvous.is_some();
-    let listeners = Listeners::open(config, rendezvous.as_deref()).await?;
+    let listeners = Listeners::open(config, passed, rendezvous.as_deref()).await?;
     let addr = listeners.announce()?;
     // Copies of the listening sockets, for whoever serves them after this process.
     let held = HeldListeners {
@@ -89,6 +96,8 @@ async fn run(config: Config, server_bin: std::path::PathBuf) -> anyhow::Result<(
         },
     };
     let adopt_grace = config.adopt_grace;
+    // systemd keeps a socket it passed in across a restart: no keeper then.
+    let keep_sockets = !listeners.activated;
     let spec = ExecutorSpec {
         exe: server_bin.clone(),
         checkpoint_base: match &config.tenant.checkpoints {
@@ -130,7 +139,7 @@ async fn run(config: Config, server_bin: std::path::PathBuf) -> anyhow::Result<(
             return Ok(());
         }
     }
-    if let Some(dir) = &rendezvous {
+    if let (Some(dir), true) = (&rendezvous, keep_sockets) {
         // By the path found at the start (this binary's file may be replaced by now).
         let this = server_bin.with_file_name(process::SUPERVISOR_BIN);
         match keeper::hand_to_keeper(&this, dir, &held, adopt_grace) {
@@ -156,6 +165,7 @@ fn upgrade_in_place(server_bin: &std::path::Path, held: &HeldListeners) -> std::
         .args(std::env::args_os().skip(1))
         .env("LISTEN_PID", std::process::id().to_string())
         .env("LISTEN_FDS", if metrics.is_some() { "2" } else { "1" })
+        .env(salus_server::listen_fds::UPGRADED_ENV, "1")
         .env("LISTEN_FDNAMES", if metrics.is_some() { "api:metrics" } else { "api" });
     // SAFETY: dup2 only, right before the exec (which replaces every thread).
     unsafe {

@@ -26,6 +26,12 @@ pub fn info_json(info: &ServerInfo) -> Value {
             "reserved_bytes": info.memory_reserved_bytes,
             "free_bytes": info.memory_free_bytes,
         },
+        "executors": info.executors.iter().map(|e| json!({
+            "tenant": e.tenant,
+            "pid": e.pid,
+            "release": e.release,
+            "adopted": e.adopted,
+        })).collect::<Vec<_>>(),
         "cuda": {
             "cuda_build": cuda.cuda_build,
             "gpu0_total_bytes": cuda.total_bytes,
@@ -56,6 +62,15 @@ pub fn info_text(info: &ServerInfo) -> String {
         "cuda       {}\n",
         cuda_line(&info.cuda_gpu0.clone().unwrap_or_default())
     );
+    for e in &info.executors {
+        out += &format!(
+            "executor   {} pid {}, salus-server {}{}\n",
+            e.tenant,
+            e.pid,
+            e.release,
+            if e.adopted { ", adopted from an earlier supervisor" } else { "" }
+        );
+    }
     out
 }
 

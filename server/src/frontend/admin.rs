@@ -141,6 +141,7 @@ impl AdminService {
             executors_running: counters.executors.running,
             executors_started: counters.executors.started,
             executors_failed: counters.executors.failed,
+            executors: counters.executor_list,
             open_sessions: counters.open_sessions,
             open_eager_contexts: counters.open_eager_contexts,
             sessions_created: counters.sessions_created,

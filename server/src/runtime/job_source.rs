@@ -63,6 +63,8 @@ pub struct JobCounters {
     pub isolation: &'static str,
     /// Executor processes (all zero under `--isolation none`).
     pub executors: ExecutorProcessCounts,
+    /// The executors running now (none under `--isolation none`).
+    pub executor_list: Vec<salus_proto::salus::v1::ExecutorProcess>,
     pub open_sessions: u64,
     pub open_eager_contexts: u64,
     pub sessions_created: u64,
@@ -134,6 +136,7 @@ impl JobSource for ServerState {
         let counters = JobCounters {
             isolation: "none",
             executors: ExecutorProcessCounts::default(),
+            executor_list: Vec::new(),
             open_sessions: self.sessions.len() as u64,
             open_eager_contexts: self.contexts.len() as u64,
             sessions_created: self.sessions.sessions_created(),

@@ -141,6 +141,7 @@ impl Executors {
             in_flight: AtomicUsize::new(0),
             last_active: Mutex::new(Instant::now()),
             release: hello.version,
+            adopted: true,
         }))
     }
 }

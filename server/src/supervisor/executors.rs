@@ -94,6 +94,8 @@ pub struct ExecutorHandle {
     pub(super) last_active: Mutex<Instant>,
     /// The release of the binary it runs (an adopted executor may run the previous one).
     pub release: String,
+    /// Started by an earlier supervisor.
+    pub adopted: bool,
 }
 
 impl ExecutorHandle {
@@ -619,6 +621,7 @@ impl Executors {
             in_flight: AtomicUsize::new(0),
             last_active: Mutex::new(Instant::now()),
             release: env!("CARGO_PKG_VERSION").into(),
+            adopted: false,
         }))
     }
 
@@ -825,6 +828,16 @@ impl JobSource for Executors {
                     started: self.counts.started.load(Ordering::Relaxed),
                     failed: self.counts.failed.load(Ordering::Relaxed),
                 },
+                executor_list: self
+                    .running()
+                    .iter()
+                    .map(|h| salus_proto::salus::v1::ExecutorProcess {
+                        tenant: h.tenant.to_string(),
+                        pid: h.pid,
+                        release: h.release.clone(),
+                        adopted: h.adopted,
+                    })
+                    .collect(),
                 ..Default::default()
             },
             rows: Vec::new(),
