@@ -246,8 +246,10 @@ class SalusProcess:
         if self.proc.poll() is None:
             os.kill(self.pid, sig)
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT_S) -> int:
-        """Graceful stop; returns the exit code (kills by PID and fails if it does not exit in time)."""
+    def stop(self, sig: int = signal.SIGINT, timeout: float = STOP_TIMEOUT_S) -> int:
+        """Graceful stop; returns the exit code (kills by PID and fails if it does not exit in time). SIGINT: a
+        full stop (under --isolation tenant SIGTERM stops only the supervisor and leaves its executors and their
+        jobs for the next one, README "Restarts and upgrades")."""
         self.send_signal(sig)
         try:
             return self.proc.wait(timeout)
@@ -292,7 +294,7 @@ def salus_server(tmp_path_factory):
                           ("--checkpoint-root", root, *SHARED_SERVER_SHUTDOWN))
     yield server.target, server
     code = server.stop()
-    assert code == 0, f"salus-server exited with {code} after SIGTERM; stderr tail:\n{server.stderr_tail()}"
+    assert code == 0, f"salus-server exited with {code} after SIGINT; stderr tail:\n{server.stderr_tail()}"
 
 
 @pytest.fixture(scope="session")

@@ -59,4 +59,4 @@ def wait_state(address: str, key: str, pred, timeout: float = 30) -> dict:
 
 def stop_cleanly(server: SalusProcess) -> None:
     code = server.stop()
-    assert code == 0, f"salus-server exited with {code} after SIGTERM; stderr tail:\n{server.stderr_tail()}"
+    assert code == 0, f"salus-server exited with {code} after SIGINT; stderr tail:\n{server.stderr_tail()}"

@@ -140,6 +140,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         }
     }
     tracing::info!(%addr, isolation = "none", "serving tensorflow.MasterService, tensorflow.eager.EagerService, tensorflow.WorkerService (GetStatus, RecvTensor) and salus.v1.Admin");
+    tracing::warn!("--isolation none: every job runs in this process, so a restart of the server ends every running job (under --isolation tenant, the default, jobs outlive a restart)");
     server.serve(listeners.api, process::shutdown_signal()).await?;
     tracing::info!("stopped");
     Ok(())

@@ -310,3 +310,102 @@ fn watch_adopted(
         .map_err(|e| format!("cannot start a reaper thread: {e}"))?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::seam::frame::write_frame;
+
+    /// A stand-in executor on a rendezvous at `path`: accepts one supervisor,
+    /// takes its sockets and says `hello`.
+    fn fake_executor(path: &std::path::Path, hello: msg::Hello) -> std::thread::JoinHandle<usize> {
+        let listener = adoption::listen(adoption::bound_socket(path).unwrap()).unwrap();
+        std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            let fds = adoption::recv_fds(&stream, adoption::ADOPTION_FDS).unwrap();
+            let frame = msg::ToSupervisor {
+                msg: Some(to_supervisor::Msg::Hello(hello)),
+            };
+            let _ = write_frame(&mut stream, &frame);
+            fds.len()
+        })
+    }
+
+    fn record(secret: &str) -> ExecutorRecord {
+        ExecutorRecord {
+            serial: 3,
+            pid: std::process::id(),
+            // SAFETY: getuid cannot fail.
+            uid: unsafe { libc::getuid() },
+            tenant_key: "name:t".into(),
+            tenant_name: "t".into(),
+            secret: secret.into(),
+            release: "0.0.9".into(),
+        }
+    }
+
+    fn hello(secret: &str, version: &str, protocol: u32) -> msg::Hello {
+        msg::Hello {
+            version: version.into(),
+            pid: std::process::id(),
+            uid: 0,
+            protocol,
+            adoption: Some(msg::Adoption {
+                secret: secret.into(),
+                serial: 3,
+            }),
+        }
+    }
+
+    #[test]
+    fn only_the_recorded_executor_with_its_secret_and_protocol_is_adopted() {
+        let dir = crate::state_dir::temp_dir("adopt");
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("3.sock");
+        let secret = adoption::new_secret().unwrap();
+        let attempt = |hello: msg::Hello, record: &ExecutorRecord| {
+            let _ = std::fs::remove_file(&path);
+            let executor = fake_executor(&path, hello);
+            let outcome = handshake(&path, record).map(|h| h.hello.version);
+            (outcome, executor.join().unwrap())
+        };
+
+        // The previous release, speaking this protocol, with its secret: adopted, and given its three sockets.
+        let (adopted, sockets) = attempt(
+            hello(&secret, "0.0.9", crate::seam::PROTOCOL),
+            &record(&secret),
+        );
+        assert_eq!(adopted.unwrap(), "0.0.9");
+        assert_eq!(sockets, adoption::ADOPTION_FDS);
+
+        let (wrong_secret, _) = attempt(
+            hello(
+                &adoption::new_secret().unwrap(),
+                "0.0.9",
+                crate::seam::PROTOCOL,
+            ),
+            &record(&secret),
+        );
+        assert!(wrong_secret.unwrap_err().contains("secret"));
+
+        let (other_protocol, _) = attempt(
+            hello(&secret, "0.0.9", crate::seam::PROTOCOL + 1),
+            &record(&secret),
+        );
+        assert!(other_protocol.unwrap_err().contains("protocol"));
+
+        // The socket's listener is not the recorded process.
+        let mut elsewhere = record(&secret);
+        elsewhere.pid += 1;
+        let _ = std::fs::remove_file(&path);
+        let _listener = adoption::listen(adoption::bound_socket(&path).unwrap()).unwrap();
+        let why = handshake(&path, &elsewhere).err().unwrap();
+        assert!(why.contains("not the recorded pid"), "{why}");
+
+        // Nobody listens: the executor is gone.
+        drop(_listener);
+        let why = handshake(&path, &record(&secret)).err().unwrap();
+        assert_eq!(why, "the executor is gone");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
