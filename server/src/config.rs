@@ -31,6 +31,20 @@ pub struct Args {
     #[command(subcommand)]
     pub command: Option<Command>,
 
+    /// A TOML file of these flags under their long names (`policy = "srtf"`,
+    /// `lane-hold-limit = 60`, `admins = ["ci-bot"]`). Flags given on the
+    /// command line or in their environment variables win over it; a key that
+    /// is no flag is an error. `salus-server ctl reload` or SIGHUP reads it
+    /// again and applies what can change live (see README: Drain, reload and
+    /// settings that persist).
+    #[arg(long, env = "SALUS_CONFIG")]
+    pub config: Option<std::path::PathBuf>,
+
+    /// Where these flags came from (filled in by
+    /// [`Args::try_parse_with_config_file`]).
+    #[arg(skip)]
+    pub loaded: crate::config_file::Loaded,
+
     /// Address to listen on. Port 0 picks a free port; the bound address is
     /// printed on stdout as "salus-server listening on ADDR".
     #[arg(long, env = "SALUS_LISTEN", default_value = "127.0.0.1:5501")]
@@ -268,7 +282,7 @@ pub struct Args {
 
 #[derive(clap::Subcommand, Debug)]
 pub enum Command {
-    /// Talk to a running server's admin API: jobs, stats, policy, hints, limits, tokens, timeline.
+    /// Talk to a running server's admin API: jobs, stats, policy, hints, limits, tokens, timeline, drain, reload.
     Ctl(crate::ctl::CtlArgs),
     /// A tenant's executor process: started by the server itself, not by users.
     #[command(hide = true)]
@@ -326,6 +340,8 @@ pub struct Config {
     /// Where issued tokens are saved (`--state-dir` or its default); None: in
     /// memory only (an executor process, or no home directory to default to).
     pub state_dir: Option<std::path::PathBuf>,
+    /// The flags' sources (`--config`, the argv), for a reload.
+    pub loaded: crate::config_file::Loaded,
 }
 
 impl Default for Config {
@@ -360,6 +376,7 @@ impl Default for Config {
             lane_hold_limit: Some(Duration::from_secs(60)),
             block_cache_bytes: crate::block_cache::DEFAULT_MAX_BYTES,
             state_dir: None,
+            loaded: Default::default(),
         }
     }
 }
@@ -471,6 +488,7 @@ impl TryFrom<Args> for Config {
                 .then(|| Duration::from_secs(args.lane_hold_limit)),
             block_cache_bytes: usize::try_from(args.block_cache).unwrap_or(usize::MAX),
             state_dir,
+            loaded: args.loaded,
         })
     }
 }

@@ -45,6 +45,10 @@ pub enum Error {
     Unimplemented(String),
     #[error("the server is shutting down")]
     ShuttingDown,
+    /// The node admits no new job now (drained for maintenance); the
+    /// message says why and what to do.
+    #[error("{0}")]
+    Unavailable(String),
     #[error("{0}")]
     IterationDropped(String),
     /// The server ended a wait of the client's that nothing could end.
@@ -91,7 +95,7 @@ impl Error {
             | Error::PartialRunNotFound(_) => TfCode::InvalidArgument,
             Error::GraphVersion { .. } => TfCode::FailedPrecondition,
             Error::Unimplemented(_) => TfCode::Unimplemented,
-            Error::ShuttingDown => TfCode::Unavailable,
+            Error::ShuttingDown | Error::Unavailable(_) => TfCode::Unavailable,
             Error::IterationDropped(_) | Error::Aborted(_) => TfCode::Aborted,
             Error::ResourceExhausted(_) => TfCode::ResourceExhausted,
             Error::PermissionDenied(_) => TfCode::PermissionDenied,
@@ -164,6 +168,7 @@ mod tests {
                 tonic::Code::Unimplemented,
             ),
             (Error::ShuttingDown, tonic::Code::Unavailable),
+            (Error::Unavailable("draining".into()), tonic::Code::Unavailable),
         ];
         for (err, code) in cases {
             let message = err.to_string();

@@ -9,7 +9,11 @@
 //! # Layout
 //! The folders follow the architecture: protocol front ends on top, one job
 //! runtime under them, the tenant boundary and the TensorFlow bindings below.
-//! - [`config`]: command-line flags and the validated [`config::Config`].
+//! - [`config`]: command-line flags and the validated [`config::Config`];
+//!   [`config_file`]: `--config FILE` (the flags as TOML keys) merged under them.
+//! - [`settings`]: what admins change at run time (policy, limits, hints,
+//!   drain), kept in the state directory and restored at start; [`reload`]:
+//!   `ctl reload` and SIGHUP, the config and tenants files read again.
 //! - [`node_start`]: every role's start ([`node_start::Role`]: the whole server,
 //!   the supervisor, a tenant's executor), TensorFlow-free; [`runtime::node`]
 //!   is what it gives.
@@ -79,6 +83,7 @@
 
 pub mod block_cache;
 pub mod config;
+pub mod config_file;
 pub mod ctl;
 pub mod error;
 pub mod executor;
@@ -90,9 +95,11 @@ pub mod heap_meter;
 pub mod http2;
 pub mod node_start;
 pub mod process;
+pub mod reload;
 pub mod runtime;
 pub mod seam;
 pub mod server;
+pub mod settings;
 pub mod state_dir;
 pub mod supervisor;
 pub mod sync;
