@@ -23,11 +23,13 @@ use crate::config::Args;
 /// The flag that names the file.
 pub const CONFIG_FLAG: &str = "config";
 
-/// Subcommands that never read the config file: a tenant's executor and the
-/// device probe are given the supervisor's merged flags on their command line
-/// (an executor runs as its tenant, who may not read the file), and `ctl`
-/// talks to a server, whose settings it does not need.
-const SUBCOMMANDS_WITHOUT_FILE: [&str; 3] = ["executor", "probe-devices", "ctl"];
+/// Subcommands that never read the config file: a tenant's executor is given
+/// the supervisor's merged flags on its command line ([`Loaded::child_args`]:
+/// it runs as its tenant, who may not read the file, and must not see an
+/// edit the supervisor has not applied), and `ctl` talks to a server, whose
+/// settings it does not need. The device probe, run as the supervisor's user
+/// at start, reads it like the supervisor.
+const SUBCOMMANDS_WITHOUT_FILE: [&str; 2] = ["executor", "ctl"];
 
 /// Where the flags of this process came from.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
