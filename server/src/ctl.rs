@@ -114,6 +114,10 @@ pub enum CtlCommand {
         /// jobs still open, with exit status 1.
         #[arg(long, requires = "wait")]
         timeout: Option<String>,
+        /// Not kept across a restart: the next start admits jobs (a
+        /// Kubernetes preStop hook, whose pod's successor must serve).
+        #[arg(long)]
+        until_restart: bool,
         /// As JSON: draining, since_unix_s, by, jobs (as in `ctl jobs --json`).
         #[arg(long)]
         json: bool,
@@ -301,8 +305,9 @@ pub async fn run(args: CtlArgs) -> Result<String, CtlError> {
         CtlCommand::Drain {
             wait,
             timeout,
+            until_restart,
             json,
-        } => drain::drain(&mut admin, wait, timeout, json).await?,
+        } => drain::drain(&mut admin, wait, timeout, until_restart, json).await?,
         CtlCommand::Undrain { json } => drain::undrain(&mut admin, json).await?,
         CtlCommand::Reload { json } => drain::reload(&mut admin, json).await?,
         CtlCommand::History {

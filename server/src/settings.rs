@@ -140,13 +140,17 @@ pub struct DrainRecord {
     pub since_unix_s: u64,
     /// The admin who drained the node.
     pub by: String,
+    /// Ends at the next start (`ctl drain --until-restart`).
+    #[serde(default)]
+    pub until_restart: bool,
 }
 
 impl DrainRecord {
-    pub fn now(by: &str) -> DrainRecord {
+    pub fn now(by: &str, until_restart: bool) -> DrainRecord {
         DrainRecord {
             since_unix_s: unix_seconds(SystemTime::now()),
             by: by.to_string(),
+            until_restart,
         }
     }
 
@@ -200,7 +204,7 @@ impl Settings {
     /// Reads the settings saved in `dir`, saying what was dropped. Blocks
     /// (file reads): call it off the async runtime.
     pub fn restore(dir: Arc<StateDir>) -> Settings {
-        let doc = match dir.load::<SettingsDocument>() {
+        let mut doc = match dir.load::<SettingsDocument>() {
             LoadedDocument::Missing => SettingsDocument::default(),
             LoadedDocument::Restored(doc) => {
                 tracing::info!(
@@ -217,6 +221,10 @@ impl Settings {
                 SettingsDocument::default()
             }
         };
+        if doc.drain.as_ref().is_some_and(|d| d.until_restart) {
+            tracing::info!("the drain asked until the next start (ctl drain --until-restart) ends: jobs are admitted");
+            doc.drain = None;
+        }
         Settings {
             dir: Some(dir),
             doc: Mutex::new(doc),
@@ -425,7 +433,7 @@ mod tests {
             ..Hints::default()
         };
         settings.record_hints(hints_key("alice", "resnet"), SavedHints::of(&hints));
-        settings.record_drain(Some(DrainRecord::now("root")));
+        settings.record_drain(Some(DrainRecord::now("root", false)));
         settings.save_now().unwrap();
         let saved = settings.document();
         drop(settings);
@@ -438,6 +446,14 @@ mod tests {
         );
         assert_eq!(saved.hints["alice/resnet"].priority, 4);
         assert_eq!(saved.drain.as_ref().unwrap().by, "root");
+        // A drain until the next start is not restored.
+        again.record_drain(None);
+        again.record_drain(Some(DrainRecord::now("kubelet", true)));
+        again.save_now().unwrap();
+        drop(again);
+        let restarted = Settings::restore(Arc::new(StateDir::open(&path).unwrap()));
+        assert_eq!(restarted.drain(), None);
+        assert_eq!(restarted.document().policy, saved.policy);
         let _ = std::fs::remove_dir_all(&path);
     }
 
@@ -475,11 +491,12 @@ mod tests {
     #[test]
     fn drain_and_hints_reach_the_core_and_the_drain_keeps_its_first_record() {
         let settings = Settings::default();
-        let first = settings.record_drain(Some(DrainRecord::now("root"))).unwrap();
+        let first = settings.record_drain(Some(DrainRecord::now("root", false))).unwrap();
         let second = settings
             .record_drain(Some(DrainRecord {
                 since_unix_s: first.since_unix_s + 100,
                 by: "ops".into(),
+                until_restart: true,
             }))
             .unwrap();
         assert_eq!(second, first);

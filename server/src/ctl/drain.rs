@@ -19,13 +19,14 @@ pub async fn drain(
     admin: &mut AdminClient<Channel>,
     wait: bool,
     timeout: Option<String>,
+    until_restart: bool,
     json: bool,
 ) -> Result<String, CtlError> {
     let timeout = timeout
         .map(|t| parse_duration_of("--timeout", &t).map(Duration::from_secs_f64))
         .transpose()?;
     let deadline = timeout.map(|t| Instant::now() + t);
-    let mut status = admin.drain(DrainRequest {}).await?.into_inner();
+    let mut status = admin.drain(DrainRequest { until_restart }).await?.into_inner();
     if wait {
         let mut said = None;
         while !status.jobs.is_empty() {
@@ -87,8 +88,10 @@ pub async fn reload(admin: &mut AdminClient<Channel>, json: bool) -> Result<Stri
 pub fn drain_text(status: &DrainStatus) -> String {
     let mut out = if status.draining {
         format!(
-            "draining since unix time {} (by {}): new jobs are refused with UNAVAILABLE until `salus-server ctl undrain`\n",
-            status.since_unix_seconds, status.by
+            "draining since unix time {} (by {}): new jobs are refused with UNAVAILABLE until `salus-server ctl undrain`{}\n",
+            status.since_unix_seconds,
+            status.by,
+            if status.until_restart { " or the next start" } else { "" }
         )
     } else {
         "not draining: new jobs are admitted\n".to_string()
@@ -107,6 +110,7 @@ pub fn drain_json(status: &DrainStatus) -> Value {
         "draining": status.draining,
         "since_unix_s": if status.draining { status.since_unix_seconds.into() } else { Value::Null },
         "by": if status.draining { status.by.clone().into() } else { Value::Null },
+        "until_restart": status.until_restart,
         "jobs": status.jobs.iter().map(job_json).collect::<Vec<_>>(),
     })
 }
@@ -154,6 +158,7 @@ mod tests {
             draining: true,
             since_unix_seconds: 1.7e9,
             by: "root (uid 0)".into(),
+            until_restart: false,
             jobs: vec![JobInfo {
                 id: 4,
                 name: "train".into(),

@@ -302,6 +302,7 @@ impl AdminService {
         Ok(DrainStatus {
             draining: drain.is_some(),
             since_unix_seconds: drain.as_ref().map_or(0.0, |d| d.since_unix_s as f64),
+            until_restart: drain.as_ref().is_some_and(|d| d.until_restart),
             by: drain.map(|d| d.by).unwrap_or_default(),
             jobs,
         })
@@ -532,8 +533,11 @@ impl Admin for AdminService {
         let limits = limits_from_proto(req.limits)?;
         let now = self.core.set_limits(name, &limits);
         tracing::info!(tenant = name, limits = %now, by = %caller, "tenant limits changed");
-        self.node.settings.record_limits(name, &limits);
-        self.node.settings.persist_or_warn("tenant limits").await;
+        // `ctl limits NAME` with no field only shows them: nothing to keep.
+        if limits != Limits::default() {
+            self.node.settings.record_limits(name, &limits);
+            self.node.settings.persist_or_warn("tenant limits").await;
+        }
         Ok(Response::new(limits_to_proto(&now)))
     }
 
@@ -685,7 +689,8 @@ impl Admin for AdminService {
         let caller = self.admin_only(&request, "draining the node")?;
         let settings = &self.node.settings;
         let was = settings.drain();
-        let drain = settings.record_drain(Some(DrainRecord::now(&caller.to_string())));
+        let until_restart = request.get_ref().until_restart;
+        let drain = settings.record_drain(Some(DrainRecord::now(&caller.to_string(), until_restart)));
         self.core.set_drain(drain.as_ref().map(DrainRecord::refusal));
         if was.is_none() {
             tracing::warn!(by = %caller, "node drained: new jobs are refused until `salus-server ctl undrain`; open jobs run on");
