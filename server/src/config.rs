@@ -280,6 +280,26 @@ pub struct Args {
     pub verbose: u8,
 }
 
+impl Args {
+    /// The process's flags ([`std::env::args_os`]), with `--config`'s file merged.
+    pub fn try_parse_with_config_file() -> Result<Args, clap::Error> {
+        Args::try_parse_from_with_config_file(std::env::args_os().collect())
+    }
+
+    /// `argv`'s flags (argv[0] first), with `--config`'s file merged
+    /// ([`crate::config_file`]): the command line and the environment win over
+    /// the file, the file over the defaults.
+    pub fn try_parse_from_with_config_file(
+        argv: Vec<std::ffi::OsString>,
+    ) -> Result<Args, clap::Error> {
+        use clap::{CommandFactory, FromArgMatches};
+        let (matches, loaded) = crate::config_file::matches_with_file(Args::command(), argv)?;
+        let mut args = Args::from_arg_matches(&matches)?;
+        args.loaded = loaded;
+        Ok(args)
+    }
+}
+
 #[derive(clap::Subcommand, Debug)]
 pub enum Command {
     /// Talk to a running server's admin API: jobs, stats, policy, hints, limits, tokens, timeline, drain, reload.

@@ -1,4 +1,4 @@
-//! `--config FILE`: every flag of [`Args`] as a TOML key of the same long
+//! `--config FILE`: every flag of [`crate::config::Args`] as a TOML key of the same long
 //! name (`policy = "srtf"`, `lane-hold-limit = 60`, `admins = ["ci-bot"]`).
 //! A flag given on the command line or in its environment variable wins over
 //! the file; the file wins over the flag's default. A key that names no flag
@@ -16,9 +16,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use clap::parser::ValueSource;
-use clap::{ArgAction, CommandFactory, FromArgMatches};
-
-use crate::config::Args;
+use clap::ArgAction;
 
 /// The flag that names the file.
 pub const CONFIG_FLAG: &str = "config";
@@ -73,54 +71,48 @@ pub enum ConfigFileError {
     },
 }
 
-impl From<ConfigFileError> for clap::Error {
-    fn from(err: ConfigFileError) -> clap::Error {
-        Args::command().error(clap::error::ErrorKind::ValueValidation, err)
-    }
-}
-
-impl Args {
-    /// The process's flags ([`std::env::args_os`]), with `--config`'s file merged.
-    pub fn try_parse_with_config_file() -> Result<Args, clap::Error> {
-        Args::try_parse_from_with_config_file(std::env::args_os().collect())
-    }
-
-    /// `argv`'s flags (argv[0] first), with `--config`'s file merged: the
-    /// command line and the environment win over the file, the file over the
-    /// defaults.
-    pub fn try_parse_from_with_config_file(argv: Vec<OsString>) -> Result<Args, clap::Error> {
-        let command = Args::command();
-        let matches = command.clone().try_get_matches_from(&argv)?;
-        let wants_file = !matches
-            .subcommand_name()
-            .is_some_and(|name| SUBCOMMANDS_WITHOUT_FILE.contains(&name));
-        let file = matches
-            .get_one::<PathBuf>(CONFIG_FLAG)
-            .filter(|_| wants_file)
-            .map(|path| crate::tenant::absolute(path));
-        let (matches, from_file) = match &file {
-            None => (matches, BTreeSet::new()),
-            Some(path) => {
-                let table = read_table(path)?;
-                let (file_args, from_file) = file_arguments(&command, &matches, &table, path)?;
-                let mut merged = Vec::with_capacity(argv.len() + file_args.len());
-                merged.extend(argv.first().cloned());
-                merged.extend(file_args);
-                merged.extend(argv.iter().skip(1).cloned());
-                (command.clone().try_get_matches_from(&merged)?, from_file)
-            }
-        };
-        let mut args = Args::from_arg_matches(&matches)?;
-        let values = effective_values(&command, &matches);
-        args.loaded = Loaded {
-            child_args: child_args(&command, &matches, &values, &from_file, &argv),
-            file,
-            argv,
-            values,
-            from_file,
-        };
-        Ok(args)
-    }
+/// `argv`'s matches of `command` (argv[0] first), with `--config`'s file
+/// merged: the command line and the environment win over the file, the file
+/// over the defaults; and where they came from.
+pub fn matches_with_file(
+    command: clap::Command,
+    argv: Vec<OsString>,
+) -> Result<(clap::ArgMatches, Loaded), clap::Error> {
+    let as_clap_error = |err: ConfigFileError| {
+        command
+            .clone()
+            .error(clap::error::ErrorKind::ValueValidation, err)
+    };
+    let matches = command.clone().try_get_matches_from(&argv)?;
+    let wants_file = !matches
+        .subcommand_name()
+        .is_some_and(|name| SUBCOMMANDS_WITHOUT_FILE.contains(&name));
+    let file = matches
+        .get_one::<PathBuf>(CONFIG_FLAG)
+        .filter(|_| wants_file)
+        .map(|path| crate::tenant::absolute(path));
+    let (matches, from_file) = match &file {
+        None => (matches, BTreeSet::new()),
+        Some(path) => {
+            let table = read_table(path).map_err(as_clap_error)?;
+            let (file_args, from_file) =
+                file_arguments(&command, &matches, &table, path).map_err(as_clap_error)?;
+            let mut merged = Vec::with_capacity(argv.len() + file_args.len());
+            merged.extend(argv.first().cloned());
+            merged.extend(file_args);
+            merged.extend(argv.iter().skip(1).cloned());
+            (command.clone().try_get_matches_from(&merged)?, from_file)
+        }
+    };
+    let values = effective_values(&command, &matches);
+    let loaded = Loaded {
+        child_args: child_args(&command, &matches, &values, &from_file, &argv),
+        file,
+        argv,
+        values,
+        from_file,
+    };
+    Ok((matches, loaded))
 }
 
 fn read_table(path: &Path) -> Result<toml::Table, ConfigFileError> {
@@ -161,7 +153,9 @@ fn file_arguments(
             why,
         };
         if key == CONFIG_FLAG {
-            return Err(bad("cannot be set in a config file (it names the file itself)".into()));
+            return Err(bad(
+                "cannot be set in a config file (it names the file itself)".into(),
+            ));
         }
         let Some(arg) = flags(command).find(|arg| arg.get_long() == Some(key.as_str())) else {
             return Err(ConfigFileError::UnknownKey {
@@ -228,7 +222,10 @@ fn scalar_text(value: &toml::Value) -> Result<String, String> {
 }
 
 /// Every flag's value as text (lists joined with commas; unset: empty).
-fn effective_values(command: &clap::Command, matches: &clap::ArgMatches) -> BTreeMap<String, String> {
+fn effective_values(
+    command: &clap::Command,
+    matches: &clap::ArgMatches,
+) -> BTreeMap<String, String> {
     flags(command)
         .filter_map(|arg| {
             let id = arg.get_id().as_str();
@@ -316,7 +313,7 @@ fn child_args(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
+    use crate::config::{Args, Config};
     use clap::Parser;
 
     fn write(label: &str, text: &str) -> PathBuf {
@@ -365,14 +362,24 @@ mod tests {
             .iter()
             .map(|a| a.to_string_lossy().into_owned())
             .collect();
-        assert!(child.contains(&"--lane-hold-limit=7".to_string()), "{child:?}");
+        assert!(
+            child.contains(&"--lane-hold-limit=7".to_string()),
+            "{child:?}"
+        );
         assert!(child.contains(&"--admins=ops".to_string()), "{child:?}");
-        assert!(!child.iter().any(|a| a.contains("config") || a == file), "{child:?}");
-        let reparsed = Args::try_parse_from(argv(&[]).into_iter().chain(loaded.child_args.clone())).unwrap();
+        assert!(
+            !child.iter().any(|a| a.contains("config") || a == file),
+            "{child:?}"
+        );
+        let reparsed =
+            Args::try_parse_from(argv(&[]).into_iter().chain(loaded.child_args.clone())).unwrap();
         assert_eq!(reparsed.lane_hold_limit, 7);
         assert_eq!(reparsed.policy, "fifo");
         let config = Config::try_from(args).unwrap();
-        assert_eq!(config.lane_hold_limit, Some(std::time::Duration::from_secs(7)));
+        assert_eq!(
+            config.lane_hold_limit,
+            Some(std::time::Duration::from_secs(7))
+        );
         assert_eq!(config.loaded.values["policy"], "fifo");
         let _ = std::fs::remove_dir_all(path.parent().unwrap());
     }
@@ -393,22 +400,40 @@ mod tests {
     #[test]
     fn unknown_keys_bad_values_and_bad_files_are_errors_naming_them() {
         let path = write("unknown", "policy = \"srtf\"\nlane_hold_limit = 60\n");
-        let err = parse(&["--config", path.to_str().unwrap()]).unwrap_err().to_string();
+        let err = parse(&["--config", path.to_str().unwrap()])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("unknown key `lane_hold_limit`"), "{err}");
         let path = write("bad-value", "timeline-capacity = \"many\"\n");
-        let err = parse(&["--config", path.to_str().unwrap()]).unwrap_err().to_string();
-        assert!(err.contains("timeline-capacity") && err.contains("many"), "{err}");
+        let err = parse(&["--config", path.to_str().unwrap()])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("timeline-capacity") && err.contains("many"),
+            "{err}"
+        );
         let path = write("list", "policy = [\"a\", \"b\"]\n");
-        let err = parse(&["--config", path.to_str().unwrap()]).unwrap_err().to_string();
+        let err = parse(&["--config", path.to_str().unwrap()])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("`policy` takes one value"), "{err}");
         let path = write("syntax", "policy = \n");
-        let err = parse(&["--config", path.to_str().unwrap()]).unwrap_err().to_string();
+        let err = parse(&["--config", path.to_str().unwrap()])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("is not valid TOML"), "{err}");
         let path = write("itself", "config = \"/x\"\n");
-        let err = parse(&["--config", path.to_str().unwrap()]).unwrap_err().to_string();
+        let err = parse(&["--config", path.to_str().unwrap()])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("`config` cannot be set"), "{err}");
-        let err = parse(&["--config", "/nonexistent/salus.toml"]).unwrap_err().to_string();
-        assert!(err.contains("cannot read the config file /nonexistent/salus.toml"), "{err}");
+        let err = parse(&["--config", "/nonexistent/salus.toml"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("cannot read the config file /nonexistent/salus.toml"),
+            "{err}"
+        );
         // An executor never reads the file (its supervisor inlined it).
         assert!(parse(&["--config", "/nonexistent/salus.toml", "executor"]).is_ok());
     }

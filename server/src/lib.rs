@@ -11,9 +11,9 @@
 //! runtime under them, the tenant boundary and the TensorFlow bindings below.
 //! - [`config`]: command-line flags and the validated [`config::Config`];
 //!   [`config_file`]: `--config FILE` (the flags as TOML keys) merged under them.
-//! - [`settings`]: what admins change at run time (policy, limits, hints,
-//!   drain), kept in the state directory and restored at start; [`reload`]:
-//!   `ctl reload` and SIGHUP, the config and tenants files read again.
+//! - [`reload`]: `ctl reload` and SIGHUP, the flags, config and tenants files
+//!   read again; [`runtime::settings`]: what admins change at run time
+//!   (policy, limits, hints, drain), kept in the state directory.
 //! - [`node_start`]: every role's start ([`node_start::Role`]: the whole server,
 //!   the supervisor, a tenant's executor), TensorFlow-free; [`runtime::node`]
 //!   is what it gives.
@@ -99,7 +99,6 @@ pub mod reload;
 pub mod runtime;
 pub mod seam;
 pub mod server;
-pub mod settings;
 pub mod state_dir;
 pub mod supervisor;
 pub mod sync;

@@ -22,7 +22,7 @@ use crate::sched::lanes::LaneManager;
 use crate::sched::policy;
 use crate::sched::History;
 use crate::seam::client::SeamClient;
-use crate::settings::{Configured, Settings};
+use crate::runtime::settings::Settings;
 use crate::state_dir::StateDir;
 use crate::tenant::identity::Identifier;
 use crate::tenant::tokens::TokenStore;
@@ -133,7 +133,10 @@ impl NodeStart {
         let settings = Arc::new(settings.unwrap_or_default());
         if let Some(core) = sched.core() {
             settings.set_admins(config.admins.clone());
-            for note in settings.reconcile(core, Configured::of(&config)) {
+            if !config.loaded.argv.is_empty() {
+                settings.set_reloader(crate::reload::reloader(core.clone(), Arc::downgrade(&settings)));
+            }
+            for note in settings.reconcile(core, crate::reload::configured(&config)) {
                 tracing::info!("{note}");
             }
             if let Some(drain) = settings.drain() {

@@ -9,80 +9,85 @@
 //! files change what they overrode ([`crate::settings`]).
 
 use std::future::Future;
-
-use salus_proto::salus::v1::ReloadResponse;
+use std::sync::{Arc, Weak};
 
 use crate::config::{Args, Config};
 use crate::frontend::admin::AdminService;
-use crate::settings::Configured;
+use crate::runtime::executor::Executor;
+use crate::runtime::settings::{Configured, ReloadReport, Reloader, Settings};
+use crate::tenant::identity::Identifier;
 
 /// The flags a reload applies to the running server; every other one needs a
 /// restart.
 pub const LIVE_FLAGS: [&str; 3] = ["policy", "admins", "tenants-file"];
 
-/// What a reload did.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ReloadReport {
-    pub config_file: Option<String>,
-    pub tenants_file: Option<String>,
-    /// What changed and applies now.
-    pub applied: Vec<String>,
-    /// Flags whose new value needs a restart.
-    pub needs_restart: Vec<String>,
-    /// Run-time changes kept over the files, or dropped.
-    pub notes: Vec<String>,
-}
-
 /// Why nothing was reloaded.
 #[derive(Debug, thiserror::Error)]
 pub enum ReloadError {
-    #[error("this server's flags did not come from a command line: there is nothing to read again")]
-    NoCommandLine,
     #[error("nothing changed: {0}")]
     Flags(String),
     #[error("nothing changed: {0}")]
     Config(String),
     #[error("nothing changed: the reload could not run ({0})")]
     Task(String),
+    #[error("the server is stopping")]
+    Stopping,
 }
 
-impl ReloadReport {
-    pub fn to_proto(&self) -> ReloadResponse {
-        ReloadResponse {
-            config_file: self.config_file.clone().unwrap_or_default(),
-            tenants_file: self.tenants_file.clone().unwrap_or_default(),
-            applied: self.applied.clone(),
-            needs_restart: self.needs_restart.clone(),
-            notes: self.notes.clone(),
-        }
+/// What the flags and files say, as the run-time settings compare it.
+pub fn configured(config: &Config) -> Configured {
+    Configured {
+        loaded: config.loaded.clone(),
+        policy: config.policy.clone(),
+        file_limits: config.tenants.limits().clone(),
     }
+}
 
-    /// Logs each line (the server's log tells what a SIGHUP did).
-    pub fn log(&self) {
-        if self.applied.is_empty() && self.needs_restart.is_empty() {
-            tracing::info!(config = ?self.config_file, tenants = ?self.tenants_file, "reloaded: nothing changed");
-        }
-        for line in &self.applied {
-            tracing::info!(change = %line, "reloaded");
-        }
-        for line in &self.needs_restart {
-            tracing::warn!(change = %line, "reloaded, but this change needs a restart");
-        }
-        for line in &self.notes {
-            tracing::info!(note = %line, "reloaded");
-        }
+/// The reload of the server whose scheduler core is `core` and whose
+/// run-time settings are `settings` (held weakly: the settings hold this).
+pub fn reloader(core: Executor, settings: Weak<Settings>) -> Reloader {
+    Box::new(move |identifier| {
+        let core = core.clone();
+        let settings = settings.clone();
+        Box::pin(async move {
+            let settings = settings
+                .upgrade()
+                .ok_or(ReloadError::Stopping.to_string())?;
+            let report = reload(&core, &settings, identifier.as_deref())
+                .await
+                .map_err(|e| e.to_string())?;
+            report_log(&report);
+            Ok(report)
+        })
+    })
+}
+
+/// Logs each line of a reload's report (the server's log tells what a
+/// reload did).
+pub fn report_log(report: &ReloadReport) {
+    if report.applied.is_empty() && report.needs_restart.is_empty() {
+        tracing::info!(config = ?report.config_file, tenants = ?report.tenants_file, "reloaded: nothing changed");
+    }
+    for line in &report.applied {
+        tracing::info!(change = %line, "reloaded");
+    }
+    for line in &report.needs_restart {
+        tracing::warn!(change = %line, "reloaded, but this change needs a restart");
+    }
+    for line in &report.notes {
+        tracing::info!(note = %line, "reloaded");
     }
 }
 
 /// Reads the flags, the config file and the tenants file again and applies
-/// what can change live to the server `admin` administers (its scheduler
-/// core, identifier and settings).
-pub async fn reload(admin: &AdminService) -> Result<ReloadReport, ReloadError> {
-    let settings = admin.node().settings.clone();
+/// what can change live: to `core`, `settings` and `identifier` (whose
+/// tenants file it replaces).
+pub async fn reload(
+    core: &Executor,
+    settings: &Arc<Settings>,
+    identifier: Option<&Identifier>,
+) -> Result<ReloadReport, ReloadError> {
     let before = settings.configured();
-    if before.loaded.argv.is_empty() {
-        return Err(ReloadError::NoCommandLine);
-    }
     let argv = before.loaded.argv.clone();
     // Off the runtime: file reads and user lookups (the tenants file's users).
     let config = tokio::task::spawn_blocking(move || {
@@ -102,7 +107,7 @@ pub async fn reload(admin: &AdminService) -> Result<ReloadReport, ReloadError> {
             .cloned(),
         ..ReloadReport::default()
     };
-    let mut now = Configured::of(&config);
+    let mut now = configured(&config);
     for (key, new) in &config.loaded.values {
         let old = before.loaded.values.get(key).cloned().unwrap_or_default();
         if *new == old || LIVE_FLAGS.contains(&key.as_str()) {
@@ -119,12 +124,11 @@ pub async fn reload(admin: &AdminService) -> Result<ReloadReport, ReloadError> {
     let admins = settings.admins();
     if *admins != config.admins {
         settings.set_admins(config.admins.clone());
-        report.applied.push(format!(
-            "admins: {}",
-            settings.admins().describe()
-        ));
+        report
+            .applied
+            .push(format!("admins: {}", settings.admins().describe()));
     }
-    if let Some(identifier) = admin.identifier() {
+    if let Some(identifier) = identifier {
         if *identifier.tenants() != config.tenants {
             identifier.replace_tenants(config.tenants.clone());
             report.applied.push(format!(
@@ -138,14 +142,17 @@ pub async fn reload(admin: &AdminService) -> Result<ReloadReport, ReloadError> {
             .applied
             .push("tenants' limits and weights: the tenants file's now apply".into());
     }
-    let core = admin.core();
     let policy_before = core.policy_name();
     report.notes = settings.reconcile(core, now);
     let policy_after = core.policy_name();
     if policy_after != policy_before {
-        report.applied.push(format!("policy: {policy_before} -> {policy_after}"));
+        report
+            .applied
+            .push(format!("policy: {policy_before} -> {policy_after}"));
     }
-    settings.persist_or_warn("the settings after a reload").await;
+    settings
+        .persist_or_warn("the settings after a reload")
+        .await;
     Ok(report)
 }
 
@@ -164,10 +171,13 @@ pub fn on_sighup(admin: AdminService) -> impl Future<Output = ()> + Send + 'stat
             }
         };
         while hangups.recv().await.is_some() {
-            tracing::info!("SIGHUP received: reading the flags, the config file and the tenants file again");
-            match reload(&admin).await {
-                Ok(report) => report.log(),
-                Err(err) => tracing::error!(cause = %err, "reload failed"),
+            tracing::info!(
+                "SIGHUP received: reading the flags, the config file and the tenants file again"
+            );
+            // The same reload as `ctl reload`'s (it logs what it did).
+            let settings = admin.node().settings.clone();
+            if let Err(err) = settings.reload(admin.identifier().cloned()).await {
+                tracing::error!(cause = %err, "reload failed");
             }
         }
     }

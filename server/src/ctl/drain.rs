@@ -26,7 +26,10 @@ pub async fn drain(
         .map(|t| parse_duration_of("--timeout", &t).map(Duration::from_secs_f64))
         .transpose()?;
     let deadline = timeout.map(|t| Instant::now() + t);
-    let mut status = admin.drain(DrainRequest { until_restart }).await?.into_inner();
+    let mut status = admin
+        .drain(DrainRequest { until_restart })
+        .await?
+        .into_inner();
     if wait {
         let mut said = None;
         while !status.jobs.is_empty() {
@@ -116,7 +119,13 @@ pub fn drain_json(status: &DrainStatus) -> Value {
 }
 
 pub fn reload_text(report: &ReloadResponse) -> String {
-    let file = |f: &str| if f.is_empty() { "none".to_string() } else { f.to_string() };
+    let file = |f: &str| {
+        if f.is_empty() {
+            "none".to_string()
+        } else {
+            f.to_string()
+        }
+    };
     let mut out = format!(
         "reloaded: config file {}, tenants file {}\n",
         file(&report.config_file),
@@ -167,14 +176,20 @@ mod tests {
             }],
         };
         let text = drain_text(&status);
-        assert!(text.starts_with("draining since unix time 1700000000 (by root (uid 0))"), "{text}");
+        assert!(
+            text.starts_with("draining since unix time 1700000000 (by root (uid 0))"),
+            "{text}"
+        );
         assert!(text.contains("1 job(s) still open:\nID"), "{text}");
         assert!(text.contains("train"), "{text}");
         let v = drain_json(&status);
         assert_eq!(v["jobs"][0]["name"], "train");
         assert_eq!(v["by"], "root (uid 0)");
         let idle = DrainStatus::default();
-        assert_eq!(drain_text(&idle), "not draining: new jobs are admitted\nno job is open\n");
+        assert_eq!(
+            drain_text(&idle),
+            "not draining: new jobs are admitted\nno job is open\n"
+        );
         assert_eq!(drain_json(&idle)["since_unix_s"], Value::Null);
         let report = ReloadResponse {
             config_file: "/etc/salus.toml".into(),
@@ -183,9 +198,18 @@ mod tests {
             ..Default::default()
         };
         let text = reload_text(&report);
-        assert!(text.contains("config file /etc/salus.toml, tenants file none"), "{text}");
-        assert!(text.contains("applied: policy: fair -> srtf\nnot applied: listen: a -> b"), "{text}");
+        assert!(
+            text.contains("config file /etc/salus.toml, tenants file none"),
+            "{text}"
+        );
+        assert!(
+            text.contains("applied: policy: fair -> srtf\nnot applied: listen: a -> b"),
+            "{text}"
+        );
         assert_eq!(reload_json(&report)["tenants_file"], Value::Null);
-        assert_eq!(reload_text(&ReloadResponse::default()).lines().nth(1), Some("nothing changed"));
+        assert_eq!(
+            reload_text(&ReloadResponse::default()).lines().nth(1),
+            Some("nothing changed")
+        );
     }
 }

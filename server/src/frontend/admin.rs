@@ -28,7 +28,7 @@ use crate::runtime::latency::LatencySnapshot;
 use crate::runtime::node::Node;
 use crate::runtime::report::Rows;
 use crate::sched::{Hints, JobId};
-use crate::settings::{hints_key, DrainRecord, SavedHints};
+use crate::runtime::settings::{hints_key, DrainRecord, ReloadReport, SavedHints};
 use crate::tenant::admins::Admins;
 use crate::tenant::identity::Tenant;
 
@@ -306,6 +306,16 @@ impl AdminService {
             by: drain.map(|d| d.by).unwrap_or_default(),
             jobs,
         })
+    }
+}
+
+fn reload_response(report: &ReloadReport) -> ReloadResponse {
+    ReloadResponse {
+        config_file: report.config_file.clone().unwrap_or_default(),
+        tenants_file: report.tenants_file.clone().unwrap_or_default(),
+        applied: report.applied.clone(),
+        needs_restart: report.needs_restart.clone(),
+        notes: report.notes.clone(),
     }
 }
 
@@ -715,10 +725,13 @@ impl Admin for AdminService {
     async fn reload(&self, request: Request<ReloadRequest>) -> Result<Response<ReloadResponse>, Status> {
         let caller = self.admin_only(&request, "reloading the config")?;
         tracing::info!(by = %caller, "reload asked (ctl reload)");
-        let report = crate::reload::reload(self)
+        let report = self
+            .node
+            .settings
+            .reload(self.identifier.clone())
             .await
-            .map_err(|err| Status::from(Error::FailedPrecondition(err.to_string())))?;
-        Ok(Response::new(report.to_proto()))
+            .map_err(|err| Status::from(Error::FailedPrecondition(err)))?;
+        Ok(Response::new(reload_response(&report)))
     }
 
     async fn get_timeline(

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::runtime::job_history::{HistorySaver, HistoryView, JobIdentities};
-use crate::settings::{hints_key, SavedHints};
+use crate::runtime::saved_hints::{hints_key, SavedHints};
 use crate::runtime::latency::{LatencyRecorder, LatencySnapshot};
 use crate::runtime::run_class::RunClass;
 use crate::runtime::run_stats::{RunStats, RunStatsSnapshot};

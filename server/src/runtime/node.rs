@@ -9,7 +9,7 @@ use crate::gpu_probe::{CapacitySource, GpuProbe};
 use crate::runtime::admission::Admission;
 use crate::runtime::grants::RuntimeGrants;
 use crate::runtime::sched_port::SchedPort;
-use crate::settings::Settings;
+use crate::runtime::settings::Settings;
 use crate::tf::DeviceInfo;
 
 pub struct Node {

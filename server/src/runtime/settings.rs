@@ -22,12 +22,18 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::Config;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::OnceLock;
+
 use crate::config_file::Loaded;
 use crate::runtime::executor::Executor;
-use crate::sched::Hints;
-use crate::state_dir::{unix_seconds, Loaded as LoadedDocument, StateDir, StateDirError, StateDocument};
+pub use crate::runtime::saved_hints::{hints_key, SavedHints};
+use crate::state_dir::{
+    unix_seconds, Loaded as LoadedDocument, StateDir, StateDirError, StateDocument,
+};
 use crate::tenant::admins::Admins;
+use crate::tenant::identity::Identifier;
 use crate::tenant::limits::{Limits, LimitsTable};
 
 /// Job identities whose hints are kept; the ones set longest ago go first.
@@ -96,44 +102,6 @@ impl From<&LimitsRecord> for Limits {
     }
 }
 
-/// The hints an admin set for a job identity.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct SavedHints {
-    pub priority: i32,
-    pub expected_iterations: Option<u64>,
-    pub expected_seconds: Option<f64>,
-    /// When they were set (the oldest are forgotten first).
-    pub set_unix_s: u64,
-}
-
-impl SavedHints {
-    /// What `ctl hints` sets of `hints`.
-    pub fn of(hints: &Hints) -> SavedHints {
-        SavedHints {
-            priority: hints.priority,
-            expected_iterations: hints.expected_iterations,
-            expected_seconds: hints.expected_seconds,
-            set_unix_s: unix_seconds(SystemTime::now()),
-        }
-    }
-
-    /// `hints` (a client's) with these in place of what `ctl hints` sets.
-    pub fn over(&self, hints: Hints) -> Hints {
-        Hints {
-            priority: self.priority,
-            expected_iterations: self.expected_iterations,
-            expected_seconds: self.expected_seconds,
-            ..hints
-        }
-    }
-}
-
-/// The key of a job identity's hints: its tenant's durable name (a user, a
-/// token's tenant; "" for none) and its name. Tenant names hold no `/`.
-pub fn hints_key(tenant: &str, job_name: &str) -> String {
-    format!("{tenant}/{job_name}")
-}
-
 /// A drain in force.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DrainRecord {
@@ -173,19 +141,34 @@ pub struct Configured {
     pub file_limits: LimitsTable,
 }
 
-impl Configured {
-    pub fn of(config: &Config) -> Configured {
-        Configured {
-            loaded: config.loaded.clone(),
-            policy: config.policy.clone(),
-            file_limits: config.tenants.limits().clone(),
-        }
-    }
+/// What a reload did (`ctl reload`, SIGHUP).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReloadReport {
+    pub config_file: Option<String>,
+    pub tenants_file: Option<String>,
+    /// What changed and applies now.
+    pub applied: Vec<String>,
+    /// Flags whose new value needs a restart.
+    pub needs_restart: Vec<String>,
+    /// Run-time changes kept over the files, or dropped.
+    pub notes: Vec<String>,
 }
+
+/// Reads the flags and files again and applies them (`crate::reload`),
+/// given the identifier whose tenants file it replaces; Err: why nothing
+/// changed. A value here because the admin API, which calls it, sits below
+/// the flags' module.
+pub type Reloader = Box<
+    dyn Fn(
+            Option<Arc<Identifier>>,
+        ) -> Pin<Box<dyn Future<Output = Result<ReloadReport, String>> + Send>>
+        + Send
+        + Sync,
+>;
 
 /// The run-time settings of the process that schedules: the document, where
 /// it is saved, what the flags said, and the admins (read again at a reload).
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Settings {
     /// None: kept in memory only (no state directory).
     dir: Option<Arc<StateDir>>,
@@ -194,6 +177,17 @@ pub struct Settings {
     save_lock: Mutex<()>,
     configured: Mutex<Configured>,
     admins: RwLock<Arc<Admins>>,
+    /// Set once at start where the flags came from a command line.
+    reloader: OnceLock<Reloader>,
+}
+
+impl std::fmt::Debug for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Settings")
+            .field("dir", &self.dir)
+            .field("doc", &self.doc)
+            .finish_non_exhaustive()
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -238,11 +232,32 @@ impl Settings {
     }
 
     pub fn admins(&self) -> Arc<Admins> {
-        self.admins.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.admins
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     pub fn set_admins(&self, admins: Admins) {
         *self.admins.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(admins);
+    }
+
+    /// Installs the reload (once; later calls are ignored).
+    pub fn set_reloader(&self, reloader: Reloader) {
+        let _ = self.reloader.set(reloader);
+    }
+
+    /// Reloads the flags and files (see [`Reloader`]).
+    pub async fn reload(
+        &self,
+        identifier: Option<Arc<Identifier>>,
+    ) -> Result<ReloadReport, String> {
+        match self.reloader.get() {
+            Some(reload) => reload(identifier).await,
+            None => Err(
+                "this server reads no flags again (it was not started from a command line)".into(),
+            ),
+        }
     }
 
     pub fn configured(&self) -> Configured {
@@ -276,7 +291,10 @@ impl Settings {
         if core.policy_name() != policy {
             if let Err(err) = core.set_policy(&policy) {
                 // A saved name this build does not know: the flags' applies.
-                notes.push(format!("policy {policy} cannot apply ({err}); {} does", now.policy));
+                notes.push(format!(
+                    "policy {policy} cannot apply ({err}); {} does",
+                    now.policy
+                ));
                 doc.policy = None;
                 let _ = core.set_policy(&now.policy);
             }
@@ -320,10 +338,13 @@ impl Settings {
     pub fn record_limits(&self, name: &str, set: &Limits) {
         let file = LimitsRecord::from(&lock(&self.configured).file_limits.own(name));
         let mut doc = lock(&self.doc);
-        let entry = doc.limits.entry(name.to_string()).or_insert_with(|| Override {
-            value: LimitsRecord::default(),
-            configured: file.clone(),
-        });
+        let entry = doc
+            .limits
+            .entry(name.to_string())
+            .or_insert_with(|| Override {
+                value: LimitsRecord::default(),
+                configured: file.clone(),
+            });
         let mut value = Limits::from(&entry.value);
         value.update(set);
         entry.value = LimitsRecord::from(&value);
@@ -401,7 +422,7 @@ impl Settings {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sched::{policy, SchedConfig};
+    use crate::sched::{policy, Hints, SchedConfig};
 
     fn core() -> Executor {
         Executor::new(policy::by_name("fair").unwrap(), SchedConfig::default())
@@ -470,16 +491,38 @@ mod tests {
         let restarted = super::tests::core();
         let notes = settings.reconcile(&restarted, configured("fair", file));
         assert_eq!(restarted.policy_name(), "srtf", "{notes:?}");
-        assert_eq!(restarted.set_limits("alice", &Limits::default()).weight, Some(5));
-        assert_eq!(restarted.set_limits("*", &Limits::default()).max_jobs, Some(9));
+        assert_eq!(
+            restarted.set_limits("alice", &Limits::default()).weight,
+            Some(5)
+        );
+        assert_eq!(
+            restarted.set_limits("*", &Limits::default()).max_jobs,
+            Some(9)
+        );
         // The config now says las and the file gives alice weight 3: theirs apply.
         let notes = settings.reconcile(&restarted, configured("las", "alice - - weight=3\n"));
         assert_eq!(restarted.policy_name(), "las");
-        assert_eq!(restarted.set_limits("alice", &Limits::default()).weight, Some(3));
-        assert!(notes.iter().any(|n| n.contains("policy srtf set with `ctl policy` is dropped")), "{notes:?}");
-        assert!(notes.iter().any(|n| n.contains("limits of alice set with `ctl limits` are dropped")), "{notes:?}");
+        assert_eq!(
+            restarted.set_limits("alice", &Limits::default()).weight,
+            Some(3)
+        );
+        assert!(
+            notes
+                .iter()
+                .any(|n| n.contains("policy srtf set with `ctl policy` is dropped")),
+            "{notes:?}"
+        );
+        assert!(
+            notes
+                .iter()
+                .any(|n| n.contains("limits of alice set with `ctl limits` are dropped")),
+            "{notes:?}"
+        );
         // The defaults' change still applies: the file's `*` did not change.
-        assert_eq!(restarted.set_limits("*", &Limits::default()).max_jobs, Some(9));
+        assert_eq!(
+            restarted.set_limits("*", &Limits::default()).max_jobs,
+            Some(9)
+        );
         let doc = settings.document();
         assert_eq!(doc.policy, None);
         assert!(!doc.limits.contains_key("alice") && doc.limits.contains_key("*"));
@@ -491,7 +534,9 @@ mod tests {
     #[test]
     fn drain_and_hints_reach_the_core_and_the_drain_keeps_its_first_record() {
         let settings = Settings::default();
-        let first = settings.record_drain(Some(DrainRecord::now("root", false))).unwrap();
+        let first = settings
+            .record_drain(Some(DrainRecord::now("root", false)))
+            .unwrap();
         let second = settings
             .record_drain(Some(DrainRecord {
                 since_unix_s: first.since_unix_s + 100,
