@@ -500,7 +500,8 @@ impl Executor {
 
     /// A job opens: its owner, whose share it runs in once it joins the
     /// scheduler (call this first), and its label on the timeline. Refused
-    /// when the owner has its maximum of jobs open.
+    /// when the owner has its maximum of jobs open, and while the node is
+    /// drained ([`Executor::set_drain`]).
     pub fn open_job(
         &self,
         job: JobId,
@@ -508,11 +509,35 @@ impl Executor {
         kind: JobKind,
         owner: Option<&Tenant>,
     ) -> Result<()> {
+        self.open_job_as(job, name, kind, owner, true)
+    }
+
+    /// [`Executor::open_job`] for a job that was open before this process
+    /// started (an executor's job adopted after a restart or an upgrade of the
+    /// supervisor): a drain does not refuse it, since it is no new job.
+    pub fn reopen_job(
+        &self,
+        job: JobId,
+        name: &str,
+        kind: JobKind,
+        owner: Option<&Tenant>,
+    ) -> Result<()> {
+        self.open_job_as(job, name, kind, owner, false)
+    }
+
+    fn open_job_as(
+        &self,
+        job: JobId,
+        name: &str,
+        kind: JobKind,
+        owner: Option<&Tenant>,
+        new_job: bool,
+    ) -> Result<()> {
         {
             let mut inner = self.shared.lock();
-            // Checked here, where every job of both isolation modes opens
+            // Checked here, where every new job of both isolation modes opens
             // (under `--isolation tenant` the supervisor's link calls this).
-            if let Some(why) = &inner.drain {
+            if let Some(why) = inner.drain.as_ref().filter(|_| new_job) {
                 return Err(Error::Unavailable(why.clone()));
             }
             if let Some(owner) = owner {
@@ -1037,6 +1062,8 @@ mod tests {
         // The refused job was never counted as its tenant's.
         assert_eq!(ex.jobs_opened(ex.tenant_id(&alice)), 1);
         assert_eq!(run_main(&ex, JobId(1), None, || Ok(7)).await.unwrap(), 7);
+        // A job that was open before a restart (adopted) is no new job.
+        ex.reopen_job(JobId(3), "adopted", JobKind::Graph, Some(&alice)).unwrap();
         ex.set_drain(None);
         ex.open_job(JobId(2), "after", JobKind::Graph, Some(&alice)).unwrap();
     }

@@ -396,9 +396,13 @@ impl Settings {
             return Ok(());
         }
         let this = self.clone();
-        tokio::task::spawn_blocking(move || this.save_now())
-            .await
-            .unwrap_or(Ok(()))
+        match tokio::task::spawn_blocking(move || this.save_now()).await {
+            Ok(saved) => saved,
+            Err(err) => {
+                tracing::error!(cause = %err, "saving the run-time settings failed");
+                Ok(())
+            }
+        }
     }
 
     /// Saves the document now (blocks).
