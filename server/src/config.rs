@@ -31,6 +31,20 @@ pub struct Args {
     #[command(subcommand)]
     pub command: Option<Command>,
 
+    /// A TOML file of these flags under their long names (`policy = "srtf"`,
+    /// `lane-hold-limit = 60`, `admins = ["ci-bot"]`). Flags given on the
+    /// command line or in their environment variables win over it; a key that
+    /// is no flag is an error. `salus-server ctl reload` or SIGHUP reads it
+    /// again and applies what can change live (see README: Drain, reload and
+    /// settings that persist).
+    #[arg(long, env = "SALUS_CONFIG")]
+    pub config: Option<std::path::PathBuf>,
+
+    /// Where these flags came from (filled in by
+    /// [`Args::try_parse_with_config_file`]).
+    #[arg(skip)]
+    pub loaded: crate::config_file::Loaded,
+
     /// Address to listen on. Port 0 picks a free port; the bound address is
     /// printed on stdout as "salus-server listening on ADDR".
     #[arg(long, env = "SALUS_LISTEN", default_value = "127.0.0.1:5501")]
@@ -263,7 +277,8 @@ pub struct Args {
     /// (their SHA-256, never the tokens), with their tenants, limits, memory
     /// reservations and expiry, so that jobs placed before a restart are
     /// accepted after it and their reservations are held again before any new
-    /// job is admitted. Created 0700 if missing; files 0600. One server per
+    /// job is admitted; the job history; the policy, limits, hints and drain
+    /// set at run time (`ctl`). Created 0700 if missing; files 0600. One server per
     /// directory (it is locked). Default: /var/lib/salus/state as root, else
     /// $XDG_STATE_HOME/salus or ~/.local/state/salus.
     #[arg(long, env = "SALUS_STATE_DIR")]
@@ -275,9 +290,29 @@ pub struct Args {
     pub verbose: u8,
 }
 
+impl Args {
+    /// The process's flags ([`std::env::args_os`]), with `--config`'s file merged.
+    pub fn try_parse_with_config_file() -> Result<Args, clap::Error> {
+        Args::try_parse_from_with_config_file(std::env::args_os().collect())
+    }
+
+    /// `argv`'s flags (argv[0] first), with `--config`'s file merged
+    /// ([`crate::config_file`]): the command line and the environment win over
+    /// the file, the file over the defaults.
+    pub fn try_parse_from_with_config_file(
+        argv: Vec<std::ffi::OsString>,
+    ) -> Result<Args, clap::Error> {
+        use clap::{CommandFactory, FromArgMatches};
+        let (matches, loaded) = crate::config_file::matches_with_file(Args::command(), argv)?;
+        let mut args = Args::from_arg_matches(&matches)?;
+        args.loaded = loaded;
+        Ok(args)
+    }
+}
+
 #[derive(clap::Subcommand, Debug)]
 pub enum Command {
-    /// Talk to a running server's admin API: jobs, stats, policy, hints, limits, tokens, timeline.
+    /// Talk to a running server's admin API: jobs, stats, policy, hints, limits, tokens, timeline, drain, reload.
     Ctl(crate::ctl::CtlArgs),
     /// A tenant's executor process: started by the server itself, not by users.
     #[command(hide = true)]
@@ -337,6 +372,8 @@ pub struct Config {
     /// Where issued tokens are saved (`--state-dir` or its default); None: in
     /// memory only (an executor process, or no home directory to default to).
     pub state_dir: Option<std::path::PathBuf>,
+    /// The flags' sources (`--config`, the argv), for a reload.
+    pub loaded: crate::config_file::Loaded,
 }
 
 impl Default for Config {
@@ -372,6 +409,7 @@ impl Default for Config {
             lane_hold_limit: Some(Duration::from_secs(60)),
             block_cache_bytes: crate::block_cache::DEFAULT_MAX_BYTES,
             state_dir: None,
+            loaded: Default::default(),
         }
     }
 }
@@ -484,6 +522,7 @@ impl TryFrom<Args> for Config {
                 .then(|| Duration::from_secs(args.lane_hold_limit)),
             block_cache_bytes: usize::try_from(args.block_cache).unwrap_or(usize::MAX),
             state_dir,
+            loaded: args.loaded,
         })
     }
 }

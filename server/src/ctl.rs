@@ -1,6 +1,7 @@
 //! `salus-server ctl`: a human (and `--json`) client of the admin API.
 
 mod capacity;
+mod drain;
 mod history;
 mod info;
 mod jobs;
@@ -103,6 +104,37 @@ pub enum CtlCommand {
         #[arg(long, global = true)]
         json: bool,
     },
+    /// Stop admitting new jobs (admins only): each is refused with UNAVAILABLE
+    /// naming the drain; open jobs run on and are listed. Kept across restarts.
+    Drain {
+        /// Wait until no job is open (polling once a second).
+        #[arg(long)]
+        wait: bool,
+        /// With --wait: give up after this long (90s, 15m, 2h), listing the
+        /// jobs still open, with exit status 1.
+        #[arg(long, requires = "wait")]
+        timeout: Option<String>,
+        /// Not kept across a restart: the next start admits jobs (a
+        /// Kubernetes preStop hook, whose pod's successor must serve).
+        #[arg(long)]
+        until_restart: bool,
+        /// As JSON: draining, since_unix_s, by, jobs (as in `ctl jobs --json`).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Admit new jobs again after `ctl drain` (admins only).
+    Undrain {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Read the config file (--config) and the tenants file again and apply
+    /// what can change live (policy, tokens, limits, weights, admins); names
+    /// the changes that need a restart (admins only; SIGHUP does the same).
+    Reload {
+        /// As JSON: config_file, tenants_file, applied, needs_restart, notes.
+        #[arg(long)]
+        json: bool,
+    },
     /// Recent main iterations and cheap runs: per lane, per job counts and busy time.
     Timeline {
         /// Runs that ended in the last S seconds (0: all the server keeps).
@@ -194,6 +226,9 @@ pub enum CtlError {
     Rpc(#[from] tonic::Status),
     #[error("{0}")]
     Usage(String),
+    /// `drain --wait --timeout` ran out with jobs still open.
+    #[error("{0}")]
+    StillRunning(String),
     #[error("this server shares no device memory: start it with --memory-capacity SIZE (or, built with --features cuda, on a GPU)")]
     NoCapacity,
 }
@@ -267,6 +302,14 @@ pub async fn run(args: CtlArgs) -> Result<String, CtlError> {
             format!("limits of {tenant}: {}\n", limits_text(Some(&now)))
         }
         CtlCommand::Token { action } => token(&mut admin, action).await?,
+        CtlCommand::Drain {
+            wait,
+            timeout,
+            until_restart,
+            json,
+        } => drain::drain(&mut admin, wait, timeout, until_restart, json).await?,
+        CtlCommand::Undrain { json } => drain::undrain(&mut admin, json).await?,
+        CtlCommand::Reload { json } => drain::reload(&mut admin, json).await?,
         CtlCommand::History {
             action,
             tenant,

@@ -45,7 +45,8 @@ pub enum Error {
     Unimplemented(String),
     #[error("the server is shutting down")]
     ShuttingDown,
-    /// The executor cannot go on (no supervisor adopted it in time): why.
+    /// The node or the executor cannot take the request now (drained for
+    /// maintenance; no supervisor adopted the executor in time): why.
     #[error("{0}")]
     Unavailable(String),
     #[error("{0}")]
@@ -167,6 +168,7 @@ mod tests {
                 tonic::Code::Unimplemented,
             ),
             (Error::ShuttingDown, tonic::Code::Unavailable),
+            (Error::Unavailable("draining".into()), tonic::Code::Unavailable),
         ];
         for (err, code) in cases {
             let message = err.to_string();

@@ -9,7 +9,11 @@
 //! # Layout
 //! The folders follow the architecture: protocol front ends on top, one job
 //! runtime under them, the tenant boundary and the TensorFlow bindings below.
-//! - [`config`]: command-line flags and the validated [`config::Config`].
+//! - [`config`]: command-line flags and the validated [`config::Config`];
+//!   [`config_file`]: `--config FILE` (the flags as TOML keys) merged under them.
+//! - [`reload`]: `ctl reload` and SIGHUP, the flags, config and tenants files
+//!   read again; [`runtime::settings`]: what admins change at run time
+//!   (policy, limits, hints, drain), kept in the state directory.
 //! - [`node_start`]: every role's start ([`node_start::Role`]: the whole server,
 //!   the supervisor, a tenant's executor), TensorFlow-free; [`runtime::node`]
 //!   is what it gives.
@@ -79,6 +83,7 @@
 
 pub mod block_cache;
 pub mod config;
+pub mod config_file;
 pub mod ctl;
 pub mod error;
 pub mod executor;
@@ -91,6 +96,7 @@ pub mod http2;
 pub mod listen_fds;
 pub mod node_start;
 pub mod process;
+pub mod reload;
 pub mod runtime;
 pub mod seam;
 pub mod server;

@@ -7,7 +7,6 @@ use std::io::Write;
 use std::os::unix::process::CommandExt;
 
 use anyhow::Context;
-use clap::Parser;
 use salus_server::config::{Command, Config};
 use salus_server::frontend::admin::AdminService;
 use salus_server::process::{self, Listeners, SUPERVISOR_BIN};
@@ -32,7 +31,7 @@ fn main() -> anyhow::Result<()> {
             eprintln!("salus-server executor: {err}");
             std::process::exit(1);
         }
-    } else if let Ok(args) = salus_server::config::Args::try_parse_from(std::env::args_os()) {
+    } else if let Ok(args) = salus_server::config::Args::try_parse_with_config_file() {
         if args.command.is_none() && args.isolation == "tenant" {
             become_supervisor();
         }

@@ -22,6 +22,7 @@ use crate::sched::lanes::LaneManager;
 use crate::sched::policy;
 use crate::sched::History;
 use crate::seam::client::SeamClient;
+use crate::runtime::settings::Settings;
 use crate::state_dir::StateDir;
 use crate::tenant::identity::Identifier;
 use crate::tenant::tokens::TokenStore;
@@ -120,12 +121,30 @@ impl NodeStart {
                 SchedPort::Local(core)
             }
         };
+        let mut settings = None;
         let issued = restored.map(|restored| {
             if let Some(core) = sched.core() {
                 core.keep_history(restored.history, Some(restored.saver));
             }
+            settings = Some(restored.settings);
             restored.tokens
         });
+        // Run-time settings (ctl policy, limits, hints, drain) over the flags'.
+        let settings = Arc::new(settings.unwrap_or_default());
+        if let Some(core) = sched.core() {
+            settings.set_admins(config.admins.clone());
+            if !config.loaded.argv.is_empty() {
+                settings.set_reloader(crate::reload::reloader(core.clone(), Arc::downgrade(&settings)));
+            }
+            for note in settings.reconcile(core, crate::reload::configured(&config)) {
+                tracing::info!("{note}");
+            }
+            if let Some(drain) = settings.drain() {
+                tracing::warn!(since_unix_s = drain.since_unix_s, by = %drain.by,
+                    "this node is drained (salus-server ctl drain): new jobs are refused until `salus-server ctl undrain`");
+            }
+            settings.persist_or_warn("the settings restored at start").await;
+        }
         let admission = capacity.map(|capacity| {
             let core = match &sched {
                 SchedPort::Local(core) => core.clone(),
@@ -147,6 +166,7 @@ impl NodeStart {
         let mut node = Node::new(sched, admission, devices, tensorflow_version);
         node.gpu = gpu;
         node.capacity_source = capacity_source;
+        node.settings = settings;
         Ok(NodeStart {
             config,
             node: Arc::new(node),
@@ -170,6 +190,7 @@ impl NodeStart {
 /// What the state directory gave back at start.
 struct Restored {
     tokens: TokenStore,
+    settings: Settings,
     history: Option<History>,
     saver: HistorySaver,
 }
@@ -185,10 +206,12 @@ async fn restore_state(dir: std::path::PathBuf) -> Result<Restored, ServeError> 
         let saver = HistorySaver::start(dir.clone()).map_err(|e| {
             Error::Internal(format!("cannot start the job history's saver thread: {e}"))
         })?;
+        let settings = Settings::restore(dir.clone());
         let (tokens, report) = TokenStore::restore(dir, std::time::SystemTime::now());
         report.log();
         Ok::<_, ServeError>(Restored {
             tokens,
+            settings,
             history,
             saver,
         })

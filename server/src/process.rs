@@ -5,7 +5,6 @@
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
-use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
 use crate::config::{Args, Config};
@@ -37,7 +36,7 @@ pub fn beside_this_binary(name: &str) -> Result<PathBuf, String> {
 /// The flags, or their error (or `--help`) shown on `stderr` / stdout, styled
 /// where that is a terminal, and the process ended with clap's exit code.
 pub fn parse_args_or_exit(stderr: &mut std::fs::File) -> Args {
-    match Args::try_parse() {
+    match Args::try_parse_with_config_file() {
         Ok(args) => args,
         Err(err) => {
             let terminal = if err.use_stderr() {

@@ -155,11 +155,11 @@ impl Server {
             .max_encoding_message_size(limit);
         // The admin API is the scheduling process's: a tenant's executor has none.
         let admin = AdminService::new(self.state.node.clone(), self.state.clone()).map(|admin| {
-            AdminServer::new(
-                admin
-                    .with_admins(self.config.admins.clone())
-                    .with_identifier(identifier.clone()),
-            )
+            let admin = admin
+                .with_admins(self.config.admins.clone())
+                .with_identifier(identifier.clone());
+            tokio::spawn(crate::reload::on_sighup(admin.clone()));
+            AdminServer::new(admin)
         });
         crate::tf::python_kernel::install(limit as u64, |token, op, node, inputs| {
             crate::runtime::python_calls::python_calls().call(token, op, node, inputs)

@@ -108,7 +108,7 @@ async fn run(
             CheckpointRoot::Shared(dir) => Some(dir.clone()),
             CheckpointRoot::PerJob(_) => None,
         },
-        args: std::env::args_os().skip(1).collect(),
+        args: config.loaded.child_args.clone(),
         memory_limit: config.executor_memory,
         idle_timeout: config.executor_idle_timeout,
         lane_hold_limit: config.lane_hold_limit,

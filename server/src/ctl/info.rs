@@ -15,6 +15,9 @@ pub fn info_json(info: &ServerInfo) -> Value {
         "isolation": info.isolation,
         "policy": info.policy,
         "uptime_seconds": info.uptime_seconds,
+        "draining": info.draining,
+        "draining_since_unix_s": if info.draining { info.draining_since_unix_seconds.into() } else { Value::Null },
+        "config_file": if info.config_file.is_empty() { Value::Null } else { info.config_file.clone().into() },
         "devices": info.devices.iter().map(|d| json!({
             "name": d.name,
             "device_type": d.device_type,
@@ -46,6 +49,15 @@ pub fn info_text(info: &ServerInfo) -> String {
         "salus-server {}, TensorFlow {}, isolation {}, policy {}\n",
         info.version, info.tensorflow_version, info.isolation, info.policy
     );
+    if info.draining {
+        out += &format!(
+            "draining   since unix time {}: new jobs are refused until `salus-server ctl undrain`\n",
+            info.draining_since_unix_seconds
+        );
+    }
+    if !info.config_file.is_empty() {
+        out += &format!("config     {}\n", info.config_file);
+    }
     for d in &info.devices {
         out += &format!(
             "device     {} ({}, {} MiB as TensorFlow lists it)\n",

@@ -56,11 +56,16 @@ pub(super) fn resolve_uid(text: &str) -> Result<u32, CtlError> {
         .ok_or_else(|| CtlError::Usage(format!("--uid {text:?}: no such user on this machine")))
 }
 
-/// "90s", "15m", "2h", "7d" or a bare number of seconds.
+/// "90s", "15m", "2h", "7d" or a bare number of seconds (`--expires`).
 pub(super) fn parse_duration(text: &str) -> Result<f64, CtlError> {
+    parse_duration_of("--expires", text)
+}
+
+/// [`parse_duration`] for the flag `flag`, which errors name.
+pub(super) fn parse_duration_of(flag: &str, text: &str) -> Result<f64, CtlError> {
     let bad = || {
         CtlError::Usage(format!(
-            "--expires {text:?}: expected 90s, 15m, 2h, 7d or seconds"
+            "{flag} {text:?}: expected 90s, 15m, 2h, 7d or seconds"
         ))
     };
     let (number, unit) = match text.find(|c: char| c.is_ascii_alphabetic()) {

@@ -28,6 +28,7 @@ use crate::runtime::latency::LatencySnapshot;
 use crate::runtime::node::Node;
 use crate::runtime::report::Rows;
 use crate::sched::{Hints, JobId};
+use crate::runtime::settings::{hints_key, DrainRecord, ReloadReport, SavedHints};
 use crate::tenant::admins::Admins;
 use crate::tenant::identity::Tenant;
 
@@ -42,7 +43,6 @@ pub struct AdminService {
     /// Who tenants are; its store of tokens issued at run time (None: this
     /// process issues none).
     identifier: Option<Arc<Identifier>>,
-    admins: Arc<Admins>,
 }
 
 impl AdminService {
@@ -54,8 +54,21 @@ impl AdminService {
             node,
             jobs,
             identifier: None,
-            admins: Arc::new(Admins::default()),
         })
+    }
+
+    /// The scheduler core this service administers.
+    pub fn core(&self) -> &Executor {
+        &self.core
+    }
+
+    pub fn node(&self) -> &Arc<Node> {
+        &self.node
+    }
+
+    /// Who tenants are (None: no identifier was given).
+    pub fn identifier(&self) -> Option<&Arc<Identifier>> {
+        self.identifier.as_ref()
     }
 
     /// The scheduler and memory admission as the holder of tenants' grants.
@@ -67,9 +80,10 @@ impl AdminService {
     }
 
     /// Who may act on every tenant's jobs (`--admins`, besides the server's
-    /// own user and root).
-    pub fn with_admins(mut self, admins: Admins) -> AdminService {
-        self.admins = Arc::new(admins);
+    /// own user and root). Kept in the node's settings: a reload replaces them
+    /// for every clone of this service.
+    pub fn with_admins(self, admins: Admins) -> AdminService {
+        self.node.settings.set_admins(admins);
         self
     }
 
@@ -92,7 +106,7 @@ impl AdminService {
         if self.viewer(&caller) != Viewer::Admin {
             return Err(Error::PermissionDenied(format!(
                 "{what} needs an admin ({}); tenant {caller} is not one",
-                self.admins.describe()
+                self.node.settings.admins().describe()
             ))
             .into());
         }
@@ -114,7 +128,7 @@ impl AdminService {
     }
 
     fn viewer(&self, caller: &Tenant) -> Viewer {
-        if self.admins.allows(caller) {
+        if self.node.settings.admins().allows(caller) {
             Viewer::Admin
         } else {
             Viewer::Tenant(caller.key.clone())
@@ -208,6 +222,15 @@ impl AdminService {
             admission_waits: admission.waits,
             admission_refusals: admission.refusals,
             admission_timeouts: admission.timeouts,
+            draining: s.settings.drain().is_some(),
+            draining_since_unix_seconds: s.settings.drain().map_or(0.0, |d| d.since_unix_s as f64),
+            config_file: s
+                .settings
+                .configured()
+                .loaded
+                .file
+                .map(|f| f.display().to_string())
+                .unwrap_or_default(),
             // The job counters: filled in by `server_info_from`.
             ..Default::default()
         }
@@ -270,6 +293,32 @@ impl AdminService {
 
 }
 
+
+impl AdminService {
+    /// The drain in force and every open job. Gathers the jobs off the runtime.
+    async fn drain_status(&self) -> Result<DrainStatus, Status> {
+        let this = self.clone();
+        let jobs = crate::runtime::exec::blocking(move || Ok(this.jobs_for(&Viewer::Admin))).await?;
+        let drain = self.node.settings.drain();
+        Ok(DrainStatus {
+            draining: drain.is_some(),
+            since_unix_seconds: drain.as_ref().map_or(0.0, |d| d.since_unix_s as f64),
+            until_restart: drain.as_ref().is_some_and(|d| d.until_restart),
+            by: drain.map(|d| d.by).unwrap_or_default(),
+            jobs,
+        })
+    }
+}
+
+fn reload_response(report: &ReloadReport) -> ReloadResponse {
+    ReloadResponse {
+        config_file: report.config_file.clone().unwrap_or_default(),
+        tenants_file: report.tenants_file.clone().unwrap_or_default(),
+        applied: report.applied.clone(),
+        needs_restart: report.needs_restart.clone(),
+        notes: report.notes.clone(),
+    }
+}
 
 fn tenant_share(figures: &TenantFigures, memory_bytes: u64) -> TenantShare {
     TenantShare {
@@ -405,6 +454,17 @@ impl AdminService {
         let hints = hints_from_request(&req, row.name.clone(), &self.core, id)?;
         self.core.set_hints(id, hints.clone())?;
         tracing::info!(job = id.0, ?hints, "job hints changed");
+        // Kept by job identity: the job adopted after a restart, or submitted
+        // again under its name, gets them back.
+        if let Some(identity) = self.core.identity(id) {
+            let key = hints_key(&identity.tenant, &identity.name);
+            let settings = &self.node.settings;
+            for forgotten in settings.record_hints(key.clone(), SavedHints::of(&hints)) {
+                self.core.save_hints(forgotten, None);
+            }
+            self.core.save_hints(key, Some(SavedHints::of(&hints)));
+            settings.persist_or_warn("job hints").await;
+        }
         Ok(Rows(&self.node).with_scheduler_view(row))
     }
 }
@@ -484,6 +544,11 @@ impl Admin for AdminService {
         let limits = limits_from_proto(req.limits)?;
         let now = self.core.set_limits(name, &limits);
         tracing::info!(tenant = name, limits = %now, by = %caller, "tenant limits changed");
+        // `ctl limits NAME` with no field only shows them: nothing to keep.
+        if limits != Limits::default() {
+            self.node.settings.record_limits(name, &limits);
+            self.node.settings.persist_or_warn("tenant limits").await;
+        }
         Ok(Response::new(limits_to_proto(&now)))
     }
 
@@ -614,6 +679,8 @@ impl Admin for AdminService {
         let name = request.into_inner().policy;
         let (previous, policy) = self.core.set_policy(&name)?;
         tracing::info!(previous, policy, "scheduling policy changed");
+        self.node.settings.record_policy(policy);
+        self.node.settings.persist_or_warn("the scheduling policy").await;
         Ok(Response::new(SetPolicyResponse {
             previous: previous.into(),
             policy: policy.into(),
@@ -627,6 +694,45 @@ impl Admin for AdminService {
         let viewer = self.viewer(&tenant_of(&request));
         let req = request.into_inner();
         self.set_job_hints_as(req, viewer).await.map(Response::new)
+    }
+
+    async fn drain(&self, request: Request<DrainRequest>) -> Result<Response<DrainStatus>, Status> {
+        let caller = self.admin_only(&request, "draining the node")?;
+        let settings = &self.node.settings;
+        let was = settings.drain();
+        let until_restart = request.get_ref().until_restart;
+        let drain = settings.record_drain(Some(DrainRecord::now(&caller.to_string(), until_restart)));
+        self.core.set_drain(drain.as_ref().map(DrainRecord::refusal));
+        if was.is_none() {
+            tracing::warn!(by = %caller, "node drained: new jobs are refused until `salus-server ctl undrain`; open jobs run on");
+            settings.persist_or_warn("the drain").await;
+        }
+        self.drain_status().await.map(Response::new)
+    }
+
+    async fn undrain(&self, request: Request<UndrainRequest>) -> Result<Response<DrainStatus>, Status> {
+        let caller = self.admin_only(&request, "undraining the node")?;
+        let settings = &self.node.settings;
+        let was = settings.drain();
+        settings.record_drain(None);
+        self.core.set_drain(None);
+        if was.is_some() {
+            tracing::info!(by = %caller, "node undrained: new jobs are admitted again");
+            settings.persist_or_warn("the end of the drain").await;
+        }
+        self.drain_status().await.map(Response::new)
+    }
+
+    async fn reload(&self, request: Request<ReloadRequest>) -> Result<Response<ReloadResponse>, Status> {
+        let caller = self.admin_only(&request, "reloading the config")?;
+        tracing::info!(by = %caller, "reload asked (ctl reload)");
+        let report = self
+            .node
+            .settings
+            .reload(self.identifier.clone())
+            .await
+            .map_err(|err| Status::from(Error::FailedPrecondition(err)))?;
+        Ok(Response::new(reload_response(&report)))
     }
 
     async fn get_timeline(

@@ -10,7 +10,7 @@
 //! The state is behind a `std::sync::Mutex`: it is never held across an
 //! `.await` or a TensorFlow call, only for a decision or a bookkeeping update.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::runtime::job_history::{HistorySaver, HistoryView, JobIdentities};
+use crate::runtime::saved_hints::{hints_key, SavedHints};
 use crate::runtime::latency::{LatencyRecorder, LatencySnapshot};
 use crate::runtime::run_class::RunClass;
 use crate::runtime::run_stats::{RunStats, RunStatsSnapshot};
@@ -211,6 +212,13 @@ struct Inner {
     identities: JobIdentities,
     /// Where the history goes after each run it records (None: not kept).
     history_saver: Option<HistorySaver>,
+    /// Set while the node is drained (`ctl drain`): why no new job opens.
+    drain: Option<String>,
+    /// Hints an admin set at run time, by job identity
+    /// ([`crate::settings::hints_key`]): a job of that tenant and name gets
+    /// them when it joins the scheduler (re-submitted, or adopted after a
+    /// restart), over the hints its client gave.
+    saved_hints: HashMap<String, SavedHints>,
 }
 
 struct Shared {
@@ -270,6 +278,8 @@ impl Executor {
                     stopping: false,
                     identities: JobIdentities::default(),
                     history_saver: None,
+                    drain: None,
+                    saved_hints: HashMap::new(),
                 }),
                 wake: Condvar::new(),
                 epoch: Instant::now(),
@@ -284,8 +294,16 @@ impl Executor {
         let mut inner = self.shared.lock();
         // The owner was recorded when the job opened (`open_job`).
         let tenant = inner.tenants.owner(id);
+        let identity = inner.identities.get(id).cloned();
+        let hints = match identity
+            .as_ref()
+            .and_then(|who| inner.saved_hints.get(&hints_key(&who.tenant, &who.name)))
+        {
+            Some(saved) => saved.over(hints),
+            None => hints,
+        };
         let hints = inner.tenants.clamp(id, hints);
-        let added = match inner.identities.get(id).cloned() {
+        let added = match identity {
             Some(identity) => inner
                 .sched
                 .add_identified_job(id, lane, tenant, identity, hints, now),
@@ -482,7 +500,8 @@ impl Executor {
 
     /// A job opens: its owner, whose share it runs in once it joins the
     /// scheduler (call this first), and its label on the timeline. Refused
-    /// when the owner has its maximum of jobs open.
+    /// when the owner has its maximum of jobs open, and while the node is
+    /// drained ([`Executor::set_drain`]).
     pub fn open_job(
         &self,
         job: JobId,
@@ -490,8 +509,37 @@ impl Executor {
         kind: JobKind,
         owner: Option<&Tenant>,
     ) -> Result<()> {
+        self.open_job_as(job, name, kind, owner, true)
+    }
+
+    /// [`Executor::open_job`] for a job that was open before this process
+    /// started (an executor's job adopted after a restart or an upgrade of the
+    /// supervisor): a drain does not refuse it, since it is no new job.
+    pub fn reopen_job(
+        &self,
+        job: JobId,
+        name: &str,
+        kind: JobKind,
+        owner: Option<&Tenant>,
+    ) -> Result<()> {
+        self.open_job_as(job, name, kind, owner, false)
+    }
+
+    fn open_job_as(
+        &self,
+        job: JobId,
+        name: &str,
+        kind: JobKind,
+        owner: Option<&Tenant>,
+        new_job: bool,
+    ) -> Result<()> {
         {
             let mut inner = self.shared.lock();
+            // Checked here, where every new job of both isolation modes opens
+            // (under `--isolation tenant` the supervisor's link calls this).
+            if let Some(why) = inner.drain.as_ref().filter(|_| new_job) {
+                return Err(Error::Unavailable(why.clone()));
+            }
             if let Some(owner) = owner {
                 inner.tenants.open(job, owner)?;
                 // A tenant seen for the first time gets its weight.
@@ -504,6 +552,42 @@ impl Executor {
             .timeline
             .open_job(job, name, kind, owner.map(|t| t.key.clone()));
         Ok(())
+    }
+
+    /// Who job `id` is (its tenant's durable name and its name), if it opened here.
+    pub fn identity(&self, id: JobId) -> Option<crate::sched::JobIdentity> {
+        self.shared.lock().identities.get(id).cloned()
+    }
+
+    /// Drains the node (`Some(why)`: no new job opens, each is refused with
+    /// UNAVAILABLE saying `why`; open jobs run on) or admits jobs again (None).
+    pub fn set_drain(&self, why: Option<String>) {
+        self.shared.lock().drain = why;
+    }
+
+    /// Why the node is drained, if it is.
+    pub fn drain(&self) -> Option<String> {
+        self.shared.lock().drain.clone()
+    }
+
+    /// The hints saved for job identity `key` ([`hints_key`]); None forgets them.
+    pub fn save_hints(&self, key: String, hints: Option<SavedHints>) {
+        let mut inner = self.shared.lock();
+        match hints {
+            Some(hints) => inner.saved_hints.insert(key, hints),
+            None => inner.saved_hints.remove(&key),
+        };
+    }
+
+    /// Replaces the limits the tenants file gives (a reload), keeping those
+    /// issued tokens grant; limits changed with `ctl limits` are re-applied
+    /// by the caller.
+    pub fn replace_file_limits(&self, limits: LimitsTable) {
+        let mut inner = self.shared.lock();
+        inner.tenants.replace_file_limits(limits);
+        apply_weights(&mut inner);
+        drop(inner);
+        self.shared.wake.notify_all();
     }
 
     /// The tenants' limits (the tenants file's, at start).
@@ -958,6 +1042,54 @@ mod tests {
         assert_eq!(ex.stats().iterations_total, 3);
         let unknown = run_main(&ex, JobId(9), None, || Ok(())).await.unwrap_err();
         assert!(matches!(unknown, Error::IterationDropped(_)));
+    }
+
+    /// A drained core refuses a job opening with UNAVAILABLE naming the
+    /// drain, while a job open before runs on; undrained, jobs open again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_drained_core_refuses_new_jobs_and_runs_open_ones() {
+        let ex = executor("fair");
+        let alice = Tenant::named("alice");
+        ex.open_job(JobId(1), "before", JobKind::Graph, Some(&alice)).unwrap();
+        ex.add_job(JobId(1), LaneId(0), Hints::default()).unwrap();
+        ex.set_drain(Some("this node is draining for maintenance (salus-server ctl drain)".into()));
+        let refused = ex
+            .open_job(JobId(2), "after", JobKind::Graph, Some(&alice))
+            .unwrap_err();
+        assert!(matches!(refused, Error::Unavailable(_)), "{refused:?}");
+        assert_eq!(refused.code(), salus_proto::tensorflow::error::Code::Unavailable);
+        assert!(refused.to_string().contains("salus-server ctl drain"), "{refused}");
+        // The refused job was never counted as its tenant's.
+        assert_eq!(ex.jobs_opened(ex.tenant_id(&alice)), 1);
+        assert_eq!(run_main(&ex, JobId(1), None, || Ok(7)).await.unwrap(), 7);
+        // A job that was open before a restart (adopted) is no new job.
+        ex.reopen_job(JobId(3), "adopted", JobKind::Graph, Some(&alice)).unwrap();
+        ex.set_drain(None);
+        ex.open_job(JobId(2), "after", JobKind::Graph, Some(&alice)).unwrap();
+    }
+
+    /// Hints saved for a job identity apply to a job of that tenant and
+    /// name when it joins (adopted or submitted again), over its client's.
+    #[test]
+    fn saved_hints_apply_to_a_job_of_that_identity() {
+        let ex = executor("priority");
+        let alice = Tenant::named("alice");
+        ex.save_hints(
+            hints_key("alice", "resnet"),
+            Some(SavedHints {
+                priority: 5,
+                expected_iterations: Some(100),
+                expected_seconds: None,
+                set_unix_s: 1,
+            }),
+        );
+        ex.open_job(JobId(1), "resnet", JobKind::Graph, Some(&alice)).unwrap();
+        ex.add_job(JobId(1), LaneId(0), Hints { name: "resnet".into(), priority: 1, ..Hints::default() }).unwrap();
+        let hints = ex.job_status(JobId(1)).unwrap().hints;
+        assert_eq!((hints.priority, hints.expected_iterations), (5, Some(100)));
+        ex.open_job(JobId(2), "other", JobKind::Graph, Some(&alice)).unwrap();
+        ex.add_job(JobId(2), LaneId(0), Hints { name: "other".into(), priority: 1, ..Hints::default() }).unwrap();
+        assert_eq!(ex.job_status(JobId(2)).unwrap().hints.priority, 1);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

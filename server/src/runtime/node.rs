@@ -2,12 +2,14 @@
 //! learnt of the devices. TensorFlow-free (the supervisor holds just this);
 //! a process that runs jobs holds it inside its `ServerState`.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::gpu_probe::{CapacitySource, GpuProbe};
 use crate::runtime::admission::Admission;
 use crate::runtime::grants::RuntimeGrants;
 use crate::runtime::sched_port::SchedPort;
+use crate::runtime::settings::Settings;
 use crate::tf::DeviceInfo;
 
 pub struct Node {
@@ -23,6 +25,9 @@ pub struct Node {
     pub gpu: GpuProbe,
     pub capacity_source: CapacitySource,
     pub started: Instant,
+    /// What admins changed at run time, saved in the state directory (the
+    /// process that schedules; an executor's stays empty).
+    pub settings: Arc<Settings>,
 }
 
 impl Node {
@@ -40,6 +45,7 @@ impl Node {
             gpu: GpuProbe::default(),
             capacity_source: CapacitySource::default(),
             started: Instant::now(),
+            settings: Arc::new(Settings::default()),
         }
     }
 

@@ -66,6 +66,11 @@ impl TenantIds {
         self.limits = limits;
     }
 
+    /// The tenants file's limits replaced by `limits`', tokens' grants kept.
+    pub fn replace_file_limits(&mut self, limits: LimitsTable) {
+        self.limits = limits.with_grants_of(&self.limits);
+    }
+
     /// Changes `name`'s limits (`*`: the defaults); the set fields replace.
     pub fn set_limits(&mut self, name: &str, limits: &Limits) {
         self.limits.set(name, limits);

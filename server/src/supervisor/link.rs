@@ -238,9 +238,14 @@ impl Link {
                     JobKind::Graph
                 };
                 // The owner is this link's tenant, whatever the executor says.
-                let error = self
-                    .executor
-                    .open_job(job, &open.name, kind, Some(&self.owner))
+                // An adopted executor's job (id 0) is open already: a drain
+                // does not refuse it.
+                let opened = if open.id == 0 {
+                    self.executor.reopen_job(job, &open.name, kind, Some(&self.owner))
+                } else {
+                    self.executor.open_job(job, &open.name, kind, Some(&self.owner))
+                };
+                let error = opened
                     .err()
                     .map(|err| {
                         lock(&self.jobs).remove(&job);

@@ -75,6 +75,7 @@ pub async fn serve(
     if let Some(metrics) = metrics {
         tokio::spawn(crate::frontend::metrics::serve(metrics, admin.clone()));
     }
+    tokio::spawn(crate::reload::on_sighup(admin.clone()));
     let admin = AdminServer::new(admin);
     let (health, health_service) = tonic_health::server::health_reporter();
     for service in [

@@ -297,7 +297,8 @@ pub enum PeerUser {
 #[derive(Debug)]
 pub struct Identifier {
     mode: AuthMode,
-    tenants: TenantsFile,
+    /// Replaced whole when the file is read again (`ctl reload`, SIGHUP).
+    tenants: std::sync::RwLock<Arc<TenantsFile>>,
     issued: TokenStore,
     anonymous: Arc<Tenant>,
     by_uid: std::sync::Mutex<HashMap<u32, Arc<Tenant>>>,
@@ -307,7 +308,7 @@ impl Identifier {
     pub fn new(mode: AuthMode, tenants: TenantsFile) -> Identifier {
         Identifier {
             mode,
-            tenants,
+            tenants: std::sync::RwLock::new(Arc::new(tenants)),
             issued: TokenStore::default(),
             anonymous: Arc::new(Tenant::anonymous()),
             by_uid: std::sync::Mutex::new(HashMap::new()),
@@ -321,6 +322,17 @@ impl Identifier {
         self
     }
 
+    /// The tenants file as last read.
+    pub fn tenants(&self) -> Arc<TenantsFile> {
+        self.tenants.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Takes `tenants` (the file read again) for the connections accepted
+    /// from now on; connections open stay as they were identified.
+    pub fn replace_tenants(&self, tenants: TenantsFile) {
+        *self.tenants.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(tenants);
+    }
+
     /// Tokens issued at run time.
     pub fn issued(&self) -> &TokenStore {
         &self.issued
@@ -329,7 +341,8 @@ impl Identifier {
     /// The uid a token for tenant `name` is bound to: `asked`, or the tenants
     /// file's binding of that name; an error if they differ.
     pub fn binding_for(&self, name: &str, asked: Option<u32>) -> Result<Option<u32>, String> {
-        let listed = self.tenants.entries.iter().find(|e| e.name == name);
+        let tenants = self.tenants();
+        let listed = tenants.entries.iter().find(|e| e.name == name);
         match (listed.map(|e| e.uid), asked) {
             (Some(Some(bound)), Some(uid)) if bound != uid => Err(format!(
                 "tenant {name} is bound to uid {bound} in the tenants file, not {uid}"
@@ -346,7 +359,7 @@ impl Identifier {
         if gone.uid.is_some() && self.mode.accepts_uid() {
             return true;
         }
-        let listed = self.tenants.entries.iter().any(|e| match gone.uid {
+        let listed = self.tenants().entries.iter().any(|e| match gone.uid {
             Some(uid) => e.uid == Some(uid),
             None => e.uid.is_none() && e.name == gone.tenant,
         });
@@ -359,7 +372,7 @@ impl Identifier {
     pub fn fixed(tenant: Arc<Tenant>) -> Identifier {
         Identifier {
             mode: AuthMode::Off,
-            tenants: TenantsFile::default(),
+            tenants: Default::default(),
             issued: TokenStore::default(),
             anonymous: tenant,
             by_uid: std::sync::Mutex::new(HashMap::new()),
@@ -389,8 +402,9 @@ impl Identifier {
         let token = user_agent.and_then(token_in_user_agent);
         if self.mode.accepts_token() {
             if let Some(token) = token {
-                let (name, uid) = match self.tenants.find(token) {
-                    Some(entry) => (entry.name.clone(), entry.uid),
+                let listed = self.tenants().find(token).map(|entry| (entry.name.clone(), entry.uid));
+                let (name, uid) = match listed {
+                    Some(found) => found,
                     None => match self.issued.find(token, SystemTime::now()) {
                         Ok(Some(issued)) => (issued.tenant, issued.uid),
                         Ok(None) => return Err(IdentityError::UnknownToken),

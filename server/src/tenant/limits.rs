@@ -162,6 +162,22 @@ impl LimitsTable {
             .map_or(own.clone(), |granted| granted.over(&own))
     }
 
+    /// This table's own limits with the grants of issued tokens taken from
+    /// `other` (a tenants file read again keeps what tokens grant).
+    pub fn with_grants_of(mut self, other: &LimitsTable) -> LimitsTable {
+        self.granted = other.granted.clone();
+        self
+    }
+
+    /// The limits set for `name` itself (`*`: the defaults), without the
+    /// defaults or grants over them.
+    pub fn own(&self, name: &str) -> Limits {
+        if name == "*" {
+            return self.default.clone();
+        }
+        self.by_name.get(name).cloned().unwrap_or_default()
+    }
+
     pub fn defaults(&self) -> &Limits {
         &self.default
     }
