@@ -592,7 +592,8 @@ def test_sigterm_with_iterations_of_several_jobs_in_flight(refs, tmp_path):
         for seed in SLOW_SEEDS:  # while the client imports TensorFlow
             refs.first(seed, 12, "slow")
         client.wait_ready_file()
-        server = SalusProcess(tmp_path / "salus-server.stderr.log")
+        # --adopt-grace 0: SIGTERM is a full stop (with adoption it stops only the supervisor: test_restart.py).
+        server = SalusProcess(tmp_path / "salus-server.stderr.log", ("--adopt-grace", "0"))
         client.release(server.target)
         client.events.next("ready", timeout=60)
         time.sleep(0.3)
@@ -663,7 +664,8 @@ def test_server_sigkill_and_restart_on_the_same_port(refs, tmp_path):
     try:
         refs.first(99, 20)  # while the client imports TensorFlow
         client.wait_ready_file()
-        first = SalusProcess(tmp_path / "first.stderr.log")
+        # --adopt-grace 0: the restart this test is about loses the jobs (test_restart.py: one that does not).
+        first = SalusProcess(tmp_path / "first.stderr.log", ("--adopt-grace", "0"))
         client.release(first.target)
         client.events.next("ready", timeout=60)
         kill_wall = time.time()

@@ -49,7 +49,8 @@ class JsonLines:
 
 
 def test_sigterm_lets_in_flight_run_finish_and_exits_0(tmp_path):
-    server = SalusProcess(tmp_path / "salus-server.stderr.log")
+    # --adopt-grace 0: SIGTERM is a full stop (with adoption it stops only the supervisor: test_restart.py).
+    server = SalusProcess(tmp_path / "salus-server.stderr.log", ("--adopt-grace", "0"))
     client = None
     try:
         with grpc.insecure_channel(server.address) as ch:

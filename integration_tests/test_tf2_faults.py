@@ -324,7 +324,8 @@ def test_sigterm_with_tf2_and_tf1_work_in_flight(reference, refs, tmp_path):
                       extra=("--op-timeout-ms", str(CLIENT_OP_TIMEOUT_MS), "--warm", "3", "--deadline", "90"))
     server = tf2 = None
     try:
-        server = SalusProcess(tmp_path / "salus-server.stderr.log")
+        # --adopt-grace 0: SIGTERM is a full stop (with adoption it stops only the supervisor: test_restart.py).
+        server = SalusProcess(tmp_path / "salus-server.stderr.log", ("--adopt-grace", "0"))
         tf2 = TF2Child(server.address, "tf2-long", "--mode", "long", "--warm", "3", "--long-iters", str(LONG_ITERS),
                        "--deadline", "90")
         refs.first(SLOW_SEED, 12, "slow")  # while the clients import TensorFlow
@@ -384,7 +385,8 @@ def test_sigterm_with_tf2_and_tf1_work_in_flight(reference, refs, tmp_path):
 def test_server_restart_tf2_client_told_new_job_exact(reference, tmp_path):
     first = second = client = new = None
     try:
-        first = SalusProcess(tmp_path / "first.stderr.log")
+        # --adopt-grace 0: the restart this test is about loses the context (test_restart.py: one that does not).
+        first = SalusProcess(tmp_path / "first.stderr.log", ("--adopt-grace", "0"))
         client = TF2Child(first.address, "tf2-restart", "--mode", "wait", "--warm", "5", "--deadline", "120",
                           stdin=True)
         ready = client.events.next("ready", timeout=TF_START_S)

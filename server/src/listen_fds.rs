@@ -5,7 +5,6 @@
 //! outlives the process, so no client is refused while it restarts.
 
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
-use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
@@ -133,7 +132,7 @@ pub fn serves(held: &std::net::TcpListener, wanted: std::net::SocketAddr) -> boo
 pub fn take_from_keeper(
     rendezvous: &Path,
 ) -> Option<(std::net::TcpListener, Option<std::net::TcpListener>)> {
-    let stream = UnixStream::connect(rendezvous.join(KEEPER_SOCKET)).ok()?;
+    let stream = crate::seam::adoption::connect(&rendezvous.join(KEEPER_SOCKET)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     let fds = crate::seam::adoption::recv_fds(&stream, 2).ok()?;
     // Got them: the keeper may go.

@@ -86,8 +86,33 @@ impl ExecutorRecord {
     }
 }
 
+/// Runs `f` with a name of `path` short enough for a Unix socket address
+/// (108 bytes): `path` itself, or, for a deep state directory, the same file
+/// reached through an open fd of its folder (`/proc/self/fd/N/NAME`).
+pub fn with_short_path<T>(path: &Path, f: impl FnOnce(&Path) -> io::Result<T>) -> io::Result<T> {
+    use std::os::unix::ffi::OsStrExt;
+    if path.as_os_str().as_bytes().len() < 100 {
+        return f(path);
+    }
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return f(path);
+    };
+    let dir = std::fs::File::open(dir)?;
+    let short = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd())).join(name);
+    f(&short)
+}
+
 /// A Unix stream socket bound to `path`, not listening (close-on-exec).
 pub fn bound_socket(path: &Path) -> io::Result<OwnedFd> {
+    with_short_path(path, bind_at)
+}
+
+/// Connects to the Unix socket at `path` (any depth).
+pub fn connect(path: &Path) -> io::Result<UnixStream> {
+    with_short_path(path, |p| UnixStream::connect(p))
+}
+
+fn bind_at(path: &Path) -> io::Result<OwnedFd> {
     use std::os::unix::ffi::OsStrExt;
     let bytes = path.as_os_str().as_bytes();
     // SAFETY: sockaddr_un is plain data; all-zero is valid.
@@ -287,6 +312,19 @@ pub fn recv_fds(stream: &UnixStream, count: usize) -> io::Result<Vec<OwnedFd>> {
 mod tests {
     use super::*;
     use std::io::{Read, Write};
+
+    #[test]
+    fn a_rendezvous_in_a_deep_folder_is_bound_and_reached() {
+        let dir = crate::state_dir::temp_dir("deep").join("x".repeat(60)).join("y".repeat(60));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("7.sock");
+        assert!(path.as_os_str().len() > 108);
+        let listener = listen(bound_socket(&path).unwrap()).unwrap();
+        assert!(path.exists());
+        let _client = connect(&path).unwrap();
+        listener.accept().unwrap();
+        let _ = std::fs::remove_dir_all(dir.parent().unwrap().parent().unwrap());
+    }
 
     #[test]
     fn the_peer_of_a_rendezvous_is_the_process_that_listens() {

@@ -175,7 +175,7 @@ struct Handshake {
 /// Connects to an executor's rendezvous, checks who answers, passes it new
 /// sockets and reads its Hello (its replay follows on the same stream).
 fn handshake(path: &std::path::Path, record: &ExecutorRecord) -> Result<Handshake, String> {
-    let mut stream = UnixStream::connect(path).map_err(|e| match e.kind() {
+    let mut stream = adoption::connect(path).map_err(|e| match e.kind() {
         std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound => {
             "the executor is gone".to_string()
         }

@@ -403,7 +403,14 @@ impl Executors {
         set_send_timeout(&handover_ours, HANDOVER_TIMEOUT)
             .map_err(|e| format!("socket setup failed: {e}"))?;
         let rendezvous = match &self.spec.rendezvous {
-            Some(dir) => Some(rendezvous_socket(dir, serial)?),
+            Some(dir) => match rendezvous_socket(dir, serial) {
+                Ok(made) => Some(made),
+                Err(why) => {
+                    // It still serves its tenant; only a restart would end its jobs.
+                    tracing::warn!(tenant = %tenant, "{why}: this executor cannot be adopted after a restart");
+                    None
+                }
+            },
             None => None,
         };
         let mut command = Command::new(&self.spec.exe);
@@ -502,6 +509,7 @@ impl Executors {
         drop(seam_theirs);
         drop(handover_theirs);
         let pid = child.id();
+        let adoptable = rendezvous.is_some();
         if let (Some(dir), Some((listener, secret))) = (&self.spec.rendezvous, rendezvous) {
             drop(listener);
             let record = ExecutorRecord {
@@ -549,7 +557,7 @@ impl Executors {
             let tenant = tenant.clone();
             let executors = Arc::downgrade(self);
             let handed = handed.clone();
-            let record_dir = self.spec.rendezvous.clone();
+            let record_dir = self.spec.rendezvous.clone().filter(|_| adoptable);
             std::thread::Builder::new()
                 .name(format!("salus-reap-{pid}"))
                 .spawn(move || {

@@ -78,7 +78,7 @@ pub fn keep() -> ! {
         .and_then(|g| g.parse().ok())
         .map_or(Duration::from_secs(120), Duration::from_secs);
     let _ = std::fs::remove_file(&path);
-    let Ok(listener) = UnixListener::bind(&path) else {
+    let Ok(listener) = adoption::with_short_path(&path, |p| UnixListener::bind(p)) else {
         std::process::exit(1);
     };
     let _ = listener.set_nonblocking(true);
