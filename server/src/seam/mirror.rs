@@ -316,7 +316,7 @@ mod tests {
         mirror.sent(&Msg::Release(msg::Release { job: 1 }));
         assert!(names(&mirror.replay())
             .iter()
-            .all(|n| !n.contains("held") && !n.contains("running true")));
+            .all(|n| !n.contains("held true") && !n.contains("running true")));
         mirror.sent(&Msg::RemoveJob(msg::RemoveJob {
             job: 1,
             end: "completed".into(),
