@@ -97,8 +97,9 @@ def main() -> None:
     gaps = [b - a for a, b in zip(times, times[1:])]
     step = statistics.median(gaps)
     pauses = []
-    for at in restarts:
-        around = [b - a for a, b in zip(times, times[1:]) if b >= at and a <= at + 30]
+    for at, until in zip(restarts, restarts[1:] + [float("inf")]):
+        # The steps from this restart to the next one.
+        around = [b - a for a, b in zip(times, times[1:]) if b >= at and a < until]
         pauses.append(max(around) - step)
     server.send_signal(signal.SIGINT)
     server.wait(60)

@@ -207,6 +207,10 @@ impl SeamClient {
         match when {
             Some(WhenOrphaned::Wait { grace, exit }) => {
                 self.orphaned.store(true, Ordering::SeqCst);
+                // Queries asked of the old supervisor get no answer: their
+                // askers decide alone now, not after QUERY_TIMEOUT.
+                lock(&self.answers).clear();
+                lock(&self.refreshes).clear();
                 let (opening, admitting, wanted) = lock(&self.out).mirror.waiting();
                 tracing::warn!(
                     grace_s = grace.as_secs_f64(),
