@@ -79,34 +79,27 @@ pub fn take() -> Activated {
 }
 
 fn is_listening_tcp(fd: RawFd) -> bool {
-    let mut accepting: libc::c_int = 0;
+    let accepting = socket_option(fd, libc::SO_ACCEPTCONN);
+    let domain = socket_option(fd, libc::SO_DOMAIN);
+    accepting.is_some_and(|a| a != 0)
+        && domain.is_some_and(|d| d == libc::AF_INET || d == libc::AF_INET6)
+}
+
+/// An integer socket option of `fd` (None: not a socket).
+fn socket_option(fd: RawFd, option: libc::c_int) -> Option<libc::c_int> {
+    let mut value: libc::c_int = 0;
     let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: getsockopt with a valid out-parameter; fails on a non-socket.
+    // SAFETY: getsockopt with a valid out-parameter of the size given.
     let rc = unsafe {
         libc::getsockopt(
             fd,
             libc::SOL_SOCKET,
-            libc::SO_ACCEPTCONN,
-            &mut accepting as *mut libc::c_int as *mut libc::c_void,
+            option,
+            &mut value as *mut libc::c_int as *mut libc::c_void,
             &mut len,
         )
     };
-    let mut domain: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: as above.
-    let rc_domain = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_DOMAIN,
-            &mut domain as *mut libc::c_int as *mut libc::c_void,
-            &mut len,
-        )
-    };
-    rc == 0
-        && accepting != 0
-        && rc_domain == 0
-        && (domain == libc::AF_INET || domain == libc::AF_INET6)
+    (rc == 0).then_some(value)
 }
 
 fn set_cloexec(fd: RawFd) {

@@ -122,11 +122,12 @@ impl Listeners {
                 });
             }
         }
+        let served = |held: std::net::TcpListener| -> std::io::Result<tokio::net::TcpListener> {
+            held.set_nonblocking(true)?;
+            tokio::net::TcpListener::from_std(held)
+        };
         let api = match api {
-            Some(held) => {
-                held.set_nonblocking(true)?;
-                tokio::net::TcpListener::from_std(held)?
-            }
+            Some(held) => served(held)?,
             None => {
                 let listen = config.listen;
                 tokio::net::TcpListener::bind(listen)
@@ -135,10 +136,7 @@ impl Listeners {
             }
         };
         let metrics = match (metrics, config.metrics_listen) {
-            (Some(held), _) => {
-                held.set_nonblocking(true)?;
-                Some(tokio::net::TcpListener::from_std(held)?)
-            }
+            (Some(held), _) => Some(served(held)?),
             (None, Some(at)) => Some(
                 tokio::net::TcpListener::bind(at)
                     .await

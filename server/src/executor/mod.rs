@@ -110,23 +110,9 @@ fn tenant_from_env() -> Result<Tenant, String> {
         "the executor subcommand is started by salus-server itself (--isolation tenant), not by users"
             .to_string()
     })?;
-    let key = std::env::var(env::TENANT_KEY).unwrap_or_default();
-    let (key, uid) = if let Some(uid) = key.strip_prefix("uid:") {
-        let uid: u32 = uid.parse().map_err(|_| format!("bad tenant key {key:?}"))?;
-        (TenantKey::Uid(uid), Some(uid))
-    } else if let Some(named) = key.strip_prefix("name:") {
-        (TenantKey::Named(named.to_string()), None)
-    } else {
-        (TenantKey::Anonymous, None)
-    };
-    // Looked up once, at the executor's start.
-    let user = uid.and_then(crate::tenant::identity::user_name);
-    Ok(Tenant {
-        key,
-        name,
-        uid,
-        user,
-    })
+    let key = TenantKey::from_text(&std::env::var(env::TENANT_KEY).unwrap_or_default())?;
+    // Its user looked up once, at the executor's start.
+    Ok(Tenant::of_key(key, name))
 }
 
 pub(crate) fn socket_fd(fd: i32) -> Result<(), String> {

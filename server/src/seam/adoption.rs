@@ -19,6 +19,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::seam::handover::message_header;
+
 /// The folder of the rendezvous in the state directory.
 pub const DIR: &str = "executors";
 
@@ -229,12 +231,7 @@ pub fn send_fds(stream: &UnixStream, fds: &[RawFd]) -> io::Result<()> {
     let payload = std::mem::size_of_val(fds);
     // SAFETY: CMSG_SPACE is a pure size computation.
     let mut control = vec![0u8; unsafe { libc::CMSG_SPACE(payload as u32) } as usize];
-    // SAFETY: msghdr is plain data; all-zero is a valid empty header.
-    let mut header: libc::msghdr = unsafe { std::mem::zeroed() };
-    header.msg_iov = &mut iov;
-    header.msg_iovlen = 1;
-    header.msg_control = control.as_mut_ptr() as *mut libc::c_void;
-    header.msg_controllen = control.len() as _;
+    let header = message_header(&mut iov, &mut control);
     // SAFETY: the control buffer holds one cmsg with room for `fds`.
     unsafe {
         let cmsg = libc::CMSG_FIRSTHDR(&header);
@@ -266,12 +263,7 @@ pub fn recv_fds(stream: &UnixStream, count: usize) -> io::Result<Vec<OwnedFd>> {
     let payload = count * std::mem::size_of::<RawFd>();
     // SAFETY: as in send_fds.
     let mut control = vec![0u8; unsafe { libc::CMSG_SPACE(payload as u32) } as usize];
-    // SAFETY: msghdr is plain data.
-    let mut header: libc::msghdr = unsafe { std::mem::zeroed() };
-    header.msg_iov = &mut iov;
-    header.msg_iovlen = 1;
-    header.msg_control = control.as_mut_ptr() as *mut libc::c_void;
-    header.msg_controllen = control.len() as _;
+    let mut header = message_header(&mut iov, &mut control);
     let received = loop {
         // SAFETY: a valid msghdr; MSG_CMSG_CLOEXEC keeps the fds from children.
         let n = unsafe { libc::recvmsg(stream.as_raw_fd(), &mut header, libc::MSG_CMSG_CLOEXEC) };
@@ -315,7 +307,9 @@ mod tests {
 
     #[test]
     fn a_rendezvous_in_a_deep_folder_is_bound_and_reached() {
-        let dir = crate::state_dir::temp_dir("deep").join("x".repeat(60)).join("y".repeat(60));
+        let dir = crate::state_dir::temp_dir("deep")
+            .join("x".repeat(60))
+            .join("y".repeat(60));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("7.sock");
         assert!(path.as_os_str().len() > 108);

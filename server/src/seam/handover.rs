@@ -40,7 +40,7 @@ fn fd_space() -> usize {
 }
 
 /// A message header over one buffer and a control buffer; both must outlive its use.
-fn message_header(iov: &mut libc::iovec, control: &mut [u8]) -> libc::msghdr {
+pub(crate) fn message_header(iov: &mut libc::iovec, control: &mut [u8]) -> libc::msghdr {
     // SAFETY: msghdr is plain data; all-zero is a valid empty header.
     let mut header: libc::msghdr = unsafe { std::mem::zeroed() };
     header.msg_iov = iov;

@@ -147,21 +147,8 @@ impl Executors {
 }
 
 fn tenant_of(record: &ExecutorRecord) -> Result<Tenant, String> {
-    let key = &record.tenant_key;
-    let (key, uid) = if let Some(uid) = key.strip_prefix("uid:") {
-        let uid: u32 = uid.parse().map_err(|_| format!("bad tenant key {key:?}"))?;
-        (TenantKey::Uid(uid), Some(uid))
-    } else if let Some(name) = key.strip_prefix("name:") {
-        (TenantKey::Named(name.to_string()), None)
-    } else {
-        (TenantKey::Anonymous, None)
-    };
-    Ok(Tenant {
-        key,
-        name: record.tenant_name.clone(),
-        uid,
-        user: uid.and_then(crate::tenant::identity::user_name),
-    })
+    let key = TenantKey::from_text(&record.tenant_key)?;
+    Ok(Tenant::of_key(key, record.tenant_name.clone()))
 }
 
 struct Handshake {

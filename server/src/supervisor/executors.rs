@@ -432,7 +432,7 @@ impl Executors {
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .env(env::TENANT_NAME, &tenant.name)
-            .env(env::TENANT_KEY, tenant_key_text(&tenant.key))
+            .env(env::TENANT_KEY, tenant.key.to_text())
             .env(env::JOB_BASE, job_ids(serial).start.to_string());
         if let Some(base) = &checkpoint_base {
             command.env(env::CHECKPOINT_BASE, base);
@@ -516,7 +516,7 @@ impl Executors {
                 serial,
                 pid,
                 uid,
-                tenant_key: tenant_key_text(&tenant.key),
+                tenant_key: tenant.key.to_text(),
                 tenant_name: tenant.name.clone(),
                 secret,
                 release: env!("CARGO_PKG_VERSION").into(),
@@ -786,16 +786,6 @@ pub(super) async fn relay_sender(
         let _ = connection.await;
     });
     Ok(sender)
-}
-
-/// `uid:N`, `name:NAME` or `anonymous`: a tenant key as the executor's
-/// environment and its record in the state directory spell it.
-pub(super) fn tenant_key_text(key: &TenantKey) -> String {
-    match key {
-        TenantKey::Anonymous => "anonymous".to_string(),
-        TenantKey::Uid(uid) => format!("uid:{uid}"),
-        TenantKey::Named(name) => format!("name:{name}"),
-    }
 }
 
 /// The socket of executor `serial`'s rendezvous, bound in `dir` but not yet

@@ -92,7 +92,50 @@ pub enum TenantKey {
     Named(String),
 }
 
+impl TenantKey {
+    /// `uid:N`, `name:NAME` or `anonymous`: the key as an executor's
+    /// environment and its record in the state directory spell it.
+    pub fn to_text(&self) -> String {
+        match self {
+            TenantKey::Anonymous => "anonymous".to_string(),
+            TenantKey::Uid(uid) => format!("uid:{uid}"),
+            TenantKey::Named(name) => format!("name:{name}"),
+        }
+    }
+
+    /// The key [`TenantKey::to_text`] spelled (anything else: anonymous).
+    pub fn from_text(text: &str) -> Result<TenantKey, String> {
+        if let Some(uid) = text.strip_prefix("uid:") {
+            let uid = uid.parse().map_err(|_| format!("bad tenant key {text:?}"))?;
+            Ok(TenantKey::Uid(uid))
+        } else if let Some(name) = text.strip_prefix("name:") {
+            Ok(TenantKey::Named(name.to_string()))
+        } else {
+            Ok(TenantKey::Anonymous)
+        }
+    }
+
+    /// The Unix user a uid key names.
+    pub fn uid(&self) -> Option<u32> {
+        match self {
+            TenantKey::Uid(uid) => Some(*uid),
+            _ => None,
+        }
+    }
+}
+
 impl Tenant {
+    /// The tenant of `key`, named `name` (its user looked up now).
+    pub fn of_key(key: TenantKey, name: String) -> Tenant {
+        let uid = key.uid();
+        Tenant {
+            key,
+            name,
+            uid,
+            user: uid.and_then(user_name),
+        }
+    }
+
     pub fn anonymous() -> Tenant {
         Tenant {
             key: TenantKey::Anonymous,
