@@ -324,3 +324,23 @@ fn a_run_of_a_new_script_ranks_as_old_as_its_longest_live_sibling() {
     let stranger = s.rank_new_as(JobId(7), Some(&who("t", "new.py")), &Hints::default(), now);
     assert_eq!(alone.primary, stranger.primary);
 }
+
+#[test]
+fn a_job_that_joined_midway_records_no_run() {
+    let mut s = learned();
+    let mut now = 0;
+    run_alone(&mut s, 1, who("carol", "a"), 3, S, &mut now);
+    // Adopted after a restart of the server: its iterations here are only the rest of its run.
+    let job = JobId(2);
+    s.add_identified_job(job, L, TenantId(1), who("carol", "a"), Hints::default(), now)
+        .unwrap();
+    s.joined_midway(job).unwrap();
+    s.submit(job, 2, now).unwrap();
+    let Decision::Run(d) = s.next(L, now) else {
+        panic!("runs")
+    };
+    s.finish(d.job, L, Some(S), now + S);
+    s.end_job(job, RunEnd::Completed).unwrap();
+    assert_eq!(s.history().runs(&who("carol", "a")).len(), 1, "only the whole run");
+    assert!(s.joined_midway(JobId(99)).is_err());
+}

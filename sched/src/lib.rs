@@ -114,6 +114,10 @@ struct JobState<W> {
     identity: Option<JobIdentity>,
     /// Its length's law from its identity's history, as of its admission.
     law: Option<LogNormal>,
+    /// It ran before it joined this scheduler (a job adopted after a restart
+    /// of the server): its length here is not its run's, so the history does
+    /// not record it.
+    joined_midway: bool,
 }
 
 impl<W> JobState<W> {
@@ -147,6 +151,7 @@ impl<W> JobState<W> {
             },
             identity: None,
             law: None,
+            joined_midway: false,
         }
     }
 
@@ -374,6 +379,14 @@ impl<W> Scheduler<W> {
     /// Tells who a job already added is, once that is known (a server learns
     /// a job's fingerprint at its first main iteration): it is re-ranked by
     /// its identity's history and its run is recorded under it.
+    /// Job `id` ran before it joined this scheduler (adopted after a restart
+    /// of the server): its end records no run in the history, whose lengths
+    /// would be short by what it did before.
+    pub fn joined_midway(&mut self, id: JobId) -> Result<(), SchedError> {
+        self.jobs.get_mut(&id).ok_or(SchedError::UnknownJob(id))?.joined_midway = true;
+        Ok(())
+    }
+
     pub fn set_identity(&mut self, id: JobId, identity: JobIdentity) -> Result<(), SchedError> {
         let law = self.law_of(Some(&identity));
         let job = self.jobs.get_mut(&id).ok_or(SchedError::UnknownJob(id))?;
@@ -645,7 +658,11 @@ impl<W> Scheduler<W> {
                 }
             }
         }
-        if let Some(identity) = job.identity.as_ref().filter(|_| job.iterations > 0) {
+        if let Some(identity) = job
+            .identity
+            .as_ref()
+            .filter(|_| job.iterations > 0 && !job.joined_midway)
+        {
             let run = history::PastRun {
                 device_s: job.work() as f64 / 1e9,
                 iterations: job.iterations,

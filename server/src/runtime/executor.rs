@@ -219,6 +219,9 @@ struct Inner {
     /// them when it joins the scheduler (re-submitted, or adopted after a
     /// restart), over the hints its client gave.
     saved_hints: HashMap<String, SavedHints>,
+    /// Jobs reopened (adopted after a restart) that have not joined the
+    /// scheduler yet: they join as having run before.
+    reopened: HashSet<JobId>,
 }
 
 struct Shared {
@@ -280,6 +283,7 @@ impl Executor {
                     history_saver: None,
                     drain: None,
                     saved_hints: HashMap::new(),
+                    reopened: HashSet::new(),
                 }),
                 wake: Condvar::new(),
                 epoch: Instant::now(),
@@ -310,6 +314,9 @@ impl Executor {
             None => inner.sched.add_tenant_job(id, lane, tenant, hints, now),
         };
         added.map_err(sched_error)?;
+        if inner.reopened.remove(&id) {
+            let _ = inner.sched.joined_midway(id);
+        }
         self.start_lane_threads(&mut inner, lane)
     }
 
@@ -374,6 +381,7 @@ impl Executor {
                 }
             }
             inner.identities.forget(id);
+            inner.reopened.remove(&id);
             inner.tenants.forget_job(id);
             inner.dropped += dropped.len() as u64;
             inner.run_stats.forget(id);
@@ -547,6 +555,9 @@ impl Executor {
             }
             let tenant = owner.map_or("", |t| t.name.as_str());
             inner.identities.open(job, tenant, name);
+            if !new_job {
+                inner.reopened.insert(job);
+            }
         }
         self.shared
             .timeline
