@@ -190,7 +190,7 @@ pub struct Args {
     /// stop (SIGTERM, SIGKILL, a crash, an upgrade): one started on the same
     /// --state-dir within this adopts them and no job is lost. Past it they end
     /// their jobs with UNAVAILABLE and exit. 0: executors end with the
-    /// supervisor. SIGINT and `ctl shutdown` stop everything.
+    /// supervisor. SIGINT stops everything.
     #[arg(long, env = "SALUS_ADOPT_GRACE", default_value_t = 120)]
     pub adopt_grace: u64,
 
