@@ -170,8 +170,10 @@ OTHER_MIB = 200  # reserved on the head's server by another tenant (`ctl token i
 
 
 def server_args(base: Path, name: str) -> tuple[str, ...]:
-    """A node's salus-server arguments: its capacity and its state directory (its restart reuses both)."""
-    return ("--memory-capacity", CAPACITY[name], "--state-dir", str(base / name / "state"))
+    """A node's salus-server arguments: its capacity and its state directory (its restart reuses both).
+    --adopt-grace 0: the scenario's crash ends the node's running jobs, as it is about the placement's token and
+    reservation (a restart that keeps running jobs is test_restart.py's)."""
+    return ("--memory-capacity", CAPACITY[name], "--state-dir", str(base / name / "state"), "--adopt-grace", "0")
 
 
 def server_view(address: str) -> dict:

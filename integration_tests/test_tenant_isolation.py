@@ -173,7 +173,8 @@ def test_the_supervisor_runs_no_tensorflow(server):
 
 def test_an_executor_killed_mid_step_fails_its_tenant_at_once(server, unix_users):
     ta = unix_users["salus-ta"]
-    victim = start_training(ta, server.target, "ta-victim")
+    # It trains on until it is killed (a file nobody makes): a busy machine's poll cannot see it end first.
+    victim = start_training(ta, server.target, "ta-victim", stop_file=Path(ta.pw_dir) / "never-made")
     try:
         # Training is under way: the job has run iterations (not a clock guess).
         assert wait_until(lambda: jobs_by_name(server.address).get("ta-victim", {}).get("iterations", 0) >= 20,
