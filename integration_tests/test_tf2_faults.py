@@ -334,6 +334,10 @@ def test_sigterm_with_tf2_and_tf1_work_in_flight(reference, refs, tmp_path):
         tf1.events.next("ready", timeout=60)
         tf2.events.next("ready", timeout=TF_START_S)
         sent = tf2.events.next("long-sent", timeout=30)
+        # The long call runs: its iteration has its turn (behind the TF1 session's steps in the one lane, which
+        # on a busy machine can take longer than the sleep below alone).
+        wait_until(lambda: (job_row(server.address, "tf2-long") or {}).get("state") == "running", timeout=10,
+                   interval=0.05)
         time.sleep(0.5)
         sigterm_wall = time.time()
         server.send_signal(signal.SIGTERM)
