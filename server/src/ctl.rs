@@ -250,10 +250,6 @@ fn token_problem(token: &str) -> Option<&'static str> {
     None
 }
 
-/// How long `ctl` keeps trying to connect to a server that refuses (one that
-/// is restarting).
-const CONNECT_RETRY: std::time::Duration = std::time::Duration::from_secs(10);
-
 async fn connect(server: &str, token: Option<&str>) -> Result<AdminClient<Channel>, CtlError> {
     let url = if server.contains("://") {
         server.replace("grpc://", "http://")
@@ -273,23 +269,13 @@ async fn connect(server: &str, token: Option<&str>) -> Result<AdminClient<Channe
             .user_agent(format!("salus1.{token}"))
             .map_err(|_| CtlError::Usage("the token cannot be sent in a header".into()))?;
     }
-    // A server restarting (README: Restarts and upgrades) is back within
-    // seconds: connecting again is safe (nothing was sent yet).
-    let deadline = std::time::Instant::now() + CONNECT_RETRY;
-    let channel = loop {
-        match endpoint.connect().await {
-            Ok(channel) => break channel,
-            Err(_) if std::time::Instant::now() < deadline => {
-                tokio::time::sleep(std::time::Duration::from_millis(200)).await
-            }
-            Err(source) => {
-                return Err(CtlError::Connect {
-                    addr: server.to_string(),
-                    source,
-                })
-            }
-        }
-    };
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|source| CtlError::Connect {
+            addr: server.to_string(),
+            source,
+        })?;
     Ok(AdminClient::new(channel))
 }
 
