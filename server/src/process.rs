@@ -251,12 +251,16 @@ pub enum Stop {
 /// stops only the supervisor when `restartable` (its executors can be
 /// adopted), else everything; SIGUSR2, when `restartable`, upgrades in place.
 pub async fn stop_signal(restartable: bool) -> Stop {
+    // SIGUSR2 is watched only where it upgrades: elsewhere it keeps its default.
     let upgrade = async {
+        if !restartable {
+            return std::future::pending::<()>().await;
+        }
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined2()) {
-            Ok(mut usr2) if restartable => {
+            Ok(mut usr2) => {
                 usr2.recv().await;
             }
-            _ => std::future::pending::<()>().await,
+            Err(_) => std::future::pending::<()>().await,
         }
     };
     let ctrl_c = tokio::signal::ctrl_c();
@@ -270,7 +274,7 @@ pub async fn stop_signal(restartable: bool) -> Stop {
     };
     tokio::select! {
         _ = ctrl_c => {
-            tracing::info!("SIGINT received: stopping the server and every job");
+            tracing::info!("SIGINT received");
             Stop::Full
         }
         () = upgrade => {
@@ -289,21 +293,10 @@ pub async fn stop_signal(restartable: bool) -> Stop {
     }
 }
 
-/// Resolves on SIGINT (Ctrl-C) or SIGTERM.
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM (a process whose stop is always the
+/// full one: `--isolation none`, an executor).
 pub async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(term) => term,
-        Err(err) => {
-            tracing::error!(cause = %err, "cannot watch SIGTERM; only Ctrl-C stops the server");
-            let _ = ctrl_c.await;
-            return;
-        }
-    };
-    tokio::select! {
-        _ = ctrl_c => tracing::info!("SIGINT received"),
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-    }
+    stop_signal(false).await;
 }
 
 /// A server holds a socket per client connection (the supervisor also a copy
