@@ -259,6 +259,15 @@ pub struct Args {
     #[arg(long, env = "SALUS_LANE_HOLD_LIMIT", default_value_t = 60)]
     pub lane_hold_limit: u64,
 
+    /// Seconds an executor that holds a lane (--isolation tenant) may leave
+    /// the supervisor's ping unanswered: past it (the executor stopped,
+    /// frozen, or not reading its seam), its lanes go to other jobs and its
+    /// iterations wait until it is heard again. This is the most a tenant's
+    /// executor can cost other tenants (a SIGSTOP of an executor the
+    /// supervisor started is seen at once). 0: no pings.
+    #[arg(long, env = "SALUS_SILENCE_LIMIT", default_value_t = 1.0)]
+    pub silence_limit: f64,
+
     /// Seconds an executor process with no open job and no request lives on
     /// before it is stopped (its tenant's next request starts a new one).
     #[arg(long, env = "SALUS_EXECUTOR_IDLE_TIMEOUT", default_value_t = 60)]
@@ -367,6 +376,8 @@ pub struct Config {
     pub executor_log_rate: Option<u64>,
     /// How long a tenant's main iteration may hold its lane; None: no limit.
     pub lane_hold_limit: Option<Duration>,
+    /// How long an executor holding a lane may leave a ping unanswered; None: no pings.
+    pub silence_limit: Option<Duration>,
     /// Bytes of freed large blocks kept for reuse (`block_cache`).
     pub block_cache_bytes: usize,
     /// Where issued tokens are saved (`--state-dir` or its default); None: in
@@ -407,6 +418,7 @@ impl Default for Config {
             executor_idle_timeout: Duration::from_secs(60),
             executor_log_rate: Some(64 << 10),
             lane_hold_limit: Some(Duration::from_secs(60)),
+            silence_limit: Some(Duration::from_secs(1)),
             block_cache_bytes: crate::block_cache::DEFAULT_MAX_BYTES,
             state_dir: None,
             loaded: Default::default(),
@@ -520,6 +532,8 @@ impl TryFrom<Args> for Config {
             executor_log_rate: (args.executor_log_rate > 0).then_some(args.executor_log_rate),
             lane_hold_limit: (args.lane_hold_limit > 0)
                 .then(|| Duration::from_secs(args.lane_hold_limit)),
+            silence_limit: (args.silence_limit > 0.0 && args.silence_limit.is_finite())
+                .then(|| Duration::from_secs_f64(args.silence_limit.min(86_400.0))),
             block_cache_bytes: usize::try_from(args.block_cache).unwrap_or(usize::MAX),
             state_dir,
             loaded: args.loaded,

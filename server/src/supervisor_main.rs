@@ -112,6 +112,7 @@ async fn run(
         memory_limit: config.executor_memory,
         idle_timeout: config.executor_idle_timeout,
         lane_hold_limit: config.lane_hold_limit,
+        silence_limit: config.silence_limit,
         start_timeout: std::time::Duration::from_secs(120),
         verbose: config.verbose > 0,
         log_rate: config.executor_log_rate,

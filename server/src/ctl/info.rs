@@ -34,6 +34,8 @@ pub fn info_json(info: &ServerInfo) -> Value {
             "pid": e.pid,
             "release": e.release,
             "adopted": e.adopted,
+            "standing": e.standing,
+            "refused_messages": e.refused_messages,
         })).collect::<Vec<_>>(),
         "cuda": {
             "cuda_build": cuda.cuda_build,
@@ -76,11 +78,16 @@ pub fn info_text(info: &ServerInfo) -> String {
     );
     for e in &info.executors {
         out += &format!(
-            "executor   {} pid {}, salus-server {}{}\n",
+            "executor   {} pid {}, salus-server {}{}, {}{}\n",
             e.tenant,
             e.pid,
             e.release,
-            if e.adopted { ", adopted from an earlier supervisor" } else { "" }
+            if e.adopted { ", adopted from an earlier supervisor" } else { "" },
+            e.standing,
+            match e.refused_messages {
+                0 => String::new(),
+                n => format!(", {n} seam messages refused"),
+            }
         );
     }
     out

@@ -205,6 +205,7 @@ pub async fn run(
         uid,
         protocol: crate::seam::PROTOCOL,
         adoption: None,
+        answers_pings: true,
     }));
     server
         .serve_executor(incoming::connections(arriving), tenant, shutdown)

@@ -126,6 +126,7 @@ fn adopt(
                 secret: ticket.secret.clone(),
                 serial: ticket.serial,
             }),
+            answers_pings: true,
         },
     )?;
     let _ = arrivals.send(Arrival::Relay(UnixStream::from(relay)));

@@ -717,12 +717,15 @@ impl Executor {
     }
 
     /// The rank a job arriving now with `hints` has under the current policy
-    /// (memory admission re-checks waiting jobs in this order).
+    /// (memory admission re-checks waiting jobs in this order). The hints are
+    /// capped by the job's owner's limits here, whoever passed them: over the
+    /// seam they are what a tenant's executor says.
     pub fn rank_new(&self, id: JobId, hints: &Hints) -> SortKey {
         let inner = self.shared.lock();
         let now = self.shared.now();
         let identity = inner.identities.get(id);
-        inner.sched.rank_new_as(id, identity, hints, now)
+        let hints = inner.tenants.capped(id, hints.clone());
+        inner.sched.rank_new_as(id, identity, &hints, now)
     }
 
     /// Completes a job's identity with the fingerprint of its main iteration

@@ -137,6 +137,15 @@ impl TenantIds {
         self.refusals.get(&id).copied().unwrap_or(0)
     }
 
+    /// `hints` with the priority lowered to the owner's `max-priority`, as
+    /// [`Self::clamp`] without remembering it (for a rank that is only read).
+    pub fn capped(&self, job: JobId, mut hints: Hints) -> Hints {
+        if let Some(max) = self.limits_of(self.owner(job)).max_priority {
+            hints.priority = hints.priority.min(max);
+        }
+        hints
+    }
+
     /// `hints` with the priority lowered to the owner's `max-priority`, the
     /// lowering remembered for the job's row.
     pub fn clamp(&mut self, job: JobId, mut hints: Hints) -> Hints {

@@ -382,6 +382,11 @@ impl SeamClient {
                         client.send(to_supervisor::Msg::Report(report));
                     });
             }
+            Some(to_executor::Msg::Ping(ping)) => {
+                // At once, from the reader: what the supervisor measures is
+                // whether this process runs and reads its seam.
+                self.send(to_supervisor::Msg::Pong(msg::Pong { id: ping.id }));
+            }
             None => {}
         }
     }

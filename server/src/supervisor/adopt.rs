@@ -20,10 +20,11 @@ use crate::seam::msg::{self, to_supervisor};
 use crate::supervisor::death::{death_message, DeathNote};
 use crate::supervisor::executor_log::forward_stderr;
 use crate::supervisor::executors::{
-    job_ids, relay_sender, set_send_timeout, ExecutorHandle, Executors, Slot, HANDOVER_TIMEOUT,
+    relay_sender, set_send_timeout, ExecutorHandle, Executors, Slot, HANDOVER_TIMEOUT,
 };
 use crate::supervisor::handed::HandedConnections;
 use crate::supervisor::link::Link;
+use crate::supervisor::pidfd::ExecutorProcess;
 use crate::sync::lock;
 use crate::tenant::identity::{Tenant, TenantKey};
 
@@ -105,17 +106,18 @@ impl Executors {
             self.spec.verbose,
             self.spec.log_rate,
         );
+        // The handshake proved this pid is the executor (SO_PEERCRED) and
+        // its socket keeps it from being reaped meanwhile.
+        let process = Arc::new(ExecutorProcess::open(pid));
         let (link, _) = Link::start(
             seam,
             self.executor.clone(),
             self.admission.clone(),
             self.runtime.clone(),
-            label,
-            Tenant::clone(&tenant),
-            self.spec.lane_hold_limit,
-            job_ids(record.serial),
+            self.link_spec(label, &tenant, record.serial, process),
         )
         .map_err(|e| format!("cannot watch it: {e}"))?;
+        link.set_answers_pings(hello.answers_pings);
         let death = Arc::new(DeathNote::default());
         let handed = Arc::new(HandedConnections::default());
         watch_adopted(
@@ -247,13 +249,10 @@ fn watch_adopted(
 ) -> Result<(), String> {
     let executors = Arc::downgrade(executors);
     let record_dir = executors.upgrade().and_then(|e| e.spec.rendezvous.clone());
-    // SAFETY: pidfd_open takes a pid and flags; the fd returned is owned below.
-    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    let pidfd = (pidfd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(pidfd as i32) });
     std::thread::Builder::new()
         .name(format!("salus-reap-{pid}"))
         .spawn(move || {
-            if let Some(pidfd) = &pidfd {
+            if let Some(pidfd) = link.process().fd() {
                 let mut poll = libc::pollfd {
                     fd: pidfd.as_raw_fd(),
                     events: libc::POLLIN,
@@ -341,6 +340,7 @@ mod tests {
                 secret: secret.into(),
                 serial: 3,
             }),
+            answers_pings: true,
         }
     }
 

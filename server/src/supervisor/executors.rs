@@ -33,7 +33,8 @@ use crate::seam::handover::Handed;
 use crate::seam::msg;
 use crate::supervisor::executor_log::forward_stderr;
 use crate::supervisor::handed::HandedConnections;
-use crate::supervisor::link::Link;
+use crate::supervisor::link::{Link, LinkSpec};
+use crate::supervisor::pidfd::ExecutorProcess;
 use crate::sync::lock;
 use crate::tenant::connections::ConnectionPermit;
 use crate::tenant::identity::{Tenant, TenantKey};
@@ -68,6 +69,9 @@ pub struct ExecutorSpec {
     /// `--lane-hold-limit`: how long the scheduler waits for a main
     /// iteration's end before it starts others beside it.
     pub lane_hold_limit: Option<Duration>,
+    /// `--silence-limit`: how long an executor holding a lane may leave a
+    /// ping unanswered before its lanes go to others.
+    pub silence_limit: Option<Duration>,
     /// `-v`: pass the executors' TensorFlow INFO/WARNING lines on too.
     pub verbose: bool,
     /// `--executor-log-rate`: bytes per second of each executor's output
@@ -101,6 +105,12 @@ pub struct ExecutorHandle {
 impl ExecutorHandle {
     pub fn is_dead(&self) -> bool {
         self.death.get().is_some() || self.link.is_dead()
+    }
+
+    /// Signals the executor through its pidfd: an executor already reaped
+    /// is not signalled (nor whoever has its pid now).
+    pub fn signal(&self, signal: i32) {
+        self.link.process().signal_or_log(signal);
     }
 
     pub fn begin_request(&self) {
@@ -335,6 +345,24 @@ impl Executors {
             .any(|s| s.cell.get().is_some_and(|h| h.pid == pid))
     }
 
+    /// What a link to `tenant`'s executor `serial` knows and bounds.
+    pub(super) fn link_spec(
+        &self,
+        label: String,
+        tenant: &Tenant,
+        serial: u64,
+        process: Arc<ExecutorProcess>,
+    ) -> LinkSpec {
+        LinkSpec {
+            label,
+            owner: tenant.clone(),
+            hold_limit: self.spec.lane_hold_limit,
+            job_ids: job_ids(serial),
+            silence_limit: self.spec.silence_limit,
+            process,
+        }
+    }
+
     fn forget_slot(&self, key: &TenantKey, slot: &Arc<Slot>) {
         let mut slots = lock(&self.slots);
         if slots.get(key).is_some_and(|s| Arc::ptr_eq(s, slot)) {
@@ -509,6 +537,8 @@ impl Executors {
         drop(seam_theirs);
         drop(handover_theirs);
         let pid = child.id();
+        // Named before anything could reap it: kills go through the pidfd.
+        let process = Arc::new(ExecutorProcess::open(pid));
         let adoptable = rendezvous.is_some();
         if let (Some(dir), Some((listener, secret))) = (&self.spec.rendezvous, rendezvous) {
             drop(listener);
@@ -541,10 +571,7 @@ impl Executors {
             self.executor.clone(),
             self.admission.clone(),
             self.runtime.clone(),
-            label.clone(),
-            Tenant::clone(&tenant),
-            self.spec.lane_hold_limit,
-            job_ids(serial),
+            self.link_spec(label.clone(), &tenant, serial, process.clone()),
         )
         .map_err(|e| format!("cannot watch the executor of tenant {tenant}: {e}"))?;
         let death = Arc::new(DeathNote::default());
@@ -561,7 +588,7 @@ impl Executors {
             std::thread::Builder::new()
                 .name(format!("salus-reap-{pid}"))
                 .spawn(move || {
-                    let status = child.wait();
+                    let status = wait_watching_stops(&mut child, &link);
                     if let Some(dir) = &record_dir {
                         ExecutorRecord::remove(dir, serial);
                     }
@@ -588,16 +615,14 @@ impl Executors {
         let started: Result<(), Option<String>> = tokio::select! {
             hello = hello => match hello {
                 Ok(hello) => compatible(&hello).map_err(|why| {
-                    // SAFETY: signalling our own child.
-                    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                    process.signal_or_log(libc::SIGKILL);
                     Some(why)
                 }),
                 Err(_) => Err(None),
             },
             _ = exited_rx.wait_for(|exited| *exited) => Err(None),
             () = tokio::time::sleep(self.spec.start_timeout) => {
-                // SAFETY: signalling our own child.
-                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                process.signal_or_log(libc::SIGKILL);
                 Err(None)
             }
         };
@@ -678,9 +703,8 @@ impl Executors {
         tracing::info!(tenant = %handle.tenant, pid = handle.pid, "stopping the executor: {why}");
         self.forget_handle(&handle);
         lock(&self.killed).insert(handle.pid, why.to_string());
-        // SAFETY: signalling our own child. SIGKILL: a drain would let its
-        // open connections go on being served.
-        unsafe { libc::kill(handle.pid as i32, libc::SIGKILL) };
+        // SIGKILL: a drain would let its open connections go on being served.
+        handle.signal(libc::SIGKILL);
     }
 
     /// Stops executors idle longer than the spec allows, and drops copies of
@@ -698,8 +722,7 @@ impl Executors {
                 {
                     tracing::info!(tenant = %handle.tenant, pid = handle.pid, "stopping an idle executor");
                     self.forget_handle(&handle);
-                    // SAFETY: signalling our own child.
-                    unsafe { libc::kill(handle.pid as i32, libc::SIGTERM) };
+                    handle.signal(libc::SIGTERM);
                 }
             }
         }
@@ -715,8 +738,7 @@ impl Executors {
         self.closing.store(true, Ordering::SeqCst);
         let handles = self.running();
         for h in &handles {
-            // SAFETY: signalling our own children.
-            unsafe { libc::kill(h.pid as i32, libc::SIGTERM) };
+            h.signal(libc::SIGTERM);
         }
         let all = async {
             for h in &handles {
@@ -739,8 +761,7 @@ impl Executors {
             .filter_map(|(_, s)| s.cell.get().cloned())
             .collect();
         for h in &handles {
-            // SAFETY: signalling our own children.
-            unsafe { libc::kill(h.pid as i32, libc::SIGTERM) };
+            h.signal(libc::SIGTERM);
         }
         let deadline = Instant::now() + limit;
         for h in &handles {
@@ -756,11 +777,57 @@ impl Executors {
                         limit.as_secs()
                     ),
                 );
-                // SAFETY: as above.
-                unsafe { libc::kill(h.pid as i32, libc::SIGKILL) };
+                h.signal(libc::SIGKILL);
                 h.death.wait(Duration::from_secs(5)).await;
             }
         }
+    }
+}
+
+/// Waits for `child` to end and reaps it, telling `link` each time its
+/// tenant stops or continues it (a child's stops reach its parent: waitid
+/// with WSTOPPED and WCONTINUED), so a stopped executor holds no lane.
+fn wait_watching_stops(
+    child: &mut std::process::Child,
+    link: &Link,
+) -> std::io::Result<std::process::ExitStatus> {
+    use std::os::unix::process::ExitStatusExt;
+    let pid = child.id() as libc::id_t;
+    loop {
+        // SAFETY: a zeroed siginfo_t is a valid out-parameter.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid on our own child with a valid out-parameter.
+        let rc = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                pid,
+                &mut info,
+                libc::WEXITED | libc::WSTOPPED | libc::WCONTINUED,
+            )
+        };
+        if rc != 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        // SAFETY: waitid filled a SIGCHLD siginfo, whose si_status is set.
+        let status = unsafe { info.si_status() };
+        // As a wait status word, which ExitStatus reads.
+        return Ok(std::process::ExitStatus::from_raw(match info.si_code {
+            libc::CLD_STOPPED | libc::CLD_TRAPPED => {
+                link.stopped();
+                continue;
+            }
+            libc::CLD_CONTINUED => {
+                link.continued();
+                continue;
+            }
+            libc::CLD_EXITED => (status & 0xff) << 8,
+            libc::CLD_DUMPED => status | 0x80,
+            _ => status,
+        }));
     }
 }
 
@@ -834,6 +901,8 @@ impl JobSource for Executors {
                         pid: h.pid,
                         release: h.release.clone(),
                         adopted: h.adopted,
+                        standing: h.link.standing().name().into(),
+                        refused_messages: h.link.refused_messages(),
                     })
                     .collect(),
                 ..Default::default()
@@ -876,6 +945,7 @@ mod tests {
             uid: 0,
             protocol,
             adoption: None,
+            answers_pings: true,
         };
         assert!(compatible(&hello(env!("CARGO_PKG_VERSION"), crate::seam::PROTOCOL)).is_ok());
         let why = compatible(&hello(env!("CARGO_PKG_VERSION"), 1)).unwrap_err();

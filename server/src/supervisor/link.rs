@@ -2,108 +2,208 @@
 //! scheduler core and the one memory admission (the runtime's `Executor` and
 //! `Admission`, as in a single-process server), and the answers go back.
 //!
-//! A reader thread per executor handles its messages in order. A wanted main
-//! iteration is queued in the core as a [`RemoteIteration`]: when the core
-//! picks it, the lane thread sends Go and waits for Done, so the lane is held
-//! for exactly the iteration, in whichever process it runs, or for the lane
-//! hold limit at most: an iteration still running then (blocked on a queue
-//! nobody fills, say) runs on while the lane starts others, so no tenant's
-//! iteration can hold a lane for good. Every message naming a job must name
-//! one of the executor's own (its id range, given at its start): an executor
-//! runs what its tenant sent, and one subverted by a hostile graph must not
-//! reach other tenants' jobs through the seam. When the executor
-//! dies, [`Link::die`] forgets its jobs, returns their memory and wakes every
-//! lane thread waiting on it.
+//! The executor runs as its tenant, so the tenant owns it: it can stop it,
+//! and through any bug of ours make it say anything. Everything here treats
+//! its bytes as a client's:
+//! - **What it may name.** Every message naming a job must name one it opened
+//!   through `OpenJob` here (in its id range, given at its start); a job joins
+//!   the scheduler only on the lane this supervisor granted it; hints are
+//!   capped by its tenant's limits wherever they are used; names, counts of
+//!   jobs, of wanted turns and of admissions are bounded. A refusal is
+//!   answered where the executor waits, and counted.
+//! - **What it may hold.** A wanted main iteration is queued in the core as a
+//!   [`Turn`]: when the core picks it, the lane thread sends Go and waits for
+//!   Done, so the lane is held for exactly the iteration, in whichever process
+//!   it runs, or for the lane hold limit at most (an iteration blocked on a
+//!   queue nobody fills runs on while the lane starts others). An executor
+//!   that is stopped (its supervisor sees it, [`Link::stopped`]) or silent (a
+//!   Ping unanswered for `--silence-limit`) gives its lanes back at once, and
+//!   its picked turns wait aside until it runs again ([`Standing`]).
+//! - **What it may block.** Nothing is written to it on a shared thread: an
+//!   [`Outbox`] queues frames for a writer of its own, and an executor that
+//!   lets the queue fill is ended.
+//!
+//! When the executor dies, [`Link::die`] forgets its jobs, returns their
+//! memory and wakes every lane thread waiting on it.
+
+mod outbox;
 
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use crate::sync::lock;
+pub use outbox::{NotSent, Outbox, OUTBOX_CAPACITY};
+
 use crate::runtime::admission::{Admission, LaneReservation};
 use crate::runtime::executor::{Executor, RemoteIteration};
 use crate::runtime::run_class::RunClass;
 use crate::runtime::timeline::JobKind;
 use crate::sched::lanes::MemoryNeed;
 use crate::sched::{JobId, LaneId, RunEnd};
-use crate::seam::frame::{read_frame, write_frame};
+use crate::seam::frame::read_frame;
 use crate::seam::hints_from_msg;
 use crate::seam::msg::{self, to_executor, to_supervisor};
+use crate::supervisor::pidfd::ExecutorProcess;
+use crate::sync::lock;
 use crate::tenant::identity::Tenant;
+use salus_proto::tensorflow::error::Code;
 
+/// Bounds on what one executor may ask the supervisor to keep.
+pub const MAX_OPEN_JOBS: usize = 4096;
+pub const MAX_WANTED_TURNS: usize = 4096;
+pub const MAX_ADMITTING: usize = 1024;
+pub const MAX_JOB_NAME: usize = 1024;
+pub const MAX_FINGERPRINT: usize = 256;
+/// A go-ahead's delay beyond this is a lie, not a measurement.
+const MAX_GO_DELAY_NS: u64 = 10_000_000_000;
 
-pub struct Link {
-    writer: Mutex<UnixStream>,
-    executor: Executor,
-    admission: Option<Admission>,
-    runtime: tokio::runtime::Handle,
+/// How the supervisor sees an executor, for the turns it gives it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Standing {
+    Serving,
+    /// Stopped by a signal (SIGSTOP, SIGTSTP, ...), as its parent saw.
+    Stopped,
+    /// It left a Ping unanswered for the silence limit.
+    Silent,
+}
+
+impl Standing {
+    pub fn name(self) -> &'static str {
+        match self {
+            Standing::Serving => "serving",
+            Standing::Stopped => "stopped",
+            Standing::Silent => "silent",
+        }
+    }
+}
+
+/// Who the executor at the other end is, and the limits it runs under.
+pub struct LinkSpec {
+    /// For thread names and logs: `tenant:pid`.
+    pub label: String,
+    /// The executor's tenant: the owner of every job it opens.
+    pub owner: Tenant,
+    /// Longest wait for an iteration's Done before its lane moves on.
+    pub hold_limit: Option<Duration>,
+    /// The job ids this executor may name (`SALUS_EXECUTOR_JOB_BASE` on).
+    pub job_ids: Range<u64>,
+    /// Longest a Ping may go unanswered while the executor holds a lane
+    /// (None: never pinged).
+    pub silence_limit: Option<Duration>,
+    pub process: Arc<ExecutorProcess>,
+}
+
+/// The lane threads waiting on this executor, and the turns set aside while
+/// it does not run; under one lock, so that a turn never starts on a lane
+/// just as its executor is found stopped.
+struct Lanes {
+    standing: Standing,
     /// Lane threads waiting for an iteration's Done, by turn.
-    running: Mutex<HashMap<u64, mpsc::SyncSender<()>>>,
-    /// Wanted iterations whose requester left before their go-ahead.
-    cancelled: Mutex<HashSet<u64>>,
+    waiting: HashMap<u64, mpsc::SyncSender<()>>,
+    /// Turns the core picked while the executor was not serving.
+    parked: Vec<Box<Turn>>,
+}
+
+/// Wanted turns the core holds for this executor.
+#[derive(Default)]
+struct Wanted {
+    /// Queued or parked, not yet run or dropped.
+    turns: HashSet<u64>,
+    /// Of those, the ones whose requester left before their go-ahead.
+    cancelled: HashSet<u64>,
     /// Iterations an adopted executor was running at its adoption (their
     /// go-ahead came from the old supervisor), and those of them whose Done
     /// came before the core picked them.
-    adopted_running: Mutex<HashSet<u64>>,
-    done_early: Mutex<HashSet<u64>>,
-    /// The executor's jobs the core knows.
+    adopted_running: HashSet<u64>,
+    done_early: HashSet<u64>,
+}
+
+/// When the executor was last heard, and the Ping it has not answered.
+struct Heard {
+    last: Instant,
+    ping: Option<Instant>,
+}
+
+pub struct Link {
+    outbox: Outbox,
+    /// The seam socket, to end it from here (an executor that let its outbox fill).
+    control: UnixStream,
+    executor: Executor,
+    admission: Option<Admission>,
+    runtime: tokio::runtime::Handle,
+    lanes: Mutex<Lanes>,
+    wanted: Mutex<Wanted>,
+    /// The jobs it opened here (and that have not left).
     jobs: Mutex<HashSet<JobId>>,
     reservations: Mutex<HashMap<JobId, LaneReservation>>,
+    /// Admissions it waits for.
+    admitting: AtomicUsize,
     reports: Mutex<HashMap<u64, mpsc::SyncSender<msg::Report>>>,
-    next_report: std::sync::atomic::AtomicU64,
+    next_id: AtomicU64,
     hello: Mutex<Option<oneshot::Sender<msg::Hello>>>,
-    /// The executor's tenant: the owner of every job it opens.
-    owner: Tenant,
-    /// Longest wait for an iteration's Done before its lane moves on.
-    hold_limit: Option<Duration>,
-    /// The job ids this executor may name (`SALUS_EXECUTOR_JOB_BASE` on).
-    job_ids: Range<u64>,
-    /// Messages refused for naming a job not the executor's.
-    foreign: std::sync::atomic::AtomicU64,
+    spec: LinkSpec,
+    heard: Mutex<Heard>,
+    /// Set while Silent, so that hearing from it needs no other lock.
+    silent: AtomicBool,
+    answers_pings: AtomicBool,
+    /// Messages refused (a job not its own or not opened, a lane not
+    /// granted, a bound passed).
+    refused: AtomicU64,
+    replayed: AtomicBool,
     dead: AtomicBool,
     /// Set when the executor, shutting down, has drained its eager jobs (or died).
     drained: tokio::sync::watch::Sender<bool>,
 }
 
 impl Link {
-    /// Starts the reader thread; `hello` receives the executor's Hello (it is
-    /// serving). The thread ends, and the link dies, when the executor's end closes.
+    /// Starts the reader thread (and the writer's, and the watch for
+    /// silence); `hello` receives the executor's Hello (it is serving). The
+    /// reader ends, and the link dies, when the executor's end closes.
     pub fn start(
         stream: UnixStream,
         executor: Executor,
         admission: Option<Admission>,
         runtime: tokio::runtime::Handle,
-        label: String,
-        owner: Tenant,
-        hold_limit: Option<Duration>,
-        job_ids: Range<u64>,
+        spec: LinkSpec,
     ) -> std::io::Result<(Arc<Link>, oneshot::Receiver<msg::Hello>)> {
         let reader = stream.try_clone()?;
+        let control = stream.try_clone()?;
+        let outbox = Outbox::start(stream, &spec.label)?;
         let (hello_tx, hello_rx) = oneshot::channel();
+        let label = spec.label.clone();
         let link = Arc::new(Link {
-            writer: Mutex::new(stream),
+            outbox,
+            control,
             executor,
             admission,
             runtime,
-            running: Mutex::new(HashMap::new()),
-            cancelled: Mutex::new(HashSet::new()),
-            adopted_running: Mutex::new(HashSet::new()),
-            done_early: Mutex::new(HashSet::new()),
+            lanes: Mutex::new(Lanes {
+                standing: Standing::Serving,
+                waiting: HashMap::new(),
+                parked: Vec::new(),
+            }),
+            wanted: Mutex::new(Wanted::default()),
             jobs: Mutex::new(HashSet::new()),
             reservations: Mutex::new(HashMap::new()),
+            admitting: AtomicUsize::new(0),
             reports: Mutex::new(HashMap::new()),
-            next_report: std::sync::atomic::AtomicU64::new(1),
+            next_id: AtomicU64::new(1),
             hello: Mutex::new(Some(hello_tx)),
-            owner,
-            hold_limit,
-            job_ids,
-            foreign: std::sync::atomic::AtomicU64::new(0),
+            spec,
+            heard: Mutex::new(Heard {
+                last: Instant::now(),
+                ping: None,
+            }),
+            silent: AtomicBool::new(false),
+            answers_pings: AtomicBool::new(false),
+            refused: AtomicU64::new(0),
+            replayed: AtomicBool::new(false),
             dead: AtomicBool::new(false),
             drained: tokio::sync::watch::Sender::new(false),
         });
@@ -114,7 +214,10 @@ impl Link {
                 let mut reader = reader;
                 loop {
                     match read_frame::<_, msg::ToSupervisor>(&mut reader) {
-                        Ok(Some(message)) => reading.handle(message),
+                        Ok(Some(message)) => {
+                            reading.heard();
+                            reading.handle(message)
+                        }
                         Ok(None) => break,
                         Err(err) => {
                             tracing::error!(executor = %label, cause = %err, "the seam to an executor failed");
@@ -124,6 +227,12 @@ impl Link {
                 }
                 reading.die();
             })?;
+        if let Some(limit) = link.spec.silence_limit {
+            let watched = Arc::downgrade(&link);
+            std::thread::Builder::new()
+                .name(format!("salus-watch-{}", link.spec.label))
+                .spawn(move || watch_silence(watched, limit))?;
+        }
         Ok((link, hello_rx))
     }
 
@@ -137,60 +246,94 @@ impl Link {
         self.dead.load(Ordering::SeqCst)
     }
 
+    /// The executor's process, named by a pidfd.
+    pub fn process(&self) -> &Arc<ExecutorProcess> {
+        &self.spec.process
+    }
+
     /// Open jobs of this executor the scheduler knows.
     pub fn open_jobs(&self) -> usize {
         lock(&self.jobs).len()
+    }
+
+    pub fn standing(&self) -> Standing {
+        lock(&self.lanes).standing
+    }
+
+    /// An adopted executor's Hello came through the rendezvous, not here.
+    pub fn set_answers_pings(&self, answers: bool) {
+        self.answers_pings.store(answers, Ordering::SeqCst);
+    }
+
+    /// Messages refused so far.
+    pub fn refused_messages(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
     }
 
     fn send(&self, message: to_executor::Msg) {
         if self.is_dead() {
             return;
         }
-        let frame = msg::ToExecutor { msg: Some(message) };
-        if write_frame(&mut *lock(&self.writer), &frame).is_err() {
-            // The reader sees the end too and cleans up.
-            self.dead.store(true, Ordering::SeqCst);
+        match self.outbox.send(message) {
+            Ok(()) => {}
+            Err(NotSent::Closed) => {
+                // The reader sees the end too and cleans up.
+                self.dead.store(true, Ordering::SeqCst);
+            }
+            Err(NotSent::Full) => {
+                if !self.dead.swap(true, Ordering::SeqCst) {
+                    tracing::error!(
+                        tenant = %self.spec.owner,
+                        executor = %self.spec.label,
+                        queued = OUTBOX_CAPACITY,
+                        "an executor stopped reading its seam and let {OUTBOX_CAPACITY} messages queue up: \
+                         ending it (its jobs end)"
+                    );
+                    self.spec.process.signal_or_log(libc::SIGKILL);
+                    let _ = self.control.shutdown(std::net::Shutdown::Both);
+                }
+            }
         }
     }
 
     /// Whether `job` is one of this executor's (in its id range).
     pub fn owns_job(&self, job: u64) -> bool {
-        self.job_ids.contains(&job)
+        self.spec.job_ids.contains(&job)
     }
 
-    /// Messages refused so far for naming a job not the executor's.
-    #[cfg(test)]
-    fn foreign_messages(&self) -> u64 {
-        self.foreign.load(Ordering::Relaxed)
-    }
-
-    /// Answers a message that names a job outside the executor's range as a
-    /// refusal (where the executor waits for an answer), and logs the first.
-    fn refuse_foreign(&self, message: to_supervisor::Msg, job: u64) {
-        if self.foreign.fetch_add(1, Ordering::Relaxed) == 0 {
+    /// Counts a refused message, logging the first; answers it where the
+    /// executor waits for an answer.
+    fn refuse(&self, message: to_supervisor::Msg, code: Code, why: String) {
+        if self.refused.fetch_add(1, Ordering::Relaxed) == 0 {
             tracing::warn!(
-                tenant = %self.owner,
-                job,
-                "an executor named a job that is not its own (refused; later ones are counted, not logged)"
+                tenant = %self.spec.owner,
+                executor = %self.spec.label,
+                "an executor's message was refused: {why} (later ones are counted, not logged)"
             );
         }
         let refusal = || msg::AdmitError {
-            code: salus_proto::tensorflow::error::Code::PermissionDenied as i32,
-            message: format!("job {job} is not this executor's"),
+            code: code as i32,
+            message: why.clone(),
         };
         match message {
-            to_supervisor::Msg::OpenJob(open) => self.send(to_executor::Msg::Opened(msg::Opened {
-                id: open.id,
-                error: Some(refusal()),
-            })),
-            to_supervisor::Msg::Admit(admit) => self.send(to_executor::Msg::Admitted(msg::Admitted {
-                id: admit.id,
-                outcome: Some(msg::admitted::Outcome::Error(refusal())),
-            })),
-            to_supervisor::Msg::Want(want) => self.send(to_executor::Msg::Dropped(msg::Dropped {
-                turn: want.turn,
-                reason: refusal().message,
-            })),
+            to_supervisor::Msg::OpenJob(open) if open.id != 0 => {
+                self.send(to_executor::Msg::Opened(msg::Opened {
+                    id: open.id,
+                    error: Some(refusal()),
+                }))
+            }
+            to_supervisor::Msg::Admit(admit) if !admit.held => {
+                self.send(to_executor::Msg::Admitted(msg::Admitted {
+                    id: admit.id,
+                    outcome: Some(msg::admitted::Outcome::Error(refusal())),
+                }))
+            }
+            to_supervisor::Msg::Want(want) if !want.running => {
+                self.send(to_executor::Msg::Dropped(msg::Dropped {
+                    turn: want.turn,
+                    reason: why.clone(),
+                }))
+            }
             to_supervisor::Msg::Query(query) => self.send(to_executor::Msg::Answer(msg::Answer {
                 id: query.id,
                 ..Default::default()
@@ -199,70 +342,81 @@ impl Link {
         }
     }
 
+    /// Why `message` may not be handled, checked against what this
+    /// supervisor knows of the executor (never what it says of itself).
+    fn check(&self, message: &to_supervisor::Msg) -> Result<(), (Code, String)> {
+        use to_supervisor::Msg;
+        if let Some(job) = named_job(message) {
+            if !self.owns_job(job) {
+                return Err((Code::PermissionDenied, format!("job {job} is not this executor's")));
+            }
+            let opened = lock(&self.jobs).contains(&JobId(job));
+            if !opened && !matches!(message, Msg::OpenJob(_)) {
+                return Err((
+                    Code::FailedPrecondition,
+                    format!("job {job} was not opened by this executor"),
+                ));
+            }
+        }
+        match message {
+            Msg::OpenJob(open) => {
+                if open.name.len() > MAX_JOB_NAME {
+                    return Err((
+                        Code::InvalidArgument,
+                        format!("a job name of {} bytes (at most {MAX_JOB_NAME})", open.name.len()),
+                    ));
+                }
+                if lock(&self.jobs).len() >= MAX_OPEN_JOBS {
+                    return Err((
+                        Code::ResourceExhausted,
+                        format!("this executor has {MAX_OPEN_JOBS} jobs open"),
+                    ));
+                }
+            }
+            Msg::SetFingerprint(set) if set.fingerprint.len() > MAX_FINGERPRINT => {
+                return Err((
+                    Code::InvalidArgument,
+                    format!("a fingerprint of {} bytes (at most {MAX_FINGERPRINT})", set.fingerprint.len()),
+                ));
+            }
+            Msg::Want(want) => {
+                let wanted = lock(&self.wanted);
+                if wanted.turns.contains(&want.turn) {
+                    return Err((Code::InvalidArgument, format!("turn {} is wanted already", want.turn)));
+                }
+                if wanted.turns.len() >= MAX_WANTED_TURNS {
+                    return Err((
+                        Code::ResourceExhausted,
+                        format!("this executor has {MAX_WANTED_TURNS} iterations queued"),
+                    ));
+                }
+            }
+            Msg::Admit(_) if self.admitting.load(Ordering::SeqCst) >= MAX_ADMITTING => {
+                return Err((
+                    Code::ResourceExhausted,
+                    format!("this executor waits for {MAX_ADMITTING} admissions"),
+                ));
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
     fn handle(self: &Arc<Self>, message: msg::ToSupervisor) {
         let Some(message) = message.msg else { return };
-        if let Some(job) = named_job(&message) {
-            if !self.owns_job(job) {
-                self.refuse_foreign(message, job);
-                return;
-            }
+        if let Err((code, why)) = self.check(&message) {
+            self.refuse(message, code, why);
+            return;
         }
         match message {
             to_supervisor::Msg::Hello(hello) => {
                 if let Some(tx) = lock(&self.hello).take() {
+                    self.set_answers_pings(hello.answers_pings);
                     let _ = tx.send(hello);
                 }
             }
-            to_supervisor::Msg::AddJob(add) => {
-                let job = JobId(add.job);
-                lock(&self.jobs).insert(job);
-                // The lane this supervisor's admission gave the job, if it
-                // holds memory, whatever the executor says (after an adoption
-                // the lanes are this admission's).
-                let lane = lock(&self.reservations)
-                    .get(&job)
-                    .map_or(LaneId(add.lane), LaneReservation::lane);
-                if let Err(err) =
-                    self.executor
-                        .add_job(job, lane, hints_from_msg(add.hints))
-                {
-                    tracing::warn!(job = add.job, cause = %err, "an executor's job could not join the scheduler");
-                }
-            }
-            to_supervisor::Msg::OpenJob(open) => {
-                let job = JobId(open.job);
-                lock(&self.jobs).insert(job);
-                let kind = if open.eager {
-                    JobKind::Eager
-                } else {
-                    JobKind::Graph
-                };
-                // The owner is this link's tenant, whatever the executor says.
-                // An adopted executor's job (id 0) is open already: a drain
-                // does not refuse it.
-                let opened = if open.id == 0 {
-                    self.executor.reopen_job(job, &open.name, kind, Some(&self.owner))
-                } else {
-                    self.executor.open_job(job, &open.name, kind, Some(&self.owner))
-                };
-                let error = opened
-                    .err()
-                    .map(|err| {
-                        lock(&self.jobs).remove(&job);
-                        msg::AdmitError {
-                            code: err.code() as i32,
-                            message: err.to_string(),
-                        }
-                    });
-                if open.id == 0 {
-                    // An adopted executor's job, open already: no one waits.
-                    if let Some(err) = error {
-                        tracing::warn!(tenant = %self.owner, job = open.job, "an adopted job was refused: {}", err.message);
-                    }
-                } else {
-                    self.send(to_executor::Msg::Opened(msg::Opened { id: open.id, error }));
-                }
-            }
+            to_supervisor::Msg::AddJob(add) => self.add_job(add),
+            to_supervisor::Msg::OpenJob(open) => self.open_job(open),
             to_supervisor::Msg::RemoveJob(remove) => {
                 let end = RunEnd::from_name(&remove.end).unwrap_or(RunEnd::Cancelled);
                 self.forget(JobId(remove.job), end)
@@ -270,34 +424,20 @@ impl Link {
             to_supervisor::Msg::SetFingerprint(set) => {
                 self.executor.set_fingerprint(JobId(set.job), &set.fingerprint)
             }
-            to_supervisor::Msg::Want(want) => {
-                let deadline = (want.deadline_ms > 0)
-                    .then(|| Instant::now() + Duration::from_millis(want.deadline_ms));
-                if want.running {
-                    lock(&self.adopted_running).insert(want.turn);
-                }
-                let iteration = Box::new(Turn {
-                    link: self.clone(),
-                    turn: want.turn,
-                    job: JobId(want.job),
-                    ran: false,
-                    running_already: want.running,
-                });
-                // On refusal the iteration is dropped, which tells the executor.
-                let _ = self
-                    .executor
-                    .submit_remote(JobId(want.job), deadline, iteration);
-            }
+            to_supervisor::Msg::Want(want) => self.want(want),
             to_supervisor::Msg::Done(done) => {
-                if done.go_delay_ns > 0 {
+                if done.go_delay_ns > 0 && done.go_delay_ns < MAX_GO_DELAY_NS {
                     self.executor.record_handover(done.go_delay_ns);
                 }
-                let mut running = lock(&self.running);
-                if let Some(tx) = running.remove(&done.turn) {
+                let mut lanes = lock(&self.lanes);
+                if let Some(tx) = lanes.waiting.remove(&done.turn) {
                     let _ = tx.send(());
-                } else if lock(&self.adopted_running).remove(&done.turn) {
-                    // Ended before the core picked it: its lane need not wait.
-                    lock(&self.done_early).insert(done.turn);
+                } else {
+                    let mut wanted = lock(&self.wanted);
+                    if wanted.adopted_running.remove(&done.turn) {
+                        // Ended before the core picked it: its lane need not wait.
+                        wanted.done_early.insert(done.turn);
+                    }
                 }
             }
             to_supervisor::Msg::CheapRun(run) => {
@@ -343,15 +483,22 @@ impl Link {
                 lock(&self.reservations).remove(&JobId(release.job));
             }
             to_supervisor::Msg::SetHints(set) => {
+                // Capped by the tenant's limits in the core.
                 let _ = self
                     .executor
                     .set_hints(JobId(set.job), hints_from_msg(set.hints));
             }
             to_supervisor::Msg::Cancel(cancel) => {
-                lock(&self.cancelled).insert(cancel.turn);
+                let mut wanted = lock(&self.wanted);
+                // Only a turn it wants: anything else would only grow the set.
+                if wanted.turns.contains(&cancel.turn) {
+                    wanted.cancelled.insert(cancel.turn);
+                }
             }
             to_supervisor::Msg::Replayed(_) => {
-                tracing::info!(tenant = %self.owner, jobs = self.open_jobs(), "an adopted executor's jobs are scheduled here now");
+                if !self.replayed.swap(true, Ordering::SeqCst) {
+                    tracing::info!(tenant = %self.spec.owner, jobs = self.open_jobs(), "an adopted executor's jobs are scheduled here now");
+                }
             }
             to_supervisor::Msg::Drained(_) => {
                 self.drained.send_replace(true);
@@ -361,7 +508,93 @@ impl Link {
                     let _ = tx.send(report);
                 }
             }
+            to_supervisor::Msg::Pong(_) => {} // heard, which is all it says
         }
+    }
+
+    fn open_job(&self, open: msg::OpenJob) {
+        let job = JobId(open.job);
+        lock(&self.jobs).insert(job);
+        let kind = if open.eager {
+            JobKind::Eager
+        } else {
+            JobKind::Graph
+        };
+        // The owner is this link's tenant, whatever the executor says.
+        // An adopted executor's job (id 0) is open already: a drain
+        // does not refuse it.
+        let opened = if open.id == 0 {
+            self.executor
+                .reopen_job(job, &open.name, kind, Some(&self.spec.owner))
+        } else {
+            self.executor
+                .open_job(job, &open.name, kind, Some(&self.spec.owner))
+        };
+        let error = opened.err().map(|err| {
+            lock(&self.jobs).remove(&job);
+            msg::AdmitError {
+                code: err.code() as i32,
+                message: err.to_string(),
+            }
+        });
+        if open.id == 0 {
+            // An adopted executor's job, open already: no one waits.
+            if let Some(err) = error {
+                tracing::warn!(tenant = %self.spec.owner, job = open.job, "an adopted job was refused: {}", err.message);
+            }
+        } else {
+            self.send(to_executor::Msg::Opened(msg::Opened { id: open.id, error }));
+        }
+    }
+
+    /// The job joins the scheduler on the lane this supervisor gave it:
+    /// its admission's lane where memory is admitted (after an adoption the
+    /// lanes are this admission's), lane 0 where it is not; whatever lane the
+    /// executor names.
+    fn add_job(&self, add: msg::AddJob) {
+        let job = JobId(add.job);
+        let lane = match (&self.admission, lock(&self.reservations).get(&job)) {
+            (_, Some(reservation)) => reservation.lane(),
+            (None, None) => LaneId(0),
+            (Some(_), None) => {
+                let why = format!(
+                    "job {} joins the scheduler without memory admitted for it (lane {} was never granted)",
+                    add.job, add.lane
+                );
+                self.refuse(to_supervisor::Msg::AddJob(add), Code::FailedPrecondition, why);
+                return;
+            }
+        };
+        if let Err(err) = self
+            .executor
+            .add_job(job, lane, hints_from_msg(add.hints))
+        {
+            tracing::debug!(job = add.job, cause = %err, "an executor's job could not join the scheduler");
+        }
+    }
+
+    fn want(self: &Arc<Self>, want: msg::Want) {
+        let deadline = (want.deadline_ms > 0)
+            .then(|| Instant::now() + Duration::from_millis(want.deadline_ms));
+        {
+            let mut wanted = lock(&self.wanted);
+            wanted.turns.insert(want.turn);
+            if want.running {
+                wanted.adopted_running.insert(want.turn);
+            }
+        }
+        let iteration = Box::new(Turn {
+            link: self.clone(),
+            turn: want.turn,
+            job: JobId(want.job),
+            deadline,
+            ran: false,
+            running_already: want.running,
+        });
+        // On refusal the iteration is dropped, which tells the executor.
+        let _ = self
+            .executor
+            .submit_remote(JobId(want.job), deadline, iteration);
     }
 
     fn admit(self: &Arc<Self>, admit: msg::Admit) {
@@ -370,25 +603,29 @@ impl Link {
             self.send(to_executor::Msg::Admitted(msg::Admitted {
                 id: admit.id,
                 outcome: Some(msg::admitted::Outcome::Error(msg::AdmitError {
-                    code: salus_proto::tensorflow::error::Code::FailedPrecondition as i32,
+                    code: Code::FailedPrecondition as i32,
                     message: "this server has no memory capacity (--memory-capacity)".into(),
                 })),
             }));
             return;
         };
+        self.admitting.fetch_add(1, Ordering::SeqCst);
         self.runtime.spawn(async move {
             let job = JobId(admit.job);
             let need = MemoryNeed {
                 persistent: admit.persistent,
                 ephemeral: admit.ephemeral,
             };
+            // Its hints are capped by its tenant's limits in the rank and
+            // when it joins the scheduler.
             let outcome = admission
                 .admit(job, need, admit.pinned_lane.map(LaneId), hints_from_msg(admit.hints))
                 .await;
+            link.admitting.fetch_sub(1, Ordering::SeqCst);
             let outcome = match outcome {
                 Ok(reservation) => {
                     let lane = reservation.lane();
-                    if link.is_dead() {
+                    if link.is_dead() || !lock(&link.jobs).contains(&job) {
                         return; // dropping the reservation returns the memory
                     }
                     lock(&link.reservations).insert(job, reservation);
@@ -427,11 +664,11 @@ impl Link {
                 lock(&self.reservations).insert(job, reservation);
             }
             Ok(Err(err)) => {
-                tracing::warn!(tenant = %self.owner, job = admit.job, cause = %err, "an adopted job's memory could not be restored")
+                tracing::warn!(tenant = %self.spec.owner, job = admit.job, cause = %err, "an adopted job's memory could not be restored")
             }
             Err(_) => {
                 admission.withdraw(job);
-                tracing::warn!(tenant = %self.owner, job = admit.job, "an adopted job's memory could not be restored in time (the device is fuller than before the restart)")
+                tracing::warn!(tenant = %self.spec.owner, job = admit.job, "an adopted job's memory could not be restored in time (the device is fuller than before the restart)")
             }
         }
     }
@@ -446,6 +683,112 @@ impl Link {
         lock(&self.reservations).remove(&job);
     }
 
+    /// Its parent saw the executor stop (SIGSTOP and the like): its lanes
+    /// go to others at once, and its turns wait until it continues.
+    pub fn stopped(&self) {
+        self.suspend(Standing::Stopped);
+    }
+
+    /// Its parent saw the executor continue (SIGCONT).
+    pub fn continued(&self) {
+        if self.standing() == Standing::Stopped {
+            self.resume();
+        }
+    }
+
+    fn suspend(&self, standing: Standing) {
+        let released = {
+            let mut lanes = lock(&self.lanes);
+            if lanes.standing == standing || lanes.standing == Standing::Stopped {
+                return;
+            }
+            lanes.standing = standing;
+            self.silent
+                .store(standing == Standing::Silent, Ordering::SeqCst);
+            // Dropping a waiter's sender wakes its lane thread: the lane is free.
+            lanes.waiting.drain().count()
+        };
+        for _ in 0..released {
+            self.executor.count_released_hold();
+        }
+        tracing::warn!(
+            tenant = %self.spec.owner,
+            executor = %self.spec.label,
+            lanes_released = released,
+            "an executor is {}: its lanes go to other jobs, and its iterations wait until it runs again{}",
+            standing.name(),
+            if standing == Standing::Silent {
+                " (it left a ping unanswered for --silence-limit)"
+            } else {
+                ""
+            }
+        );
+    }
+
+    fn resume(&self) {
+        let parked = {
+            let mut lanes = lock(&self.lanes);
+            if lanes.standing == Standing::Serving {
+                return;
+            }
+            lanes.standing = Standing::Serving;
+            self.silent.store(false, Ordering::SeqCst);
+            std::mem::take(&mut lanes.parked)
+        };
+        tracing::info!(
+            tenant = %self.spec.owner,
+            executor = %self.spec.label,
+            turns = parked.len(),
+            "an executor runs again: its iterations are queued again"
+        );
+        for turn in parked {
+            let (job, deadline) = (turn.job, turn.deadline);
+            // A turn whose job left meanwhile is dropped, which tells the executor.
+            let _ = self.executor.submit_remote(job, deadline, turn);
+        }
+    }
+
+    /// A frame came: the executor runs and reads its seam.
+    fn heard(&self) {
+        lock(&self.heard).last = Instant::now();
+        if self.silent.load(Ordering::SeqCst) {
+            self.resume();
+        }
+    }
+
+    /// One look of the silence watch: pings an executor that holds a lane
+    /// and has not been heard for half the limit; suspends one that left a
+    /// ping unanswered for the whole limit.
+    fn watch_once(&self, limit: Duration) {
+        if !self.answers_pings.load(Ordering::SeqCst) {
+            return;
+        }
+        let holding = {
+            let lanes = lock(&self.lanes);
+            lanes.standing == Standing::Serving && !lanes.waiting.is_empty()
+        };
+        let now = Instant::now();
+        let mut heard = lock(&self.heard);
+        match heard.ping {
+            Some(sent) if heard.last >= sent => heard.ping = None,
+            Some(sent) if now.duration_since(sent) >= limit => {
+                heard.ping = None;
+                drop(heard);
+                if holding {
+                    self.suspend(Standing::Silent);
+                }
+                return;
+            }
+            _ => {}
+        }
+        if holding && heard.ping.is_none() && now.duration_since(heard.last) >= limit / 2 {
+            heard.ping = Some(now);
+            drop(heard);
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            self.send(to_executor::Msg::Ping(msg::Ping { id }));
+        }
+    }
+
     /// The executor is gone: all its jobs leave, lane threads waiting on it wake.
     pub fn die(&self) {
         self.dead.store(true, Ordering::SeqCst);
@@ -454,7 +797,12 @@ impl Link {
         for job in jobs {
             self.forget(job, RunEnd::Failed);
         }
-        lock(&self.running).clear();
+        let parked = {
+            let mut lanes = lock(&self.lanes);
+            lanes.waiting.clear();
+            std::mem::take(&mut lanes.parked)
+        };
+        drop(parked);
         lock(&self.reports).clear();
         lock(&self.reservations).clear();
         lock(&self.hello).take();
@@ -463,18 +811,29 @@ impl Link {
     /// The executor's jobs and counters, for the admin API (None: it did not
     /// answer in time, or it is gone). Blocks: call it off the async runtime.
     pub fn report(&self, timeout: Duration) -> Option<msg::Report> {
-        if self.is_dead() {
+        if self.is_dead() || self.standing() != Standing::Serving {
             return None;
         }
-        let id = self
-            .next_report
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::sync_channel(1);
         lock(&self.reports).insert(id, tx);
         self.send(to_executor::Msg::ReportRequest(msg::ReportRequest { id }));
         let report = rx.recv_timeout(timeout).ok();
         lock(&self.reports).remove(&id);
         report
+    }
+}
+
+/// Looks for silence every quarter of the limit while the link lives.
+fn watch_silence(link: std::sync::Weak<Link>, limit: Duration) {
+    let tick = (limit / 4).max(Duration::from_millis(10));
+    loop {
+        std::thread::sleep(tick);
+        let Some(link) = link.upgrade() else { return };
+        if link.is_dead() {
+            return;
+        }
+        link.watch_once(limit);
     }
 }
 
@@ -502,7 +861,8 @@ fn named_job(message: &to_supervisor::Msg) -> Option<u64> {
         | Msg::Done(_)
         | Msg::Cancel(_)
         | Msg::Drained(_)
-        | Msg::Report(_) => None,
+        | Msg::Report(_)
+        | Msg::Pong(_) => None,
     }
 }
 
@@ -514,6 +874,7 @@ struct Turn {
     link: Arc<Link>,
     turn: u64,
     job: JobId,
+    deadline: Option<Instant>,
     ran: bool,
     /// An adopted executor runs it already: no Go, only the wait for Done.
     running_already: bool,
@@ -521,38 +882,49 @@ struct Turn {
 
 impl RemoteIteration for Turn {
     fn requester_gone(&self) -> bool {
-        self.link.is_dead() || lock(&self.link.cancelled).contains(&self.turn)
+        self.link.is_dead() || lock(&self.link.wanted).cancelled.contains(&self.turn)
     }
 
     fn run(mut self: Box<Self>) {
-        self.ran = true;
+        let link = self.link.clone();
+        let turn = self.turn;
         let (tx, rx) = mpsc::sync_channel(1);
         {
-            let mut running = lock(&self.link.running);
-            if self.running_already && lock(&self.link.done_early).remove(&self.turn) {
+            let mut lanes = lock(&link.lanes);
+            if self.running_already && lock(&link.wanted).done_early.remove(&turn) {
+                self.ran = true;
                 return;
             }
-            running.insert(self.turn, tx);
+            if lanes.standing != Standing::Serving {
+                // Its executor does not run: the lane goes on at once, and
+                // the turn waits aside until the executor runs again.
+                lanes.parked.push(self);
+                return;
+            }
+            self.ran = true;
+            lanes.waiting.insert(turn, tx);
         }
         if !self.running_already {
-            self.link.send(to_executor::Msg::Go(msg::Go {
-                turn: self.turn,
+            link.send(to_executor::Msg::Go(msg::Go {
+                turn,
                 sent_mono_ns: crate::seam::mono_ns(),
             }));
         }
-        // Done, or the executor's death (which drops the sender), or the
-        // hold limit.
-        let Some(limit) = self.link.hold_limit else {
+        let job = self.job;
+        // Not dropped while the lane waits: its drop ends the wanted turn.
+        // Done, or the executor's death or stop (which drop the sender), or
+        // the hold limit.
+        let Some(limit) = link.spec.hold_limit else {
             let _ = rx.recv();
             return;
         };
         if let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(limit) {
             // Its Done, if it still comes, finds no waiter and is ignored.
-            if lock(&self.link.running).remove(&self.turn).is_some() {
-                self.link.executor.count_released_hold();
+            if lock(&link.lanes).waiting.remove(&turn).is_some() {
+                link.executor.count_released_hold();
                 tracing::warn!(
-                    tenant = %self.link.owner,
-                    job = self.job.0,
+                    tenant = %link.spec.owner,
+                    job = job.0,
                     limit_s = limit.as_secs_f64(),
                     "a main iteration held its lane past --lane-hold-limit: other jobs' \
                      iterations start beside it (it runs on, charged the limit as device time)"
@@ -564,12 +936,17 @@ impl RemoteIteration for Turn {
 
 impl Drop for Turn {
     fn drop(&mut self) {
-        if lock(&self.link.cancelled).remove(&self.turn) {
+        let cancelled = {
+            let mut wanted = lock(&self.link.wanted);
+            wanted.turns.remove(&self.turn);
+            if self.running_already {
+                wanted.adopted_running.remove(&self.turn);
+                wanted.done_early.remove(&self.turn);
+            }
+            wanted.cancelled.remove(&self.turn)
+        };
+        if cancelled {
             return; // the executor gave it up itself
-        }
-        if self.running_already {
-            lock(&self.link.adopted_running).remove(&self.turn);
-            lock(&self.link.done_early).remove(&self.turn);
         }
         if !self.ran && !self.running_already {
             self.link.send(to_executor::Msg::Dropped(msg::Dropped {
@@ -585,11 +962,23 @@ impl Drop for Turn {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::seam::frame::write_frame;
     use crate::sched::policy::by_name;
     use crate::sched::{Hints, SchedConfig};
 
     fn send(to: &mut UnixStream, message: to_supervisor::Msg) {
         write_frame(to, &msg::ToSupervisor { msg: Some(message) }).unwrap();
+    }
+
+    pub(super) fn test_spec(tenant: &str, job_ids: Range<u64>) -> LinkSpec {
+        LinkSpec {
+            label: format!("{tenant}:test"),
+            owner: Tenant::named(tenant),
+            hold_limit: None,
+            job_ids,
+            silence_limit: None,
+            process: Arc::new(ExecutorProcess::open(std::process::id())),
+        }
     }
 
     fn answer(from: &mut UnixStream) -> to_executor::Msg {
@@ -615,10 +1004,7 @@ mod tests {
             core.clone(),
             None,
             runtime.handle().clone(),
-            "test".into(),
-            Tenant::named("hostile"),
-            None,
-            1 << 32..2 << 32,
+            test_spec("hostile", 1 << 32..2 << 32),
         )
         .unwrap();
         let mut executor = theirs;
@@ -671,7 +1057,7 @@ mod tests {
         let status = core.job_status(victim).expect("the victim's job is still there");
         assert_eq!(status.hints.priority, Hints::default().priority);
         assert_eq!(status.queued, 0, "no iteration was queued for it");
-        assert_eq!(link.foreign_messages(), 4);
+        assert_eq!(link.refused_messages(), 4);
 
         // Its own jobs open.
         send(

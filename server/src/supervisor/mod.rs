@@ -15,6 +15,7 @@ pub mod executors;
 pub mod handed;
 pub mod keeper;
 pub mod link;
+pub mod pidfd;
 pub mod prologue;
 pub mod relay;
 
