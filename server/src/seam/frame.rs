@@ -36,8 +36,16 @@ pub fn read_frame<R: Read, M: Message + Default>(input: &mut R) -> io::Result<Op
             format!("a seam frame of {len} bytes (at most {MAX_FRAME})"),
         ));
     }
-    let mut buf = vec![0u8; len];
-    input.read_exact(&mut buf)?;
+    // Grown as bytes arrive: a peer that announces a large frame and sends
+    // nothing holds no memory for it.
+    let mut buf = Vec::with_capacity(len.min(64 << 10));
+    input.take(len as u64).read_to_end(&mut buf)?;
+    if buf.len() < len {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("a seam frame ended after {} of its {len} bytes", buf.len()),
+        ));
+    }
     M::decode(buf.as_slice())
         .map(Some)
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))

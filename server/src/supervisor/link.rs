@@ -27,6 +27,8 @@
 //! memory and wakes every lane thread waiting on it.
 
 mod outbox;
+#[cfg(test)]
+mod rogue_tests;
 
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
