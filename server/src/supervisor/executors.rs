@@ -739,6 +739,8 @@ impl Executors {
         let handles = self.running();
         for h in &handles {
             h.signal(libc::SIGTERM);
+            // One its tenant stopped must run to drain.
+            h.signal(libc::SIGCONT);
         }
         let all = async {
             for h in &handles {
@@ -762,6 +764,8 @@ impl Executors {
             .collect();
         for h in &handles {
             h.signal(libc::SIGTERM);
+            // One its tenant stopped must run to drain.
+            h.signal(libc::SIGCONT);
         }
         let deadline = Instant::now() + limit;
         for h in &handles {
