@@ -95,6 +95,8 @@ def run_b(address: str, token: str, steps: int, name: str) -> dict:
 
 
 def one_set(address: str, tokens: dict, steps: int, flap_s: float, work: Path, n: int) -> dict:
+    # bench-b's executor is warm (started, its kernels built) before its solo run, as in the other phases.
+    run_b(address, tokens["b"], 5, f"b-warm-{n}")
     out = {"solo": run_b(address, tokens["b"], steps, f"b-solo-{n}")}
     for phase in ("beside", "stopped", "flapping"):
         stop_file = work / f"stop-a-{n}-{phase}"
