@@ -44,10 +44,21 @@ impl Executors {
             self.serial.fetch_max(last, Ordering::SeqCst);
         }
         let mut adopted = 0;
+        // All at once: one that does not answer (its tenant stopped it) costs
+        // the start one ADOPTION_TIMEOUT, not one each.
+        let mut handshakes = tokio::task::JoinSet::new();
         for record in records {
-            let serial = record.serial;
-            let (pid, tenant_name) = (record.pid, record.tenant_name.clone());
-            match self.adopt(record).await {
+            let executors = self.clone();
+            handshakes.spawn(async move {
+                let who = (record.serial, record.pid, record.tenant_name.clone());
+                (who, executors.adopt(record).await)
+            });
+        }
+        while let Some(done) = handshakes.join_next().await {
+            let Ok(((serial, pid, tenant_name), outcome)) = done else {
+                continue;
+            };
+            match outcome {
                 Ok(handle) => {
                     let key = handle.tenant.key.clone();
                     let slot = Arc::new(Slot::default());
