@@ -198,9 +198,18 @@ pub enum TokenAction {
         #[arg(long)]
         json: bool,
     },
-    /// Revoke the token with this id, or every token of this tenant.
+    /// Revoke the token with an id (--id ID, or ID alone), or every token of
+    /// a tenant (--tenant NAME). An id is never taken for a tenant's name.
+    #[command(group(clap::ArgGroup::new("which").required(true).args(["id", "id_flag", "tenant"])))]
     Revoke {
-        which: String,
+        /// The token's id (as --id).
+        id: Option<String>,
+        /// The token's id.
+        #[arg(long = "id", value_name = "ID")]
+        id_flag: Option<String>,
+        /// Every token of the tenant of this name.
+        #[arg(long, value_name = "NAME")]
+        tenant: Option<String>,
         /// The revoked tokens' records as a JSON array (the keys of `token list --json`).
         #[arg(long)]
         json: bool,
@@ -473,9 +482,18 @@ async fn token(admin: &mut AdminClient<Channel>, action: TokenAction) -> Result<
                 format!("{}\n", issued.token)
             }
         }
-        TokenAction::Revoke { which, json } => {
+        TokenAction::Revoke {
+            id,
+            id_flag,
+            tenant,
+            json,
+        } => {
             let revoked = admin
-                .revoke_tokens(RevokeTokensRequest { which })
+                .revoke_tokens(RevokeTokensRequest {
+                    which: String::new(),
+                    id: id.or(id_flag).unwrap_or_default(),
+                    tenant: tenant.unwrap_or_default(),
+                })
                 .await?
                 .into_inner()
                 .tokens;
