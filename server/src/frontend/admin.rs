@@ -678,8 +678,13 @@ impl Admin for AdminService {
         request: Request<ListHistoryRequest>,
     ) -> Result<Response<ListHistoryResponse>, Status> {
         let caller = tenant_of(&request);
-        let asker = self.history_asker(&caller);
-        let listed = history::list(&self.core, &asker, &request.get_ref().tenant)?;
+        let requested = request.into_inner().tenant;
+        // Off the runtime: naming tenants looks users up (NSS may be a network round trip).
+        let this = self.clone();
+        let listed = crate::runtime::exec::blocking(move || {
+            history::list(&this.core, &this.history_asker(&caller), &requested)
+        })
+        .await?;
         Ok(Response::new(listed))
     }
 
@@ -688,10 +693,13 @@ impl Admin for AdminService {
         request: Request<EraseHistoryRequest>,
     ) -> Result<Response<EraseHistoryResponse>, Status> {
         let caller = tenant_of(&request);
-        let asker = self.history_asker(&caller);
-        let tenant = &request.get_ref().tenant;
-        let erased = history::erase(&self.core, &asker, tenant)?;
-        tracing::info!(by = %caller, "job history erase asked");
+        let requested = request.into_inner().tenant;
+        tracing::info!(by = %caller, tenant = %requested, "job history erase asked");
+        let this = self.clone();
+        let erased = crate::runtime::exec::blocking(move || {
+            history::erase(&this.core, &this.history_asker(&caller), &requested)
+        })
+        .await?;
         Ok(Response::new(erased))
     }
 
