@@ -97,7 +97,11 @@ pub enum CtlCommand {
         #[command(subcommand)]
         action: Option<history::HistoryAction>,
         /// Whose: yours by default; an admin may name any tenant (and sees
-        /// every tenant's without one).
+        /// every tenant's without one): user:NAME or uid:N (a Unix user),
+        /// token:NAME (a token tenant without a user), anonymous, or a bare
+        /// NAME (both the user and the token tenant of that name; an erase
+        /// refuses when both have a history). Kept by tenant, not by name: a
+        /// token tenant named like a user never sees that user's history.
         #[arg(long, global = true)]
         tenant: Option<String>,
         /// As JSON (keys in the README).
