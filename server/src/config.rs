@@ -288,7 +288,8 @@ pub struct Args {
     /// (their SHA-256, never the tokens), with their tenants, limits, memory
     /// reservations and expiry, so that jobs placed before a restart are
     /// accepted after it and their reservations are held again before any new
-    /// job is admitted; the job history; the policy, limits, hints and drain
+    /// job is admitted; the job history; the uids of token tenants without a
+    /// Unix user (--tenant-uid-range); the policy, limits, hints and drain
     /// set at run time (`ctl`). Created 0700 if missing; files 0600. One server per
     /// directory (it is locked). Default: /var/lib/salus/state as root, else
     /// $XDG_STATE_HOME/salus or ~/.local/state/salus.
