@@ -613,7 +613,7 @@ mod tests {
         assert_eq!(TenantKey::Named("ci".into()).spec(), "token:ci");
         assert_eq!(TenantKey::Anonymous.spec(), "anonymous");
         for key in [TenantKey::Uid(0), TenantKey::Uid(4_000_000_001), TenantKey::Named("ci".into())] {
-            assert_eq!(keys_named(&key.spec()).unwrap(), [key.clone()]);
+            assert_eq!(keys_named(&key.spec()).unwrap(), std::slice::from_ref(&key));
             assert!(keys_named(&key.to_text()).unwrap().contains(&key));
         }
         // A bare name is both the user and the token tenant of that name.
