@@ -15,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
+import pwd
 import subprocess
 import time
 from pathlib import Path
@@ -289,7 +291,7 @@ def test_tokens_issued_at_run_time(server):
         for ch, handle in opened:
             with contextlib.suppress(grpc.RpcError):
                 wire.call(ch, "CloseSession", wire.close_session_request(handle))
-        ctl(server.address, "token", "revoke", "nobodys", check=False)
+        ctl(server.address, "token", "revoke", "--tenant", "nobodys", check=False)
         bot1.close()
 
 
@@ -357,3 +359,141 @@ def test_a_token_reserves_memory_for_its_jobs(server):
         if token_id:
             ctl(server.address, "token", "revoke", token_id, check=False)
         bot1.close()
+
+
+def token_ids(address: str) -> set[str]:
+    return {t["id"] for t in ctl_json(address, "token", "list")}
+
+
+def test_revoking_by_tenant_never_touches_a_token_whose_id_is_that_name(server):
+    """`token revoke --tenant X` matches tenants only, `--id X` (or X alone) ids only (issue 58)."""
+    victim = ctl_json(server.address, "token", "issue", "--tenant", "victim", "--expires", "1h")
+    # A tenant named exactly like the victim's token id.
+    namesake = ctl_json(server.address, "token", "issue", "--tenant", victim["id"], "--expires", "1h")
+    try:
+        revoked = ctl_json(server.address, "token", "revoke", "--tenant", victim["id"])
+        assert [t["id"] for t in revoked] == [namesake["id"]], revoked
+        assert victim["id"] in token_ids(server.address)
+        again = ctl_json(server.address, "token", "issue", "--tenant", victim["id"], "--expires", "1h")
+        revoked = ctl_json(server.address, "token", "revoke", "--id", victim["id"])
+        assert [t["id"] for t in revoked] == [victim["id"]], revoked
+        assert again["id"] in token_ids(server.address)
+        # A bare word is an id, never a tenant's name (what an older client's request means too).
+        gone = ctl(server.address, "token", "revoke", victim["id"], check=False)
+        assert gone.returncode != 0 and "no issued token has id" in gone.stderr, gone.stderr
+        both = ctl(server.address, "token", "revoke", "--id", "x", "--tenant", "y", check=False)
+        assert both.returncode != 0, both.stdout
+        ctl(server.address, "token", "revoke", "--tenant", victim["id"])
+    finally:
+        for token in (victim, namesake):
+            ctl(server.address, "token", "revoke", "--id", token["id"], check=False)
+
+
+def history_names(ch: grpc.Channel, tenant: str = "") -> list[str]:
+    """ListHistory as `ch`'s tenant sees it: the identities' job names."""
+    listed = wire.call(ch, ADMIN + "ListHistory", wire.f_bytes(1, tenant) if tenant else b"")
+    return [wire.first(i, 2, b"").decode() for i in wire.fields(listed, 1)]
+
+
+def run_and_close(ch: grpc.Channel, name: str) -> None:
+    """A job of main iterations under `name`, closed: its run goes into the job history."""
+    handle = open_main(ch, f"{name}?persistent=1MiB&ephemeral=1MiB")
+    wire.call(ch, "CloseSession", wire.close_session_request(handle))
+
+
+def test_a_token_tenant_named_like_a_user_reaches_only_its_own_history(server):
+    """History is kept by tenant, not by name: a token tenant named after this process's user (root in CI) neither
+    sees nor erases that user's history, and an admin tells the two apart (issue 58)."""
+    my_name = pwd.getpwuid(os.geteuid()).pw_name
+    me = channel(server.address, None)
+    issued = ctl_json(server.address, "token", "issue", "--tenant", my_name, "--expires", "1h")
+    namesake = token_channel(server.address, issued["token"])
+    try:
+        run_and_close(me, "hist-user-job")
+        assert wait_until(lambda: any(i["name"].startswith("hist-user-job")
+                                      for i in ctl_json(server.address, "history", "--tenant", f"user:{my_name}")["identities"]),
+                          timeout=20, interval=0.2), ctl(server.address, "history").stdout
+        # The token tenant of the same name sees none of it, by its name or none, and may not name the user.
+        assert not any(n.startswith("hist-user-job") for n in history_names(namesake))
+        assert not any(n.startswith("hist-user-job") for n in history_names(namesake, my_name))
+        for other in (f"user:{my_name}", f"uid:{os.geteuid()}"):
+            for call, request in (("ListHistory", other), ("EraseHistory", other)):
+                with pytest.raises(grpc.RpcError) as refused:
+                    wire.call(namesake, ADMIN + call, wire.f_bytes(1, request))
+                assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED, refused.value.details()
+        # Erasing "its own" by the shared name erases nothing of the user's.
+        erased = wire.call(namesake, ADMIN + "EraseHistory", wire.f_bytes(1, my_name))
+        assert wire.first(erased, 1, 0) == 0
+        kept = ctl_json(server.address, "history", "--tenant", f"user:{my_name}")["identities"]
+        assert any(i["name"].startswith("hist-user-job") for i in kept), kept
+
+        # Its own job is its own history; an admin sees both tenants apart.
+        run_and_close(namesake, "hist-token-job")
+        assert wait_until(lambda: any(n.startswith("hist-token-job") for n in history_names(namesake)),
+                          timeout=20, interval=0.2)
+        assert not any(n.startswith("hist-user-job") for n in history_names(namesake))
+        listed = {i["name"].split("?")[0]: i["tenant"] for i in ctl_json(server.address, "history")["identities"]}
+        assert listed.get("hist-user-job") == f"user:{my_name}", listed
+        assert listed.get("hist-token-job") == f"token:{my_name}", listed
+        # A bare name is both tenants: an erasure refuses it; spelled, it erases that tenant's only.
+        ambiguous = ctl(server.address, "history", "erase", "--tenant", my_name, check=False)
+        assert ambiguous.returncode != 0 and "name one" in ambiguous.stderr, ambiguous.stderr
+        erased = ctl_json(server.address, "history", "erase", "--tenant", f"token:{my_name}")
+        assert erased["erased_identities"] == 1, erased
+        listed = {i["name"].split("?")[0] for i in ctl_json(server.address, "history")["identities"]}
+        assert "hist-user-job" in listed and "hist-token-job" not in listed, listed
+    finally:
+        ctl(server.address, "token", "revoke", "--id", issued["id"], check=False)
+        ctl(server.address, "history", "erase", "--tenant", f"user:{my_name}", check=False)
+        namesake.close()
+        me.close()
+
+
+def executor_status(pid: int) -> dict[str, list[int]]:
+    """The uids, gids and supplementary groups of process `pid` (/proc/PID/status)."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return {key: [int(v) for v in fields[key].split()] for key in ("Uid", "Gid", "Groups")}
+
+
+def signal_as(uid: int, pid: int) -> subprocess.CompletedProcess:
+    """`kill -0 PID` from a process of uid (and gid) `uid` and no groups: whether it may signal `pid`."""
+    return subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--",
+                           "/bin/sh", "-c", f"kill -0 {pid}"], capture_output=True, text=True, timeout=30)
+
+
+def test_token_tenants_without_a_user_run_as_uids_of_their_own(server):
+    """Two token tenants whose user is `-` (bot1, bot2) have executors of distinct uids from --tenant-uid-range
+    (gid the same, no groups), and neither uid may signal the other's executor (issue 58)."""
+    if ctl_json(server.address, "info")["isolation"] != "tenant":
+        pytest.skip("no executor processes under --isolation none")
+    if os.geteuid() != 0:
+        pytest.skip("executors switch users only when the server runs as root")
+    own = {name: channel(server.address, name) for name in ("bot1", "bot2")}
+    handles = {}
+    try:
+        handles = {name: open_session(ch) for name, ch in own.items()}
+        pids = {e["tenant"]: e["pid"] for e in ctl_json(server.address, "info")["executors"]}
+        assert {"bot1", "bot2"} <= set(pids), pids
+        status = {name: executor_status(pids[name]) for name in ("bot1", "bot2")}
+        uids = {name: s["Uid"][0] for name, s in status.items()}
+        assert uids["bot1"] != uids["bot2"], status
+        for name, s in status.items():
+            uid = uids[name]
+            assert s["Uid"] == [uid] * 4 and s["Gid"] == [uid] * 4 and s["Groups"] == [], (name, s)
+            assert 1879048192 <= uid <= 1879113727, (name, uid)  # the default --tenant-uid-range
+        # bot1's uid may signal its own executor, not bot2's (EPERM), and the other way round.
+        assert signal_as(uids["bot1"], pids["bot1"]).returncode == 0
+        for a, b in (("bot1", "bot2"), ("bot2", "bot1")):
+            refused = signal_as(uids[a], pids[b])
+            assert refused.returncode != 0 and "not permitted" in refused.stderr, (a, b, refused.stderr)
+        # The uids are kept in the state directory, 0600.
+        state = server.log_path.with_name(server.log_path.name + ".state") / "tenant-uids.json"
+        assert state.stat().st_mode & 0o777 == 0o600
+        kept = json.loads(state.read_text())["data"]["uids"]
+        assert kept["name:bot1"] == uids["bot1"] and kept["name:bot2"] == uids["bot2"], kept
+    finally:
+        for name, handle in handles.items():
+            with contextlib.suppress(grpc.RpcError):
+                wire.call(own[name], "CloseSession", wire.close_session_request(handle))
+        for ch in own.values():
+            ch.close()

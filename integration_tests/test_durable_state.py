@@ -3,7 +3,7 @@ pod's, a Ray placement's) issued before the restart is accepted after it, with i
 before any job is admitted; tokens that expired meanwhile, and revoked ones, stay gone.
 
 One state directory and one server at a time, all `--isolation tenant` (the default; the token tenants are no Unix
-user, so their executors run as nobody): tokens are issued, then
+user, so their executors run as uids of --tenant-uid-range): tokens are issued, then
 - SIGTERM and a restart: `ctl token list` and the reservations in `ctl jobs` come back before any client connects,
   and a TF2 script and a TF1 script carrying the pre-restart tokens run, each job listed under its token's tenant
   beside its reservation;
@@ -50,7 +50,7 @@ def start(node: dict) -> SalusProcess:
 @pytest.fixture(scope="module")
 def node():
     require_server_flag("--state-dir", "durable server state")
-    # Executors run as nobody: the server's working directory (per-job checkpoint directories) must be passable.
+    # Executors run as uids of no account: the server's working directory (per-job checkpoint directories) must be passable.
     directory = reachable_tmpdir("salus-durable-")
     state = {"dir": directory, "state": directory / "state", "starts": 0, "tokens": {}}
     start(state)

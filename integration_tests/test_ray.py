@@ -188,7 +188,7 @@ def scenario(tmp_path_factory):
     token issued on the head), AGAIN (views taken; the other token revoked), release, RESULT (views taken again);
     everything started here is stopped by its PID or group."""
     base = tmp_path_factory.mktemp("ray")
-    cwd = reachable_tmpdir("salus-ray-")  # executors of token tenants run as nobody
+    cwd = reachable_tmpdir("salus-ray-")  # executors of token tenants run as uids of no account
     # Ray's session directories hold AF_UNIX sockets (107 bytes at most, its own name ~60 of them): a short root.
     ray_temp = Path(tempfile.mkdtemp(prefix="ray-"))
     started: list = []

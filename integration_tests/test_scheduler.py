@@ -133,7 +133,7 @@ def timeline(results: dict) -> str:
 # --- finishing order per policy --------------------------------------------------------------------------
 
 def token_tenants(tmp_path: Path, names) -> tuple[tuple[str, ...], dict]:
-    """Server flags with a tenants file of one token tenant per name (no Unix user: each runs as nobody),
+    """Server flags with a tenants file of one token tenant per name (no Unix user: each runs as a uid of its own),
     and each name's environment carrying its token."""
     lines, envs = [], {}
     for name in names:

@@ -135,7 +135,8 @@ impl Node {
             .admin()
             .await?
             .revoke_tokens(RevokeTokensRequest {
-                which: token_id.to_string(),
+                id: token_id.to_string(),
+                ..Default::default()
             })
             .await
         {

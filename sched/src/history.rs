@@ -57,7 +57,8 @@ pub const MAX_SIGMA: f64 = 3.0;
 /// Who runs what: runs of one identity are taken to be alike in length.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct JobIdentity {
-    /// The tenant's durable name (a user, a token's name; empty: no tenant).
+    /// The tenant's durable name: the server writes its tenant key (`uid:N`,
+    /// `name:TOKEN-TENANT`, `anonymous`; empty: no tenant).
     /// Not the scheduler's [`crate::TenantId`], which is a per-process number.
     pub tenant: String,
     /// The job's name (the script's, or the one its client gave).
@@ -350,6 +351,38 @@ impl History {
         self.spread
     }
 
+    /// Gives every identity the tenant `rename` says (histories written with
+    /// another naming of tenants); identities that become one keep their runs
+    /// together, the oldest dropped beyond [`Self::max_runs`]. Returns how
+    /// many identities changed.
+    pub fn rename_tenants(&mut self, mut rename: impl FnMut(&str) -> String) -> usize {
+        let mut changed = 0;
+        let old = std::mem::take(&mut self.records);
+        let mut ordered: Vec<(JobIdentity, Record)> = old.into_iter().collect();
+        ordered.sort_by_key(|(_, r)| r.last_used);
+        for (identity, record) in ordered {
+            let tenant = rename(&identity.tenant);
+            let identity = if tenant == identity.tenant {
+                identity
+            } else {
+                changed += 1;
+                JobIdentity::new(&tenant, &identity.name, identity.fingerprint.as_deref())
+            };
+            match self.records.get_mut(&identity) {
+                Some(kept) => {
+                    kept.runs.extend(record.runs);
+                    let excess = kept.runs.len().saturating_sub(self.max_runs);
+                    kept.runs.drain(..excess);
+                    kept.last_used = kept.last_used.max(record.last_used);
+                }
+                None => {
+                    self.records.insert(identity, record);
+                }
+            }
+        }
+        changed
+    }
+
     /// Forgets every identity of `tenant` (its durable name); returns how
     /// many. The learnt spread is a statistic over everyone and stays.
     pub fn erase_tenant(&mut self, tenant: &str) -> usize {
@@ -442,6 +475,29 @@ mod tests {
         // Fields are cut to a bound, whatever a client sends.
         let long = JobIdentity::new("t", &"é".repeat(MAX_FIELD_LEN), None);
         assert!(long.name.len() <= MAX_FIELD_LEN);
+    }
+
+    #[test]
+    fn renaming_tenants_moves_and_merges_identities() {
+        let mut h = History::with_limits(100, 3);
+        let run = |s: f64| PastRun { device_s: s, iterations: 1, end: RunEnd::Completed };
+        h.record(&id("alice", "a"), run(1.0));
+        h.record(&id("alice", "a"), run(2.0));
+        h.record(&id("uid:7", "a"), run(3.0));
+        h.record(&id("uid:7", "a"), run(4.0));
+        h.record(&id("bob", "b"), run(5.0));
+        let renamed = h.rename_tenants(|t| match t {
+            "alice" => "uid:7".into(),
+            "bob" => "name:bob".into(),
+            other => other.into(),
+        });
+        assert_eq!(renamed, 2);
+        assert_eq!(h.len(), 2);
+        let merged: Vec<f64> = h.runs(&id("uid:7", "a")).iter().map(|r| r.device_s).collect();
+        assert_eq!(merged.len(), 3);
+        assert!(merged.contains(&4.0), "{merged:?}");
+        assert_eq!(h.runs(&id("name:bob", "b")).len(), 1);
+        assert!(h.runs(&id("alice", "a")).is_empty());
     }
 
     #[test]

@@ -282,11 +282,23 @@ pub struct Args {
     #[arg(long, env = "SALUS_EXECUTOR_LOG_RATE", default_value = "64KiB", value_parser = parse_size)]
     pub executor_log_rate: u64,
 
+    /// Uids (FIRST-LAST) for the executors of tenants that are no Unix user
+    /// (token tenants whose user is `-`), when the server runs as root: each
+    /// such tenant gets one of its own (its gid the same number, no other
+    /// groups), so no two share a uid and none can signal or trace
+    /// another's executor. A tenant keeps its uid across restarts (kept in
+    /// --state-dir); uids and gids the user and group databases know are
+    /// skipped. A new tenant is refused when the range is used up.
+    #[arg(long, env = "SALUS_TENANT_UID_RANGE", default_value = crate::tenant::uid_pool::DEFAULT_RANGE,
+          value_parser = crate::tenant::uid_pool::UidRange::parse)]
+    pub tenant_uid_range: crate::tenant::uid_pool::UidRange,
+
     /// Directory for what outlives a restart: the tokens issued at run time
     /// (their SHA-256, never the tokens), with their tenants, limits, memory
     /// reservations and expiry, so that jobs placed before a restart are
     /// accepted after it and their reservations are held again before any new
-    /// job is admitted; the job history; the policy, limits, hints and drain
+    /// job is admitted; the job history; the uids of token tenants without a
+    /// Unix user (--tenant-uid-range); the policy, limits, hints and drain
     /// set at run time (`ctl`). Created 0700 if missing; files 0600. One server per
     /// directory (it is locked). Default: /var/lib/salus/state as root, else
     /// $XDG_STATE_HOME/salus or ~/.local/state/salus.
@@ -374,6 +386,8 @@ pub struct Config {
     pub executor_idle_timeout: Duration,
     /// Bytes per second of an executor's output copied into the log; None: all.
     pub executor_log_rate: Option<u64>,
+    /// `--tenant-uid-range`: the uids of tenants that are no Unix user.
+    pub tenant_uid_range: crate::tenant::uid_pool::UidRange,
     /// How long a tenant's main iteration may hold its lane; None: no limit.
     pub lane_hold_limit: Option<Duration>,
     /// How long an executor holding a lane may leave a ping unanswered; None: no pings.
@@ -417,6 +431,7 @@ impl Default for Config {
             executor_memory: None,
             executor_idle_timeout: Duration::from_secs(60),
             executor_log_rate: Some(64 << 10),
+            tenant_uid_range: Default::default(),
             lane_hold_limit: Some(Duration::from_secs(60)),
             silence_limit: Some(Duration::from_secs(1)),
             block_cache_bytes: crate::block_cache::DEFAULT_MAX_BYTES,
@@ -530,6 +545,7 @@ impl TryFrom<Args> for Config {
             executor_memory: args.executor_memory,
             executor_idle_timeout: Duration::from_secs(args.executor_idle_timeout),
             executor_log_rate: (args.executor_log_rate > 0).then_some(args.executor_log_rate),
+            tenant_uid_range: args.tenant_uid_range,
             lane_hold_limit: (args.lane_hold_limit > 0)
                 .then(|| Duration::from_secs(args.lane_hold_limit)),
             silence_limit: (args.silence_limit > 0.0 && args.silence_limit.is_finite())

@@ -97,7 +97,11 @@ pub enum CtlCommand {
         #[command(subcommand)]
         action: Option<history::HistoryAction>,
         /// Whose: yours by default; an admin may name any tenant (and sees
-        /// every tenant's without one).
+        /// every tenant's without one): user:NAME or uid:N (a Unix user),
+        /// token:NAME (a token tenant without a user), anonymous, or a bare
+        /// NAME (both the user and the token tenant of that name; an erase
+        /// refuses when both have a history). Kept by tenant, not by name: a
+        /// token tenant named like a user never sees that user's history.
         #[arg(long, global = true)]
         tenant: Option<String>,
         /// As JSON (keys in the README).
@@ -198,9 +202,18 @@ pub enum TokenAction {
         #[arg(long)]
         json: bool,
     },
-    /// Revoke the token with this id, or every token of this tenant.
+    /// Revoke the token with an id (--id ID, or ID alone), or every token of
+    /// a tenant (--tenant NAME). An id is never taken for a tenant's name.
+    #[command(group(clap::ArgGroup::new("which").required(true).args(["id", "id_flag", "tenant"])))]
     Revoke {
-        which: String,
+        /// The token's id (as --id).
+        id: Option<String>,
+        /// The token's id.
+        #[arg(long = "id", value_name = "ID")]
+        id_flag: Option<String>,
+        /// Every token of the tenant of this name.
+        #[arg(long, value_name = "NAME")]
+        tenant: Option<String>,
         /// The revoked tokens' records as a JSON array (the keys of `token list --json`).
         #[arg(long)]
         json: bool,
@@ -473,9 +486,18 @@ async fn token(admin: &mut AdminClient<Channel>, action: TokenAction) -> Result<
                 format!("{}\n", issued.token)
             }
         }
-        TokenAction::Revoke { which, json } => {
+        TokenAction::Revoke {
+            id,
+            id_flag,
+            tenant,
+            json,
+        } => {
             let revoked = admin
-                .revoke_tokens(RevokeTokensRequest { which })
+                .revoke_tokens(RevokeTokensRequest {
+                    which: String::new(),
+                    id: id.or(id_flag).unwrap_or_default(),
+                    tenant: tenant.unwrap_or_default(),
+                })
                 .await?
                 .into_inner()
                 .tokens;

@@ -24,6 +24,7 @@ use crate::sched::History;
 use crate::seam::client::SeamClient;
 use crate::runtime::settings::Settings;
 use crate::state_dir::StateDir;
+use crate::tenant::uid_pool::{UidPool, UidRange};
 use crate::tenant::identity::Identifier;
 use crate::tenant::tokens::TokenStore;
 
@@ -57,6 +58,9 @@ pub struct NodeStart {
     /// The tokens issued before this start (from `--state-dir`), until the
     /// identifier takes them; None: an executor, or no state directory.
     issued: Option<TokenStore>,
+    /// The uids of tenants that are no Unix user (kept in the state directory
+    /// when there is one).
+    pub uid_pool: Arc<UidPool>,
 }
 
 impl NodeStart {
@@ -84,7 +88,11 @@ impl NodeStart {
                 );
                 None
             }
-            (_, Some(dir)) => Some(restore_state(dir).await?),
+            (_, Some(dir)) => Some(restore_state(dir, config.tenant_uid_range).await?),
+        };
+        let uid_pool = match &restored {
+            Some(restored) => restored.uid_pool.clone(),
+            None => Arc::new(UidPool::in_memory(config.tenant_uid_range)),
         };
         let (gpu, capacity, capacity_source, gpu_lanes) = memory_setup(&mut config, role)?;
         let DeviceList {
@@ -171,6 +179,7 @@ impl NodeStart {
             config,
             node: Arc::new(node),
             issued,
+            uid_pool,
         })
     }
 
@@ -193,12 +202,16 @@ struct Restored {
     settings: Settings,
     history: Option<History>,
     saver: HistorySaver,
+    uid_pool: Arc<UidPool>,
 }
 
 /// Opens (and locks) the state directory and restores the issued tokens and
 /// the job history, saying what was dropped; off the async runtime (file
 /// reads, fsyncs).
-async fn restore_state(dir: std::path::PathBuf) -> Result<Restored, ServeError> {
+async fn restore_state(
+    dir: std::path::PathBuf,
+    uid_range: UidRange,
+) -> Result<Restored, ServeError> {
     let restored = tokio::task::spawn_blocking(move || {
         let dir = Arc::new(StateDir::open(&dir)?);
         tracing::info!(dir = %dir.path().display(), "state directory");
@@ -207,6 +220,7 @@ async fn restore_state(dir: std::path::PathBuf) -> Result<Restored, ServeError> 
             Error::Internal(format!("cannot start the job history's saver thread: {e}"))
         })?;
         let settings = Settings::restore(dir.clone());
+        let uid_pool = Arc::new(UidPool::restore(uid_range, dir.clone()));
         let (tokens, report) = TokenStore::restore(dir, std::time::SystemTime::now());
         report.log();
         Ok::<_, ServeError>(Restored {
@@ -214,6 +228,7 @@ async fn restore_state(dir: std::path::PathBuf) -> Result<Restored, ServeError> 
             settings,
             history,
             saver,
+            uid_pool,
         })
     })
     .await

@@ -117,6 +117,7 @@ async fn run(
         verbose: config.verbose > 0,
         log_rate: config.executor_log_rate,
         rendezvous: rendezvous.clone(),
+        uid_pool: start.uid_pool.clone(),
     };
     tracing::info!(%addr, isolation = "tenant", "serving tensorflow.MasterService, tensorflow.eager.EagerService, tensorflow.WorkerService (GetStatus, RecvTensor) and salus.v1.Admin");
     let stop = salus_server::supervisor::serve(

@@ -129,7 +129,8 @@ class AdminClient:
                                                              expires_seconds=expires_seconds))
 
     def revoke_tokens(self, which: str) -> list[dict]:
-        """Revokes the token with this id, or every token of this tenant (admins only); returns those revoked."""
+        """Revokes the token with this id (admins only; never a tenant's tokens: `salus-server ctl token revoke
+        --tenant NAME` does that); returns those revoked."""
         return self._call("RevokeTokens", pb.RevokeTokensRequest(which=which))["tokens"]
 
     def list_tokens(self) -> list[dict]:

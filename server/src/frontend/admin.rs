@@ -596,7 +596,7 @@ impl Admin for AdminService {
             // The reservation does not fit: the token was never handed out.
             let revoking = identifier.clone();
             let id = record.id.clone();
-            let _ = tokio::task::spawn_blocking(move || revoking.issued().revoke(&id)).await;
+            let _ = tokio::task::spawn_blocking(move || revoking.issued().revoke(tokens::Revoke::Id(&id))).await;
             grants::apply(&holder, identifier.issued(), &record, now)?;
             return Err(err.into());
         }
@@ -613,16 +613,40 @@ impl Admin for AdminService {
     ) -> Result<Response<ListTokensResponse>, Status> {
         let caller = self.admin_only(&request, "revoking a token")?;
         let identifier = self.token_store()?;
-        let which = request.into_inner().which;
+        let asked = request.into_inner();
+        // A request of a client older than `id` and `tenant` names an id: a
+        // bare word is never taken for a tenant's name.
+        let (by_tenant, which) = match (asked.id.as_str(), asked.tenant.as_str(), asked.which.as_str()) {
+            (id, "", "") if !id.is_empty() => (false, id.to_string()),
+            ("", tenant, "") if !tenant.is_empty() => (true, tenant.to_string()),
+            ("", "", id) if !id.is_empty() => (false, id.to_string()),
+            _ => {
+                return Err(Error::InvalidArgument(
+                    "name exactly one of a token id (--id) and a tenant (--tenant) to revoke".into(),
+                )
+                .into())
+            }
+        };
         // Off the runtime: revoking saves the state file (a fsync).
         let revoking = identifier.clone();
         let asked = which.clone();
-        let revoked = tokio::task::spawn_blocking(move || revoking.issued().revoke(&asked))
-            .await
-            .map_err(|e| Error::Internal(format!("revoking failed: {e}")))?;
+        let revoked = tokio::task::spawn_blocking(move || {
+            revoking.issued().revoke(if by_tenant {
+                tokens::Revoke::Tenant(&asked)
+            } else {
+                tokens::Revoke::Id(&asked)
+            })
+        })
+        .await
+        .map_err(|e| Error::Internal(format!("revoking failed: {e}")))?;
         if revoked.is_empty() {
+            let why = if by_tenant {
+                format!("no issued token is of tenant {which:?}")
+            } else {
+                format!("no issued token has id {which:?} (a tenant's tokens are revoked with --tenant NAME)")
+            };
             return Err(Error::InvalidArgument(format!(
-                "no issued token has id {which:?} or is of tenant {which:?} (tokens of the tenants file are revoked by editing it)"
+                "{why} (tokens of the tenants file are revoked by editing it)"
             ))
             .into());
         }
@@ -654,8 +678,13 @@ impl Admin for AdminService {
         request: Request<ListHistoryRequest>,
     ) -> Result<Response<ListHistoryResponse>, Status> {
         let caller = tenant_of(&request);
-        let asker = self.history_asker(&caller);
-        let listed = history::list(&self.core, &asker, &request.get_ref().tenant)?;
+        let requested = request.into_inner().tenant;
+        // Off the runtime: naming tenants looks users up (NSS may be a network round trip).
+        let this = self.clone();
+        let listed = crate::runtime::exec::blocking(move || {
+            history::list(&this.core, &this.history_asker(&caller), &requested)
+        })
+        .await?;
         Ok(Response::new(listed))
     }
 
@@ -664,10 +693,13 @@ impl Admin for AdminService {
         request: Request<EraseHistoryRequest>,
     ) -> Result<Response<EraseHistoryResponse>, Status> {
         let caller = tenant_of(&request);
-        let asker = self.history_asker(&caller);
-        let tenant = &request.get_ref().tenant;
-        let erased = history::erase(&self.core, &asker, tenant)?;
-        tracing::info!(by = %caller, "job history erase asked");
+        let requested = request.into_inner().tenant;
+        tracing::info!(by = %caller, tenant = %requested, "job history erase asked");
+        let this = self.clone();
+        let erased = crate::runtime::exec::blocking(move || {
+            history::erase(&this.core, &this.history_asker(&caller), &requested)
+        })
+        .await?;
         Ok(Response::new(erased))
     }
 

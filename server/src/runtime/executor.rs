@@ -553,8 +553,10 @@ impl Executor {
                 // A tenant seen for the first time gets its weight.
                 apply_weights(&mut inner);
             }
-            let tenant = owner.map_or("", |t| t.name.as_str());
-            inner.identities.open(job, tenant, name);
+            // By the tenant's key, never its display name: a token tenant
+            // named like a Unix user must not share that user's history or hints.
+            let tenant = owner.map_or(String::new(), |t| t.key.to_text());
+            inner.identities.open(job, &tenant, name);
             if !new_job {
                 inner.reopened.insert(job);
             }
@@ -753,13 +755,14 @@ impl Executor {
 
     /// The job history's identities of `tenant` (None: every tenant's), with
     /// their runs and what they say of the next one, by identity.
-    pub fn history(&self, tenant: Option<&str>) -> HistoryView {
+    /// The history of the tenants of these keys (texts, [`crate::tenant::identity::TenantKey::to_text`]); None: every tenant's.
+    pub fn history(&self, tenants: Option<&[String]>) -> HistoryView {
         let inner = self.shared.lock();
         let history = inner.sched.history();
         let mut identities: Vec<_> = history
             .identities()
             .into_iter()
-            .filter(|i| tenant.is_none_or(|t| i.tenant == t))
+            .filter(|i| tenants.is_none_or(|keys| keys.contains(&i.tenant)))
             .map(|i| (i.clone(), history.runs(i).to_vec(), history.estimate(i)))
             .collect();
         identities.sort_by(|a, b| a.0.cmp(&b.0));
@@ -771,7 +774,8 @@ impl Executor {
         }
     }
 
-    /// Forgets the history of `tenant`'s identities; returns how many (saved at once).
+    /// Forgets the history of the identities of the tenant whose key text is
+    /// `tenant`; returns how many (saved at once).
     pub fn erase_history(&self, tenant: &str) -> usize {
         let mut inner = self.shared.lock();
         let erased = inner.sched.erase_history(tenant);
@@ -1088,8 +1092,9 @@ mod tests {
     fn saved_hints_apply_to_a_job_of_that_identity() {
         let ex = executor("priority");
         let alice = Tenant::named("alice");
+        // Kept by the tenant's key: the token tenant alice's, not user alice's.
         ex.save_hints(
-            hints_key("alice", "resnet"),
+            hints_key("name:alice", "resnet"),
             Some(SavedHints {
                 priority: 5,
                 expected_iterations: Some(100),

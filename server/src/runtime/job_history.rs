@@ -1,7 +1,9 @@
 //! Who each open job is, for the job history that `learned` ranks by, and the
 //! history's file in the state directory.
 //!
-//! A job's identity ([`JobIdentity`]) is its tenant's name, its own name (the
+//! A job's identity ([`JobIdentity`]) is its tenant's key (`uid:N` for a Unix
+//! user, `name:NAME` for a token tenant without one, `anonymous`: never the
+//! display name, which a token tenant and a user may share), its own name (the
 //! adapter's `SALUS_JOB_NAME`, a stock client's session-metadata name, the C
 //! shim's) and a fingerprint of its main iteration: a hash of the names and op
 //! types of the graph's nodes (graph jobs) or of the main function's nodes
@@ -25,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use crate::sched::{Expectation, History, JobId, JobIdentity, PastRun, RunEnd};
 use salus_proto::tensorflow::error::Code as TfCode;
 use crate::state_dir::{Loaded, StateDir, StateDocument};
+use crate::tenant::identity::TenantKey;
 
 /// The identities of the open jobs, by job.
 #[derive(Default)]
@@ -33,7 +36,8 @@ pub struct JobIdentities {
 }
 
 impl JobIdentities {
-    /// `job` of `tenant` (its durable name; "" for none) opened as `name`.
+    /// `job` of `tenant` (its key text, `uid:N`, `name:NAME` or `anonymous`;
+    /// "" for none) opened as `name`.
     pub fn open(&mut self, job: JobId, tenant: &str, name: &str) {
         self.by_job.insert(job, JobIdentity::new(tenant, name, None));
     }
@@ -160,7 +164,16 @@ pub fn load_history(dir: &StateDir) -> Option<History> {
     let mut text = saved.lines.join("\n");
     text.push('\n');
     match History::parse(&text) {
-        Ok(history) => {
+        Ok(mut history) => {
+            // Histories of earlier releases name tenants by display name.
+            let renamed = history.rename_tenants(TenantKey::text_from_legacy);
+            if renamed > 0 {
+                tracing::info!(
+                    identities = renamed,
+                    "job history identities named by a tenant's name are now kept by its key \
+                     (the Unix user of that name when there is one, else the token tenant)"
+                );
+            }
             tracing::info!(
                 identities = history.len(),
                 file = %dir.file_of::<SavedHistory>().display(),
@@ -283,7 +296,7 @@ mod tests {
         let state = StateDir::open(&path).unwrap();
         assert!(load_history(&state).is_none());
         let mut history = History::default();
-        let who = JobIdentity::new("alice", "a\tb.py", Some("g01"));
+        let who = JobIdentity::new("root", "a\tb.py", Some("g01"));
         history.record(
             &who,
             PastRun {
@@ -294,7 +307,31 @@ mod tests {
         );
         state.save(&SavedHistory::of(&history)).unwrap();
         let back = load_history(&state).unwrap();
-        assert_eq!(back.runs(&who), history.runs(&who));
+        // A history of an earlier release, by display name: read by key.
+        let keyed = JobIdentity::new("uid:0", "a\tb.py", Some("g01"));
+        assert_eq!(back.runs(&keyed), history.runs(&who));
+        assert!(back.runs(&who).is_empty());
+        let mut history = History::default();
+        history.record(
+            &keyed,
+            PastRun {
+                device_s: 12.5,
+                iterations: 100,
+                end: RunEnd::Completed,
+            },
+        );
+        history.record(
+            &JobIdentity::new("name:root", "x", None),
+            PastRun {
+                device_s: 1.0,
+                iterations: 1,
+                end: RunEnd::Completed,
+            },
+        );
+        state.save(&SavedHistory::of(&history)).unwrap();
+        let back = load_history(&state).unwrap();
+        assert_eq!(back.runs(&keyed).len(), 1);
+        assert_eq!(back.runs(&JobIdentity::new("name:root", "x", None)).len(), 1);
         // A file of the right envelope whose text is not a history.
         state
             .save(&SavedHistory {

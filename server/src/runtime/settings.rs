@@ -194,6 +194,18 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A job hints key ([`hints_key`]) of an earlier release, `NAME/JOB` by the
+/// tenant's display name, by the tenant's key instead (see
+/// [`crate::tenant::identity::TenantKey::text_from_legacy`]).
+fn hints_key_from_legacy(key: &str) -> String {
+    match key.split_once('/') {
+        Some((tenant, job)) => {
+            hints_key(&crate::tenant::identity::TenantKey::text_from_legacy(tenant), job)
+        }
+        None => key.to_string(),
+    }
+}
+
 impl Settings {
     /// Reads the settings saved in `dir`, saying what was dropped. Blocks
     /// (file reads): call it off the async runtime.
@@ -215,6 +227,15 @@ impl Settings {
                 SettingsDocument::default()
             }
         };
+        // Hints saved by earlier releases are keyed by the tenant's display name.
+        let legacy = doc.hints.len();
+        doc.hints = std::mem::take(&mut doc.hints)
+            .into_iter()
+            .map(|(key, hints)| (hints_key_from_legacy(&key), hints))
+            .collect();
+        if doc.hints.len() < legacy {
+            tracing::info!(merged = legacy - doc.hints.len(), "job hints of one tenant under two names were merged");
+        }
         if doc.drain.as_ref().is_some_and(|d| d.until_restart) {
             tracing::info!("the drain asked until the next start (ctl drain --until-restart) ends: jobs are admitted");
             doc.drain = None;
@@ -444,6 +465,15 @@ mod tests {
     }
 
     #[test]
+    fn hints_saved_by_a_tenant_name_are_read_by_its_key() {
+        assert_eq!(hints_key_from_legacy("root/train.py"), "uid:0/train.py");
+        assert_eq!(hints_key_from_legacy("ci-bot/a/b"), "name:ci-bot/a/b");
+        assert_eq!(hints_key_from_legacy("name:root/x"), "name:root/x");
+        assert_eq!(hints_key_from_legacy("/job"), "/job");
+        assert_eq!(hints_key_from_legacy("anonymous/job"), "anonymous/job");
+    }
+
+    #[test]
     fn the_document_round_trips_through_the_state_dir() {
         let path = crate::state_dir::temp_dir("settings");
         let dir = Arc::new(StateDir::open(&path).unwrap());
@@ -457,7 +487,7 @@ mod tests {
             expected_seconds: Some(2.5),
             ..Hints::default()
         };
-        settings.record_hints(hints_key("alice", "resnet"), SavedHints::of(&hints));
+        settings.record_hints(hints_key("name:alice", "resnet"), SavedHints::of(&hints));
         settings.record_drain(Some(DrainRecord::now("root", false)));
         settings.save_now().unwrap();
         let saved = settings.document();
@@ -469,7 +499,7 @@ mod tests {
             Limits::from(&saved.limits["alice"].value).to_string(),
             "weight=3 max-jobs=2"
         );
-        assert_eq!(saved.hints["alice/resnet"].priority, 4);
+        assert_eq!(saved.hints["name:alice/resnet"].priority, 4);
         assert_eq!(saved.drain.as_ref().unwrap().by, "root");
         // A drain until the next start is not restored.
         again.record_drain(None);

@@ -95,6 +95,21 @@ impl Executors {
     ) -> Result<Arc<ExecutorHandle>, String> {
         let dir = self.spec.rendezvous.clone().ok_or("no rendezvous")?;
         let tenant = Arc::new(tenant_of(&record)?);
+        // The recorded uid must be the one this supervisor runs the tenant as
+        // (for a token tenant without a user: its uid of --tenant-uid-range),
+        // so a record naming another uid (an executor of a release that ran
+        // such tenants as nobody, or a forged record) adopts nothing.
+        let expected = match self.credentials(&tenant)? {
+            Some((account, _)) => account.uid,
+            // SAFETY: geteuid cannot fail.
+            None => unsafe { libc::geteuid() },
+        };
+        if record.uid != expected {
+            return Err(format!(
+                "it runs as uid {}, and tenant {tenant}'s executor runs as uid {expected} on this server",
+                record.uid
+            ));
+        }
         let path = ExecutorRecord::socket_path(&dir, record.serial);
         let expected = record.clone();
         let handshake = tokio::task::spawn_blocking(move || handshake(&path, &expected))

@@ -38,6 +38,7 @@ use crate::supervisor::pidfd::ExecutorProcess;
 use crate::sync::lock;
 use crate::tenant::connections::ConnectionPermit;
 use crate::tenant::identity::{Tenant, TenantKey};
+use crate::tenant::uid_pool::UidPool;
 use crate::tenant::users::Account;
 
 use super::checkpoint_dir::checkpoint_subdir;
@@ -81,6 +82,8 @@ pub struct ExecutorSpec {
     /// executors can be found by the next supervisor; None: they end with
     /// this one (`--adopt-grace 0`).
     pub rendezvous: Option<PathBuf>,
+    /// The uids of tenants that are no Unix user (`--tenant-uid-range`).
+    pub uid_pool: Arc<UidPool>,
 }
 
 /// One running executor.
@@ -382,19 +385,40 @@ impl Executors {
     }
 
     /// Who `tenant`'s executor runs as: that user when the server runs as
-    /// root; `nobody` for a tenant that is no user; the server's own user
-    /// when it cannot switch. None: no switch.
-    fn credentials(&self, tenant: &Tenant) -> Result<Option<(Account, Vec<u32>)>, String> {
+    /// root; for a token tenant that is no user, a uid of its own from
+    /// `--tenant-uid-range` (its gid the same number, no supplementary groups,
+    /// its checkpoint directory or `/` as home); `nobody` for the anonymous
+    /// tenant (`--auth off`: the only tenant); the server's own user when it
+    /// cannot switch. None: no switch.
+    pub(super) fn credentials(&self, tenant: &Tenant) -> Result<Option<(Account, Vec<u32>)>, String> {
         // SAFETY: geteuid cannot fail.
         let euid = unsafe { libc::geteuid() };
         if euid != 0 || tenant.uid == Some(euid) {
             return Ok(None);
         }
-        let account = match tenant.uid {
-            Some(uid) => Account::by_uid(uid).ok_or_else(|| {
+        let account = match (tenant.uid, &tenant.key) {
+            (Some(uid), _) => Account::by_uid(uid).ok_or_else(|| {
                 format!("tenant {tenant}: uid {uid} has no entry in the user database, so its executor cannot run as it")
             })?,
-            None => Account::by_name("nobody").unwrap_or(Account {
+            (None, TenantKey::Named(_)) => {
+                let uid = self
+                    .spec
+                    .uid_pool
+                    .uid_of(&tenant.key)
+                    .map_err(|why| format!("tenant {tenant}'s executor cannot start: {why}"))?;
+                let home = match &self.spec.checkpoint_base {
+                    Some(base) => base.join(checkpoint_subdir(tenant)),
+                    None => PathBuf::from("/"),
+                };
+                let account = Account {
+                    name: format!("{} (--tenant-uid-range)", tenant.name),
+                    uid,
+                    gid: uid,
+                    home,
+                };
+                return Ok(Some((account, Vec::new())));
+            }
+            (None, _) => Account::by_name("nobody").unwrap_or(Account {
                 name: "nobody".into(),
                 uid: 65534,
                 gid: 65534,

@@ -124,6 +124,78 @@ impl TenantKey {
     }
 }
 
+impl TenantKey {
+    /// How the admin API shows the key, and takes it back
+    /// ([`keys_named`]): `user:NAME` (`uid:N` for a uid the user database
+    /// does not know), `token:NAME` for a tenant that is no user, `anonymous`.
+    /// Looks the user up.
+    pub fn spec(&self) -> String {
+        match self {
+            TenantKey::Anonymous => "anonymous".into(),
+            TenantKey::Uid(uid) => match user_name(*uid) {
+                Some(name) => format!("user:{name}"),
+                None => format!("uid:{uid}"),
+            },
+            TenantKey::Named(name) => format!("token:{name}"),
+        }
+    }
+
+    /// The key text ([`TenantKey::to_text`]) of a tenant that state written
+    /// before tenants were kept by key (the job history and job hints of
+    /// earlier releases) names by its display name: the Unix user of that
+    /// name when the user database knows one (`uid N`: that uid), else the
+    /// token tenant of that name. A user is preferred because it is the
+    /// one a token tenant could have been named after (the confusion this
+    /// keying ends), never the other way round. Key texts, `anonymous` and ""
+    /// stay as they are.
+    pub fn text_from_legacy(name: &str) -> String {
+        if name.is_empty() || name == "anonymous" || name.contains(':') {
+            return name.to_string();
+        }
+        if let Some(uid) = name.strip_prefix("uid ").and_then(|u| u.parse::<u32>().ok()) {
+            return TenantKey::Uid(uid).to_text();
+        }
+        match crate::tenant::users::Account::by_name(name) {
+            Some(account) => TenantKey::Uid(account.uid).to_text(),
+            None => TenantKey::Named(name.to_string()).to_text(),
+        }
+    }
+}
+
+/// The tenants a word of the admin API (`ctl history --tenant WORD`) may
+/// name: `user:NAME` or `uid:N` a Unix user, `token:NAME` (or `name:NAME`) a
+/// tenant that is no user, `anonymous` everyone under `--auth off`; a bare
+/// NAME both the user and the token tenant of that name (the caller decides
+/// what an ambiguity means).
+pub fn keys_named(word: &str) -> Result<Vec<TenantKey>, String> {
+    if let Some(name) = word.strip_prefix("user:") {
+        return crate::tenant::users::Account::by_name(name)
+            .map(|a| vec![TenantKey::Uid(a.uid)])
+            .ok_or_else(|| format!("no user {name:?} on this machine"));
+    }
+    if let Some(uid) = word.strip_prefix("uid:") {
+        return uid
+            .parse()
+            .map(|uid| vec![TenantKey::Uid(uid)])
+            .map_err(|_| format!("{word:?}: a uid is a number"));
+    }
+    if let Some(name) = word.strip_prefix("token:").or_else(|| word.strip_prefix("name:")) {
+        return Ok(vec![TenantKey::Named(name.to_string())]);
+    }
+    if word.is_empty() {
+        return Err("an empty tenant name".into());
+    }
+    let mut keys = Vec::new();
+    if word == "anonymous" {
+        keys.push(TenantKey::Anonymous);
+    }
+    if let Some(account) = crate::tenant::users::Account::by_name(word) {
+        keys.push(TenantKey::Uid(account.uid));
+    }
+    keys.push(TenantKey::Named(word.to_string()));
+    Ok(keys)
+}
+
 impl Tenant {
     /// The tenant of `key`, named `name` (its user looked up now).
     pub fn of_key(key: TenantKey, name: String) -> Tenant {
@@ -533,6 +605,39 @@ pub fn user_name(uid: u32) -> Option<String> {
 mod tests {
     use super::*;
     use sha2::{Digest, Sha256};
+
+    #[test]
+    fn keys_are_spelled_for_people_and_read_back() {
+        assert_eq!(TenantKey::Uid(0).spec(), "user:root");
+        assert_eq!(TenantKey::Uid(4_000_000_001).spec(), "uid:4000000001");
+        assert_eq!(TenantKey::Named("ci".into()).spec(), "token:ci");
+        assert_eq!(TenantKey::Anonymous.spec(), "anonymous");
+        for key in [TenantKey::Uid(0), TenantKey::Uid(4_000_000_001), TenantKey::Named("ci".into())] {
+            assert_eq!(keys_named(&key.spec()).unwrap(), std::slice::from_ref(&key));
+            assert!(keys_named(&key.to_text()).unwrap().contains(&key));
+        }
+        // A bare name is both the user and the token tenant of that name.
+        assert_eq!(keys_named("root").unwrap(), [TenantKey::Uid(0), TenantKey::Named("root".into())]);
+        assert_eq!(keys_named("ci").unwrap(), [TenantKey::Named("ci".into())]);
+        assert_eq!(
+            keys_named("anonymous").unwrap(),
+            [TenantKey::Anonymous, TenantKey::Named("anonymous".into())]
+        );
+        assert!(keys_named("user:no-such-user-salus").is_err());
+        assert!(keys_named("uid:x").is_err());
+        assert!(keys_named("").is_err());
+    }
+
+    #[test]
+    fn legacy_names_become_the_user_of_that_name_else_a_token_tenant() {
+        assert_eq!(TenantKey::text_from_legacy("root"), "uid:0");
+        assert_eq!(TenantKey::text_from_legacy("uid 1234"), "uid:1234");
+        assert_eq!(TenantKey::text_from_legacy("ci-bot"), "name:ci-bot");
+        assert_eq!(TenantKey::text_from_legacy("anonymous"), "anonymous");
+        assert_eq!(TenantKey::text_from_legacy(""), "");
+        assert_eq!(TenantKey::text_from_legacy("name:root"), "name:root");
+        assert_eq!(TenantKey::text_from_legacy("uid:5"), "uid:5");
+    }
 
     fn sha(token: &str) -> String {
         Sha256::digest(token.as_bytes())

@@ -11,6 +11,7 @@ pub mod limits;
 pub mod op_policy;
 pub mod peer_uid;
 pub mod tokens;
+pub mod uid_pool;
 pub mod users;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -83,6 +83,15 @@ pub enum IssueError {
     Save(StateDirError),
 }
 
+/// Which issued tokens [`TokenStore::revoke`] revokes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Revoke<'a> {
+    /// The token of this id.
+    Id(&'a str),
+    /// Every token of the tenant of this name.
+    Tenant(&'a str),
+}
+
 /// Tenant names a token may carry: those a tenants file line could have.
 pub fn valid_tenant_name(name: &str) -> bool {
     !name.is_empty()
@@ -145,15 +154,16 @@ impl TokenStore {
         }
     }
 
-    /// Revokes the tokens whose id is `which`, or every token of tenant
-    /// `which`; returns those revoked. In memory whatever happens; saved
-    /// (blocks on a fsync) or, if saving fails, logged: the token would come
-    /// back after a restart.
-    pub fn revoke(&self, which: &str) -> Vec<IssuedToken> {
+    /// Revokes the token of an id, or every token of a tenant (never
+    /// both: a tenant may be named like another token's id); returns those
+    /// revoked. In memory whatever happens; saved (blocks on a fsync) or, if
+    /// saving fails, logged: the token would come back after a restart.
+    pub fn revoke(&self, which: Revoke<'_>) -> Vec<IssuedToken> {
         let mut tokens = self.lock();
-        let (revoked, kept): (Vec<IssuedToken>, _) = tokens
-            .drain(..)
-            .partition(|t| t.id == which || t.tenant == which);
+        let (revoked, kept): (Vec<IssuedToken>, _) = tokens.drain(..).partition(|t| match which {
+            Revoke::Id(id) => t.id == id,
+            Revoke::Tenant(tenant) => t.tenant == tenant,
+        });
         *tokens = kept;
         drop(tokens);
         if !revoked.is_empty() {
@@ -507,11 +517,27 @@ mod tests {
         assert_eq!(store.find("nope", now), Ok(None));
         let (other, _) = store.issue("job-1", None, Limits::default(), None).unwrap();
         assert_ne!(token, other);
-        assert_eq!(store.revoke(&record.id).len(), 1);
+        assert_eq!(store.revoke(Revoke::Id(&record.id)).len(), 1);
         assert_eq!(store.find(&token, now), Ok(None));
         assert!(store.find(&other, now).unwrap().is_some());
-        assert_eq!(store.revoke("job-1").len(), 1);
+        assert_eq!(store.revoke(Revoke::Id("job-1")).len(), 0, "a tenant's name is no id");
+        assert_eq!(store.revoke(Revoke::Tenant("job-1")).len(), 1);
         assert!(store.list().is_empty());
+    }
+
+    #[test]
+    fn revoking_by_tenant_never_matches_a_token_id_nor_by_id_a_tenant() {
+        let store = TokenStore::default();
+        let (_, victim) = store.issue("victim", None, Limits::default(), None).unwrap();
+        // A tenant named exactly like the victim's token id.
+        let (_, namesake) = store.issue(&victim.id, None, Limits::default(), None).unwrap();
+        let revoked = store.revoke(Revoke::Tenant(&victim.id));
+        assert_eq!(revoked.iter().map(|t| &t.id).collect::<Vec<_>>(), [&namesake.id]);
+        assert_eq!(store.list().iter().map(|t| &t.id).collect::<Vec<_>>(), [&victim.id]);
+        let (_, namesake) = store.issue(&victim.id, None, Limits::default(), None).unwrap();
+        let revoked = store.revoke(Revoke::Id(&victim.id));
+        assert_eq!(revoked.iter().map(|t| &t.id).collect::<Vec<_>>(), [&victim.id]);
+        assert_eq!(store.list().iter().map(|t| &t.id).collect::<Vec<_>>(), [&namesake.id]);
     }
 
     #[test]
@@ -592,7 +618,7 @@ mod tests {
                 .unwrap();
             let (kept_token, _) = store.issue("pod-1", None, Limits::default(), None).unwrap();
             let (_, gone) = store.issue("gone", None, Limits::default(), None).unwrap();
-            store.revoke(&gone.id);
+            store.revoke(Revoke::Id(&gone.id));
             (token, record, kept_token)
         };
         let text = std::fs::read_to_string(path.join("tokens.json")).unwrap();
@@ -690,7 +716,7 @@ mod tests {
             .issue("revoked", None, Limits::default(), None)
             .unwrap();
         assert_eq!(saved_ids(), [brief.id.clone(), kept.id.clone(), revoked.id]);
-        store.revoke("revoked");
+        store.revoke(Revoke::Tenant("revoked"));
         assert_eq!(saved_ids(), [brief.id.clone(), kept.id.clone()]);
         assert_eq!(
             store.sweep(brief.issued_at + Duration::from_secs(1)).len(),
