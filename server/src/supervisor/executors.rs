@@ -747,6 +747,8 @@ impl Executors {
                     tracing::info!(tenant = %handle.tenant, pid = handle.pid, "stopping an idle executor");
                     self.forget_handle(&handle);
                     handle.signal(libc::SIGTERM);
+                    // Stopped by its tenant, it would linger: it must run to exit.
+                    handle.signal(libc::SIGCONT);
                 }
             }
         }
