@@ -25,7 +25,7 @@ use crate::error::{Error, Result};
 use crate::frontend::identify::tenant_of;
 use crate::runtime::eager_devices::DeviceNames;
 use crate::runtime::eager_job::{
-    EagerJob, EagerJobSpec, Item, ItemOutput, Scheduling, StreamState,
+    EagerJob, EagerJobSpec, Item, ItemOutput, Scheduling, StreamState, MAX_BATCHES_IN_FLIGHT,
 };
 use crate::runtime::exec;
 use crate::runtime::rendezvous::UNANNOUNCED_GRACE;
@@ -212,7 +212,8 @@ impl EagerService for Eager {
             // The client sends each released handle in a request of its own and
             // ignores the answer: queue it in order, answer at once.
             let count = items.len();
-            drop(job.submit(items, None)?);
+            let admitted = job.admit().await?;
+            drop(job.submit(items, None, admitted)?);
             return Ok(Response::new(enqueue_response(vec![
                 ItemOutput::default();
                 count
@@ -232,7 +233,9 @@ impl EagerService for Eager {
         let tenant = tenant_of(&request);
         let inbound = request.into_inner();
         let (out_tx, out_rx) = mpsc::channel(256);
-        let (pending_tx, pending_rx) = mpsc::unbounded_channel::<PendingReply>();
+        // The requests read and not yet answered: a client that does not read
+        // its answers is not read further either.
+        let (pending_tx, pending_rx) = mpsc::channel::<PendingReply>(MAX_BATCHES_IN_FLIGHT);
         let stream = Arc::new(StreamState::new());
         let reader = tokio::spawn(read_stream(
             self.state.clone(),
@@ -328,13 +331,16 @@ impl EagerService for Eager {
 }
 
 /// Reads a stream's requests in order and queues each on its context at once
-/// (pipelined: the client does not wait for responses). Returns the context
-/// and whether the client ended the stream.
+/// (pipelined: the client does not wait for responses), as long as the
+/// context has room (`EagerJob::admit`) and the stream's unanswered requests
+/// are fewer than [`MAX_BATCHES_IN_FLIGHT`]; else it reads no further until
+/// they are, and HTTP/2 flow control holds the client's sends. Returns the
+/// context and whether the client ended the stream.
 async fn read_stream(
     state: Arc<ServerState>,
     tenant: Arc<Tenant>,
     mut inbound: Streaming<EnqueueRequest>,
-    pending: mpsc::UnboundedSender<PendingReply>,
+    pending: mpsc::Sender<PendingReply>,
     stream: Arc<StreamState>,
 ) -> (Option<Arc<EagerJob>>, bool) {
     let mut job: Option<Arc<EagerJob>> = None;
@@ -351,7 +357,7 @@ async fn read_stream(
             );
             return (job, false);
         }
-        let submitted = (|| {
+        let resolved = (|| {
             let current =
                 match &job {
                     Some(j) if j.context_id == req.context_id => {
@@ -372,10 +378,17 @@ async fn read_stream(
             let items = queue_items(req.queue)?;
             tracing::trace!(context = req.context_id, stream = stream.id,
                             items = ?items.iter().map(Item::label).collect::<Vec<_>>(), "stream request");
-            current.submit(items, Some(stream.clone()))
+            Ok((current, items))
         })();
+        let submitted = match resolved {
+            Ok((current, items)) => match current.admit().await {
+                Ok(admitted) => current.submit(items, Some(stream.clone()), admitted),
+                Err(err) => Err(err),
+            },
+            Err(err) => Err(err),
+        };
         let stop = submitted.is_err();
-        if pending.send(submitted).is_err() || stop {
+        if pending.send(submitted).await.is_err() || stop {
             return (job, false);
         }
     }
@@ -386,7 +399,7 @@ async fn read_stream(
 /// stream ahead of its pending replies (`StreamState::end`). Returns whether
 /// it ended in error.
 async fn write_stream(
-    mut pending: mpsc::UnboundedReceiver<PendingReply>,
+    mut pending: mpsc::Receiver<PendingReply>,
     out: mpsc::Sender<Result<EnqueueResponse, Status>>,
     stream: &StreamState,
 ) -> bool {
@@ -519,10 +532,10 @@ mod tests {
 
     #[tokio::test]
     async fn an_ended_stream_answers_aborted_ahead_of_a_reply_that_never_comes() {
-        let (pending_tx, pending_rx) = mpsc::unbounded_channel::<PendingReply>();
+        let (pending_tx, pending_rx) = mpsc::channel::<PendingReply>(4);
         let (out_tx, mut out_rx) = mpsc::channel(4);
         let (never, stalled) = oneshot::channel();
-        pending_tx.send(Ok(stalled)).unwrap();
+        pending_tx.send(Ok(stalled)).await.unwrap();
         let stream = Arc::new(StreamState::new());
         let writer = tokio::spawn({
             let stream = stream.clone();
