@@ -519,9 +519,9 @@ impl EagerJob {
         let Some(queue) = queue.as_ref() else {
             return Err(self.gone());
         };
-        for name in &names {
-            self.shared.rendezvous.announce(name);
-        }
+        self.shared
+            .rendezvous
+            .announce_all(&names, crate::runtime::rendezvous::MAX_UNPULLED)?;
         let early = if self.shared.in_flight.load(Ordering::SeqCst) > 0 {
             take_ready_sends(&self.shared, &mut items)
         } else {
