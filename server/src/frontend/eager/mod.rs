@@ -259,6 +259,9 @@ impl EagerService for Eager {
             }
             if let Ok((Some(job), client_ended)) = reader.await {
                 let remaining = job.stream_closed();
+                // The client gone while the reader waited (for room, or for
+                // the writer to take its reply) ends the stream as its end does.
+                let client_ended = client_ended || (!errored && closed.is_closed());
                 if client_ended && !errored && remaining == 0 {
                     tokio::spawn(reclaim_when_abandoned(state, job));
                 }
@@ -381,10 +384,18 @@ async fn read_stream(
             Ok((current, items))
         })();
         let submitted = match resolved {
-            Ok((current, items)) => match current.admit().await {
-                Ok(admitted) => current.submit(items, Some(stream.clone()), admitted),
-                Err(err) => Err(err),
-            },
+            Ok((current, items)) => {
+                // While it waits for room the stream is not read; the writer
+                // ending (the client gone) ends the wait.
+                let admitted = tokio::select! {
+                    admitted = current.admit() => admitted,
+                    () = pending.closed() => return (job, false),
+                };
+                match admitted {
+                    Ok(admitted) => current.submit(items, Some(stream.clone()), admitted),
+                    Err(err) => Err(err),
+                }
+            }
             Err(err) => Err(err),
         };
         let stop = submitted.is_err();
@@ -410,6 +421,10 @@ async fn write_stream(
                 None => return false,
             },
             reason = stream.ended() => Err(Error::Aborted(reason)),
+            // The client is gone (it cancelled the call or its connection
+            // dropped): nothing more to answer, and the reader, which may be
+            // waiting for room, stops too.
+            () = out.closed() => return false,
         };
         let outcome = match reply {
             Ok(rx) => tokio::select! {
@@ -419,6 +434,7 @@ async fn write_stream(
                     ))
                 }),
                 reason = stream.ended() => Err(Error::Aborted(reason)),
+                () = out.closed() => return false,
             },
             Err(err) => Err(err),
         };
@@ -547,6 +563,39 @@ mod tests {
         let status = out_rx.recv().await.unwrap().unwrap_err();
         assert_eq!(status.code(), tonic::Code::Aborted);
         assert_eq!(status.message(), "nothing can answer");
+        drop(never);
+    }
+
+    #[tokio::test]
+    async fn a_writer_waiting_for_a_reply_ends_when_its_client_is_gone() {
+        // The reader may wait for room behind this writer: the client going
+        // away (the transport drops the response stream) must end both.
+        let (pending_tx, pending_rx) = mpsc::channel::<PendingReply>(1);
+        let (out_tx, out_rx) = mpsc::channel(4);
+        let (never, stalled) = oneshot::channel();
+        pending_tx.send(Ok(stalled)).await.unwrap();
+        let stream = Arc::new(StreamState::new());
+        let writer = tokio::spawn({
+            let stream = stream.clone();
+            async move { write_stream(pending_rx, out_tx, &stream).await }
+        });
+        // A reader that fills the pending channel and then waits for room.
+        let reader = tokio::spawn(async move {
+            let mut unanswered = Vec::new();
+            loop {
+                let (tx, rx) = oneshot::channel();
+                unanswered.push(tx);
+                if pending_tx.send(Ok(rx)).await.is_err() {
+                    return true;
+                }
+            }
+        });
+        tokio::task::yield_now().await;
+        drop(out_rx);
+        let errored = tokio::time::timeout(Duration::from_secs(5), writer).await;
+        assert!(!errored.expect("the writer ends").unwrap(), "not an error: the client left");
+        let unblocked = tokio::time::timeout(Duration::from_secs(5), reader).await;
+        assert!(unblocked.expect("the reader's wait ends").unwrap());
         drop(never);
     }
 
