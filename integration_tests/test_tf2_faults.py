@@ -41,6 +41,7 @@ import os
 import queue
 import re
 import signal
+import struct
 import subprocess
 import threading
 import time
@@ -500,8 +501,19 @@ def test_a_client_that_sends_faster_than_its_context_runs_is_held_back(tmp_path)
                          _enqueue(context_id + 1, _send_tensor(1, 4)), timeout=30)
             assert w.first(out, 1) is not None  # one queue response
             assert w.health_check(other) == w.SERVING
-        responses.cancel()
+        # The server ends the held-back stream (as it does when the adapter reports a wait that cannot end):
+        # the client gets ABORTED, and the server lets go of all the stream held, so it stops promptly.
+        time.sleep(1)
+        answer = w.call(ch, "/salus.v1.PythonCallbacks/EndStalledWait",
+                        w.f_varint(1, context_id) + w.tag(2, 1) + struct.pack("<d", 1.0), timeout=10)
+        assert w.first(answer, 1) == 1, answer
+        with pytest.raises(grpc.RpcError) as err:
+            for _ in responses:
+                pass
+        assert err.value.code() == grpc.StatusCode.ABORTED, err.value
         ch.close()
         assert server.proc.poll() is None, server.stderr_tail()
     finally:
+        started = time.monotonic()
         assert server.stop() == 0, server.stderr_tail()
+    assert time.monotonic() - started < 20, "the server waited for the held-back stream"
