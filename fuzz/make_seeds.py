@@ -142,6 +142,35 @@ def tensor(name, proto):
     write("tensor_proto", name, proto.SerializeToString(deterministic=True))
 
 
+def frame(message):
+    """A seam frame: a 4-byte little-endian length, then the message."""
+    body = message.SerializeToString()
+    return len(body).to_bytes(4, "little") + body
+
+
+def seam(name, *messages, tail=b""):
+    """A stream of seam frames (seam_decode reads it both as ToSupervisor and ToExecutor frames)."""
+    write("seam_decode", name, b"".join(frame(m) for m in messages) + tail)
+
+
+def seam_seeds():
+    """Frames as an executor and its supervisor exchange them (seam.proto's field numbers)."""
+    hello = Msg({1: Msg({1: "0.1.0", 2: 4242, 3: 1000, 4: 1})})
+    add_job = Msg({2: Msg({1: 1 << 40, 2: 0, 3: Msg({})})})
+    want = Msg({5: Msg({1: 7, 2: 1 << 40, 3: 0, 4: False})})
+    done = Msg({6: Msg({1: 7, 2: 12345})})
+    report = Msg({13: Msg({1: 3, 3: 2, 4: 1, 5: 9, 6: 120, 7: 1 << 30})})
+    seam("executor_start", hello, add_job, want, done)
+    seam("executor_report", report)
+    go = Msg({1: Msg({1: 7, 2: 987654321})})
+    dropped = Msg({2: Msg({1: 8, 2: "the job was cancelled"})})
+    answer = Msg({3: Msg({1: 4, 2: True, 3: 1})})
+    seam("supervisor_answers", go, dropped, answer)
+    # A length over MAX_FRAME (64 MiB), and one that claims more than follows.
+    seam("oversized_length", tail=(0x7FFFFFFF).to_bytes(4, "little") + b"\x0a\x00")
+    seam("short_body", want, tail=(1000).to_bytes(4, "little") + b"\x2a\x02\x08\x07")
+
+
 def graph():
     """A small TF1-style training graph, as the stock client sends it."""
     g = tf.Graph()
@@ -342,6 +371,8 @@ def eager_seeds():
         context_id=CONTEXT_ID, context_view_id=Fixed64(0)))
     eager("wait_queue_done", "wait_queue_done", master("WaitQueueDoneRequest",
         context_id=CONTEXT_ID, op_id=[2, 3]))
+
+    seam_seeds()
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ import os
 import queue
 import re
 import signal
+import struct
 import subprocess
 import threading
 import time
@@ -430,3 +431,89 @@ def test_server_restart_tf2_client_told_new_job_exact(reference, tmp_path):
     message = aborted[0]["message"]
     assert "eager context" in message and "not found" in message and "restarted" in message, message
     assert told_s < 10, f"the client got its errors only after {told_s:.1f}s"
+
+
+# --- a client that sends faster than its context runs (issue 58) --------------------------------------------
+
+def _enqueue(context_id: int, *items: bytes) -> bytes:
+    """EnqueueRequest{context_id=1 (fixed64), queue=3 repeated QueueItem}."""
+    return w.tag(1, 1) + context_id.to_bytes(8, "little") + b"".join(w.f_bytes(3, item) for item in items)
+
+
+def _create_context(ch: grpc.Channel, context_id: int) -> None:
+    server_def = w.f_bytes(2, "worker")  # job_name
+    w.call(ch, "/tensorflow.eager.EagerService/CreateContext",
+           w.f_bytes(1, server_def) + w.tag(7, 1) + context_id.to_bytes(8, "little"))
+
+
+CPU = "/job:worker/replica:0/task:0/device:CPU:0"
+
+
+def _send_tensor(op_id: int, floats: int) -> bytes:
+    """QueueItem{send_tensor=3: SendTensorOp{op_id=1, tensors=2, device_name=3}} of a float vector."""
+    tensor = w.tensor_proto(1, (floats,), tensor_content=bytes(4 * floats))
+    return w.f_bytes(3, w.f_varint(1, op_id) + w.f_bytes(2, tensor) + w.f_bytes(3, CPU))
+
+
+def test_a_client_that_sends_faster_than_its_context_runs_is_held_back(tmp_path):
+    # The first request executes Sqrt, which this server never answers (a test fault), so none after it on the
+    # stream is answered either. The client keeps sending 128 KiB requests: the server reads a bounded number
+    # (its context's requests in flight, MAX_BATCHES_IN_FLIGHT = 256, plus what HTTP/2's 16 MiB stream window
+    # holds) and then stops reading, so the client's sends wait (backpressure) instead of the server holding
+    # everything the client sends. The server stays healthy for the client's other calls and other clients.
+    server = SalusProcess(tmp_path / "server.log", env={"SALUS_FAULT_STALL_OP": "Sqrt"})
+    total, floats = 2000, 32 * 1024
+    sent = [0]
+    try:
+        ch = grpc.insecure_channel(server.address, options=[("grpc.max_send_message_length", -1)])
+        context_id = 0x5A105_0058
+        _create_context(ch, context_id)
+        sqrt = w.f_bytes(2, w.f_varint(1, 1) + w.f_bytes(2, "Sqrt") + w.f_bytes(6, CPU)
+                         + w.f_bytes(10, w.f_bytes(2, w.tensor_proto(1, (), float_val=[4.0]))))
+
+        def requests():
+            yield _enqueue(context_id, sqrt)
+            for i in range(total):
+                sent[0] += 1
+                yield _enqueue(context_id, _send_tensor(100 + i, floats))
+
+        stream = ch.stream_stream("/tensorflow.eager.EagerService/StreamingEnqueue",
+                                  request_serializer=None, response_deserializer=None)
+        responses = stream(requests(), timeout=120)
+        # Wait until the client's sends stop (no progress for 3 s), at most 60 s.
+        deadline, last, still_since = time.monotonic() + 60, -1, time.monotonic()
+        while time.monotonic() < deadline:
+            now = sent[0]
+            if now != last:
+                last, still_since = now, time.monotonic()
+            elif time.monotonic() - still_since > 3:
+                break
+            time.sleep(0.2)
+        held_at = sent[0]
+        # Pipelining works (the server read well ahead of its answers), but not without bound: 2000 x 128 KiB
+        # would be 256 MiB; the server takes its 256 and what the windows hold (~16 MiB each side).
+        assert 200 <= held_at < total // 2, held_at
+        # The server goes on: the same context answers a unary call, a new context runs, health is SERVING.
+        w.call(ch, "/tensorflow.eager.EagerService/KeepAlive", w.tag(1, 1) + context_id.to_bytes(8, "little"))
+        with grpc.insecure_channel(server.address) as other:
+            _create_context(other, context_id + 1)
+            out = w.call(other, "/tensorflow.eager.EagerService/Enqueue",
+                         _enqueue(context_id + 1, _send_tensor(1, 4)), timeout=30)
+            assert w.first(out, 1) is not None  # one queue response
+            assert w.health_check(other) == w.SERVING
+        # The server ends the held-back stream (as it does when the adapter reports a wait that cannot end):
+        # the client gets ABORTED, and the server lets go of all the stream held, so it stops promptly.
+        time.sleep(1)
+        answer = w.call(ch, "/salus.v1.PythonCallbacks/EndStalledWait",
+                        w.f_varint(1, context_id) + w.tag(2, 1) + struct.pack("<d", 1.0), timeout=10)
+        assert w.first(answer, 1) == 1, answer
+        with pytest.raises(grpc.RpcError) as err:
+            for _ in responses:
+                pass
+        assert err.value.code() == grpc.StatusCode.ABORTED, err.value
+        ch.close()
+        assert server.proc.poll() is None, server.stderr_tail()
+    finally:
+        started = time.monotonic()
+        assert server.stop() == 0, server.stderr_tail()
+    assert time.monotonic() - started < 20, "the server waited for the held-back stream"

@@ -83,7 +83,7 @@ phase_done "cargo test (build included)"
         # build above, whose server they reuse; fuzz/README.md says how to run them.
         cargo build --release --locked -p salus-fuzz --features salus-server/cuda
         # Each target runs its committed seeds once (they include inputs that crashed the server).
-        for target in request_decode tensor_proto eager_decode; do
+        for target in request_decode tensor_proto eager_decode seam_decode; do
             target/release/"$target" -runs=0 "fuzz/seeds/$target" 2>&1 | tail -n 1
         done
     ) > "$background/log" 2>&1

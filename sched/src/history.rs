@@ -13,7 +13,8 @@
 //!
 //! The store is bounded: [`History::max_runs`] runs per identity (the
 //! oldest go first) and [`History::max_identities`] identities (the least
-//! recently run go first). It is plain in-memory state with a text form
+//! recently run go first), of which [`MAX_IDENTITIES_PER_TENANT`] of one
+//! tenant (a tenant beyond it loses its own least recently run first). It is plain in-memory state with a text form
 //! ([`History::to_text`], [`History::parse`]) that the server keeps with its
 //! other state and the simulator reads as a history file; a tenant's
 //! identities can be erased at once ([`History::erase_tenant`]).
@@ -34,6 +35,11 @@ pub const MAX_RUNS: usize = 16;
 
 /// Identities kept; with [`MAX_RUNS`] each, about 5 MB of text at most.
 pub const MAX_IDENTITIES: usize = 4096;
+
+/// Identities kept of one tenant: a tenant that opens jobs under ever new
+/// names (or models) displaces its own oldest identities, never the other
+/// tenants' history.
+pub const MAX_IDENTITIES_PER_TENANT: usize = 512;
 
 /// Longest tenant, name or fingerprint kept, in bytes (longer ones are cut
 /// at a character boundary): bounds the store whatever clients send.
@@ -229,6 +235,7 @@ pub struct History {
     clock: u64,
     max_runs: usize,
     max_identities: usize,
+    max_per_tenant: usize,
 }
 
 impl Default for History {
@@ -247,7 +254,14 @@ impl History {
             clock: 0,
             max_runs: max_runs.max(1),
             max_identities: max_identities.max(1),
+            max_per_tenant: MAX_IDENTITIES_PER_TENANT.min(max_identities).max(1),
         }
+    }
+
+    /// The same store with at most `max` identities of one tenant (at least 1).
+    pub fn with_tenant_limit(mut self, max: usize) -> History {
+        self.max_per_tenant = max.max(1);
+        self
     }
 
     pub fn max_runs(&self) -> usize {
@@ -278,8 +292,14 @@ impl History {
             identity.fingerprint.as_deref(),
         );
         self.clock += 1;
-        if !self.records.contains_key(&identity) && self.records.len() >= self.max_identities {
-            self.evict_least_recent();
+        if !self.records.contains_key(&identity) {
+            let tenant = &identity.tenant;
+            let of_tenant = self.records.keys().filter(|id| &id.tenant == tenant).count();
+            if of_tenant >= self.max_per_tenant {
+                self.evict_least_recent_of(Some(tenant.as_str()));
+            } else if self.records.len() >= self.max_identities {
+                self.evict_least_recent_of(None);
+            }
         }
         let record = self.records.entry(identity).or_default();
         if run.end == RunEnd::Completed && run.device_s > 0.0 {
@@ -295,10 +315,12 @@ impl History {
         record.last_used = self.clock;
     }
 
-    fn evict_least_recent(&mut self) {
+    /// Forgets the least recently run identity (of `tenant`, if named).
+    fn evict_least_recent_of(&mut self, tenant: Option<&str>) {
         if let Some(oldest) = self
             .records
             .iter()
+            .filter(|(id, _)| tenant.is_none_or(|t| id.tenant == t))
             .min_by_key(|(_, r)| r.last_used)
             .map(|(id, _)| id.clone())
         {
@@ -498,6 +520,28 @@ mod tests {
         assert!(merged.contains(&4.0), "{merged:?}");
         assert_eq!(h.runs(&id("name:bob", "b")).len(), 1);
         assert!(h.runs(&id("alice", "a")).is_empty());
+    }
+
+    #[test]
+    fn a_tenant_beyond_its_limit_displaces_its_own_identities_only() {
+        let mut h = History::with_limits(6, 4).with_tenant_limit(3);
+        h.record(&id("alice", "a"), done(1.0));
+        h.record(&id("alice", "b"), done(1.0));
+        for n in 0..100 {
+            h.record(&id("mallory", &format!("job-{n}")), done(1.0));
+        }
+        assert_eq!(h.len(), 5, "alice's two and mallory's last three");
+        assert!(!h.runs(&id("alice", "a")).is_empty() && !h.runs(&id("alice", "b")).is_empty());
+        for n in 97..100 {
+            assert!(!h.runs(&id("mallory", &format!("job-{n}"))).is_empty());
+        }
+        assert!(h.runs(&id("mallory", "job-96")).is_empty());
+        // The store's own bound still holds across tenants.
+        for t in ["bob", "carol", "dave"] {
+            h.record(&id(t, "x"), done(1.0));
+        }
+        assert_eq!(h.len(), 6);
+        assert_eq!(History::default().max_per_tenant, MAX_IDENTITIES_PER_TENANT);
     }
 
     #[test]

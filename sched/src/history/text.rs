@@ -192,7 +192,7 @@ impl History {
     fn restore(&mut self, identity: JobIdentity, run: PastRun) {
         self.clock += 1;
         if !self.records.contains_key(&identity) && self.records.len() >= self.max_identities {
-            self.evict_least_recent();
+            self.evict_least_recent_of(None);
         }
         let record: &mut Record = self.records.entry(identity).or_default();
         record.runs.push(run);

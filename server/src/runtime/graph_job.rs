@@ -132,6 +132,25 @@ fn is_marker(name: &str) -> bool {
 }
 
 /// RunOptions field `trace_level`, and FULL_TRACE (needed for memory records).
+/// Callables one session may hold: MakeCallable beyond it is
+/// RESOURCE_EXHAUSTED until the client releases some (a client cannot grow the
+/// server by making callables it never releases).
+pub const MAX_CALLABLES: usize = 10_000;
+
+/// Partial runs one session may have set up and not finished (each holds
+/// TensorFlow's executors for its steps to come).
+pub const MAX_PARTIAL_RUNS: usize = 1_000;
+
+/// RESOURCE_EXHAUSTED when a session already holds `max` of `what`.
+fn has_room(held: usize, max: usize, what: &str, free: &str) -> Result<()> {
+    if held < max {
+        return Ok(());
+    }
+    Err(Error::ResourceExhausted(format!(
+        "this session holds {held} {what} (at most {max}): {free} before making more"
+    )))
+}
+
 const TRACE_LEVEL_FIELD: u64 = 1;
 const FULL_TRACE: u64 = 3;
 
@@ -730,8 +749,10 @@ impl Job {
                 .collect::<Result<_>>()?,
             run_options: options.run_options.clone(),
         };
+        let mut callables = lock(&self.callables);
+        has_room(callables.len(), MAX_CALLABLES, "callables", "release some (ReleaseCallable)")?;
         let handle = self.next_callable.fetch_add(1, Ordering::Relaxed);
-        lock(&self.callables).insert(handle, Arc::new(callable));
+        callables.insert(handle, Arc::new(callable));
         Ok(handle)
     }
 
@@ -806,6 +827,9 @@ impl Job {
             .iter()
             .map(|n| self.target(n))
             .collect::<Result<_>>()?;
+        let unfinished = "partial runs set up and not finished";
+        let finish = "finish some (fetch every output they declared)";
+        has_room(lock(&self.partial_runs).len(), MAX_PARTIAL_RUNS, unfinished, finish)?;
         let handle = self
             .session
             .partial_run_setup(&inputs, &outputs, &target_ops)?;
@@ -819,7 +843,9 @@ impl Job {
             pending_fetches: fetches.iter().cloned().collect(),
             pending_targets: targets.iter().cloned().collect(),
         };
-        lock(&self.partial_runs).insert(ours.clone(), run);
+        let mut runs = lock(&self.partial_runs);
+        has_room(runs.len(), MAX_PARTIAL_RUNS, unfinished, finish)?;
+        runs.insert(ours.clone(), run);
         Ok(ours)
     }
 
@@ -887,6 +913,18 @@ mod tests {
         // A client's own pool choice wins.
         assert_eq!(on_caller_thread(&[0x18, 0x01]).unwrap(), [0x18, 0x01]);
         assert!(on_caller_thread(&[0x18]).is_err());
+    }
+
+    #[test]
+    fn a_session_holds_a_bounded_number_of_callables_and_partial_runs() {
+        assert!(has_room(MAX_CALLABLES - 1, MAX_CALLABLES, "callables", "release some").is_ok());
+        let err = has_room(MAX_CALLABLES, MAX_CALLABLES, "callables", "release some").unwrap_err();
+        assert!(
+            matches!(&err, Error::ResourceExhausted(m) if m.contains("10000 callables (at most 10000)")),
+            "{err:?}"
+        );
+        assert_eq!(tonic::Status::from(err).code(), tonic::Code::ResourceExhausted);
+        assert!(has_room(MAX_PARTIAL_RUNS, MAX_PARTIAL_RUNS, "partial runs", "finish some").is_err());
     }
 
     #[test]

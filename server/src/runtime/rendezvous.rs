@@ -18,6 +18,11 @@ use crate::tf::TfError;
 /// client sends the `_Send` op and the pull on two gRPC calls at once.
 pub const UNANNOUNCED_GRACE: Duration = Duration::from_secs(10);
 
+/// Sends one context may have announced or delivered and not yet pulled: a
+/// client that sends values and never pulls them cannot grow the server
+/// beyond this (its next request with a `_Send` is refused).
+pub const MAX_UNPULLED: usize = 16_384;
+
 /// A sent tensor, or why its send failed (with the failure's code: the client
 /// raises the pull's error as the op's own, as with a failed send in TensorFlow).
 type Value = std::result::Result<Sent, TfError>;
@@ -53,12 +58,36 @@ impl Rendezvous {
     }
 
     /// A send for `name` is queued and will run (or fail) later.
+    #[cfg(test)]
     pub fn announce(&self, name: &str) {
-        self.lock()
+        self.announce_all(&[name.to_string()], usize::MAX)
+            .expect("no bound");
+    }
+
+    /// The sends of one request, each queued to run (or fail) later; refused,
+    /// all of them, when the context would then hold more than `max` sends
+    /// not yet pulled ([`MAX_UNPULLED`]).
+    pub fn announce_all(&self, names: &[String], max: usize) -> Result<()> {
+        if names.is_empty() {
+            return Ok(());
+        }
+        let mut inner = self.lock();
+        let held: usize = inner
             .slots
-            .entry(name.to_string())
-            .or_default()
-            .announced += 1;
+            .values()
+            .map(|s| s.announced as usize + s.values.len())
+            .sum();
+        if held.saturating_add(names.len()) > max {
+            return Err(Error::ResourceExhausted(format!(
+                "this eager context holds {held} sent values that no RecvTensor pulled yet (at most {max}): \
+                 pull them (or stop sending values the script never reads) before sending more"
+            )));
+        }
+        for name in names {
+            let slot = inner.slots.entry(name.clone()).or_default();
+            slot.announced = slot.announced.saturating_add(1);
+        }
+        Ok(())
     }
 
     /// Delivers a sent tensor (or the error of a send that failed) to the
@@ -227,6 +256,28 @@ mod tests {
         assert!(
             matches!(r.recv("x", UNANNOUNCED_GRACE).await, Err(Error::ContextGone(m)) if m.contains("reclaimed"))
         );
+    }
+
+    #[tokio::test]
+    async fn sends_nobody_pulls_are_bounded() {
+        let r = Rendezvous::default();
+        let names = |from: usize, n: usize| -> Vec<String> {
+            (from..from + n).map(|i| format!("t{i}")).collect()
+        };
+        r.announce_all(&names(0, 3), 4).unwrap();
+        for name in names(0, 3) {
+            r.deliver(&name, Ok(sent(1.0)));
+        }
+        r.announce_all(&names(3, 1), 4).unwrap();
+        // Three kept and one announced: a fifth is refused, and so is a
+        // request that would go past the bound with only part of its sends.
+        let err = r.announce_all(&names(4, 1), 4).unwrap_err();
+        assert!(matches!(&err, Error::ResourceExhausted(m) if m.contains("at most 4")), "{err:?}");
+        assert!(r.announce_all(&names(4, 2), 4).is_err());
+        // A pull makes room again.
+        r.recv("t0", UNANNOUNCED_GRACE).await.unwrap();
+        r.announce_all(&names(4, 1), 4).unwrap();
+        assert_eq!(r.pending(), 2, "t1 and t2 kept; t3 and t4 announced");
     }
 
     #[tokio::test]

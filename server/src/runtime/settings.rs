@@ -39,6 +39,10 @@ use crate::tenant::limits::{Limits, LimitsTable};
 /// Job identities whose hints are kept; the ones set longest ago go first.
 pub const MAX_SAVED_HINTS: usize = 1024;
 
+/// Of those, the most of one tenant: a tenant that sets hints on jobs under
+/// ever new names forgets its own oldest, never another tenant's.
+pub const MAX_SAVED_HINTS_PER_TENANT: usize = 128;
+
 /// The file's contents.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct SettingsDocument {
@@ -376,12 +380,20 @@ impl Settings {
     /// beyond [`MAX_SAVED_HINTS`] are forgotten (and returned, for the core).
     pub fn record_hints(&self, key: String, hints: SavedHints) -> Vec<String> {
         let mut doc = lock(&self.doc);
-        doc.hints.insert(key, hints);
+        // The key's tenant part (tenant names hold no '/'), with its '/'.
+        let tenant = key.find('/').map_or(String::new(), |i| key[..=i].to_string());
+        doc.hints.insert(key.clone(), hints);
         let mut forgotten = Vec::new();
-        while doc.hints.len() > MAX_SAVED_HINTS {
+        loop {
+            let of_tenant = doc.hints.keys().filter(|k| k.starts_with(&tenant)).count();
+            let own = of_tenant > MAX_SAVED_HINTS_PER_TENANT;
+            if !own && doc.hints.len() <= MAX_SAVED_HINTS {
+                break;
+            }
             let Some(oldest) = doc
                 .hints
                 .iter()
+                .filter(|(k, _)| !own || (k.starts_with(&tenant) && **k != key))
                 .min_by_key(|(_, h)| h.set_unix_s)
                 .map(|(k, _)| k.clone())
             else {
@@ -604,13 +616,38 @@ mod tests {
                 expected_seconds: None,
                 set_unix_s: 1000 + n,
             };
-            let forgotten = settings.record_hints(hints_key("t", &format!("job{n}")), hints);
+            let tenant = format!("t{}", n % 16);
+            let forgotten = settings.record_hints(hints_key(&tenant, &format!("job{n}")), hints);
             if n == MAX_SAVED_HINTS as u64 {
-                assert_eq!(forgotten, ["t/job0"]);
+                assert_eq!(forgotten, ["t0/job0"]);
             } else {
                 assert!(forgotten.is_empty());
             }
         }
         assert_eq!(settings.document().hints.len(), MAX_SAVED_HINTS);
+    }
+
+    #[test]
+    fn a_tenant_beyond_its_share_of_hints_forgets_its_own_oldest() {
+        let settings = Settings::default();
+        let at = |s: u64| SavedHints {
+            priority: 0,
+            expected_iterations: None,
+            expected_seconds: None,
+            set_unix_s: s,
+        };
+        settings.record_hints(hints_key("alice", "resnet"), at(1));
+        for n in 0..500u64 {
+            let forgotten = settings.record_hints(hints_key("mallory", &format!("job{n}")), at(2 + n));
+            assert!(forgotten.iter().all(|k| k.starts_with("mallory/")), "{forgotten:?}");
+        }
+        let doc = settings.document();
+        assert!(doc.hints.contains_key("alice/resnet"), "another tenant's hints stay");
+        let mallory = doc.hints.keys().filter(|k| k.starts_with("mallory/")).count();
+        assert_eq!(mallory, MAX_SAVED_HINTS_PER_TENANT);
+        assert!(doc.hints.contains_key("mallory/job499") && !doc.hints.contains_key("mallory/job0"));
+        // The tenant "" (no tenant) is a tenant of its own, not a prefix of every key.
+        settings.record_hints(hints_key("", "anon"), at(9999));
+        assert!(settings.document().hints.contains_key("/anon"));
     }
 }

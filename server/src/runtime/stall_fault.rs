@@ -12,6 +12,7 @@ use crate::error::Result;
 use crate::runtime::eager_items::{Item, ItemOutput};
 
 type Reply = oneshot::Sender<Result<Vec<ItemOutput>>>;
+type Admitted = crate::runtime::eager_job::BatchPermit;
 
 fn stalled_op() -> Option<&'static str> {
     static OP: OnceLock<Option<String>> = OnceLock::new();
@@ -26,18 +27,19 @@ fn stalled_op() -> Option<&'static str> {
 }
 
 /// Whether the request must stall; if so its reply is kept, unanswered, for
-/// the life of the process (dropping it would answer with an error).
-pub fn stall(items: &[Item], reply: Reply) -> Option<Reply> {
+/// the life of the process (dropping it would answer with an error), and so
+/// is its place among its context's requests in flight.
+pub fn stall(items: &[Item], reply: Reply, admitted: Admitted) -> Option<(Reply, Admitted)> {
     let Some(op) = stalled_op() else {
-        return Some(reply);
+        return Some((reply, admitted));
     };
     if !items
         .iter()
         .any(|item| matches!(item, Item::Execute(e) if e.name == op))
     {
-        return Some(reply);
+        return Some((reply, admitted));
     }
-    static HELD: Mutex<Vec<Reply>> = Mutex::new(Vec::new());
-    HELD.lock().unwrap_or_else(|e| e.into_inner()).push(reply);
+    static HELD: Mutex<Vec<(Reply, Admitted)>> = Mutex::new(Vec::new());
+    HELD.lock().unwrap_or_else(|e| e.into_inner()).push((reply, admitted));
     None
 }

@@ -6,6 +6,11 @@
 //
 // An allocator is a process-wide object that lives as long as the process
 // (ProcessState and GPUProcessState own them), so its pointer may be kept.
+//
+// Rust calls these functions: no C++ exception may unwind into it (undefined
+// behaviour). Each is noexcept and catches everything, answering as when the
+// device or statistics are not there (std::bad_alloc from the strings here,
+// or whatever TensorFlow throws).
 
 #include <cctype>
 #include <cstdint>
@@ -72,35 +77,52 @@ extern "C" {
 
 // The allocator of `device` in an eager context, or null (see Find).
 void* salus_eager_device_allocator(TFE_Context* ctx, const char* device,
-                                   int* on_host) {
-  return AllocatorOf(Find(tensorflow::unwrap(ctx)->ListLocalTfDevices(), device),
-                     on_host);
+                                   int* on_host) noexcept {
+  try {
+    return AllocatorOf(
+        Find(tensorflow::unwrap(ctx)->ListLocalTfDevices(), device), on_host);
+  } catch (...) {
+    return nullptr;
+  }
 }
 
 // The allocator of `device` in a session, or null (see Find).
 void* salus_session_device_allocator(TF_Session* session, const char* device,
-                                     int* on_host) {
-  const tensorflow::DeviceMgr* mgr = nullptr;
-  if (!session->session->LocalDeviceManager(&mgr).ok() || mgr == nullptr) {
+                                     int* on_host) noexcept {
+  try {
+    const tensorflow::DeviceMgr* mgr = nullptr;
+    if (!session->session->LocalDeviceManager(&mgr).ok() || mgr == nullptr) {
+      return nullptr;
+    }
+    return AllocatorOf(Find(mgr->ListDevices(), device), on_host);
+  } catch (...) {
     return nullptr;
   }
-  return AllocatorOf(Find(mgr->ListDevices(), device), on_host);
 }
 
 // 1 and the figures when the allocator keeps statistics, else 0.
-int salus_allocator_stats(void* allocator, int64_t* in_use, int64_t* peak) {
-  auto stats = static_cast<tensorflow::Allocator*>(allocator)->GetStats();
-  if (!stats) {
+int salus_allocator_stats(void* allocator, int64_t* in_use,
+                          int64_t* peak) noexcept {
+  try {
+    auto stats = static_cast<tensorflow::Allocator*>(allocator)->GetStats();
+    if (!stats) {
+      return 0;
+    }
+    *in_use = stats->bytes_in_use;
+    *peak = stats->peak_bytes_in_use;
+    return 1;
+  } catch (...) {
     return 0;
   }
-  *in_use = stats->bytes_in_use;
-  *peak = stats->peak_bytes_in_use;
-  return 1;
 }
 
 // Resets the peak to the bytes in use now; 1 when the allocator could.
-int salus_allocator_clear_stats(void* allocator) {
-  return static_cast<tensorflow::Allocator*>(allocator)->ClearStats() ? 1 : 0;
+int salus_allocator_clear_stats(void* allocator) noexcept {
+  try {
+    return static_cast<tensorflow::Allocator*>(allocator)->ClearStats() ? 1 : 0;
+  } catch (...) {
+    return 0;
+  }
 }
 
 }  // extern "C"

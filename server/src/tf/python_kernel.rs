@@ -71,17 +71,62 @@ pub fn install(max_output_bytes: u64, call: PythonCall) {
 }
 
 unsafe extern "C" fn create_py_func(ctx: *mut k::TF_OpKernelConstruction) -> *mut c_void {
-    create("PyFunc", ctx)
+    create_guarded("PyFunc", ctx)
 }
 unsafe extern "C" fn create_py_func_stateless(ctx: *mut k::TF_OpKernelConstruction) -> *mut c_void {
-    create("PyFuncStateless", ctx)
+    create_guarded("PyFuncStateless", ctx)
 }
 unsafe extern "C" fn create_eager_py_func(ctx: *mut k::TF_OpKernelConstruction) -> *mut c_void {
-    create("EagerPyFunc", ctx)
+    create_guarded("EagerPyFunc", ctx)
+}
+
+/// TensorFlow's INTERNAL code.
+const INTERNAL: i32 = 13;
+
+/// Runs `body`, the work of a function TensorFlow calls: a panic in it
+/// becomes an INTERNAL error naming `what` instead of unwinding into
+/// TensorFlow's C++ frames (which is undefined behaviour; Rust aborts the
+/// process there), so the op fails and the server goes on.
+pub(crate) fn guarded<T>(what: &str, body: impl FnOnce() -> Result<T, TfError>) -> Result<T, TfError> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+        Ok(result) => result,
+        Err(panic) => {
+            let why = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into());
+            tracing::error!(what, why, "a panic in a function TensorFlow called; the op fails");
+            Err(TfError::new(
+                INTERNAL,
+                format!("{what}: internal error in the Salus server: {why} (please report it with the server's log)"),
+            ))
+        }
+    }
+}
+
+/// `create` under [`guarded`]: a failure, panic included, fails the kernel's
+/// construction.
+unsafe fn create_guarded(op: &'static str, ctx: *mut k::TF_OpKernelConstruction) -> *mut c_void {
+    match guarded(op, || create(op, ctx)) {
+        Ok(kernel) => kernel,
+        Err(e) => {
+            // SAFETY: the construction context TensorFlow gave.
+            if let Err(panic) = std::panic::catch_unwind(|| unsafe { fail_construction(ctx, &e) }) {
+                drop(panic);
+            }
+            std::ptr::null_mut()
+        }
+    }
+}
+
+unsafe fn fail_construction(ctx: *mut k::TF_OpKernelConstruction, error: &TfError) {
+    let status = status_of(error);
+    k::TF_OpKernelConstruction_Failure(ctx, status.as_ptr());
 }
 
 /// Reads the node's name and `token` attribute.
-unsafe fn create(op: &'static str, ctx: *mut k::TF_OpKernelConstruction) -> *mut c_void {
+unsafe fn create(op: &'static str, ctx: *mut k::TF_OpKernelConstruction) -> Result<*mut c_void, TfError> {
     let view = k::TF_OpKernelConstruction_GetName(ctx);
     let node = if view.data.is_null() {
         String::new()
@@ -110,40 +155,58 @@ unsafe fn create(op: &'static str, ctx: *mut k::TF_OpKernelConstruction) -> *mut
         );
         token.truncate(total_size.max(0) as usize);
     }
-    if status.check().is_err() {
-        k::TF_OpKernelConstruction_Failure(ctx, status.as_ptr());
-        return std::ptr::null_mut();
-    }
+    status.check()?;
     let kernel = Kernel {
         op,
         node,
         token: String::from_utf8_lossy(&token).into_owned(),
     };
-    Box::into_raw(Box::new(kernel)).cast()
+    Ok(Box::into_raw(Box::new(kernel)).cast())
 }
 
 unsafe extern "C" fn delete(kernel: *mut c_void) {
-    if !kernel.is_null() {
-        drop(Box::from_raw(kernel.cast::<Kernel>()));
+    if kernel.is_null() {
+        return;
     }
+    // A panic here (in a Drop) is logged by `guarded`; nothing to fail.
+    let _ = guarded("deleting a Python callback kernel", || {
+        // SAFETY: `kernel` is the Box that `create` leaked, deleted once.
+        drop(unsafe { Box::from_raw(kernel.cast::<Kernel>()) });
+        Ok(())
+    });
 }
 
 unsafe extern "C" fn compute(kernel: *mut c_void, ctx: *mut k::TF_OpKernelContext) {
-    let kernel = &*kernel.cast::<Kernel>();
-    if let Err(e) = run(kernel, ctx) {
-        fail(ctx, &e);
+    let result = guarded("a Python callback op", || {
+        // SAFETY: TensorFlow calls compute only with what `create` returned.
+        let kernel = unsafe { kernel.cast::<Kernel>().as_ref() }
+            .ok_or_else(|| TfError::new(INTERNAL, "a Python callback kernel without its state"))?;
+        // SAFETY: the kernel context TensorFlow gave, for this call.
+        unsafe { run(kernel, ctx) }
+    });
+    if let Err(e) = result {
+        // SAFETY: as above; `fail` builds only a status and a C string.
+        let _ = std::panic::catch_unwind(|| unsafe { fail(ctx, &e) });
     }
 }
 
-unsafe fn fail(ctx: *mut k::TF_OpKernelContext, error: &TfError) {
+/// A TensorFlow status of `error`'s code (UNKNOWN for a code TensorFlow has
+/// not) and message.
+fn status_of(error: &TfError) -> Status {
     let code = if (1..=16).contains(&error.code) {
         error.code
     } else {
         2
     };
-    let message = CString::new(error.message.replace('\0', " ")).expect("NULs replaced");
+    let message = CString::new(error.message.replace('\0', " ")).unwrap_or_default();
     let status = Status::new();
-    TF_SetStatusRaw(status.as_ptr(), code, message.as_ptr());
+    // SAFETY: a live status and a valid C string.
+    unsafe { TF_SetStatusRaw(status.as_ptr(), code, message.as_ptr()) };
+    status
+}
+
+unsafe fn fail(ctx: *mut k::TF_OpKernelContext, error: &TfError) {
+    let status = status_of(error);
     k::TF_OpKernelContext_Failure(ctx, status.as_ptr());
 }
 
@@ -162,9 +225,9 @@ unsafe fn run(kernel: &Kernel, ctx: *mut k::TF_OpKernelContext) -> Result<(), Tf
             .map_err(|e| unsendable_input(op, node, i as usize, &e.to_string()))?;
         inputs.push(proto);
     }
-    let call = PYTHON_CALL
-        .get()
-        .expect("the kernels are registered by install, which sets the call");
+    let call = PYTHON_CALL.get().ok_or_else(|| {
+        TfError::new(INTERNAL, "the Python callback kernels were registered without their call")
+    })?;
     let outputs = call(&kernel.token, op, node, inputs)?;
     let expected = k::TF_NumOutputs(ctx);
     if outputs.len() != expected as usize {
@@ -214,4 +277,39 @@ fn unsendable_input(op: &str, node: &str, index: usize, why: &str) -> TfError {
         3, // INVALID_ARGUMENT
         format!("op {op} ({node}): input {index} cannot be passed to the script's Python: {why}"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_under_the_guard_becomes_an_internal_error() {
+        let err = guarded("an op", || -> Result<(), TfError> { panic!("index out of bounds") })
+            .unwrap_err();
+        assert_eq!(err.code, INTERNAL);
+        assert!(err.message.contains("an op") && err.message.contains("index out of bounds"), "{}", err.message);
+        let err = guarded("an op", || -> Result<(), TfError> {
+            std::panic::panic_any(42u8)
+        })
+        .unwrap_err();
+        assert_eq!(err.code, INTERNAL);
+    }
+
+    #[test]
+    fn the_guard_passes_results_and_errors_through() {
+        assert_eq!(guarded("an op", || Ok(7)).unwrap(), 7);
+        let err = guarded("an op", || -> Result<(), TfError> { Err(TfError::new(3, "bad input")) })
+            .unwrap_err();
+        assert_eq!((err.code, err.message.as_str()), (3, "bad input"));
+    }
+
+    #[test]
+    fn a_status_keeps_the_code_and_message_of_an_error() {
+        let status = status_of(&TfError::new(INTERNAL, "boom\0tail"));
+        let err = status.check().unwrap_err();
+        assert_eq!(err.code, INTERNAL);
+        assert_eq!(err.message, "boom tail");
+        assert_eq!(status_of(&TfError::new(99, "odd")).check().unwrap_err().code, 2);
+    }
 }

@@ -25,7 +25,7 @@ use crate::error::{Error, Result};
 use crate::frontend::identify::tenant_of;
 use crate::runtime::eager_devices::DeviceNames;
 use crate::runtime::eager_job::{
-    EagerJob, EagerJobSpec, Item, ItemOutput, Scheduling, StreamState,
+    EagerJob, EagerJobSpec, Item, ItemOutput, Scheduling, StreamState, MAX_BATCHES_IN_FLIGHT,
 };
 use crate::runtime::exec;
 use crate::runtime::rendezvous::UNANNOUNCED_GRACE;
@@ -212,7 +212,8 @@ impl EagerService for Eager {
             // The client sends each released handle in a request of its own and
             // ignores the answer: queue it in order, answer at once.
             let count = items.len();
-            drop(job.submit(items, None)?);
+            let admitted = job.admit().await?;
+            drop(job.submit(items, None, admitted)?);
             return Ok(Response::new(enqueue_response(vec![
                 ItemOutput::default();
                 count
@@ -232,7 +233,9 @@ impl EagerService for Eager {
         let tenant = tenant_of(&request);
         let inbound = request.into_inner();
         let (out_tx, out_rx) = mpsc::channel(256);
-        let (pending_tx, pending_rx) = mpsc::unbounded_channel::<PendingReply>();
+        // The requests read and not yet answered: a client that does not read
+        // its answers is not read further either.
+        let (pending_tx, pending_rx) = mpsc::channel::<PendingReply>(MAX_BATCHES_IN_FLIGHT);
         let stream = Arc::new(StreamState::new());
         let reader = tokio::spawn(read_stream(
             self.state.clone(),
@@ -256,6 +259,9 @@ impl EagerService for Eager {
             }
             if let Ok((Some(job), client_ended)) = reader.await {
                 let remaining = job.stream_closed();
+                // The client gone while the reader waited (for room, or for
+                // the writer to take its reply) ends the stream as its end does.
+                let client_ended = client_ended || (!errored && closed.is_closed());
                 if client_ended && !errored && remaining == 0 {
                     tokio::spawn(reclaim_when_abandoned(state, job));
                 }
@@ -328,13 +334,16 @@ impl EagerService for Eager {
 }
 
 /// Reads a stream's requests in order and queues each on its context at once
-/// (pipelined: the client does not wait for responses). Returns the context
-/// and whether the client ended the stream.
+/// (pipelined: the client does not wait for responses), as long as the
+/// context has room (`EagerJob::admit`) and the stream's unanswered requests
+/// are fewer than [`MAX_BATCHES_IN_FLIGHT`]; else it reads no further until
+/// they are, and HTTP/2 flow control holds the client's sends. Returns the
+/// context and whether the client ended the stream.
 async fn read_stream(
     state: Arc<ServerState>,
     tenant: Arc<Tenant>,
     mut inbound: Streaming<EnqueueRequest>,
-    pending: mpsc::UnboundedSender<PendingReply>,
+    pending: mpsc::Sender<PendingReply>,
     stream: Arc<StreamState>,
 ) -> (Option<Arc<EagerJob>>, bool) {
     let mut job: Option<Arc<EagerJob>> = None;
@@ -351,7 +360,7 @@ async fn read_stream(
             );
             return (job, false);
         }
-        let submitted = (|| {
+        let resolved = (|| {
             let current =
                 match &job {
                     Some(j) if j.context_id == req.context_id => {
@@ -372,10 +381,25 @@ async fn read_stream(
             let items = queue_items(req.queue)?;
             tracing::trace!(context = req.context_id, stream = stream.id,
                             items = ?items.iter().map(Item::label).collect::<Vec<_>>(), "stream request");
-            current.submit(items, Some(stream.clone()))
+            Ok((current, items))
         })();
+        let submitted = match resolved {
+            Ok((current, items)) => {
+                // While it waits for room the stream is not read; the writer
+                // ending (the client gone) ends the wait.
+                let admitted = tokio::select! {
+                    admitted = current.admit() => admitted,
+                    () = pending.closed() => return (job, false),
+                };
+                match admitted {
+                    Ok(admitted) => current.submit(items, Some(stream.clone()), admitted),
+                    Err(err) => Err(err),
+                }
+            }
+            Err(err) => Err(err),
+        };
         let stop = submitted.is_err();
-        if pending.send(submitted).is_err() || stop {
+        if pending.send(submitted).await.is_err() || stop {
             return (job, false);
         }
     }
@@ -386,7 +410,7 @@ async fn read_stream(
 /// stream ahead of its pending replies (`StreamState::end`). Returns whether
 /// it ended in error.
 async fn write_stream(
-    mut pending: mpsc::UnboundedReceiver<PendingReply>,
+    mut pending: mpsc::Receiver<PendingReply>,
     out: mpsc::Sender<Result<EnqueueResponse, Status>>,
     stream: &StreamState,
 ) -> bool {
@@ -397,6 +421,10 @@ async fn write_stream(
                 None => return false,
             },
             reason = stream.ended() => Err(Error::Aborted(reason)),
+            // The client is gone (it cancelled the call or its connection
+            // dropped): nothing more to answer, and the reader, which may be
+            // waiting for room, stops too.
+            () = out.closed() => return false,
         };
         let outcome = match reply {
             Ok(rx) => tokio::select! {
@@ -406,6 +434,7 @@ async fn write_stream(
                     ))
                 }),
                 reason = stream.ended() => Err(Error::Aborted(reason)),
+                () = out.closed() => return false,
             },
             Err(err) => Err(err),
         };
@@ -519,10 +548,10 @@ mod tests {
 
     #[tokio::test]
     async fn an_ended_stream_answers_aborted_ahead_of_a_reply_that_never_comes() {
-        let (pending_tx, pending_rx) = mpsc::unbounded_channel::<PendingReply>();
+        let (pending_tx, pending_rx) = mpsc::channel::<PendingReply>(4);
         let (out_tx, mut out_rx) = mpsc::channel(4);
         let (never, stalled) = oneshot::channel();
-        pending_tx.send(Ok(stalled)).unwrap();
+        pending_tx.send(Ok(stalled)).await.unwrap();
         let stream = Arc::new(StreamState::new());
         let writer = tokio::spawn({
             let stream = stream.clone();
@@ -534,6 +563,39 @@ mod tests {
         let status = out_rx.recv().await.unwrap().unwrap_err();
         assert_eq!(status.code(), tonic::Code::Aborted);
         assert_eq!(status.message(), "nothing can answer");
+        drop(never);
+    }
+
+    #[tokio::test]
+    async fn a_writer_waiting_for_a_reply_ends_when_its_client_is_gone() {
+        // The reader may wait for room behind this writer: the client going
+        // away (the transport drops the response stream) must end both.
+        let (pending_tx, pending_rx) = mpsc::channel::<PendingReply>(1);
+        let (out_tx, out_rx) = mpsc::channel(4);
+        let (never, stalled) = oneshot::channel();
+        pending_tx.send(Ok(stalled)).await.unwrap();
+        let stream = Arc::new(StreamState::new());
+        let writer = tokio::spawn({
+            let stream = stream.clone();
+            async move { write_stream(pending_rx, out_tx, &stream).await }
+        });
+        // A reader that fills the pending channel and then waits for room.
+        let reader = tokio::spawn(async move {
+            let mut unanswered = Vec::new();
+            loop {
+                let (tx, rx) = oneshot::channel();
+                unanswered.push(tx);
+                if pending_tx.send(Ok(rx)).await.is_err() {
+                    return true;
+                }
+            }
+        });
+        tokio::task::yield_now().await;
+        drop(out_rx);
+        let errored = tokio::time::timeout(Duration::from_secs(5), writer).await;
+        assert!(!errored.expect("the writer ends").unwrap(), "not an error: the client left");
+        let unblocked = tokio::time::timeout(Duration::from_secs(5), reader).await;
+        assert!(unblocked.expect("the reader's wait ends").unwrap());
         drop(never);
     }
 
