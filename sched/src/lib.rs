@@ -437,6 +437,14 @@ impl<W> Scheduler<W> {
         Ok(())
     }
 
+    /// `tenant` comes back from a spell it did not run by its own doing (its
+    /// executor was stopped): like a tenant back from a long idle spell, it
+    /// starts at the least virtual time of the busy tenants, so the time it
+    /// gave up is not credit to take from them afterwards.
+    pub fn forfeit_credit(&mut self, tenant: TenantId, now: Nanos) {
+        self.tenants.catch_up(tenant, now);
+    }
+
     /// A tenant's weight (1 to [`tenants::MAX_WEIGHT`], default 1): its share
     /// of device time against the others' under [`Share::Tenants`].
     pub fn set_tenant_weight(&mut self, tenant: TenantId, weight: u32) -> Result<(), SchedError> {

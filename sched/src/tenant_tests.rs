@@ -336,3 +336,28 @@ fn device_time_per_tenant_is_kept_after_its_jobs_leave() {
     );
     assert_eq!(s.status(JobId(2)).unwrap().tenant, TenantId(2));
 }
+
+#[test]
+fn a_tenant_that_forfeits_its_credit_shares_from_then_on_instead_of_catching_up() {
+    // Tenant 1 ran alone for a while (tenant 2's executor was stopped, its
+    // pause shorter than IDLE_CREDIT); then tenant 2 comes back.
+    let run_after_pause = |forfeit: bool| {
+        let mut s = sched("fair", Share::Tenants);
+        let mut now = 0;
+        add(&mut s, &[(1, 1, Hints::default()), (2, 2, Hints::default())], now);
+        // Tenant 2 is stopped for 0.5 s, within IDLE_CREDIT: tenant 1 runs alone.
+        run_saturated(&mut s, &[1], 50, 10 * MS, &mut now);
+        assert!(now < IDLE_CREDIT);
+        if forfeit {
+            s.forfeit_credit(TenantId(2), now);
+        }
+        // The next 10 decisions: how many go to tenant 2?
+        run_saturated(&mut s, &[1, 2], 10, 10 * MS, &mut now)
+            .get(&2)
+            .copied()
+            .unwrap_or(0)
+    };
+    // Banked, it would take every turn until it caught up; forfeited, it shares.
+    assert_eq!(run_after_pause(false), 10);
+    assert!((4..=6).contains(&run_after_pause(true)), "{}", run_after_pause(true));
+}

@@ -646,6 +646,15 @@ impl Executor {
     }
 
     /// The scheduler core's number for `tenant` (numbered on first sight).
+    /// `tenant`'s executor runs again after a stop: the device time it gave
+    /// up meanwhile is not credit against the tenants that went on.
+    pub fn forfeit_credit(&self, tenant: &Tenant) {
+        let now = self.shared.now();
+        let mut inner = self.shared.lock();
+        let id = inner.tenants.id_of(tenant);
+        inner.sched.forfeit_credit(id, now);
+    }
+
     pub fn tenant_id(&self, tenant: &Tenant) -> TenantId {
         self.shared.lock().tenants.id_of(tenant)
     }

@@ -743,6 +743,8 @@ impl Link {
             turns = parked.len(),
             "an executor runs again: its iterations are queued again"
         );
+        // Stopping is no way to bank device time for a burst later.
+        self.executor.forfeit_credit(&self.spec.owner);
         for turn in parked {
             let (job, deadline) = (turn.job, turn.deadline);
             // A turn whose job left meanwhile is dropped, which tells the executor.
