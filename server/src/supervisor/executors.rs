@@ -819,7 +819,7 @@ impl Executors {
 /// with WSTOPPED and WCONTINUED), so a stopped executor holds no lane.
 fn wait_watching_stops(
     child: &mut std::process::Child,
-    link: &Link,
+    link: &Arc<Link>,
 ) -> std::io::Result<std::process::ExitStatus> {
     use std::os::unix::process::ExitStatusExt;
     let pid = child.id() as libc::id_t;

@@ -106,8 +106,12 @@ pub struct LinkSpec {
 /// just as its executor is found stopped.
 struct Lanes {
     standing: Standing,
-    /// Lane threads waiting for an iteration's Done, by turn.
-    waiting: HashMap<u64, mpsc::SyncSender<()>>,
+    /// Lane threads waiting for an iteration's Done, by turn (with its job).
+    waiting: HashMap<u64, (JobId, mpsc::SyncSender<()>)>,
+    /// Iterations that had their go-ahead when the executor stopped: they
+    /// go on computing the moment it continues, so they are queued again
+    /// then, to hold a lane (without a new Go) until their Done.
+    interrupted: Vec<(u64, JobId)>,
     /// Turns the core picked while the executor was not serving.
     parked: Vec<Box<Turn>>,
 }
@@ -188,6 +192,7 @@ impl Link {
             lanes: Mutex::new(Lanes {
                 standing: Standing::Serving,
                 waiting: HashMap::new(),
+                interrupted: Vec::new(),
                 parked: Vec::new(),
             }),
             wanted: Mutex::new(Wanted::default()),
@@ -432,7 +437,7 @@ impl Link {
                     self.executor.record_handover(done.go_delay_ns);
                 }
                 let mut lanes = lock(&self.lanes);
-                if let Some(tx) = lanes.waiting.remove(&done.turn) {
+                if let Some((_, tx)) = lanes.waiting.remove(&done.turn) {
                     let _ = tx.send(());
                 } else {
                     let mut wanted = lock(&self.wanted);
@@ -692,7 +697,7 @@ impl Link {
     }
 
     /// Its parent saw the executor continue (SIGCONT).
-    pub fn continued(&self) {
+    pub fn continued(self: &Arc<Self>) {
         if self.standing() == Standing::Stopped {
             self.resume();
         }
@@ -708,7 +713,18 @@ impl Link {
             self.silent
                 .store(standing == Standing::Silent, Ordering::SeqCst);
             // Dropping a waiter's sender wakes its lane thread: the lane is free.
-            lanes.waiting.drain().count()
+            let interrupted: Vec<(u64, JobId)> =
+                lanes.waiting.drain().map(|(turn, (job, _))| (turn, job)).collect();
+            let mut wanted = lock(&self.wanted);
+            for &(turn, _) in &interrupted {
+                // Its Done may come before it is picked again (see `Turn::run`).
+                wanted.turns.insert(turn);
+                wanted.adopted_running.insert(turn);
+            }
+            drop(wanted);
+            let released = interrupted.len();
+            lanes.interrupted.extend(interrupted);
+            released
         };
         for _ in 0..released {
             self.executor.count_released_hold();
@@ -727,7 +743,7 @@ impl Link {
         );
     }
 
-    fn resume(&self) {
+    fn resume(self: &Arc<Self>) {
         let parked = {
             let mut lanes = lock(&self.lanes);
             if lanes.standing == Standing::Serving {
@@ -735,7 +751,18 @@ impl Link {
             }
             lanes.standing = Standing::Serving;
             self.silent.store(false, Ordering::SeqCst);
-            std::mem::take(&mut lanes.parked)
+            let mut parked = std::mem::take(&mut lanes.parked);
+            parked.extend(lanes.interrupted.drain(..).map(|(turn, job)| {
+                Box::new(Turn {
+                    link: self.clone(),
+                    turn,
+                    job,
+                    deadline: None,
+                    ran: false,
+                    running_already: true,
+                })
+            }));
+            parked
         };
         tracing::info!(
             tenant = %self.spec.owner,
@@ -753,7 +780,7 @@ impl Link {
     }
 
     /// A frame came: the executor runs and reads its seam.
-    fn heard(&self) {
+    fn heard(self: &Arc<Self>) {
         lock(&self.heard).last = Instant::now();
         if self.silent.load(Ordering::SeqCst) {
             self.resume();
@@ -804,6 +831,7 @@ impl Link {
         let parked = {
             let mut lanes = lock(&self.lanes);
             lanes.waiting.clear();
+            lanes.interrupted.clear();
             std::mem::take(&mut lanes.parked)
         };
         drop(parked);
@@ -906,7 +934,7 @@ impl RemoteIteration for Turn {
                 return;
             }
             self.ran = true;
-            lanes.waiting.insert(turn, tx);
+            lanes.waiting.insert(turn, (self.job, tx));
         }
         if !self.running_already {
             link.send(to_executor::Msg::Go(msg::Go {

@@ -406,3 +406,30 @@ fn an_executor_that_lies_about_priority_is_capped_in_the_admission_rank() {
     let other = GOOD_JOBS.start + 1;
     assert_ne!(rank("good", other, 1000), rank("good", other, 0), "an uncapped tenant's priority counts");
 }
+
+#[test]
+fn an_iteration_interrupted_by_a_stop_holds_a_lane_again_once_the_executor_continues() {
+    let node = Node::new(None);
+    let stand_in = StandIn::start();
+    let (link, mut seam) = rogue_holding_lane0(&node, None, stand_in.process());
+    let job = JobId(ROGUE_JOBS.start + 1);
+    link.stopped();
+    until("the lane is free", || node.core.job_status(job).is_some_and(|s| s.running == 0));
+    assert_eq!(good_tenant(&node, 3).join().unwrap(), 3);
+    // It goes on computing the moment it continues: it is queued again, and
+    // holds a lane, without a second Go, until its Done.
+    link.continued();
+    until("the interrupted iteration holds a lane", || {
+        node.core.job_status(job).is_some_and(|s| s.running == 1)
+    });
+    send(&mut seam, to_supervisor::Msg::Done(msg::Done { turn: 1, go_delay_ns: 0 }));
+    until("its Done ends it", || node.core.job_status(job).is_some_and(|s| s.running == 0));
+    seam.set_nonblocking(true).unwrap();
+    let mut byte = [0u8; 1];
+    let unread = std::io::Read::read(&mut seam, &mut byte);
+    assert!(
+        matches!(&unread, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "nothing was sent to it (no second Go): {unread:?}"
+    );
+    assert!(lock(&link.wanted).turns.is_empty());
+}
