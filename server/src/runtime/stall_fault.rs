@@ -12,7 +12,8 @@ use crate::error::Result;
 use crate::runtime::eager_items::{Item, ItemOutput};
 
 type Reply = oneshot::Sender<Result<Vec<ItemOutput>>>;
-type Admitted = crate::runtime::eager_job::BatchPermit;
+// An eager context's place for one request in flight (`eager_job::BatchPermit`).
+type Admitted = tokio::sync::OwnedSemaphorePermit;
 
 fn stalled_op() -> Option<&'static str> {
     static OP: OnceLock<Option<String>> = OnceLock::new();
