@@ -358,6 +358,11 @@ impl Link {
                 return Err((Code::PermissionDenied, format!("job {job} is not this executor's")));
             }
             let opened = lock(&self.jobs).contains(&JobId(job));
+            if !opened && lets_go(message) {
+                // Its job left already (a release after the removal, as a
+                // closing job sends them): nothing to give up, nothing to refuse.
+                return Err((Code::Ok, String::new()));
+            }
             if !opened && !matches!(message, Msg::OpenJob(_)) {
                 return Err((
                     Code::FailedPrecondition,
@@ -412,7 +417,9 @@ impl Link {
     fn handle(self: &Arc<Self>, message: msg::ToSupervisor) {
         let Some(message) = message.msg else { return };
         if let Err((code, why)) = self.check(&message) {
-            self.refuse(message, code, why);
+            if code != Code::Ok {
+                self.refuse(message, code, why);
+            }
             return;
         }
         match message {
@@ -867,6 +874,16 @@ fn watch_silence(link: std::sync::Weak<Link>, limit: Duration) {
         }
         link.watch_once(limit);
     }
+}
+
+/// Whether a message only gives something of its job up (or reports on it),
+/// so that one naming a job that left already is ignored, not refused.
+fn lets_go(message: &to_supervisor::Msg) -> bool {
+    use to_supervisor::Msg;
+    matches!(
+        message,
+        Msg::RemoveJob(_) | Msg::Release(_) | Msg::Withdraw(_) | Msg::CheapRun(_)
+    )
 }
 
 /// The job a message acts on, if it names one.

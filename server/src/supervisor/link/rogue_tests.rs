@@ -433,3 +433,22 @@ fn an_iteration_interrupted_by_a_stop_holds_a_lane_again_once_the_executor_conti
     );
     assert!(lock(&link.wanted).turns.is_empty());
 }
+
+#[test]
+fn releases_after_a_job_left_are_ignored_not_refused() {
+    let node = Node::new(Some(1 << 30));
+    let stand_in = StandIn::start();
+    let (link, mut seam) = node.link("honest", ROGUE_JOBS, None, stand_in.process());
+    hello(&mut seam);
+    let job = ROGUE_JOBS.start + 1;
+    open(&mut seam, job, 1);
+    assert!(matches!(next(&mut seam), to_executor::Msg::Opened(o) if o.error.is_none()));
+    // A closing job's messages: its removal, then what it still lets go of.
+    send(&mut seam, to_supervisor::Msg::RemoveJob(msg::RemoveJob { job, end: String::new() }));
+    send(&mut seam, to_supervisor::Msg::Release(msg::Release { job }));
+    send(&mut seam, to_supervisor::Msg::Withdraw(msg::Withdraw { job }));
+    // Then something that is refused, to know the ones before were handled.
+    want(&mut seam, job, 9);
+    assert!(matches!(next(&mut seam), to_executor::Msg::Dropped(d) if d.turn == 9));
+    assert_eq!(link.refused_messages(), 1, "only the turn for a job that left is refused");
+}
