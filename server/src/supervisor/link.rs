@@ -349,78 +349,77 @@ impl Link {
         }
     }
 
-    /// Why `message` may not be handled, checked against what this
+    /// Whether `message` is handled, ignored or refused, checked against what this
     /// supervisor knows of the executor (never what it says of itself).
-    fn check(&self, message: &to_supervisor::Msg) -> Result<(), (Code, String)> {
+    fn check(&self, message: &to_supervisor::Msg) -> Verdict {
         use to_supervisor::Msg;
         if let Some(job) = named_job(message) {
             if !self.owns_job(job) {
-                return Err((Code::PermissionDenied, format!("job {job} is not this executor's")));
+                return Verdict::Refuse(Code::PermissionDenied, format!("job {job} is not this executor's"));
             }
             let opened = lock(&self.jobs).contains(&JobId(job));
             if !opened && lets_go(message) {
                 // Its job left already (a release after the removal, as a
                 // closing job sends them): nothing to give up, nothing to refuse.
-                return Err((Code::Ok, String::new()));
+                return Verdict::Ignore;
             }
             if !opened && !matches!(message, Msg::OpenJob(_)) {
-                return Err((
+                return Verdict::Refuse(
                     Code::FailedPrecondition,
                     format!("job {job} was not opened by this executor"),
-                ));
+                );
             }
         }
         match message {
             Msg::OpenJob(open) => {
                 if open.name.len() > MAX_JOB_NAME {
-                    return Err((
+                    return Verdict::Refuse(
                         Code::InvalidArgument,
                         format!("a job name of {} bytes (at most {MAX_JOB_NAME})", open.name.len()),
-                    ));
+                    );
                 }
                 if lock(&self.jobs).len() >= MAX_OPEN_JOBS {
-                    return Err((
+                    return Verdict::Refuse(
                         Code::ResourceExhausted,
                         format!("this executor has {MAX_OPEN_JOBS} jobs open"),
-                    ));
+                    );
                 }
             }
             Msg::SetFingerprint(set) if set.fingerprint.len() > MAX_FINGERPRINT => {
-                return Err((
+                return Verdict::Refuse(
                     Code::InvalidArgument,
                     format!("a fingerprint of {} bytes (at most {MAX_FINGERPRINT})", set.fingerprint.len()),
-                ));
+                );
             }
             Msg::Want(want) => {
                 let wanted = lock(&self.wanted);
                 if wanted.turns.contains(&want.turn) {
-                    return Err((Code::InvalidArgument, format!("turn {} is wanted already", want.turn)));
+                    return Verdict::Refuse(Code::InvalidArgument, format!("turn {} is wanted already", want.turn));
                 }
                 if wanted.turns.len() >= MAX_WANTED_TURNS {
-                    return Err((
+                    return Verdict::Refuse(
                         Code::ResourceExhausted,
                         format!("this executor has {MAX_WANTED_TURNS} iterations queued"),
-                    ));
+                    );
                 }
             }
             Msg::Admit(_) if self.admitting.load(Ordering::SeqCst) >= MAX_ADMITTING => {
-                return Err((
+                return Verdict::Refuse(
                     Code::ResourceExhausted,
                     format!("this executor waits for {MAX_ADMITTING} admissions"),
-                ));
+                );
             }
             _ => {}
         }
-        Ok(())
+        Verdict::Handle
     }
 
     fn handle(self: &Arc<Self>, message: msg::ToSupervisor) {
         let Some(message) = message.msg else { return };
-        if let Err((code, why)) = self.check(&message) {
-            if code != Code::Ok {
-                self.refuse(message, code, why);
-            }
-            return;
+        match self.check(&message) {
+            Verdict::Handle => {}
+            Verdict::Ignore => return,
+            Verdict::Refuse(code, why) => return self.refuse(message, code, why),
         }
         match message {
             to_supervisor::Msg::Hello(hello) => {
@@ -874,6 +873,15 @@ fn watch_silence(link: std::sync::Weak<Link>, limit: Duration) {
         }
         link.watch_once(limit);
     }
+}
+
+/// What [`Link::check`] makes of a message.
+enum Verdict {
+    Handle,
+    /// A job that left already lets go of something: nothing to do.
+    Ignore,
+    /// Answered (where the executor waits) with this code and reason, and counted.
+    Refuse(Code, String),
 }
 
 /// Whether a message only gives something of its job up (or reports on it),
