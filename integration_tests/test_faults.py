@@ -361,9 +361,12 @@ def test_client_sigkilled_mid_iteration(shared, refs):
     # The running iteration finished on the server (TensorFlow cannot cut it off; its reply goes nowhere)...
     assert done, f"the dead client's iteration never completed: {[(r['state'], r['iterations']) for r in seen]}"
     assert done[0]["runs_failed"] == 0, done[0]
-    # ...it was running when the client died (it ended after the kill)...
-    assert warm_at + done[0]["attained_s"] > killed + 0.05, \
-        "the iteration ended before the kill: the test proved nothing"
+    # ...it was running when the client died: a row polled after the kill still shows it running, or, failing
+    # that poll (a loaded machine can answer the first poll late), its device time alone reaches past the kill
+    # counted from before its start.
+    running_after_kill = any(r["state"] == "running" and r["iterations"] == 0 for r in seen)
+    assert running_after_kill or warm_at + done[0]["attained_s"] > killed + 0.05, \
+        f"the iteration ended before the kill: the test proved nothing ({killed - warm_at:.2f}s after warm)"
     # ...and the session was reclaimed only after the idle timeout, counted from the end of the dead client's
     # request (when its connection dropped) and never while its iteration ran.
     assert reclaimed - killed >= IDLE_TIMEOUT_S - 0.5
