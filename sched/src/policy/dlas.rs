@@ -85,6 +85,9 @@ impl Policy for Dlas {
     fn name(&self) -> &'static str {
         "dlas"
     }
+    fn rule(&self) -> &'static str {
+        "least attained service, in discretized queues (FIFO within one)"
+    }
 
     fn key(&self, job: &JobView) -> SortKey {
         let first = self.thresholds.first().copied().unwrap_or(Nanos::MAX);

@@ -11,6 +11,9 @@ impl Policy for Fair {
     fn name(&self) -> &'static str {
         "fair"
     }
+    fn rule(&self) -> &'static str {
+        "least attained device time first"
+    }
     fn key(&self, job: &JobView) -> SortKey {
         SortKey::new(job, job.fair_attained as i128, 0)
     }

@@ -11,6 +11,9 @@ impl Policy for Fifo {
     fn name(&self) -> &'static str {
         "fifo"
     }
+    fn rule(&self) -> &'static str {
+        "earliest admitted first, one job at a time"
+    }
     fn key(&self, job: &JobView) -> SortKey {
         SortKey::new(job, 0, 0)
     }

@@ -89,6 +89,9 @@ impl Policy for Gittins {
     fn name(&self) -> &'static str {
         "gittins"
     }
+    fn rule(&self) -> &'static str {
+        "best Gittins index over finished jobs' lengths first"
+    }
 
     fn key(&self, job: &JobView) -> SortKey {
         // Work, not wall time: the finished jobs' lengths and this job's

@@ -10,6 +10,9 @@ impl Policy for Las {
     fn name(&self) -> &'static str {
         "las"
     }
+    fn rule(&self) -> &'static str {
+        "least attained service first"
+    }
     fn key(&self, job: &JobView) -> SortKey {
         SortKey::new(job, job.attained as i128, 0)
     }

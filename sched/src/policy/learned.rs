@@ -152,6 +152,9 @@ impl Policy for Learned {
     fn name(&self) -> &'static str {
         "learned"
     }
+    fn rule(&self) -> &'static str {
+        "best Gittins index of its learned length first"
+    }
 
     fn key(&self, job: &JobView) -> SortKey {
         let index = match (job.remaining, job.learned) {

@@ -114,6 +114,8 @@ impl SortKey {
 
 pub trait Policy: Send + Sync {
     fn name(&self) -> &'static str;
+    /// Its ranking rule in a few words, for "why is my job waiting" notes.
+    fn rule(&self) -> &'static str;
     fn key(&self, job: &JobView) -> SortKey;
     fn hold(&self) -> Hold {
         Hold::WhileActive

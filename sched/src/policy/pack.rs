@@ -10,6 +10,9 @@ impl Policy for Pack {
     fn name(&self) -> &'static str {
         "pack"
     }
+    fn rule(&self) -> &'static str {
+        "arrival order"
+    }
     fn key(&self, job: &JobView) -> SortKey {
         SortKey::new(job, 0, 0)
     }

@@ -9,6 +9,9 @@ impl Policy for Priority {
     fn name(&self) -> &'static str {
         "priority"
     }
+    fn rule(&self) -> &'static str {
+        "highest priority first, then least device time"
+    }
     fn key(&self, job: &JobView) -> SortKey {
         SortKey::new(job, -(job.priority as i128), job.fair_attained as i128)
     }

@@ -9,6 +9,9 @@ impl Policy for RoundRobin {
     fn name(&self) -> &'static str {
         "rr"
     }
+    fn rule(&self) -> &'static str {
+        "fewest finished iterations first"
+    }
     fn key(&self, job: &JobView) -> SortKey {
         SortKey::new(job, job.iterations as i128, 0)
     }

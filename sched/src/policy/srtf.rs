@@ -19,6 +19,9 @@ impl Policy for Srtf {
     fn name(&self) -> &'static str {
         "srtf"
     }
+    fn rule(&self) -> &'static str {
+        "least remaining time first"
+    }
     fn key(&self, job: &JobView) -> SortKey {
         match job.remaining {
             Some(remaining) => SortKey::new(job, 0, remaining as i128),

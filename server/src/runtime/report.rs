@@ -12,6 +12,7 @@ use crate::runtime::graph_delta::VariableBytes;
 use crate::runtime::graph_job::Job;
 use crate::runtime::node::Node;
 use crate::runtime::run_class::MemoryEstimate;
+use crate::sched::standing::Standing;
 use crate::sched::{Hints, JobId, JobStatus};
 
 /// Rows of jobs, with the node's scheduler and memory admission's columns.
@@ -238,17 +239,65 @@ fn state_label(waiting_for_memory: bool, s: Option<&JobStatus>, busy: bool) -> &
     }
 }
 
-/// How the current policy treats a job, where that is not obvious.
+/// How the current policy treats a job, where that is not obvious, and why it
+/// waits when it does: under every policy.
 fn note(policy: &str, s: &JobStatus) -> String {
-    match policy {
+    let treatment = match policy {
         "srtf" if s.remaining.is_none() && s.hints.expected_seconds.is_none() && s.hints.expected_iterations.is_none() => {
-            "srtf: no iterations/seconds hint, so ranked by least attained service (LAS) after jobs with estimates".into()
+            "srtf: no iterations/seconds hint, so ranked by least attained service (LAS) after jobs with estimates"
         }
         "srtf" if s.mean_iteration.is_none() && s.hints.expected_seconds.is_none() => {
-            "srtf: runs one iteration first to measure its iteration time".into()
+            "srtf: runs one iteration first to measure its iteration time"
         }
-        "fifo" if s.queued > 0 && s.running == 0 => "fifo: runs after the earlier-admitted jobs of its lane finish".into(),
+        _ => "",
+    };
+    let waiting = s.standing.as_ref().map(|standing| waiting_because(policy, s, standing));
+    match (treatment, waiting) {
+        ("", Some(waiting)) => waiting,
+        (treatment, Some(waiting)) => format!("{waiting}; {treatment}"),
+        (treatment, None) => treatment.into(),
+    }
+}
+
+/// "waiting: behind job 3 (fair: least attained device time first); rank 2 of 3 on lane 1".
+fn waiting_because(policy: &str, s: &JobStatus, st: &Standing) -> String {
+    let lane = st.lane.0;
+    let reason = if st.tenants_first > 0 {
+        let others = plural(st.tenants_first, "other tenant", "other tenants");
+        format!("its tenant has used more device time than {others} with work on lane {lane} (tenants share first)")
+    } else if !st.ahead.is_empty() {
+        let named: Vec<String> = st.ahead.iter().map(|job| format!("job {}", job.0)).collect();
+        let more = st.rank - 1 - st.ahead.len();
+        let more = if more > 0 { format!(" and {more} more") } else { String::new() };
+        format!("behind {}{more} ({policy}: {})", named.join(", "), st.rule)
+    } else if st.lane_full && !st.running.is_empty() {
+        let named: Vec<String> = st.running.iter().map(|job| format!("job {}", job.0)).collect();
+        format!("lane {lane} is running {}'s iteration; it goes next", named.join(", "))
+    } else {
+        format!("next on lane {lane}")
+    };
+    let expected = match (policy, s.expected) {
+        ("learned", Some(e)) => format!(
+            "; expected {} ({})",
+            seconds_text(e.median_s),
+            plural(e.runs, "earlier run", "earlier runs")
+        ),
         _ => String::new(),
+    };
+    format!("waiting: {reason}; rank {} of {} on lane {lane}{expected}", st.rank, st.contenders)
+}
+
+fn plural(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// Device seconds for a note: "850 ms", "42 s", "12 min", "3.5 h".
+fn seconds_text(s: f64) -> String {
+    match s {
+        s if s < 1.0 => format!("{:.0} ms", s * 1e3),
+        s if s < 120.0 => format!("{s:.0} s"),
+        s if s < 7200.0 => format!("{:.0} min", s / 60.0),
+        s => format!("{:.1} h", s / 3600.0),
     }
 }
 
@@ -257,5 +306,85 @@ pub fn hints_to_proto(h: &Hints) -> JobHints {
         priority: h.priority,
         expected_iterations: h.expected_iterations.unwrap_or(0),
         expected_seconds: h.expected_seconds.unwrap_or(0.0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sched::history::Expectation;
+    use crate::sched::tenants::TenantId;
+    use crate::sched::LaneId;
+
+    fn waiting(standing: Standing) -> JobStatus {
+        JobStatus {
+            id: JobId(4),
+            lane: standing.lane,
+            tenant: TenantId(0),
+            hints: Hints {
+                expected_seconds: Some(10.0),
+                ..Hints::default()
+            },
+            arrival: 0,
+            attained: 0,
+            service: 0,
+            iterations: 3,
+            mean_iteration: Some(1_000_000),
+            remaining: Some(1),
+            queued: 1,
+            running: 0,
+            total_wait: 0,
+            identity: None,
+            expected: None,
+            standing: Some(standing),
+        }
+    }
+
+    fn standing() -> Standing {
+        Standing {
+            lane: LaneId(1),
+            rank: 3,
+            contenders: 3,
+            ahead: vec![JobId(2), JobId(7)],
+            running: vec![JobId(2)],
+            tenants_first: 0,
+            lane_full: true,
+            rule: "least attained device time first",
+        }
+    }
+
+    #[test]
+    fn every_policy_says_why_a_job_waits() {
+        for policy in ["fair", "fifo", "pack", "priority", "learned", "srtf"] {
+            let text = note(policy, &waiting(standing()));
+            assert!(text.starts_with("waiting: behind job 2, job 7 ("), "{policy}: {text}");
+            assert!(text.ends_with("rank 3 of 3 on lane 1"), "{policy}: {text}");
+        }
+    }
+
+    #[test]
+    fn the_reason_follows_the_standing() {
+        let tenants = Standing { tenants_first: 2, ..standing() };
+        assert!(note("fair", &waiting(tenants)).contains("more device time than 2 other tenants"));
+        let next = Standing { rank: 1, ahead: vec![], ..standing() };
+        assert!(note("fair", &waiting(next)).starts_with("waiting: lane 1 is running job 2's iteration; it goes next"));
+        let free = Standing { rank: 1, ahead: vec![], running: vec![], lane_full: false, ..standing() };
+        assert!(note("fair", &waiting(free)).starts_with("waiting: next on lane 1"));
+        let many = Standing { rank: 6, contenders: 6, ..standing() };
+        assert!(note("fair", &waiting(many)).contains("behind job 2, job 7 and 3 more"));
+    }
+
+    #[test]
+    fn learned_says_what_it_expects_and_srtf_keeps_its_own_note() {
+        let mut status = waiting(standing());
+        status.expected = Some(Expectation { median_s: 720.0, sigma: 0.3, runs: 7 });
+        assert!(note("learned", &status).ends_with("; expected 12 min (7 earlier runs)"));
+        assert!(!note("fair", &status).contains("expected"));
+        status.hints.expected_seconds = None;
+        status.remaining = None;
+        let srtf = note("srtf", &status);
+        assert!(srtf.starts_with("waiting: ") && srtf.ends_with("ranked by least attained service (LAS) after jobs with estimates"), "{srtf}");
+        status.standing = None;
+        assert!(note("fair", &status).is_empty());
     }
 }
