@@ -278,7 +278,7 @@ def is_salus_server(address: str) -> bool:
 # The shared server outlives every test of its worker, some of which leave a client's request or stream behind
 # (killed clients, held callback streams): at its stop it would give them the production grace (30 s, idle CPU
 # at the end of the run). Shutdown itself is tested with servers of its own (test_lifecycle, test_tf2_lifecycle).
-SHARED_SERVER_SHUTDOWN = ("--shutdown-grace", "3")
+SHARED_SERVER_SHUTDOWN = ("--shutdown-grace", "3s")
 
 
 @pytest.fixture(scope="session")

@@ -42,7 +42,7 @@ def server(request, tmp_path_factory):
                                for name, token in TOKENS.items()))
     s = SalusProcess(directory / "salus-server.stderr.log",
                      ("--tenants-file", str(tenants), "--admins", "boss", "--isolation", request.param,
-                      "--memory-capacity", "64MiB", "--admission-timeout", "2"))
+                      "--memory-capacity", "64MiB", "--admission-timeout", "2s"))
     yield s
     assert s.stop() == 0, s.stderr_tail()
 

@@ -172,7 +172,7 @@ def test_sighup_and_ctl_reload_apply_the_edited_config(node):
     server = node["server"]
     address = server.address
     # The file's policy changes from srtf: `ctl policy fifo`, set over srtf, gives way to it.
-    write_config(node["config"], policy="las", **{"shutdown-grace": 3, "anticipation-us": 1500,
+    write_config(node["config"], policy="las", **{"shutdown-grace": "3s", "anticipation": "1500us",
                                                   "max-sessions": 77})
     server.send_signal(signal.SIGHUP)
     assert wait_until(lambda: policy(address) == "las", timeout=30, interval=0.2), server.stderr_tail()
@@ -181,7 +181,7 @@ def test_sighup_and_ctl_reload_apply_the_edited_config(node):
     log = server.stderr_tail(20000)
     assert "policy fifo set with `ctl policy` is dropped" in log, log
 
-    write_config(node["config"], policy="dlas", **{"shutdown-grace": 3, "anticipation-us": 1500,
+    write_config(node["config"], policy="dlas", **{"shutdown-grace": "3s", "anticipation": "1500us",
                                                    "max-sessions": 77})
     report = ctl_json(address, "reload")
     assert report["config_file"] == str(node["config"]), report
@@ -198,7 +198,7 @@ def test_sighup_and_ctl_reload_apply_the_edited_config(node):
 
 
 def test_isolation_none_refuses_new_jobs_while_drained(tmp_path):
-    server = SalusProcess(tmp_path / "salus-none.stderr.log", ("--isolation", "none", "--shutdown-grace", "3"))
+    server = SalusProcess(tmp_path / "salus-none.stderr.log", ("--isolation", "none", "--shutdown-grace", "3s"))
     client = None
     try:
         client = DrainClient(server.target)

@@ -301,7 +301,7 @@ def vm_rss_mib(pid: int) -> float:
 def shared(tmp_path_factory):
     """One server for (a)-(c): --idle-timeout IDLE_TIMEOUT_S, no memory capacity (all jobs time-share one lane)."""
     server = SalusProcess(tmp_path_factory.mktemp("faults") / "salus-server.stderr.log",
-                          ("--idle-timeout", str(IDLE_TIMEOUT_S)))
+                          ("--idle-timeout", f"{IDLE_TIMEOUT_S}s"))
     try:
         yield server
         assert healthy(server)

@@ -36,7 +36,7 @@ TF2_NAME, TF2_STEPS = "tf2-steps", 50  # a TF2 job (tf.function steps through th
 EARLIER_RUNS = 3
 # The lane waits this long for the best-ranked job's next iteration before running another job's: generous, so a
 # busy 2-core machine's gap between two of the short client's steps does not hand the long one a turn.
-SERVER_ARGS = ("--policy", "learned", "--anticipation-us", "20000")
+SERVER_ARGS = ("--policy", "learned", "--anticipation", "20ms")
 
 
 class Job(GatedJob):

@@ -150,7 +150,7 @@ def test_third_job_waits_for_memory_until_the_first_closes(tiny_reference, tmp_p
 
 def test_too_big_job_fails_at_once_and_admission_timeout(tiny_reference, tmp_path):
     server = SalusProcess(tmp_path / "salus-server.stderr.log",
-                          extra_args=("--memory-capacity", "64MiB", "--admission-timeout", "2"))
+                          extra_args=("--memory-capacity", "64MiB", "--admission-timeout", "2s"))
     try:
         with MemJobs(tmp_path) as jobs:
             huge = jobs.start("huge", name="huge?persistent=80MiB&ephemeral=10MiB", hold=False)
@@ -197,7 +197,7 @@ def test_too_big_job_fails_at_once_and_admission_timeout(tiny_reference, tmp_pat
 def test_killed_client_lane_is_freed_after_idle_timeout(tiny_reference, tmp_path):
     hints = "persistent=30MiB&ephemeral=10MiB"  # 40 MiB each: one at a time on 64 MiB
     server = SalusProcess(tmp_path / "salus-server.stderr.log",
-                          extra_args=("--memory-capacity", "64MiB", "--idle-timeout", "2"))
+                          extra_args=("--memory-capacity", "64MiB", "--idle-timeout", "2s"))
     try:
         with MemJobs(tmp_path) as jobs:
             victim = jobs.start("victim", name=f"victim?{hints}")

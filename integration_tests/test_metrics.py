@@ -3,7 +3,7 @@ scrapes it every second. Checks: `promtool check metrics` finds a scrape clean; 
 agree with the admin API and with each other; Prometheus' query API answers for them; every metric the Grafana
 dashboard (deploy/grafana/salus.json) uses exists in a real scrape.
 
-promtool and prometheus come from Debian's `prometheus` package (scripts/setup.sh installs it as root); without
+promtool and prometheus come from Debian's `prometheus` package (scripts/setup_test_tools.sh, which scripts/test.sh runs, installs it as root); without
 them only the tests that need them skip.
 """
 
@@ -238,7 +238,7 @@ def LISTEN_FIRST(lines: list[str]) -> bool:
 
 def test_promtool_finds_the_scrape_clean(observed):
     if not shutil.which("promtool"):
-        pytest.skip("promtool missing: scripts/setup.sh installs Debian's prometheus package (as root)")
+        pytest.skip("promtool missing: scripts/setup_test_tools.sh installs Debian's prometheus package (as root)")
     for text in (observed.during, observed.after):
         proc = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True,
                               timeout=30)
@@ -327,7 +327,7 @@ def test_other_paths_and_methods_are_refused(observed):
 def test_prometheus_scrapes_and_answers_queries(observed):
     prometheus = observed.prometheus
     if prometheus is None:
-        pytest.skip("prometheus missing: scripts/setup.sh installs Debian's prometheus package (as root)")
+        pytest.skip("prometheus missing: scripts/setup_test_tools.sh installs Debian's prometheus package (as root)")
     up = prometheus.query('up{job="salus"}')
     assert [r["value"][1] for r in up] == ["1"], up
     series = prometheus.query("salus_job_iterations_total")

@@ -66,7 +66,7 @@ def test_a_script_killed_inside_its_callback_fails_only_its_step(salus_address):
 
 
 def test_a_held_callback_stream_does_not_delay_shutdown(tmp_path, salus_package):  # noqa: F811
-    server = SalusProcess(tmp_path / "salus-server.stderr.log", ("--shutdown-grace", "120"))
+    server = SalusProcess(tmp_path / "salus-server.stderr.log", ("--shutdown-grace", "120s"))
     holder = subprocess.Popen([venv_python(), str(WORKLOADS / "python_callback_holder.py"), "hold"],
                               env=tf2_env(SALUS_SERVER=server.address), stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)

@@ -200,7 +200,7 @@ def keepers_of(state: Path) -> list[int]:
 
 def test_with_no_new_supervisor_the_jobs_end_clearly_and_nothing_is_left(tmp_path):
     state = tmp_path / "state"
-    server = SalusProcess(tmp_path / "salus-server.stderr.log", ("--state-dir", str(state), "--adopt-grace", "4"))
+    server = SalusProcess(tmp_path / "salus-server.stderr.log", ("--state-dir", str(state), "--adopt-grace", "4s"))
     job = Job([venv_python(), str(JOB), "--kind", "tf1", "--target", server.target, "--steps", "200",
                "--pace", "0.05"], child_env())
     try:

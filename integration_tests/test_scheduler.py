@@ -356,7 +356,7 @@ def test_unknown_policy_at_start_fails_naming_the_valid_ones():
 # --- idle timeout --------------------------------------------------------------------------------------------
 
 def test_killed_client_session_is_reclaimed_after_idle_timeout(tmp_path):
-    server = SalusProcess(tmp_path / "salus-server.stderr.log", extra_args=("--idle-timeout", "2"))
+    server = SalusProcess(tmp_path / "salus-server.stderr.log", extra_args=("--idle-timeout", "2s"))
     try:
         with Jobs(tmp_path) as jobs:
             orphan = jobs.start("orphan", seed=3, steps=20, name="orphan?iterations=20", extra=("--hold",))
@@ -393,7 +393,7 @@ def test_killed_client_with_a_queued_iteration(references, tmp_path):
     from workloads import sched_job
 
     server = SalusProcess(tmp_path / "salus-server.stderr.log",
-                          extra_args=("--policy", "fifo", "--idle-timeout", "2"))
+                          extra_args=("--policy", "fifo", "--idle-timeout", "2s"))
     blocker_seed = TRIO["long"]["seed"]
     stop_file = tmp_path / "blocker.stop"
     try:

@@ -25,7 +25,7 @@ this host (munged, slurmctld, `slurmd -N n1` and `-N n2`), each node with its ow
 The cluster runs from deploy/slurm/slurm.conf.example (ports and paths replaced, see _slurm_cluster.py).
 
 Needs root and Slurm/munge (`bash scripts/setup_slurm.sh`); skips, saying so, without them, except where
-scripts/setup.sh installs them (SALUS_CLUSTER=1, set by scripts/test.sh, or CI): there it fails.
+scripts/setup_test_tools.sh installs them (scripts/test.sh runs it and sets SALUS_CLUSTER=1): there it fails.
 Cost: about 70 s on 2 cores (measured 65-71 s here, 55-65 s beside a CI run before the restart and room tests):
 two salus-servers and the Slurm daemons start once for the module (~3 s), 4 TensorFlow processes (one reference
 run in-process, three jobs; ~8 s each), the restart test 7.9-8.9 s (a server start and one training) and the
@@ -59,7 +59,7 @@ JOB_TIMEOUT_S = 240  # generous: no timing is asserted, a busy 2-core machine on
 NOT_FITTING = "Requested node configuration is not available"
 
 _missing = _slurm_cluster.missing_reason()
-# Where scripts/setup.sh installs Slurm (SALUS_CLUSTER=1, as scripts/test.sh sets, or CI), its absence fails
+# Where scripts/setup_test_tools.sh installs Slurm (SALUS_CLUSTER=1, as scripts/test.sh sets, or CI), its absence fails
 # the suite instead of skipping it.
 _required = os.environ.get("SALUS_CLUSTER") == "1" or bool(os.environ.get("CI"))
 pytestmark = pytest.mark.skipif(_missing is not None and not _required, reason=_missing or "")

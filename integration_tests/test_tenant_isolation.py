@@ -284,7 +284,7 @@ with tf.compat.v1.Session(sys.argv[1], config=config) as s:
 @pytest.fixture(scope="module")
 def short_hold_server(tmp_path_factory, unix_users):
     s = SalusProcess(tmp_path_factory.mktemp("hold") / "salus-server.stderr.log",
-                     ("--isolation", "tenant", "--lane-hold-limit", "2", "--shutdown-grace", "5"))
+                     ("--isolation", "tenant", "--lane-hold-limit", "2s", "--shutdown-grace", "5s"))
     yield s
     assert s.stop() == 0, s.stderr_tail()
 

@@ -89,7 +89,7 @@ def test_killed_client_context_is_reclaimed(channel, salus_address, salus_only):
 
 
 def test_idle_context_is_reclaimed_and_its_client_told(tmp_path):
-    server = SalusProcess(tmp_path / "server.log", ("--idle-timeout", "2"))
+    server = SalusProcess(tmp_path / "server.log", ("--idle-timeout", "2s"))
     client = None
     try:
         channel = grpc.insecure_channel(server.address)

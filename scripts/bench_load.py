@@ -48,7 +48,7 @@ behind, so a deficit left by the warm-up is caught up, possibly inside the windo
 each tenant (device time per job min / median / max, max/min; every job's line with --details). --compare-share
 then repeats the run under --share jobs (the policy orders every job, whoever owns it: a user with 8 sessions gets
 about 8 times the device time of a user with 1) and prints both ratios side by side. --server-flag passes further
-flags to the server (e.g. --server-flag=--anticipation-us=0).
+flags to the server (e.g. --server-flag=--anticipation=0).
 
 Phase 2, churn: --cycles (default 1000) CreateSession / one RunStep / CloseSession cycles, each session a new
 small graph (a few ops, one variable) run once, one after another from one client. Printed: sessions open
@@ -1033,7 +1033,7 @@ def main() -> int:
     ap.add_argument("--compare-share", action="store_true", help="tenants mode: then the same load under "
                                                                  "--share jobs, side by side")
     ap.add_argument("--server-flag", action="append", default=[], metavar="FLAG",
-                    help="tenants mode: a further salus-server flag, e.g. --server-flag=--anticipation-us=0 "
+                    help="tenants mode: a further salus-server flag, e.g. --server-flag=--anticipation=0 "
                          "(repeatable)")
     ap.add_argument("--all-main", action="store_true", help="every TF1 session fetches salus_main_iter (no brief "
                                                             "runs by name)")

@@ -85,7 +85,7 @@ class Server:
     def __init__(self, capacity: str, log: Path):
         self._log = open(log, "wb")
         self.proc = subprocess.Popen([str(server_bin()), "--listen", "127.0.0.1:0", "--memory-capacity", capacity,
-                                      "--shutdown-grace", "1"], stdout=subprocess.PIPE, stderr=self._log,
+                                      "--shutdown-grace", "1s"], stdout=subprocess.PIPE, stderr=self._log,
                                      stdin=subprocess.DEVNULL)
         found: list[str] = []
         ready = threading.Event()

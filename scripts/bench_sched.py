@@ -295,7 +295,7 @@ def main() -> None:
                     help="which traces, comma-separated: tf1 (TF1 graph jobs), tf2 (TF2 tf.function jobs), mixed "
                          "(alternating TF1, TF2); default all three")
     ap.add_argument("--server-args", default="", help="extra salus-server flags for every server, e.g. "
-                                                      "--server-args='--anticipation-us 0'")
+                                                      "--server-args='--anticipation 0'")
     ap.add_argument("--latency-policies", default=None, help="default: pack,fair (quick: pack)")
     ap.add_argument("--latency-jobs", default="2,8", help="jobs per run of (a), comma-separated ('' skips (a))")
     ap.add_argument("--kind-pairs", default="tf1+tf1,tf2+tf2,tf1+tf2",

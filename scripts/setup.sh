@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One-time (idempotent) setup: project venv with TensorFlow and the Python adapter
 # (python/), the cargo link configuration that points tensorflow-sys at TensorFlow's
-# C API inside that venv, and a release build of the server and the C-API shim.
+# C API inside that venv, and a release build of the server and the C-API shim. It changes nothing outside
+# the checkout (but pip's and cargo's caches); what only the tests need from the system (Prometheus, Slurm,
+# Ray) is scripts/setup_test_tools.sh's, which scripts/test.sh runs.
 #
 #   scripts/setup.sh            # venv + link config + release build
 #   SALUS_SKIP_BUILD=1 scripts/setup.sh   # venv + link config only
@@ -133,49 +135,6 @@ if [[ "${SALUS_OLD_TF:-}" == 1 || -n "${CI:-}" || -n "${SALUS_CI:-}" ]]; then
         rm -f "$old_venv"/.salus-python-*
         touch "$old_pkg_stamp"
     fi
-fi
-
-# Prometheus' promtool and server, for integration_tests/test_metrics.py (a real Prometheus scrapes
-# the server). Debian's package ships both. Its install scripts would start a prometheus daemon:
-# a policy-rc.d that refuses service starts keeps them from it (ours is removed afterwards), and a
-# daemon started anyway (systemd) is stopped by the PID it wrote. Tests start their own Prometheus.
-if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
-    if [[ "$(id -u)" != 0 ]]; then
-        echo "setup: promtool/prometheus are missing; run as root (apt-get install prometheus) or the metrics test skips" >&2
-    else
-        echo "setup: installing Debian's prometheus package (promtool, prometheus)"
-        own_policy=""
-        if [[ ! -e /usr/sbin/policy-rc.d ]]; then
-            printf '#!/bin/sh\n# Added by salus scripts/setup.sh while installing prometheus.\nexit 101\n' >/usr/sbin/policy-rc.d
-            chmod +x /usr/sbin/policy-rc.d
-            own_policy=1
-        fi
-        install_prometheus() {
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
-        }
-        # A fresh container has no package lists yet: update once, then retry.
-        if ! install_prometheus && ! { apt-get update -qq && install_prometheus; }; then
-            echo "setup: could not install prometheus; the metrics tests that need it skip" >&2
-        fi
-        if [[ -n "$own_policy" ]]; then
-            rm -f /usr/sbin/policy-rc.d
-        fi
-        if command -v systemctl >/dev/null && [[ -d /run/systemd/system ]]; then
-            systemctl stop prometheus 2>/dev/null || true
-            systemctl disable prometheus 2>/dev/null || true
-        fi
-        for pidfile in /run/prometheus/prometheus.pid /run/prometheus.pid; do
-            [[ -f "$pidfile" ]] && kill "$(cat "$pidfile")" 2>/dev/null || true
-        done
-    fi
-fi
-
-# The cluster engines for integration_tests/test_slurm.py and test_ray.py: Debian's Slurm (munge,
-# slurmctld, slurmd; apt, as root) and Ray 2.60 in a venv of its own (.venv-ray). Made with
-# SALUS_CLUSTER=1 (scripts/test.sh sets it) or under CI; each script is idempotent and quick once done.
-if [[ "${SALUS_CLUSTER:-}" == 1 || -n "${CI:-}" || -n "${SALUS_CI:-}" ]]; then
-    bash scripts/setup_slurm.sh
-    bash scripts/setup_ray.sh
 fi
 
 # TensorFlow's C API ships inside the wheel, split over two libraries.

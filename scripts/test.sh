@@ -57,6 +57,8 @@ if [[ "$(scripts/setup.sh --flavor)" != gpu && "${SALUS_GPU_WHEEL:-1}" != 0 ]]; 
     gpu_venv_pid=$!
 fi
 scripts/setup.sh
+# What only the tests need from the system (Prometheus, Slurm, Ray): setup.sh changes nothing outside the checkout.
+scripts/setup_test_tools.sh
 # Its failure is test_gpu_wheel.py's to report (with its log), not a reason to skip the rest.
 [[ -z "$gpu_venv_pid" ]] || wait "$gpu_venv_pid" || true
 phase_done "setup (the GPU wheel's venv beside it)"

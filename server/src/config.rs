@@ -13,6 +13,7 @@ use crate::tenant::identity::{AuthMode, TenantsFile};
 use crate::tenant::op_policy::OpPolicy;
 use crate::tenant::{absolute, default_checkpoint_base, CheckpointRoot, TenantRules};
 pub use crate::units::parse_size;
+use crate::units::{format_duration, parse_time_flag, TimeFlag};
 
 /// Protobuf messages cannot exceed 2 GiB.
 const PROTOBUF_MAX_BYTES: u64 = 2 << 30;
@@ -85,23 +86,28 @@ pub struct Args {
     #[arg(long, env = "SALUS_LANE_CONCURRENCY", default_value_t = 1)]
     pub lane_concurrency: usize,
 
-    /// Microseconds the lane waits for the best-ranked job between two of its
+    /// How long the lane waits for the best-ranked job between two of its
     /// iterations before running a worse job (fifo always waits, pack never).
-    #[arg(long, env = "SALUS_ANTICIPATION_US", default_value_t = 2000)]
-    pub anticipation_us: u64,
+    /// Was --anticipation-us (a bare number still counts as microseconds).
+    #[arg(long, env = "SALUS_ANTICIPATION", alias = "anticipation-us", default_value = "2ms",
+          value_parser = micros_flag)]
+    pub anticipation: TimeFlag,
 
-    /// Repeated runs measured faster than this many microseconds are brief: they
-    /// run at once instead of being scheduled as main iterations, unless a job
-    /// the policy ranks ahead has an iteration queued on the lane.
-    #[arg(long, env = "SALUS_CHEAP_BELOW_US", default_value_t = 1000)]
-    pub cheap_below_us: u64,
+    /// Repeated runs measured faster than this are brief: they run at once
+    /// instead of being scheduled as main iterations, unless a job the policy
+    /// ranks ahead has an iteration queued on the lane. Was --cheap-below-us
+    /// (a bare number still counts as microseconds).
+    #[arg(long, env = "SALUS_CHEAP_BELOW", alias = "cheap-below-us", default_value = "1ms",
+          value_parser = micros_flag)]
+    pub cheap_below: TimeFlag,
 
-    /// Seconds without any request after which a session or eager context is
-    /// closed and its resources freed (a client that vanished without closing
-    /// it). An eager context is also closed after the keep-alive its client
-    /// asked for, and 3 s after its client's last stream ended. 0 disables.
-    #[arg(long, env = "SALUS_IDLE_TIMEOUT", default_value_t = 3600)]
-    pub idle_timeout: u64,
+    /// How long without any request a session or eager context lives before it
+    /// is closed and its resources freed (a client that vanished without
+    /// closing it). An eager context is also closed after the keep-alive its
+    /// client asked for, and 3 s after its client's last stream ended. 0
+    /// disables.
+    #[arg(long, env = "SALUS_IDLE_TIMEOUT", default_value = "1h", value_parser = seconds_flag)]
+    pub idle_timeout: TimeFlag,
 
     /// Memory of the device that jobs share, e.g. 12GiB. When set, every job
     /// gets a memory lane (Salus's rule: sum of persistent + max of per-iteration
@@ -127,16 +133,18 @@ pub struct Args {
     #[arg(long, env = "SALUS_GPU_LANES", default_value_t = 0)]
     pub gpu_lanes: u32,
 
-    /// Seconds a job may wait for memory before its iteration fails with
+    /// How long a job may wait for memory before its iteration fails with
     /// RESOURCE_EXHAUSTED.
-    #[arg(long, env = "SALUS_ADMISSION_TIMEOUT", default_value_t = 600)]
-    pub admission_timeout: u64,
+    #[arg(long, env = "SALUS_ADMISSION_TIMEOUT", default_value = "10m", value_parser = seconds_flag)]
+    pub admission_timeout: TimeFlag,
 
-    /// Runs of a job measured faster than this many microseconds execute on the
-    /// executor thread itself instead of TensorFlow's inter-op thread pool,
-    /// saving two thread switches per run (0 disables).
-    #[arg(long, env = "SALUS_INLINE_BELOW_US", default_value_t = 200)]
-    pub inline_below_us: u64,
+    /// Runs of a job measured faster than this execute on the executor thread
+    /// itself instead of TensorFlow's inter-op thread pool, saving two thread
+    /// switches per run (0 disables). Was --inline-below-us (a bare number
+    /// still counts as microseconds).
+    #[arg(long, env = "SALUS_INLINE_BELOW", alias = "inline-below-us", default_value = "200us",
+          value_parser = micros_flag)]
+    pub inline_below: TimeFlag,
 
     /// Ops to allow although they reach the server's filesystem or processes
     /// (comma separated, e.g. ReadFile,TFRecordDataset). See SECURITY.md.
@@ -180,19 +188,19 @@ pub struct Args {
     #[arg(long, env = "SALUS_MAX_TENANT_CONNECTIONS", default_value_t = 1024)]
     pub max_tenant_connections: usize,
 
-    /// Seconds that in-flight requests get to finish on SIGINT/SIGTERM before the
+    /// How long in-flight requests get to finish on SIGINT/SIGTERM before the
     /// server closes all sessions and exits.
-    #[arg(long, env = "SALUS_SHUTDOWN_GRACE", default_value_t = 30)]
-    pub shutdown_grace: u64,
+    #[arg(long, env = "SALUS_SHUTDOWN_GRACE", default_value = "30s", value_parser = seconds_flag)]
+    pub shutdown_grace: TimeFlag,
 
-    /// Under --isolation tenant, seconds the executors (and their jobs) wait
+    /// Under --isolation tenant, how long the executors (and their jobs) wait
     /// for a new supervisor after the server's process ends without a full
     /// stop (SIGTERM, SIGKILL, a crash, an upgrade): one started on the same
     /// --state-dir within this adopts them and no job is lost. Past it they end
     /// their jobs with UNAVAILABLE and exit. 0: executors end with the
     /// supervisor. SIGINT stops everything.
-    #[arg(long, env = "SALUS_ADOPT_GRACE", default_value_t = 120)]
-    pub adopt_grace: u64,
+    #[arg(long, env = "SALUS_ADOPT_GRACE", default_value = "2m", value_parser = seconds_flag)]
+    pub adopt_grace: TimeFlag,
 
     /// Recent runs (main iterations and cheap runs) the server keeps for the
     /// admin API's timeline (`salus timeline`); the oldest are evicted. 0 keeps none.
@@ -251,27 +259,27 @@ pub struct Args {
     #[arg(long, env = "SALUS_BLOCK_CACHE", default_value = "512MiB", value_parser = parse_size)]
     pub block_cache: u64,
 
-    /// Seconds a main iteration may hold its lane (--isolation tenant): past
+    /// How long a main iteration may hold its lane (--isolation tenant): past
     /// it, the scheduler starts other jobs' iterations beside it (it runs on,
     /// charged the limit as device time) and counts it in `lane_holds_released`, so an
     /// iteration that blocks (a dequeue from a queue nobody fills, a hung
     /// input pipeline) cannot stop other tenants' jobs. 0: no limit.
-    #[arg(long, env = "SALUS_LANE_HOLD_LIMIT", default_value_t = 60)]
-    pub lane_hold_limit: u64,
+    #[arg(long, env = "SALUS_LANE_HOLD_LIMIT", default_value = "60s", value_parser = seconds_flag)]
+    pub lane_hold_limit: TimeFlag,
 
-    /// Seconds an executor that holds a lane (--isolation tenant) may leave
+    /// How long an executor that holds a lane (--isolation tenant) may leave
     /// the supervisor's ping unanswered: past it (the executor stopped,
     /// frozen, or not reading its seam), its lanes go to other jobs and its
     /// iterations wait until it is heard again. This is the most a tenant's
     /// executor can cost other tenants (a SIGSTOP of an executor the
     /// supervisor started is seen at once). 0: no pings.
-    #[arg(long, env = "SALUS_SILENCE_LIMIT", default_value_t = 1.0)]
-    pub silence_limit: f64,
+    #[arg(long, env = "SALUS_SILENCE_LIMIT", default_value = "1s", value_parser = seconds_flag)]
+    pub silence_limit: TimeFlag,
 
-    /// Seconds an executor process with no open job and no request lives on
+    /// How long an executor process with no open job and no request lives on
     /// before it is stopped (its tenant's next request starts a new one).
-    #[arg(long, env = "SALUS_EXECUTOR_IDLE_TIMEOUT", default_value_t = 60)]
-    pub executor_idle_timeout: u64,
+    #[arg(long, env = "SALUS_EXECUTOR_IDLE_TIMEOUT", default_value = "60s", value_parser = seconds_flag)]
+    pub executor_idle_timeout: TimeFlag,
 
     /// Bytes per second of each executor's output (what its TensorFlow and the
     /// tenant's ops such as tf.print write to stderr) copied into the server's
@@ -309,11 +317,18 @@ pub struct Args {
     /// RUST_LOG overrides the log filter.
     #[arg(short, long, env = "SALUS_VERBOSE", action = clap::ArgAction::Count)]
     pub verbose: u8,
+
+    /// The log's format: text (one line per event) or json (one JSON object
+    /// per line: timestamp, level, target, fields; an executor's lines carry
+    /// "executor": "TENANT:PID").
+    #[arg(long, env = "SALUS_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
 }
 
 impl Args {
     /// The process's flags ([`std::env::args_os`]), with `--config`'s file merged.
     pub fn try_parse_with_config_file() -> Result<Args, clap::Error> {
+        adopt_renamed_env();
         Args::try_parse_from_with_config_file(std::env::args_os().collect())
     }
 
@@ -368,6 +383,10 @@ pub struct Config {
     /// `--adopt-grace`; zero: executors end with their supervisor.
     pub adopt_grace: Duration,
     pub verbose: u8,
+    /// `--log-format json`.
+    pub log_json: bool,
+    /// Old spellings the flags were given in, as warnings to log once logging runs.
+    pub deprecations: Vec<String>,
     /// What jobs' graphs may do (ops, checkpoint directory, graph size).
     pub tenant: TenantRules,
     pub max_sessions: usize,
@@ -420,6 +439,8 @@ impl Default for Config {
             shutdown_grace: Duration::from_secs(30),
             adopt_grace: Duration::from_secs(120),
             verbose: 0,
+            log_json: false,
+            deprecations: Vec::new(),
             tenant: TenantRules::default(),
             max_sessions: 1024,
             max_tenant_connections: 1024,
@@ -508,22 +529,25 @@ impl TryFrom<Args> for Config {
                 // Sized at start, once the capacity is known.
                 gpu_lanes: None,
             },
-            inline_below: Duration::from_micros(args.inline_below_us),
-            cheap_below: Duration::from_micros(args.cheap_below_us),
+            // Said once, by the process the operator started (its children get the same flags).
+            deprecations: if executor { Vec::new() } else { deprecations(&args) },
+            inline_below: args.inline_below.value,
+            cheap_below: args.cheap_below.value,
             memory_capacity: args.memory_capacity,
             lane_rule: args.lane_rule,
             gpu_lanes: args.gpu_lanes,
-            admission_timeout: Duration::from_secs(args.admission_timeout),
+            admission_timeout: args.admission_timeout.value,
             policy: args.policy,
             sched: SchedConfig {
                 lane_concurrency: args.lane_concurrency,
-                anticipation: args.anticipation_us.saturating_mul(1000),
+                anticipation: u64::try_from(args.anticipation.value.as_nanos()).unwrap_or(u64::MAX),
                 share: args.share,
             },
-            idle_timeout: (args.idle_timeout > 0).then(|| Duration::from_secs(args.idle_timeout)),
-            shutdown_grace: Duration::from_secs(args.shutdown_grace),
-            adopt_grace: Duration::from_secs(args.adopt_grace),
+            idle_timeout: args.idle_timeout.nonzero(),
+            shutdown_grace: args.shutdown_grace.value,
+            adopt_grace: args.adopt_grace.value,
             verbose: args.verbose,
+            log_json: args.log_format == "json",
             tenant: TenantRules {
                 ops: OpPolicy::new(&args.allow_ops, &args.deny_ops),
                 checkpoints: match &args.checkpoint_root {
@@ -543,18 +567,76 @@ impl TryFrom<Args> for Config {
             admins: crate::tenant::admins::Admins::new(args.admins.clone()),
             isolate_tenants: args.isolation == "tenant",
             executor_memory: args.executor_memory,
-            executor_idle_timeout: Duration::from_secs(args.executor_idle_timeout),
+            executor_idle_timeout: args.executor_idle_timeout.value,
             executor_log_rate: (args.executor_log_rate > 0).then_some(args.executor_log_rate),
             tenant_uid_range: args.tenant_uid_range,
-            lane_hold_limit: (args.lane_hold_limit > 0)
-                .then(|| Duration::from_secs(args.lane_hold_limit)),
-            silence_limit: (args.silence_limit > 0.0 && args.silence_limit.is_finite())
-                .then(|| Duration::from_secs_f64(args.silence_limit.min(86_400.0))),
+            lane_hold_limit: args.lane_hold_limit.nonzero(),
+            silence_limit: args.silence_limit.nonzero(),
             block_cache_bytes: usize::try_from(args.block_cache).unwrap_or(usize::MAX),
             state_dir,
             loaded: args.loaded,
         })
     }
+}
+
+/// A time flag whose bare numbers were microseconds (`--anticipation-us 2000`).
+fn micros_flag(text: &str) -> Result<TimeFlag, String> {
+    parse_time_flag(text, Some(Duration::from_micros(1)))
+}
+
+/// A time flag whose bare numbers were seconds (`--idle-timeout 3600`).
+fn seconds_flag(text: &str) -> Result<TimeFlag, String> {
+    parse_time_flag(text, Some(Duration::from_secs(1)))
+}
+
+/// Environment variables renamed with their flags: (old, new).
+pub const RENAMED_ENV: [(&str, &str); 3] = [
+    ("SALUS_ANTICIPATION_US", "SALUS_ANTICIPATION"),
+    ("SALUS_CHEAP_BELOW_US", "SALUS_CHEAP_BELOW"),
+    ("SALUS_INLINE_BELOW_US", "SALUS_INLINE_BELOW"),
+];
+
+/// A renamed variable set under its old name only counts under its new one
+/// (clap reads one name per flag). Runs before the process starts threads;
+/// the children it starts inherit the new name.
+fn adopt_renamed_env() {
+    for (old, new) in RENAMED_ENV {
+        if let (Some(value), None) = (std::env::var_os(old), std::env::var_os(new)) {
+            std::env::set_var(new, value);
+        }
+    }
+}
+
+/// Old spellings these flags still accept, each as a warning to log: a time
+/// written as a bare number, a renamed environment variable.
+fn deprecations(args: &Args) -> Vec<String> {
+    let times = [
+        ("anticipation", args.anticipation),
+        ("cheap-below", args.cheap_below),
+        ("inline-below", args.inline_below),
+        ("idle-timeout", args.idle_timeout),
+        ("admission-timeout", args.admission_timeout),
+        ("shutdown-grace", args.shutdown_grace),
+        ("adopt-grace", args.adopt_grace),
+        ("lane-hold-limit", args.lane_hold_limit),
+        ("silence-limit", args.silence_limit),
+        ("executor-idle-timeout", args.executor_idle_timeout),
+    ];
+    let mut notes: Vec<String> = times
+        .iter()
+        .filter(|(_, flag)| flag.bare)
+        .map(|(name, flag)| {
+            format!(
+                "--{name} was given a bare number, read as {}: write the unit (--{name} {}); bare numbers will be refused in a later release",
+                format_duration(flag.value),
+                format_duration(flag.value)
+            )
+        })
+        .collect();
+    notes.extend(RENAMED_ENV.iter().filter(|(old, _)| std::env::var_os(old).is_some()).map(|(old, new)| {
+        format!("{old} is read as {new}, its new name: rename it; the old name will be ignored in a later release")
+    }));
+    notes
 }
 
 fn parse_share(text: &str) -> Result<Share, String> {
@@ -591,6 +673,56 @@ mod tests {
             config.metrics_listen,
             Some(SocketAddr::from(([127, 0, 0, 1], 0)))
         );
+    }
+
+    #[test]
+    fn time_flags_take_units_and_still_read_the_old_forms_with_a_warning() {
+        let config = Config::try_from(Args::parse_from([
+            "salus-server",
+            "--anticipation",
+            "5ms",
+            "--idle-timeout",
+            "2h",
+            "--silence-limit",
+            "250ms",
+            "--lane-hold-limit",
+            "0",
+        ]))
+        .unwrap();
+        assert_eq!(config.sched.anticipation, 5_000_000);
+        assert_eq!(config.idle_timeout, Some(Duration::from_secs(7200)));
+        assert_eq!(config.silence_limit, Some(Duration::from_millis(250)));
+        assert_eq!(config.lane_hold_limit, None, "0 is off and needs no unit");
+        assert!(config.deprecations.is_empty(), "{:?}", config.deprecations);
+
+        let defaults = Config::try_from(Args::parse_from(["salus-server"])).unwrap();
+        let built_in = Config::default();
+        assert_eq!(defaults.sched.anticipation, 2_000_000);
+        assert_eq!(defaults.cheap_below, Duration::from_millis(1));
+        assert_eq!(defaults.inline_below, Duration::from_micros(200));
+        assert_eq!(defaults.admission_timeout, built_in.admission_timeout);
+        assert_eq!(defaults.idle_timeout, built_in.idle_timeout);
+        assert_eq!(defaults.adopt_grace, built_in.adopt_grace);
+        assert_eq!(defaults.silence_limit, built_in.silence_limit);
+        assert!(defaults.deprecations.is_empty());
+
+        // The old flag name, and bare numbers in each flag's old unit.
+        let old = Config::try_from(Args::parse_from([
+            "salus-server",
+            "--anticipation-us",
+            "1500",
+            "--idle-timeout",
+            "30",
+        ]))
+        .unwrap();
+        assert_eq!(old.sched.anticipation, 1_500_000);
+        assert_eq!(old.idle_timeout, Some(Duration::from_secs(30)));
+        assert_eq!(old.deprecations.len(), 2, "{:?}", old.deprecations);
+        assert!(old.deprecations[0].contains("--anticipation 1500us"), "{:?}", old.deprecations);
+        assert!(old.deprecations[1].contains("--idle-timeout 30s"), "{:?}", old.deprecations);
+
+        let err = Args::try_parse_from(["salus-server", "--adopt-grace", "2 fortnights"]).unwrap_err();
+        assert!(err.to_string().contains("unknown unit"), "{err}");
     }
 
     #[test]

@@ -157,7 +157,13 @@ fn file_arguments(
                 "cannot be set in a config file (it names the file itself)".into(),
             ));
         }
-        let Some(arg) = flags(command).find(|arg| arg.get_long() == Some(key.as_str())) else {
+        // A flag's old name (an alias, e.g. anticipation-us) names it too.
+        let Some(arg) = flags(command).find(|arg| {
+            arg.get_long() == Some(key.as_str())
+                || arg
+                    .get_all_aliases()
+                    .is_some_and(|aliases| aliases.contains(&key.as_str()))
+        }) else {
             return Err(ConfigFileError::UnknownKey {
                 path: path.to_path_buf(),
                 key: key.clone(),
@@ -345,7 +351,8 @@ mod tests {
         let file = path.to_str().unwrap();
         let args = parse(&["--config", file, "--policy", "fifo"]).unwrap();
         assert_eq!(args.policy, "fifo", "the command line wins over the file");
-        assert_eq!(args.lane_hold_limit, 7);
+        assert_eq!(args.lane_hold_limit.value, std::time::Duration::from_secs(7));
+        assert!(args.lane_hold_limit.bare, "a bare number: seconds, with a warning");
         assert_eq!(args.admins, ["ci-bot", "ops"]);
         assert_eq!(args.memory_capacity, Some(2 << 30));
         assert_eq!(args.verbose, 1);
@@ -373,7 +380,7 @@ mod tests {
         );
         let reparsed =
             Args::try_parse_from(argv(&[]).into_iter().chain(loaded.child_args.clone())).unwrap();
-        assert_eq!(reparsed.lane_hold_limit, 7);
+        assert_eq!(reparsed.lane_hold_limit.value, std::time::Duration::from_secs(7));
         assert_eq!(reparsed.policy, "fifo");
         let config = Config::try_from(args).unwrap();
         assert_eq!(
@@ -387,13 +394,16 @@ mod tests {
     #[test]
     fn the_environment_wins_over_the_file() {
         // The only test that sets this variable, or reads the flag.
-        let path = write("env", "inter-op-threads = 5\nanticipation-us = 9\n");
+        // The key is the flag's old name (an alias), its value a bare number in the old unit.
+        let path = write("env", "inter-op-threads = 5\nanticipation-us = 9\nidle-timeout = \"90s\"\n");
         std::env::set_var("SALUS_INTER_OP_THREADS", "6");
         let parsed = parse(&["--config", path.to_str().unwrap()]);
         std::env::remove_var("SALUS_INTER_OP_THREADS");
         let args = parsed.unwrap();
         assert_eq!(args.inter_op_threads, 6);
-        assert_eq!(args.anticipation_us, 9);
+        assert_eq!(args.anticipation.value, std::time::Duration::from_micros(9));
+        assert_eq!(args.idle_timeout.value, std::time::Duration::from_secs(90));
+        assert!(args.anticipation.bare && !args.idle_timeout.bare);
         let _ = std::fs::remove_dir_all(path.parent().unwrap());
     }
 

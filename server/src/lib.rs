@@ -94,6 +94,7 @@ pub mod gpu_probe;
 pub mod heap_meter;
 pub mod http2;
 pub mod listen_fds;
+pub mod log_json;
 pub mod node_start;
 pub mod process;
 pub mod reload;

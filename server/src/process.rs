@@ -79,7 +79,10 @@ pub fn set_up_serving(config: &Config, stderr: std::fs::File) {
     if config.verbose == 0 && std::env::var_os("TF_CPP_MIN_LOG_LEVEL").is_none() {
         std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "2");
     }
-    init_logging(config.verbose, stderr);
+    init_logging(config.verbose, config.log_json, stderr);
+    for note in &config.deprecations {
+        tracing::warn!("{note}");
+    }
     raise_open_file_limit();
 }
 
@@ -181,23 +184,29 @@ pub fn redirect_log(to: &std::os::fd::OwnedFd) -> std::io::Result<()> {
     Ok(())
 }
 
-/// The log: `-v` levels, `RUST_LOG` over them, into `stderr`.
-pub fn init_logging(verbose: u8, stderr: std::fs::File) {
+/// The log: `-v` levels, `RUST_LOG` over them, into `stderr`; text lines, or
+/// JSON objects one per line (`json`).
+pub fn init_logging(verbose: u8, json: bool, stderr: std::fs::File) {
     {
         use std::os::fd::AsRawFd;
         LOG_FD.store(stderr.as_raw_fd(), std::sync::atomic::Ordering::SeqCst);
     }
+    crate::log_json::set_enabled(json);
     let default = match verbose {
         0 => "info",
         1 => "debug",
         _ => "trace",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    tracing_subscriber::fmt()
+    let log = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::sync::Mutex::new(LossyWriter(stderr)))
-        .with_ansi(false)
-        .init();
+        .with_ansi(false);
+    if json {
+        log.json().flatten_event(true).init();
+    } else {
+        log.init();
+    }
 }
 
 /// The log's writer: a log line that cannot be written is lost, and nothing

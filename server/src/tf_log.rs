@@ -167,10 +167,16 @@ pub fn filter_stderr() -> io::Result<File> {
         .spawn(move || {
             let reader = BufReader::new(File::from(read));
             for line in reader.split(b'\n').map_while(Result::ok) {
-                if !is_tensorflow_noise(&String::from_utf8_lossy(&line)) {
-                    let _ = passthrough.write_all(&line);
-                    let _ = passthrough.write_all(b"\n");
+                let text = String::from_utf8_lossy(&line);
+                if is_tensorflow_noise(&text) {
+                    continue;
                 }
+                if crate::log_json::enabled() {
+                    let _ = passthrough.write_all(crate::log_json::relayed(&text, "source", "stderr").as_bytes());
+                } else {
+                    let _ = passthrough.write_all(&line);
+                }
+                let _ = passthrough.write_all(b"\n");
             }
         })?;
     Ok(File::from(real))

@@ -177,10 +177,15 @@ fn write_line(label: &str, line: &str) {
     let _ = std::io::stderr().lock().write_all(&labelled(label, line));
 }
 
-/// `line` as it is written into the server's log.
+/// `line` as it is written into the server's log: prefixed with its executor,
+/// or under `--log-format json` a JSON object with an "executor" key.
 fn labelled(label: &str, line: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(written_len(label, line));
-    let _ = writeln!(out, "[executor {label}] {line}");
+    if crate::log_json::enabled() {
+        let _ = writeln!(out, "{}", crate::log_json::relayed(line, "executor", label));
+    } else {
+        let _ = writeln!(out, "[executor {label}] {line}");
+    }
     out
 }
 
