@@ -254,14 +254,19 @@ def test_ctl_jobs_stats_hints_and_bad_policy(references, tmp_path):
                 job.release(server.target)
 
             rows: dict = {}
+            queued_notes: list[str] = []
 
             def both_progressing() -> bool:
                 rows.clear()
                 rows.update(jobs_by_name(server.address))
+                queued_notes.extend(r["note"] for r in rows.values() if r["state"] == "queued")
                 return all(k in rows and rows[k]["iterations"] > 0 and rows[k]["attained_s"] > 0
                            for k in ADMIN_JOBS)
 
             assert wait_until(both_progressing, timeout=30, interval=0.1), f"ctl jobs --json: {rows}"
+            # A queued job says why it waits, under fair too (its standing on the lane).
+            assert all(n.startswith("waiting: ") and "rank " in n for n in queued_notes), queued_notes
+            print(f"queued rows seen: {len(queued_notes)}; e.g. {queued_notes[:1]}")
             for key, row in rows.items():
                 assert JOB_ROW_KEYS <= set(row), f"missing keys {JOB_ROW_KEYS - set(row)} in {row}"
                 assert row["state"] in ("running", "queued", "idle"), row
