@@ -249,7 +249,7 @@ class SalusProcess:
     def stop(self, sig: int = signal.SIGINT, timeout: float = STOP_TIMEOUT_S) -> int:
         """Graceful stop; returns the exit code (kills by PID and fails if it does not exit in time). SIGINT: a
         full stop (under --isolation tenant SIGTERM stops only the supervisor and leaves its executors and their
-        jobs for the next one, README "Restarts and upgrades")."""
+        jobs for the next one, docs/src/operator/restarts.md)."""
         self.send_signal(sig)
         try:
             return self.proc.wait(timeout)
