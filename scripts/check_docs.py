@@ -8,7 +8,11 @@ include, and not at all about a broken relative link or anchor):
   included file's links too), to a page or file inside docs/src, and its `#anchor` to a heading
   of that page;
 - every message that the troubleshooting page quotes (its ```text blocks, `<...>` standing for what
-  varies) is still in the code of the server, the adapter or the C shim.
+  varies) is still in the code of the server, the adapter or the C shim;
+- every `SALUS_` variable the adapter or the C shim reads is on the client variables page;
+- every relative link of README.md names a file of the repository.
+
+`--root DIR` checks another copy of the repository (the tests use it).
 
 Exit status 1 with one line per problem; 0 and a summary line when the book is sound. No third-party
 modules, so that it runs with any Python 3.9+ before the venv exists.
@@ -20,10 +24,15 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+if len(sys.argv) == 3 and sys.argv[1] == "--root":
+    ROOT = Path(sys.argv[2]).resolve()
 SRC = ROOT / "docs" / "src"
 # Where the messages the troubleshooting page quotes come from.
 MESSAGE_SOURCES = ["server/src", "sched/src", "python/src/salus", "tf_adapter/src", "k8s/src"]
 TROUBLESHOOTING = SRC / "operator" / "troubleshooting.md"
+CLIENT_ENV = SRC / "reference" / "client-env.md"
+# Where clients read their variables (the server's are its flags, generated).
+CLIENT_SOURCES = ["python/src/salus", "tf_adapter/src"]
 
 INCLUDE = re.compile(r"\{\{#include\s+([^}\s]+)\s*\}\}")
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
@@ -165,6 +174,32 @@ def check_quotes(problems: list[str]) -> int:
     return len(blocks)
 
 
+def check_client_env(problems: list[str]) -> int:
+    page = CLIENT_ENV.read_text(encoding="utf-8")
+    names = set()
+    for base in CLIENT_SOURCES:
+        for path in sorted((ROOT / base).rglob("*")):
+            if path.suffix in (".py", ".rs"):
+                names.update(re.findall(r"\bSALUS_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(encoding="utf-8")))
+    for name in sorted(names):
+        if f"`{name}`" not in page:
+            problems.append(f"{rel(CLIENT_ENV)}: {name} is read in {' or '.join(CLIENT_SOURCES)} but not named here")
+    return len(names)
+
+
+def check_readme(problems: list[str]) -> int:
+    readme = ROOT / "README.md"
+    count = 0
+    for line in prose_lines(readme.read_text(encoding="utf-8")):
+        for target in LINK.findall(line):
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+                continue
+            count += 1
+            if not (ROOT / target.partition("#")[0]).exists():
+                problems.append(f"README.md: link {target}: no such file")
+    return count
+
+
 def main() -> int:
     problems: list[str] = []
     pages = sorted(p.resolve() for p in SRC.rglob("*.md"))
@@ -175,12 +210,15 @@ def main() -> int:
     expanded = {page: expand(page, problems) for page in pages}
     links = sum(check_links(page, text, expanded, problems) for page, text in expanded.items())
     quotes = check_quotes(problems)
+    variables = check_client_env(problems)
+    links += check_readme(problems)
     for problem in problems:
         print(f"check_docs: {problem}")
     if problems:
         print(f"check_docs: {len(problems)} problem(s) in docs/")
         return 1
-    print(f"check_docs: {len(pages)} pages, {links} relative links, {quotes} quoted messages: all resolve")
+    print(f"check_docs: {len(pages)} pages, {links} relative links (README's too), {quotes} quoted messages, "
+          f"{variables} client variables: all resolve")
     return 0
 
 
