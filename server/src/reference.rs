@@ -133,14 +133,9 @@ fn render_command(out: &mut String, command: &mut Command, path: &str, depth: us
     if !aliases.is_empty() {
         let _ = writeln!(out, "Also spelt {}.\n", aliases.join(", "));
     }
+    // A built command's usage names the whole path (`salus-server ctl jobs [OPTIONS]`).
     let usage = command.render_usage().to_string();
     let usage = usage.trim_start_matches("Usage: ").trim();
-    // clap names the binary of a subcommand's usage by its own name; show the full path.
-    let usage = match usage.split_once(' ') {
-        Some((_, rest)) if depth > 1 => format!("{path} {rest}"),
-        _ if depth > 1 => path.to_string(),
-        _ => usage.to_string(),
-    };
     let _ = writeln!(out, "```text\n{usage}\n```\n");
     let args: Vec<&Arg> = documented_args(command).collect();
     if !args.is_empty() {
@@ -152,12 +147,16 @@ fn render_command(out: &mut String, command: &mut Command, path: &str, depth: us
                 format!(" ({})", facts.join("; "))
             };
             let help = help_text(arg).replace('\n', "\n  ");
-            let _ = writeln!(
-                out,
-                "- **`{}`**{facts}  \n  {}",
-                spelling(arg),
-                escape_html(&help)
-            );
+            if help.is_empty() {
+                let _ = writeln!(out, "- **`{}`**{facts}", spelling(arg));
+            } else {
+                let _ = writeln!(
+                    out,
+                    "- **`{}`**{facts}  \n  {}",
+                    spelling(arg),
+                    escape_html(&help)
+                );
+            }
         }
         out.push('\n');
     }
