@@ -472,6 +472,27 @@ mod tests {
     #[test]
     fn every_metric_is_on_the_metrics_page() {
         let page = metrics_markdown();
+        // Every series name the collector writes, also one it writes only under a condition the
+        // sample scrape might miss.
+        let source = include_str!("frontend/metrics/collector.rs");
+        let source = &source[..source.find("#[cfg(test)]").unwrap_or(source.len())];
+        let mut named = 0;
+        for (at, _) in source.match_indices("\"salus_") {
+            let rest = &source[at + 1..];
+            let piece = &rest[..rest.find('"').unwrap_or(0)];
+            if piece.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
+                named += 1;
+                assert!(
+                    page.contains(&format!("| `{piece}")),
+                    "{piece} is written by the collector but not on the metrics page: \
+                     give the sample scrape in metrics_markdown() what makes it appear"
+                );
+            }
+        }
+        assert!(
+            named > 30,
+            "found only {named} series names in collector.rs"
+        );
         for series in [
             "salus_server_info",
             "salus_iterations_total",
