@@ -113,7 +113,7 @@ def pytest_terminal_summary(terminalreporter):
     phases.append(f"pytest {time.monotonic() - _SESSION_STARTED[0]:.0f} s")
     seconds = Path(os.environ.get("SALUS_CI_BACKGROUND", "/nonexistent")) / "seconds"
     if seconds.exists():
-        phases.append(f"build checks: fuzz build and seeds (beside pytest) {seconds.read_text().strip()} s")
+        phases.append(f"build checks: fuzz build and seeds, then the book (beside pytest) {seconds.read_text().strip()} s")
     gpu_wheel = seconds.parent / "gpu-wheel"
     times = {name: (gpu_wheel / f"{name}-seconds").read_text().strip()
              for name in ("venv", "suites") if (gpu_wheel / f"{name}-seconds").exists()}
@@ -249,7 +249,7 @@ class SalusProcess:
     def stop(self, sig: int = signal.SIGINT, timeout: float = STOP_TIMEOUT_S) -> int:
         """Graceful stop; returns the exit code (kills by PID and fails if it does not exit in time). SIGINT: a
         full stop (under --isolation tenant SIGTERM stops only the supervisor and leaves its executors and their
-        jobs for the next one, README "Restarts and upgrades")."""
+        jobs for the next one, docs/src/operator/restarts.md)."""
         self.send_signal(sig)
         try:
             return self.proc.wait(timeout)

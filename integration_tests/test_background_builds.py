@@ -1,4 +1,5 @@
-"""The build checks scripts/test.sh runs beside pytest (the fuzz targets' build and their seeds): this test, moved to the end of the session by conftest.py, waits for them and fails with their
+"""The build checks scripts/test.sh runs beside pytest (the fuzz targets' build and their seeds, then the book's
+check and build, scripts/build_docs.sh): this test, moved to the end of the session by conftest.py, waits for them and fails with their
 output if one failed. Skipped when pytest runs without scripts/test.sh (no SALUS_CI_BACKGROUND)."""
 
 from __future__ import annotations

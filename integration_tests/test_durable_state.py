@@ -162,7 +162,7 @@ def test_tokens_survive_sigkill_of_the_supervisor(node):
     tokens["late"] = issue(server.address, "late-job", "--memory", "8MiB", "--expires", "1h")
     server.kill()
     assert server.proc.returncode == -signal.SIGKILL
-    # Its executors outlive it, and the restarted server adopts them (README: Restarts and upgrades).
+    # Its executors outlive it, and the restarted server adopts them (docs/src/operator/restarts.md).
     survivors = set(executors_of(node["state"]))
 
     server = start(node)

@@ -72,7 +72,8 @@ phase_done "setup (the GPU wheel's venv beside it)"
 cargo test --release --locked --workspace --features salus-server/cuda 2>&1
 phase_done "cargo test (build included)"
 
-# integration_tests/test_background_builds.py, the suite's last test, waits for these and fails
+# integration_tests/test_background_builds.py, the suite's last test, waits for these (the fuzz build and
+# seeds, then the book) and fails
 # with their output if one failed.
 (
     renice -n 19 -p "$BASHPID" > /dev/null 2>&1 || true
@@ -88,6 +89,10 @@ phase_done "cargo test (build included)"
         for target in request_decode tensor_proto eager_decode seam_decode; do
             target/release/"$target" -runs=0 "fuzz/seeds/$target" 2>&1 | tail -n 1
         done
+        # The book (docs/): links, includes and quoted messages checked, then built with a pinned mdbook
+        # (installed into .tools/ the first time: a few minutes niced; then instant). Its generated
+        # reference pages are checked by `cargo test` above (server/src/reference.rs).
+        scripts/build_docs.sh
     ) > "$background/log" 2>&1
     echo "$?" > "$background/rc.tmp"
     echo "$((SECONDS - started))" > "$background/seconds"

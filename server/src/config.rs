@@ -36,8 +36,8 @@ pub struct Args {
     /// `lane-hold-limit = 60`, `admins = ["ci-bot"]`). Flags given on the
     /// command line or in their environment variables win over it; a key that
     /// is no flag is an error. `salus-server ctl reload` or SIGHUP reads it
-    /// again and applies what can change live (see README: Drain, reload and
-    /// settings that persist).
+    /// again and applies what can change live (see the book's operator guide:
+    /// Drain, reload and settings that persist).
     #[arg(long, env = "SALUS_CONFIG")]
     pub config: Option<std::path::PathBuf>,
 

@@ -38,13 +38,13 @@ pub enum CtlCommand {
     /// List jobs: state, lane, iterations, attained time, queue wait, hints;
     /// and the device memory issued tokens reserve for tenants.
     Jobs {
-        /// {"jobs": [...], "reservations": [...]} (keys in the README).
+        /// {"jobs": [...], "reservations": [...]} (keys: docs/src/reference/json.md).
         #[arg(long)]
         json: bool,
     },
     /// Scheduler statistics: switch latency, queues, iterations per second, device time per tenant.
     Stats {
-        /// As JSON, with the server's counters under "server_counters" (keys in the README).
+        /// As JSON, with the server's counters under "server_counters" (keys: docs/src/reference/json.md).
         #[arg(long)]
         json: bool,
     },
@@ -74,7 +74,7 @@ pub enum CtlCommand {
     /// cluster engine's config needs (Slurm's salusmem GRES count, Ray's
     /// salus_mem_mib resource), in MiB.
     Capacity {
-        /// As JSON, in bytes and MiB (keys in the README).
+        /// As JSON, in bytes and MiB (keys: docs/src/reference/json.md).
         #[arg(long)]
         json: bool,
     },
@@ -82,7 +82,7 @@ pub enum CtlCommand {
     /// lists them, GPU 0 as the CUDA driver reported it, and where the memory
     /// capacity comes from.
     Info {
-        /// As JSON (keys in the README).
+        /// As JSON (keys: docs/src/reference/json.md).
         #[arg(long)]
         json: bool,
     },
@@ -104,7 +104,7 @@ pub enum CtlCommand {
         /// token tenant named like a user never sees that user's history.
         #[arg(long, global = true)]
         tenant: Option<String>,
-        /// As JSON (keys in the README).
+        /// As JSON (keys: docs/src/reference/json.md).
         #[arg(long, global = true)]
         json: bool,
     },
@@ -220,7 +220,7 @@ pub enum TokenAction {
     },
     /// The tokens issued and valid: id, tenant, user, limits, expiry (never the tokens).
     List {
-        /// As a JSON array of token records (keys in the README).
+        /// As a JSON array of token records (keys: docs/src/reference/json.md).
         #[arg(long)]
         json: bool,
     },

@@ -69,6 +69,8 @@
 //! - [`state_dir`]: what outlives the process (`--state-dir`): issued tokens,
 //!   each kind of state a versioned file written atomically.
 //! - [`ctl`]: `salus-server ctl`, the admin API's command-line client.
+//! - [`reference`]: the book's generated reference pages (flags, config keys,
+//!   metrics) and the test that keeps them current.
 //! - [`tf_log`]: filters TensorFlow's own log lines out of stderr.
 //! - [`tf_env`]: TensorFlow settings chosen through the environment.
 //! - [`heap_meter`]: the heap a stretch of work takes (eager jobs' memory),
@@ -97,6 +99,7 @@ pub mod listen_fds;
 pub mod log_json;
 pub mod node_start;
 pub mod process;
+pub mod reference;
 pub mod reload;
 pub mod runtime;
 pub mod seam;

@@ -265,7 +265,7 @@ class Placement:
 
     def release(self) -> list[dict]:
         """Revokes the token (its reservation ends; the tenant's jobs still open on the server are ended or
-        refused, see the README's Tenants and isolation). Idempotent; returns the revoked tokens' records."""
+        refused, see docs/src/operator/tenants.md). Idempotent; returns the revoked tokens' records."""
         if self.released:
             return []
         self.released = True
