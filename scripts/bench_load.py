@@ -10,7 +10,7 @@ processes (default 4) with (sessions - tf2) / processes threads each; every thre
 tf.compat.v1.Session, as separate scripts would. TF1 sessions cycle through three small MLPs (about 0.1-0.5 ms a
 step in-process); every other one fetches a node named salus_main_iter, so half the TF1 jobs' steps are main
 iterations the scheduler orders in the lane; the other half's steps are brief runs (at once, beside the lane,
-unless a job ranked ahead waits) as long as they measure under the server's --cheap-below-us (1 ms), main
+unless a job ranked ahead waits) as long as they measure under the server's --cheap-below (1 ms), main
 iterations when the loaded machine makes them slower. A TF2 job is this script run with SALUS_SERVER set (the adapter sends its eager work to the
 server): an MLP (the same three models) trained by a tf.function (GradientTape, momentum by hand), one loss
 fetched per step (Enqueue of the call + a _Send and RecvTensor), on its process's one thread. Clients step back

@@ -951,7 +951,7 @@ def claim_memory(ctx: Ctx) -> str:
     # TensorFlow's own figures for each job, in a process of its own (started first: they run meanwhile).
     ref1 = ctx.client("mem-tf1-in-process", "tf1", "--model", tf1_model, "--steps", "13", "--memory", dev, env=ref_env)
     ref2 = ctx.client("mem-tf2-in-process", "tf2", "--model", tf2_model, "--steps", "13", "--memory", dev, env=ref_env)
-    # Every step after the warm-up is a main iteration whatever the device's speed (--cheap-below-us 0).
+    # Every step after the warm-up is a main iteration whatever the device's speed (--cheap-below 0).
     common = ("--cheap-below", "0")
 
     # 1. Calibration: the server measures both jobs on a capacity that holds everything.

@@ -67,7 +67,7 @@ pub struct Scheduling {
     /// The server's async runtime: scheduling and admission are awaited there
     /// while the job's thread blocks.
     pub runtime: tokio::runtime::Handle,
-    /// Function calls measured faster than this are cheap (`--cheap-below-us`).
+    /// Function calls measured faster than this are cheap (`--cheap-below`).
     pub cheap_below: Duration,
     /// Trace sampled function calls to measure their memory (admission on).
     pub measure_memory: bool,

@@ -9,7 +9,7 @@
 //! - otherwise a run is **cheap** while its signature ([`RunKey`]: the same
 //!   feeds, fetches and targets, or the same callable) has run fewer than
 //!   [`WARMUP_RUNS`] times (initializers, setup), and **brief** while its
-//!   measured mean time is below the `--cheap-below-us` threshold;
+//!   measured mean time is below the `--cheap-below` threshold;
 //! - every other run (a repeated, non-trivial step) is a **main** iteration.
 //!
 //! Main iterations go through the scheduler; cheap runs run at once and are

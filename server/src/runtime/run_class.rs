@@ -4,7 +4,7 @@
 //! A run (a RunStep/RunCallable signature, or a call of one eager function) is
 //! *cheap* until it has run [`WARMUP_RUNS`] times: initializers and setup run
 //! at once and never wait behind another job's iteration. After that it is
-//! *brief* while it takes less than `--cheap-below-us`: it runs at once too,
+//! *brief* while it takes less than `--cheap-below`: it runs at once too,
 //! unless a queued iteration of a job the policy ranks ahead is waiting, and
 //! then it queues like a main iteration (so a client looping over small steps
 //! cannot take more than its share). Other runs are *main* iterations,
@@ -71,7 +71,7 @@ pub enum RunClass {
     Main,
     /// Runs at once: a warm-up run of its signature (initializers, setup).
     Cheap,
-    /// A repeated run measured faster than `--cheap-below-us`: runs at once
+    /// A repeated run measured faster than `--cheap-below`: runs at once
     /// (as a cheap run) unless another job's queued iteration ranks ahead of
     /// its job, and then queues as a main iteration, so loops of small steps
     /// share the device by the policy too ([`crate::runtime::executor::Executor::resolve`]).
