@@ -14,11 +14,12 @@ regular wheel gets them from a temporary directory; an editable install writes t
 refuses to load under an older protobuf runtime, and the package must load under every protobuf that a
 supported TensorFlow brings (4.25 with TF 2.16, 7.x with TF 2.21).
 
-Release binaries (same hook, only with SALUS_RELEASE_BIN_DIR set; scripts/build_release.sh sets it): every file
-in that directory (salus-server, salus-supervisor, libsalus_tf.so, ...; their rpaths already made relative by the
-script) goes into `salus/_bin/`, a `man1/` subdirectory goes to the install's `share/man/man1/`, the wheel
-becomes platform-specific (`py3-none-linux_<arch>`: the binaries use no Python ABI; auditwheel then names the
-manylinux policy) and gets the `salus-server` / `salus-device-plugin` launcher scripts (salus/_launch.py).
+Release binaries (same hook, only with SALUS_RELEASE_BIN_DIR set; scripts/build_release.sh prepares that
+directory): its bin/ (salus-server, salus-supervisor, libsalus_tf.so, ...; their rpaths already made relative by
+the script) goes into `salus/_bin/`, its scripts/ into the install's bin/, its data/ under the install's prefix
+(share/man/man1/, share/salus/systemd/); the wheel becomes platform-specific (`py3-none-linux_<arch>`: the
+binaries use no Python ABI; auditwheel then names the manylinux policy) and gets the `salus-server` /
+`salus-device-plugin` launcher scripts (salus/_launch.py).
 Without the variable (`pip install ./python`, scripts/setup.sh) the wheel stays pure Python and carries no
 binaries and no launchers, so a dev venv has no `salus-server` that could shadow target/release's.
 """
@@ -120,25 +121,31 @@ class AdminProtoHook(BuildHookInterface):
         if bin_dir and not editable:
             self._add_release_binaries(os.path.abspath(bin_dir), build_data)
 
-    def _add_release_binaries(self, bin_dir: str, build_data: dict) -> None:
+    def _add_release_binaries(self, release_dir: str, build_data: dict) -> None:
+        # The directory's layout (scripts/build_release.sh): bin/ -> salus/_bin/; scripts/ -> the install's bin/
+        # as they are (e.g. the systemd units' salus-server-stop); data/<path> -> the install's <path> (man pages
+        # in share/man/man1/, the systemd units in share/salus/systemd/).
+        bin_dir = os.path.join(release_dir, "bin")
         missing = [name for name in REQUIRED_BINARIES if not os.path.isfile(os.path.join(bin_dir, name))]
         if missing:
-            raise RuntimeError(f"{RELEASE_BIN_DIR}={bin_dir} lacks {', '.join(missing)}: "
+            raise RuntimeError(f"{RELEASE_BIN_DIR}={release_dir} lacks bin/{', bin/'.join(missing)}: "
                                "scripts/build_release.sh prepares that directory")
         for name in sorted(os.listdir(bin_dir)):
-            path = os.path.join(bin_dir, name)
-            if os.path.isfile(path):
-                build_data["force_include"][path] = f"salus/_bin/{name}"
-        man_dir = os.path.join(bin_dir, "man1")
-        if os.path.isdir(man_dir):
-            for name in sorted(os.listdir(man_dir)):
-                build_data["shared_data"][os.path.join(man_dir, name)] = f"share/man/man1/{name}"
-        scripts = os.path.join(self._tmp, "scripts")
-        os.makedirs(scripts)
+            build_data["force_include"][os.path.join(bin_dir, name)] = f"salus/_bin/{name}"
+        scripts_dir = os.path.join(release_dir, "scripts")
+        for name in sorted(os.listdir(scripts_dir)) if os.path.isdir(scripts_dir) else ():
+            build_data["shared_scripts"][os.path.join(scripts_dir, name)] = name
+        data_dir = os.path.join(release_dir, "data")
+        for parent, _, files in os.walk(data_dir):
+            for name in files:
+                path = os.path.join(parent, name)
+                build_data["shared_data"][path] = os.path.relpath(path, data_dir)
+        launchers = os.path.join(self._tmp, "launchers")
+        os.makedirs(launchers)
         for name in LAUNCHERS:
             if not os.path.isfile(os.path.join(bin_dir, name)):
                 continue
-            script = os.path.join(scripts, name)
+            script = os.path.join(launchers, name)
             # The installer replaces the shebang with the install's own interpreter.
             with open(script, "w") as f:
                 f.write("#!/usr/bin/env python3\n"

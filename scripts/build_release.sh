@@ -13,7 +13,9 @@
 #   salus-supervisor     what salus-server execs under --isolation tenant (beside it; links no TensorFlow)
 #   salus-device-plugin  the Kubernetes device plugin (deploy/k8s), with a launcher of the same name
 #   libsalus_tf.so       the C-API shim for LD_PRELOAD (tf_adapter/)
+#   salus                the CLI (crate cli/), when built, with its man pages (share/man/man1/)
 #   the Python adapter   `import salus`, the `salus` CLI, the startup hook
+# and, outside site-packages, bin/salus-server-stop and share/salus/systemd/ (deploy/systemd's units).
 # The binaries are built with the `cuda` feature: the GPU's memory from the CUDA driver, loaded at run time, so
 # one wheel serves CPU and GPU nodes (without a driver the server says so and uses the CPU).
 #
@@ -87,30 +89,37 @@ if [[ ! -f "$tools_stamp" ]]; then
 fi
 
 # Copies of the binaries with their rpaths made relative: the build's points into the checkout's venv.
+# The layout python/hatch_build.py reads: bin/ -> salus/_bin/, scripts/ -> the venv's bin/, data/ -> its prefix.
 stage="$(mktemp -d "${TMPDIR:-/tmp}/salus-release.XXXXXX")"
 trap 'rm -rf "$stage"' EXIT
+mkdir -p "$stage/bin" "$stage/scripts" "$stage/data/share/salus/systemd"
 for name in "${binaries[@]}" "${optional[@]}"; do
     [[ -f "$BIN_DIR/$name" ]] || continue
-    cp "$BIN_DIR/$name" "$stage/$name"
-    chmod u+w "$stage/$name"
+    cp "$BIN_DIR/$name" "$stage/bin/$name"
+    chmod u+w "$stage/bin/$name"
     if [[ "$name" == salus-server ]]; then
         # salus/_bin/ -> site-packages/tensorflow (both wheels of TensorFlow install that directory).
-        "$TOOLS/bin/patchelf" --set-rpath '$ORIGIN/../../tensorflow' "$stage/$name"
+        "$TOOLS/bin/patchelf" --set-rpath '$ORIGIN/../../tensorflow' "$stage/bin/$name"
     else
-        "$TOOLS/bin/patchelf" --remove-rpath "$stage/$name"
+        "$TOOLS/bin/patchelf" --remove-rpath "$stage/bin/$name"
     fi
 done
 # No path of this machine may remain in a binary's search path.
-for f in "$stage"/*; do
+for f in "$stage"/bin/*; do
     paths="$(readelf -d "$f" | sed -n 's/.*(\(RPATH\|RUNPATH\)).*\[\(.*\)\]/\2/p')"
     case "$paths" in "" | '$ORIGIN/../../tensorflow') ;; *) die "$(basename "$f") still searches $paths" ;; esac
 done
 # The CLI's man pages (its hidden `manpages` command), installed to share/man/man1/.
-if [[ -x "$stage/salus" ]]; then
-    "$stage/salus" manpages --out "$stage/man1"
+if [[ -x "$stage/bin/salus" ]]; then
+    mkdir -p "$stage/data/share/man/man1"
+    "$stage/bin/salus" manpages --out "$stage/data/share/man/man1"
 fi
+# The systemd units (share/salus/systemd/, pointing at /opt/salus/venv/bin) and their ExecStop script (bin/).
+cp deploy/systemd/salus-server.service deploy/systemd/salus-server@.service deploy/systemd/salus-server.socket \
+    deploy/systemd/salus-server.env.example "$stage/data/share/salus/systemd/"
+cp deploy/systemd/salus-server-stop "$stage/scripts/"
 
-say "building the wheel of python/ with $(ls "$stage" | tr '\n' ' ')"
+say "building the wheel of python/ with $(ls "$stage/bin" | tr '\n' ' ')"
 raw="$stage/raw"
 mkdir "$raw"
 SALUS_RELEASE_BIN_DIR="$stage" "$TOOLS/bin/pip" wheel --quiet --disable-pip-version-check --no-deps \
