@@ -5,7 +5,8 @@ outside the checkout, with no checkout path in the environment nor in a binary's
 --version` says the workspace's version, the server starts (--isolation tenant: the supervisor and an executor
 from the wheel, whose Hello carries the same version) and trains the TF1 demo (scripts/demo.py) and the Keras 3
 demo (scripts/demo_tf2.py) through it, each comparing its numbers with the same code run in-process in that venv.
-A second venv with the wheel and no TensorFlow shows the launcher's error naming both TensorFlow wheels.
+A second venv with the wheel and no TensorFlow shows the launcher's error naming both TensorFlow wheels, and the
+launcher finding a TensorFlow outside the venv (LD_LIBRARY_PATH) where the binary's relative rpath cannot.
 
 Costs ~2-3 min on 2 cores (the TensorFlow install and the two demos, each run twice), mostly beside other files.
 """
@@ -84,8 +85,7 @@ def operator(tmp_path_factory, wheel):
 
 def test_the_wheel_carries_the_binaries_with_no_path_of_this_machine(operator):
     venv, env, home = operator
-    site = Path(run([venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                    env, home, 60).stdout.strip())
+    site = site_packages(venv, env, home)
     bin_dir = site / "salus" / "_bin"
     for name in ("salus-server", "salus-supervisor", "salus-device-plugin", "libsalus_tf.so"):
         path = bin_dir / name
@@ -182,12 +182,18 @@ def test_the_server_from_the_wheel_trains_both_demos_as_in_process(operator):
                                    f"{(home / 'server.log').read_text()[-4000:]}"
 
 
-def test_without_tensorflow_the_launcher_names_both_wheels(tmp_path, wheel):
+def site_packages(venv: Path, env: dict, cwd: Path) -> Path:
+    probe = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    return Path(run([venv / "bin" / "python", "-c", probe], env, cwd, 60).stdout.strip())
+
+
+def test_the_launcher_names_both_wheels_or_finds_tensorflow_elsewhere(tmp_path, wheel, operator):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     env = clean_env(venv, tmp_path)
     proc = run([venv / "bin" / "pip", "install", "--quiet", "--no-deps", wheel], env, tmp_path, 300)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    # No TensorFlow: the launcher says which wheels to install.
     proc = run([venv / "bin" / "salus-server", "--version"], env, tmp_path, 60)
     assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr)
     assert "has no `tensorflow` package" in proc.stderr, proc.stderr
@@ -195,3 +201,17 @@ def test_without_tensorflow_the_launcher_names_both_wheels(tmp_path, wheel):
     # The device plugin links no TensorFlow: its launcher runs it all the same.
     plugin = run([venv / "bin" / "salus-device-plugin", "--version"], env, tmp_path, 60)
     assert plugin.returncode == 0 and VERSION in plugin.stdout, (plugin.stdout, plugin.stderr)
+
+    # TensorFlow in another directory of the interpreter's path (here: the operator venv's, through PYTHONPATH):
+    # the relative rpath does not reach it, the launcher finds it and passes it in LD_LIBRARY_PATH.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    operator_site = site_packages(operator[0], operator[1], operator[2])
+    (elsewhere / "tensorflow").symlink_to(operator_site / "tensorflow")
+    for info in operator_site.glob("tensorflow_cpu-*.dist-info"):
+        (elsewhere / info.name).symlink_to(info)
+    binary = site_packages(venv, env, tmp_path) / "salus" / "_bin" / "salus-server"
+    direct = run([binary, "--version"], env, tmp_path, 60)
+    assert direct.returncode != 0 and "libtensorflow" in direct.stderr, (direct.stdout, direct.stderr)
+    found = run([venv / "bin" / "salus-server", "--version"], {**env, "PYTHONPATH": str(elsewhere)}, tmp_path, 60)
+    assert (found.returncode, found.stdout.strip()) == (0, f"salus-server {VERSION}"), (found.stdout, found.stderr)
