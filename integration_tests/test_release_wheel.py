@@ -6,7 +6,8 @@ outside the checkout, with no checkout path in the environment nor in a binary's
 from the wheel, whose Hello carries the same version) and trains the TF1 demo (scripts/demo.py) and the Keras 3
 demo (scripts/demo_tf2.py) through it, each comparing its numbers with the same code run in-process in that venv.
 A second venv with the wheel and no TensorFlow shows the launcher's error naming both TensorFlow wheels, and the
-launcher finding a TensorFlow outside the venv (LD_LIBRARY_PATH) where the binary's relative rpath cannot.
+launcher finding a TensorFlow outside the venv (LD_LIBRARY_PATH) where the binary's relative rpath cannot, and
+refusing another TensorFlow release.
 
 Costs ~2-3 min on 2 cores (the TensorFlow install and the two demos, each run twice), mostly beside other files.
 """
@@ -215,3 +216,14 @@ def test_the_launcher_names_both_wheels_or_finds_tensorflow_elsewhere(tmp_path, 
     assert direct.returncode != 0 and "libtensorflow" in direct.stderr, (direct.stdout, direct.stderr)
     found = run([venv / "bin" / "salus-server", "--version"], {**env, "PYTHONPATH": str(elsewhere)}, tmp_path, 60)
     assert (found.returncode, found.stdout.strip()) == (0, f"salus-server {VERSION}"), (found.stdout, found.stderr)
+
+    # Another TensorFlow release (its libraries share the soname) is refused before the binary runs.
+    other = tmp_path / "other-release"
+    other.mkdir()
+    (other / "tensorflow").symlink_to(operator_site / "tensorflow")
+    info = other / "tensorflow_cpu-2.16.2.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tensorflow-cpu\nVersion: 2.16.2\n")
+    refused = run([venv / "bin" / "salus-server", "--version"], {**env, "PYTHONPATH": str(other)}, tmp_path, 60)
+    assert refused.returncode == 1 and "built for TensorFlow 2.21 and the installed one is 2.16.2" in refused.stderr, \
+        (refused.stdout, refused.stderr)
