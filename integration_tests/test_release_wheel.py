@@ -122,6 +122,23 @@ def test_the_deploy_files_name_this_versions_image():
     assert not stale, f"deploy/k8s names images of another version than Cargo.toml's {VERSION}: {stale}"
 
 
+def test_the_sdist_builds_a_wheel_of_the_same_version(tmp_path, wheel):
+    """An sdist of python/ carries Cargo.toml's version and admin.proto, and builds a (pure) wheel elsewhere."""
+    tools = REPO / ".venv-release" / "bin"  # build_release.sh made it (hatchling, grpcio-tools)
+    sdist_dir, wheel_dir = tmp_path / "sdist", tmp_path / "wheel"
+    proc = subprocess.run([str(tools / "python"), "-m", "hatchling", "build", "-t", "sdist", "-d", str(sdist_dir)],
+                          cwd=REPO / "python", capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (sdist,) = sdist_dir.glob(f"salus_tf-{VERSION}.tar.gz")
+    subprocess.run(["tar", "xzf", str(sdist), "-C", str(tmp_path)], check=True, timeout=60)
+    proc = subprocess.run([str(tools / "pip"), "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                           "--wheel-dir", str(wheel_dir), "."], cwd=tmp_path / f"salus_tf-{VERSION}",
+                          capture_output=True, text=True, timeout=300,
+                          env={k: v for k, v in os.environ.items() if k != "SALUS_RELEASE_BIN_DIR"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert [p.name for p in wheel_dir.iterdir()] == [f"salus_tf-{VERSION}-py3-none-any.whl"]
+
+
 def test_one_version_everywhere(operator):
     venv, env, home = operator
     assert run([venv / "bin" / "salus-server", "--version"], env, home, 60).stdout.strip() == f"salus-server {VERSION}"
