@@ -1,6 +1,7 @@
 """The release wheel (issue 54), installed as an operator would: scripts/build_release.sh packs the binaries the
-suite runs (no cargo build: SALUS_BIN_DIR is their directory) into dist's wheel, which goes into a fresh venv
-with tensorflow-cpu==2.21.0 (`salus-tf[cpu]`; pip's cache makes that quick after setup), and from a directory
+suite runs (no cargo build: SALUS_BIN_DIR is their directory) into a release wheel (in a temporary directory, not
+dist/), which goes into a fresh venv with tensorflow-cpu==2.21.0 (`salus-tf[cpu]`: from PyPI, or pip's cache where
+it keeps one; about 260 MB), and from a directory
 outside the checkout, with no checkout path in the environment nor in a binary's search path, `salus-server
 --version` says the workspace's version, the server starts (--isolation tenant: the supervisor and an executor
 from the wheel, whose Hello carries the same version) and trains the TF1 demo (scripts/demo.py) and the Keras 3
