@@ -31,6 +31,9 @@ from conftest import LISTEN_RE, REPO, START_TIMEOUT_S, server_bin
 
 VERSION = re.search(r'^\[workspace\.package\]\s*$.*?^version = "([^"]+)"', (REPO / "Cargo.toml").read_text(),
                     re.M | re.S).group(1)
+# The wheel's spelling of it (PEP 440: Cargo's 0.3.0-rc.1 is 0.3.0rc1; python/hatch_build.py).
+PY_VERSION = re.sub(r"-(alpha|beta|rc)\.?(\d+)$",
+                    lambda m: {"alpha": "a", "beta": "b", "rc": "rc"}[m.group(1)] + m.group(2), VERSION)
 TF_RELEASE = "2.21.0"
 INSTALL_LIMIT_S = 20 * 60
 DEMO_LIMIT_S = 10 * 60
@@ -69,7 +72,7 @@ def wheel(tmp_path_factory) -> Path:
                           stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, f"build_release.sh failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
     print(proc.stdout.strip().splitlines()[-2])
-    wheels = list(out.glob(f"salus_tf-{VERSION}-py3-none-manylinux_*.whl"))
+    wheels = list(out.glob(f"salus_tf-{PY_VERSION}-py3-none-manylinux_*.whl"))
     assert len(wheels) == 1, f"expected one manylinux wheel of {VERSION} in {out}: {os.listdir(out)}\n{proc.stdout}"
     return wheels[0]
 
@@ -131,14 +134,14 @@ def test_the_sdist_builds_a_wheel_of_the_same_version(tmp_path, wheel):
     proc = subprocess.run([str(tools / "python"), "-m", "hatchling", "build", "-t", "sdist", "-d", str(sdist_dir)],
                           cwd=REPO / "python", capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    (sdist,) = sdist_dir.glob(f"salus_tf-{VERSION}.tar.gz")
+    (sdist,) = sdist_dir.glob(f"salus_tf-{PY_VERSION}.tar.gz")
     subprocess.run(["tar", "xzf", str(sdist), "-C", str(tmp_path)], check=True, timeout=60)
     proc = subprocess.run([str(tools / "pip"), "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                           "--wheel-dir", str(wheel_dir), "."], cwd=tmp_path / f"salus_tf-{VERSION}",
+                           "--wheel-dir", str(wheel_dir), "."], cwd=tmp_path / f"salus_tf-{PY_VERSION}",
                           capture_output=True, text=True, timeout=300,
                           env={k: v for k, v in os.environ.items() if k != "SALUS_RELEASE_BIN_DIR"})
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert [p.name for p in wheel_dir.iterdir()] == [f"salus_tf-{VERSION}-py3-none-any.whl"]
+    assert [p.name for p in wheel_dir.iterdir()] == [f"salus_tf-{PY_VERSION}-py3-none-any.whl"]
 
 
 def test_one_version_everywhere(operator):
@@ -149,7 +152,8 @@ def test_one_version_everywhere(operator):
     assert run([supervisor, "--version"], env, home, 60).stdout.strip() == f"salus-server {VERSION}"
     probe = ("import importlib.metadata as m, salus; "
              "print(salus.__version__, m.version('salus-tf'), m.version('tensorflow-cpu'))")
-    assert run([venv / "bin" / "python", "-c", probe], env, home, 60).stdout.split() == [VERSION, VERSION, TF_RELEASE]
+    assert run([venv / "bin" / "python", "-c", probe], env, home, 60).stdout.split() == [PY_VERSION, PY_VERSION,
+                                                                                         TF_RELEASE]
 
 
 def test_the_server_from_the_wheel_trains_both_demos_as_in_process(operator):

@@ -52,7 +52,9 @@ if [[ -n "${SALUS_WHEEL:-}" ]]; then
     WHEEL="$SALUS_WHEEL"
 else
     shopt -s nullglob
-    wheels=("$REPO"/dist/salus_tf-"$VERSION"-py3-none-manylinux_*.whl)
+    # The wheel's spelling of the version (PEP 440): a Cargo pre-release 0.3.0-rc.1 is 0.3.0rc1.
+    py_version="$(sed -E 's/-alpha\.?([0-9]+)$/a\1/; s/-beta\.?([0-9]+)$/b\1/; s/-rc\.?([0-9]+)$/rc\1/' <<<"$VERSION")"
+    wheels=("$REPO"/dist/salus_tf-"$py_version"-py3-none-manylinux_*.whl)
     shopt -u nullglob
     [[ ${#wheels[@]} == 1 ]] || die "expected one release wheel of $VERSION in $REPO/dist (found ${#wheels[@]}): run scripts/build_release.sh"
     WHEEL="${wheels[0]}"

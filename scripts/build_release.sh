@@ -60,6 +60,8 @@ die() { echo "build_release: $*" >&2; exit 1; }
 # The one version: [workspace.package] in Cargo.toml (the wheel's metadata reads it too: python/hatch_build.py).
 version="$(sed -n '/^\[workspace\.package\]/,/^\[/s/^version = "\(.*\)"$/\1/p' Cargo.toml)"
 [[ -n "$version" ]] || die "no [workspace.package] version in Cargo.toml"
+# The wheel's spelling (PEP 440): a Cargo pre-release 0.3.0-rc.1 is 0.3.0rc1.
+py_version="$(sed -E 's/-alpha\.?([0-9]+)$/a\1/; s/-beta\.?([0-9]+)$/b\1/; s/-rc\.?([0-9]+)$/rc\1/' <<<"$version")"
 
 # The binaries that go in, and those that go in when built: the `salus` CLI (crate cli/), with its man pages.
 binaries=(salus-server salus-supervisor salus-device-plugin libsalus_tf.so)
@@ -125,7 +127,7 @@ raw="$stage/raw"
 mkdir "$raw"
 SALUS_RELEASE_BIN_DIR="$stage" "$TOOLS/bin/pip" wheel --quiet --disable-pip-version-check --no-deps \
     --no-build-isolation --wheel-dir "$raw" ./python
-wheel="$(ls "$raw"/salus_tf-"$version"-py3-none-linux_*.whl)" || die "pip wheel wrote no salus_tf-$version wheel"
+wheel="$(ls "$raw"/salus_tf-"$py_version"-py3-none-linux_*.whl)" || die "pip wheel wrote no salus_tf-$py_version wheel"
 
 # auditwheel resolves the binaries' libraries as the loader would, TensorFlow's through the project venv's.
 venv="$REPO/${SALUS_VENV:-.venv}"
@@ -141,11 +143,11 @@ policy="$(sed -n 's/.*This constrains the platform tag to "\([^"]*\)".*/\1/p' <<
 say "auditwheel: the binaries' symbol versions meet $policy"
 # TensorFlow's libraries stay TensorFlow's (the installed package provides them); nothing else is grafted:
 # the binaries need only the C/C++ runtime libraries every manylinux policy allows.
-rm -f "$out"/salus_tf-"$version"-*.whl
+rm -f "$out"/salus_tf-"$py_version"-*.whl
 PATH="$TOOLS/bin:$PATH" LD_LIBRARY_PATH="$tf_dir" "$TOOLS/bin/auditwheel" repair --plat "$policy" \
     --exclude libtensorflow_cc.so.2 --exclude libtensorflow_framework.so.2 --wheel-dir "$out" "$wheel" \
     > "$stage/repair.log" 2>&1 || { cat "$stage/repair.log" >&2; die "auditwheel repair failed"; }
-final="$(ls "$out"/salus_tf-"$version"-*"$policy"*.whl)" || die "auditwheel repair wrote no $policy wheel to $out"
+final="$(ls "$out"/salus_tf-"$py_version"-*"$policy"*.whl)" || die "auditwheel repair wrote no $policy wheel to $out"
 if unzip -l "$final" | grep -c '\.libs/' >/dev/null; then
     die "auditwheel grafted libraries into $final (it must not): $(unzip -l "$final" | grep '\.libs/')"
 fi
