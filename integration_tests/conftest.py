@@ -61,7 +61,7 @@ def pytest_sessionstart(session):
 FILES_FIRST = ("test_tenant_isolation.py", "test_scheduler.py", "test_tf2_scheduling.py",
                "test_tf2_python_pipeline.py", "test_slurm.py", "test_tf2_faults.py", "test_tf2_old_client.py",
                "test_k8s_device_plugin.py", "test_ray.py", "test_python_adapter.py", "test_tf2_eager.py",
-               "test_gpu_wheel.py")
+               "test_release_wheel.py", "test_gpu_wheel.py")
 FILES_LAST = ("test_background_builds.py",)
 
 

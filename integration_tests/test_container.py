@@ -1,4 +1,5 @@
-"""The container image (deploy/k8s/Containerfile, built by scripts/build_image.sh as localhost/salus:dev) run
+"""The container image (deploy/k8s/Containerfile, built by scripts/build_image.sh from the release wheel as
+localhost/salus:<version>) run
 for real with podman (runc), as deploy/k8s/README.md describes. Skipped unless the image exists: CI does not
 build it (several minutes, needs root and apt); scripts/test_container.sh builds it and runs this file.
 
@@ -24,9 +25,9 @@ clients in containers, one in-process).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -35,12 +36,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, SalusProcess, last_json_line, server_bin
+from conftest import REPO, SalusProcess, last_json_line
 from server_ctl import ctl_json
 from test_k8s_device_plugin import StandInKubelet, api  # noqa: F401  (module fixture: the v1beta1 stubs)
 from tf2_common import SERVER_JOB, assert_devices, assert_same_numbers, run_workload, salus_lines, tf2_env
 
-IMAGE = os.environ.get("SALUS_IMAGE", "localhost/salus:dev")
+VERSION = re.search(r'^\[workspace\.package\]\s*$.*?^version = "([^"]+)"', (REPO / "Cargo.toml").read_text(),
+                    re.M | re.S).group(1)
+IMAGE = os.environ.get("SALUS_IMAGE", f"localhost/salus:{VERSION}")
 # scripts/build_image.sh writes it: runc and ulimits of 1024 (podman's defaults fail on this machine).
 CONTAINERS_CONF = "/etc/containers/containers-salus.conf"
 POD_YAML = REPO / "deploy" / "k8s" / "training-pod.yaml"
@@ -86,17 +89,17 @@ pytestmark = pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "
 
 @pytest.fixture(scope="module", autouse=True)
 def image_is_current():
-    """A warning, not a failure, when the image's salus-server is not target/release's (rebuild the image)."""
-    name = f"salus-test-digest-{os.getpid()}"
+    """A warning, not a failure, when the image's salus-server is not this checkout's release (rebuild it)."""
+    name = f"salus-test-version-{os.getpid()}"
     try:
-        out = podman("run", "--rm", "--name", name, "--network", "none", IMAGE, "sha256sum",
-                     "/usr/local/bin/salus-server").stdout.split()[0]
+        out = podman("run", "--rm", "--name", name, "--network", "none", IMAGE, "salus-server",
+                     "--version").stdout.strip()
     finally:
         podman("rm", "-f", "--ignore", name, check=False)
-    local = server_bin()
-    if local.exists() and hashlib.sha256(local.read_bytes()).hexdigest() != out:
+    if out != f"salus-server {VERSION}":
         import warnings
-        warnings.warn(f"{IMAGE}'s salus-server is not {local}: scripts/build_image.sh rebuilds it")
+        warnings.warn(f"{IMAGE}'s salus-server says {out!r}, this checkout is {VERSION}: scripts/build_release.sh "
+                      "and scripts/build_image.sh rebuild it")
 
 
 DEMO_IN_CONTAINER = r"""

@@ -18,11 +18,12 @@ UNITS = Path(__file__).resolve().parent.parent / "deploy" / "systemd"
 
 
 def installed(tmp: Path, unit: str, as_name: str) -> Path:
-    """The unit as a node would install it, with the binary and /etc/salus pointed into this checkout."""
+    """The unit as a node would install it (the release wheel in /opt/salus/venv), with the binary and /etc/salus
+    pointed into this checkout."""
     text = (UNITS / unit).read_text()
-    text = text.replace("/usr/local/bin/salus-server-stop", str(UNITS / "salus-server-stop"))
-    text = text.replace("/usr/local/bin/salus-server ", str(server_bin().resolve()) + " ")
-    text = text.replace("/usr/local/bin/salus-server\n", str(server_bin().resolve()) + "\n")
+    text = text.replace("/opt/salus/venv/bin/salus-server-stop", str(UNITS / "salus-server-stop"))
+    text = text.replace("/opt/salus/venv/bin/salus-server ", str(server_bin().resolve()) + " ")
+    text = text.replace("/opt/salus/venv/bin/salus-server\n", str(server_bin().resolve()) + "\n")
     text = text.replace("/etc/salus", str(tmp))
     path = tmp / as_name
     path.write_text(text)

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# Builds the Salus container image (default localhost/salus:dev) from deploy/k8s/Containerfile with podman:
-# salus-server and salus-device-plugin (target/release/), Python with TensorFlow 2.21 (tensorflow-cpu) and the
-# salus-tf adapter (python/). Needs root. Takes minutes the first time (TensorFlow's wheels from PyPI); a second
-# run reuses podman's layer cache and takes seconds. NOT run by CI (scripts/test.sh); see deploy/k8s/README.md.
+# Builds the Salus container image, tagged with the release's version (localhost/salus:<version>, the version
+# in Cargo.toml), from deploy/k8s/Containerfile with podman: the release wheel (dist/, scripts/build_release.sh:
+# salus-server, its supervisor, salus-device-plugin, the salus-tf adapter) in a venv with TensorFlow 2.21
+# (tensorflow-cpu). Needs root. Takes minutes the first time (TensorFlow's wheels from PyPI); a second run
+# reuses podman's layer cache and takes seconds. NOT run by CI (scripts/test.sh); see deploy/k8s/README.md.
 #
 #   scripts/build_image.sh            # build (or refresh) the image; prints its size
-#   scripts/build_image.sh --gpu      # the GPU variant (default tag localhost/salus:dev-gpu): TensorFlow's GPU
+#   scripts/build_image.sh --gpu      # the GPU variant (localhost/salus:<version>-gpu): TensorFlow's GPU
 #                                     # wheel, tensorflow[and-cuda]==2.21.0, whose pip dependencies (nvidia-*)
 #                                     # are the CUDA runtime, cuDNN and cuBLAS; the driver (libcuda, nvidia-smi)
-#                                     # comes from the node through the NVIDIA container toolkit. Needs binaries
-#                                     # built with the cuda feature (SALUS_TF=gpu scripts/setup.sh).
+#                                     # comes from the node through the NVIDIA container toolkit. The release
+#                                     # wheel's server is a cuda build (build_release.sh), so both variants
+#                                     # install the same wheel.
 #
 # What it does, each step only when needed:
 #   1. installs podman, runc, catatonit and mmdebstrap from apt (a policy-rc.d refusing service starts is put in place
@@ -19,9 +21,9 @@
 #      machine need CONTAINERS_CONF pointing at it;
 #   3. makes the base image (localhost/salus-base:bookworm) from Debian's mirror: mmdebstrap + podman import
 #      (no container registry is needed or reachable);
-#   4. builds the adapter's wheel and the image from a build context in a temporary directory.
-# Environment: SALUS_IMAGE (the tag), SALUS_BASE_IMAGE, CONTAINERS_CONF, SALUS_SERVER_BIN,
-# SALUS_DEVICE_PLUGIN_BIN (the binaries; default target/release/).
+#   4. builds the image from a build context in a temporary directory, with the release wheel of this version
+#      from dist/ (run scripts/build_release.sh first; SALUS_WHEEL names another).
+# Environment: SALUS_IMAGE (the tag), SALUS_BASE_IMAGE, CONTAINERS_CONF, SALUS_WHEEL (the release wheel).
 set -euo pipefail
 
 gpu=""
@@ -34,26 +36,34 @@ for arg in "$@"; do
 done
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-IMAGE="${SALUS_IMAGE:-localhost/salus:dev${gpu:+-gpu}}"
+# The one version (Cargo.toml's [workspace.package]): the wheel's, the image's tag, salus-server --version's.
+VERSION="$(sed -n '/^\[workspace\.package\]/,/^\[/s/^version = "\(.*\)"$/\1/p' "$REPO/Cargo.toml")"
+IMAGE="${SALUS_IMAGE:-localhost/salus:$VERSION${gpu:+-gpu}}"
 BASE_IMAGE="${SALUS_BASE_IMAGE:-localhost/salus-base:bookworm}"
 export CONTAINERS_CONF="${CONTAINERS_CONF:-/etc/containers/containers-salus.conf}"
-SERVER_BIN="${SALUS_SERVER_BIN:-$REPO/target/release/salus-server}"
-PLUGIN_BIN="${SALUS_DEVICE_PLUGIN_BIN:-$REPO/target/release/salus-device-plugin}"
-PYTHON="${SALUS_PYTHON:-$REPO/.venv/bin/python}"
 start=$SECONDS
 
 say() { echo "build_image: $*"; }
 die() { echo "build_image: $*" >&2; exit 1; }
 
 [[ "$(id -u)" == 0 ]] || die "run as root (rootful podman; apt-get install)"
-for f in "$SERVER_BIN" "$(dirname "$SERVER_BIN")/salus-supervisor" "$PLUGIN_BIN"; do
-    [[ -x "$f" ]] || die "$f not found: build it first (cargo build --release --bins, or cargo build --release -p salus-device-plugin)"
-done
-[[ -x "$PYTHON" ]] || die "$PYTHON not found: scripts/setup.sh makes the venv (it builds the adapter's wheel)"
+[[ -n "$VERSION" ]] || die "no [workspace.package] version in $REPO/Cargo.toml"
+if [[ -n "${SALUS_WHEEL:-}" ]]; then
+    WHEEL="$SALUS_WHEEL"
+else
+    shopt -s nullglob
+    # The wheel's spelling of the version (PEP 440): a Cargo pre-release 0.3.0-rc.1 is 0.3.0rc1.
+    py_version="$(sed -E 's/-alpha\.?([0-9]+)$/a\1/; s/-beta\.?([0-9]+)$/b\1/; s/-rc\.?([0-9]+)$/rc\1/' <<<"$VERSION")"
+    wheels=("$REPO"/dist/salus_tf-"$py_version"-py3-none-manylinux_*.whl)
+    shopt -u nullglob
+    [[ ${#wheels[@]} == 1 ]] || die "expected one release wheel of $VERSION in $REPO/dist (found ${#wheels[@]}): run scripts/build_release.sh"
+    WHEEL="${wheels[0]}"
+fi
+[[ -f "$WHEEL" ]] || die "$WHEEL not found: scripts/build_release.sh writes the release wheel to dist/"
 # A cuda build names the CUDA driver library it loads at run time (server/src/gpu.rs); a CPU build does not,
 # and on a GPU node would share the host's CPU instead of the GPU's memory.
-if [[ -n "$gpu" ]] && ! grep -q 'libcuda\.so\.1' "$SERVER_BIN"; then
-    die "$SERVER_BIN is not a cuda build: build it with SALUS_TF=gpu scripts/setup.sh (or cargo build --release --features salus-server/cuda) for --gpu"
+if [[ -n "$gpu" ]] && ! unzip -p "$WHEEL" salus/_bin/salus-server | grep -c 'libcuda\.so\.1' >/dev/null; then
+    die "$WHEEL's salus-server is not a cuda build: build the wheel with scripts/build_release.sh (it builds with --features salus-server/cuda)"
 fi
 
 # 1. Tools.
@@ -100,11 +110,8 @@ fi
 # 4. The build context and the image.
 ctx="$(mktemp -d /var/tmp/salus-image-ctx.XXXXXX)"
 trap 'rm -rf "$ctx"' EXIT
-mkdir -p "$ctx/bin" "$ctx/wheels"
-cp "$SERVER_BIN" "$ctx/bin/salus-server"
-# salus-server execs into it under --isolation tenant (it links no TensorFlow).
-cp "$(dirname "$SERVER_BIN")/salus-supervisor" "$ctx/bin/salus-supervisor"
-cp "$PLUGIN_BIN" "$ctx/bin/salus-device-plugin"
+mkdir -p "$ctx/wheels"
+cp "$WHEEL" "$ctx/wheels/"
 if [[ -n "$gpu" ]]; then
     # The same pins with TensorFlow's GPU wheel (its nvidia-* dependencies resolved by pip from PyPI).
     sed 's/^tensorflow-cpu==/tensorflow[and-cuda]==/' "$REPO/deploy/k8s/requirements.txt" >"$ctx/requirements.txt"
@@ -112,9 +119,6 @@ if [[ -n "$gpu" ]]; then
 else
     cp "$REPO/deploy/k8s/requirements.txt" "$ctx/"
 fi
-say "building the salus-tf wheel (python/)"
-"$PYTHON" -m pip wheel --quiet --no-deps --wheel-dir "$ctx/wheels" "$REPO/python" >/dev/null
-ls "$ctx"/wheels/salus_tf-*.whl >/dev/null
 
 # pip inside the build verifies PyPI with the host's CA bundle (this machine's TLS goes through a proxy whose
 # CA only the host's bundle has).
@@ -124,9 +128,10 @@ if [[ -f "$ca" ]]; then
     ca_args=(--volume "$ca:/run/host-ca.crt:ro" --build-arg PIP_CERT=/run/host-ca.crt)
 fi
 revision="$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-say "building $IMAGE (podman build; the first build downloads TensorFlow${gpu:+ and the CUDA libraries, about 6 GB}, several minutes)"
-podman build --network host --layers --build-arg "BASE=$BASE_IMAGE" "${ca_args[@]}" \
-    --label "org.opencontainers.image.source=salus" --label "org.opencontainers.image.revision=$revision" \
+say "building $IMAGE from $(basename "$WHEEL") (podman build; the first build downloads TensorFlow${gpu:+ and the CUDA libraries, about 6 GB}, several minutes)"
+podman build --network host --layers --build-arg "BASE=$BASE_IMAGE" --build-arg "SALUS_VERSION=$VERSION" \
+    "${ca_args[@]}" --label "org.opencontainers.image.source=salus" --label "org.opencontainers.image.revision=$revision" \
+    --label "org.opencontainers.image.version=$VERSION" \
     --label "io.salus.tensorflow=${gpu:+gpu}${gpu:-cpu}" \
     --file "$REPO/deploy/k8s/Containerfile" --tag "$IMAGE" "$ctx"
 rm -rf "$ctx"

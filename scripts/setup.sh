@@ -97,10 +97,12 @@ echo "$tf_flavor" > "$venv/.salus-tf-flavor"
 
 # The Python adapter (python/, distribution salus-tf, import name salus, CLI `salus`): reinstalled
 # only when its sources change, so re-runs are quick and need no network. Its admin client is
-# generated from admin.proto when it is built, so the proto counts as a source.
+# generated from admin.proto when it is built, so the proto counts as a source, and its version is the workspace's
+# (Cargo.toml's [workspace.package] version line).
 pkg_hash="$({ (cd python && find . -type f \( -name '*.py' -o -name '*.pth' -o -name '*.toml' -o -name '*.md' \) \
     -not -path '*/__pycache__/*' -not -path './build/*' -not -path './dist/*' -not -path './src/salus/v1/*' \
-    | LC_ALL=C sort | xargs sha256sum); sha256sum proto/proto/salus/v1/admin.proto; } | sha256sum | cut -c1-16)"
+    -not -path './src/salus/_version.py' | LC_ALL=C sort | xargs sha256sum); sha256sum proto/proto/salus/v1/admin.proto
+    grep -m1 '^version = ' Cargo.toml; } | sha256sum | cut -c1-16)"
 pkg_stamp="$venv/.salus-python-$pkg_hash"
 # Building ./python writes into the source tree (the generated admin client): one build at a time, also across
 # setups running at once (scripts/test.sh makes .venv-gpu beside the main setup).

@@ -19,7 +19,12 @@ from __future__ import annotations
 
 from ._config import DEFAULT_SERVER, SalusConfigError, Settings
 
-__version__ = "0.1.0"
+try:
+    # Written into the wheel when it is built, from the workspace's Cargo.toml (python/hatch_build.py): the same
+    # version as salus-server's.
+    from ._version import VERSION as __version__
+except ImportError:  # the source tree itself on sys.path, never built
+    __version__ = "0+unknown"
 __all__ = ["session", "configure", "connect_eager", "settings", "AdminClient", "SalusConfigError", "DEFAULT_SERVER",
            "__version__"]
 
