@@ -92,7 +92,8 @@ def ctl(salus_server: str, address: str, *args: str) -> subprocess.CompletedProc
 
 
 def unreachable(proc: subprocess.CompletedProcess) -> bool:
-    return proc.returncode == 124 or "cannot connect" in proc.stderr
+    # 3: the CLI's "unreachable" exit status (docs/src/reference/exit-codes.md); 124: our timeout.
+    return proc.returncode in (3, 124) or "cannot connect" in proc.stderr or "cannot reach" in proc.stderr
 
 
 def ctl_error(proc: subprocess.CompletedProcess) -> str:

@@ -1,4 +1,4 @@
-//! `salus-server ctl history`: the job history `learned` ranks by, and its erasure.
+//! `salus history`: the job history `learned` ranks by, and its erasure.
 
 use clap::Subcommand;
 use salus_proto::salus::v1::admin_client::AdminClient;
