@@ -53,6 +53,23 @@ class AdminProtoHook(BuildHookInterface):
         if not editable:
             for path in GENERATED:
                 build_data["force_include"][os.path.join(out, path)] = path
+        self._record_build_info(out, build_data, editable)
+
+    def _record_build_info(self, out: str, build_data: dict, editable: bool) -> None:
+        """salus/_build_info.py: where a checkout's `salus` binary is (the console script's third place to
+        look, salus/_launch.py). A release wheel carries salus/_bin/salus instead and records nothing."""
+        checkout = os.path.abspath(os.path.join(self.root, ".."))
+        if os.environ.get("SALUS_RELEASE_BUILD") or not os.path.isfile(os.path.join(checkout, "Cargo.toml")):
+            return
+        target = os.environ.get("CARGO_TARGET_DIR") or os.path.join(checkout, "target")
+        release = os.path.join(os.path.abspath(target), "release")
+        text = ('"""Written by hatch_build.py: the checkout this package was built from (salus/_launch.py)."""\n'
+                f"CARGO_TARGET_RELEASE = {release!r}\n")
+        path = os.path.join(out, "salus", "_build_info.py")
+        with open(path, "w") as f:
+            f.write(text)
+        if not editable:
+            build_data["force_include"][path] = "salus/_build_info.py"
 
     def finalize(self, version: str, build_data: dict, artifact_path: str) -> None:
         if getattr(self, "_tmp", None):

@@ -494,7 +494,15 @@ mod tests {
         assert_eq!(v["expected_seconds"], Value::Null);
         assert_eq!(v["priority"], 2);
         assert_eq!(v["lane"], 0);
-        assert_eq!(jobs_table(&[job()]).lines().nth(1).unwrap().split_whitespace().nth(5), Some("0"));
+        assert_eq!(
+            jobs_table(&[job()])
+                .lines()
+                .nth(1)
+                .unwrap()
+                .split_whitespace()
+                .nth(5),
+            Some("0")
+        );
         let waiting = JobInfo {
             memory_state: "waiting for memory".into(),
             ..job()

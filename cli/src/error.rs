@@ -78,7 +78,11 @@ impl CliError {
             CliError::Rpc(status) if is_transport(status) => {
                 format!("cannot reach {server}: {}", status_text(status))
             }
-            CliError::Rpc(status) => format!("refused ({}): {}", code_name(status.code()), status.message()),
+            CliError::Rpc(status) => format!(
+                "refused ({}): {}",
+                code_name(status.code()),
+                status.message()
+            ),
             other => other.to_string(),
         }
     }
@@ -87,8 +91,7 @@ impl CliError {
 /// A status tonic made on this side from a failed connection (it keeps the
 /// transport error as its source); one the server sent has none.
 pub fn is_transport(status: &Status) -> bool {
-    status.source().is_some()
-        || (status.code() == Code::Unavailable && status.message().is_empty())
+    status.source().is_some() || (status.code() == Code::Unavailable && status.message().is_empty())
 }
 
 /// `CODE: message: cause: cause`, each cause not already said.

@@ -225,9 +225,7 @@ pub enum Command {
     /// bash: `salus completions bash > /etc/bash_completion.d/salus`;
     /// zsh: into a directory on $fpath as `_salus`; fish: into
     /// ~/.config/fish/completions/salus.fish.
-    Completions {
-        shell: clap_complete::Shell,
-    },
+    Completions { shell: clap_complete::Shell },
     /// Write man pages (salus.1, salus-jobs.1, ...) into DIR.
     #[command(hide = true)]
     Manpages {
@@ -333,9 +331,12 @@ pub fn execute(cli: Cli) -> Result<(), CliError> {
             manpages::completions(shell, &mut std::io::stdout());
             Ok(())
         }
-        Command::Manpages { out } => manpages::write_manpages(&out)
-            .map(|_| ())
-            .map_err(|e| CliError::Local(format!("cannot write man pages into {}: {e}", out.display()))),
+        Command::Manpages { out } => manpages::write_manpages(&out).map(|_| ()).map_err(|e| {
+            CliError::Local(format!(
+                "cannot write man pages into {}: {e}",
+                out.display()
+            ))
+        }),
         Command::Top(args) => top::top(&cli.conn, args),
         command => {
             let runtime = tokio::runtime::Builder::new_current_thread()
@@ -352,7 +353,9 @@ pub fn execute(cli: Cli) -> Result<(), CliError> {
 /// Prints a command's output; a closed pipe (`salus jobs | head`) is not an error.
 fn print_out(text: &str) {
     let mut stdout = std::io::stdout().lock();
-    let _ = stdout.write_all(text.as_bytes()).and_then(|_| stdout.flush());
+    let _ = stdout
+        .write_all(text.as_bytes())
+        .and_then(|_| stdout.flush());
 }
 
 #[cfg(test)]
@@ -361,7 +364,10 @@ mod tests {
     use clap::CommandFactory;
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
-        let argv: Vec<OsString> = std::iter::once("salus").chain(args.iter().copied()).map(OsString::from).collect();
+        let argv: Vec<OsString> = std::iter::once("salus")
+            .chain(args.iter().copied())
+            .map(OsString::from)
+            .collect();
         Cli::try_parse_from(legacy_spellings(argv).0)
     }
 
@@ -376,22 +382,44 @@ mod tests {
         let after = parse(&["jobs", "--server", "h:1", "--json"]).unwrap();
         for cli in [before, after] {
             assert_eq!(cli.conn.server, "h:1");
-            assert!(matches!(cli.command, Command::Jobs { out: Output { json: true } }));
+            assert!(matches!(
+                cli.command,
+                Command::Jobs {
+                    out: Output { json: true }
+                }
+            ));
         }
     }
 
     #[test]
     fn policy_name_alone_is_the_old_spelling_of_policy_set() {
         let (argv, notes) = legacy_spellings(
-            ["salus", "--server", "h:1", "policy", "srtf"].map(OsString::from).to_vec(),
+            ["salus", "--server", "h:1", "policy", "srtf"]
+                .map(OsString::from)
+                .to_vec(),
         );
-        assert_eq!(argv, ["salus", "--server", "h:1", "policy", "set", "srtf"].map(OsString::from).to_vec());
+        assert_eq!(
+            argv,
+            ["salus", "--server", "h:1", "policy", "set", "srtf"]
+                .map(OsString::from)
+                .to_vec()
+        );
         assert_eq!(notes.len(), 1);
         assert!(notes[0].contains("salus policy set srtf"));
         let cli = parse(&["policy", "srtf"]).unwrap();
-        assert!(matches!(cli.command, Command::Policy { action: Some(PolicyAction::Set { ref name }), .. } if name == "srtf"));
-        for current in [&["policy"][..], &["policy", "show"], &["policy", "--json"], &["policy", "set", "fifo"]] {
-            let argv: Vec<OsString> = std::iter::once("salus").chain(current.iter().copied()).map(OsString::from).collect();
+        assert!(
+            matches!(cli.command, Command::Policy { action: Some(PolicyAction::Set { ref name }), .. } if name == "srtf")
+        );
+        for current in [
+            &["policy"][..],
+            &["policy", "show"],
+            &["policy", "--json"],
+            &["policy", "set", "fifo"],
+        ] {
+            let argv: Vec<OsString> = std::iter::once("salus")
+                .chain(current.iter().copied())
+                .map(OsString::from)
+                .collect();
             assert!(legacy_spellings(argv).1.is_empty(), "{current:?}");
         }
     }
@@ -401,20 +429,50 @@ mod tests {
         let cli = parse(&["hints", "job1", "--iterations", "500"]).unwrap();
         assert!(matches!(
             cli.command,
-            Command::Hints { priority: None, iterations: Some(500), seconds: None, .. }
+            Command::Hints {
+                priority: None,
+                iterations: Some(500),
+                seconds: None,
+                ..
+            }
         ));
         let cli = parse(&["hints", "job1", "--priority", "-2"]).unwrap();
-        assert!(matches!(cli.command, Command::Hints { priority: Some(-2), .. }));
+        assert!(matches!(
+            cli.command,
+            Command::Hints {
+                priority: Some(-2),
+                ..
+            }
+        ));
     }
 
     #[test]
     fn usage_errors_exit_2_and_help_exits_0() {
-        assert_eq!(parse(&["jobs", "--no-such-flag"]).unwrap_err().exit_code(), EXIT_USAGE);
-        assert_eq!(parse(&["no-such-command"]).unwrap_err().exit_code(), EXIT_USAGE);
-        assert_eq!(parse(&["drain", "--timeout", "5s"]).unwrap_err().exit_code(), EXIT_USAGE);
-        assert_eq!(parse(&["drain", "--wait", "--timeout", "soon"]).unwrap_err().exit_code(), EXIT_USAGE);
+        assert_eq!(
+            parse(&["jobs", "--no-such-flag"]).unwrap_err().exit_code(),
+            EXIT_USAGE
+        );
+        assert_eq!(
+            parse(&["no-such-command"]).unwrap_err().exit_code(),
+            EXIT_USAGE
+        );
+        assert_eq!(
+            parse(&["drain", "--timeout", "5s"])
+                .unwrap_err()
+                .exit_code(),
+            EXIT_USAGE
+        );
+        assert_eq!(
+            parse(&["drain", "--wait", "--timeout", "soon"])
+                .unwrap_err()
+                .exit_code(),
+            EXIT_USAGE
+        );
         assert_eq!(parse(&["--help"]).unwrap_err().exit_code(), EXIT_OK);
-        assert_eq!(run_command_line(vec!["salus".into(), "jobs".into(), "--bogus".into()]), EXIT_USAGE);
+        assert_eq!(
+            run_command_line(vec!["salus".into(), "jobs".into(), "--bogus".into()]),
+            EXIT_USAGE
+        );
     }
 
     #[test]
@@ -423,9 +481,13 @@ mod tests {
         root.build();
         let mut missing = Vec::new();
         fn walk(cmd: &clap::Command, path: String, missing: &mut Vec<String>) {
-            let leaf = !cmd.has_subcommands() || cmd.get_name() == "policy" || cmd.get_name() == "history";
+            let leaf =
+                !cmd.has_subcommands() || cmd.get_name() == "policy" || cmd.get_name() == "history";
             let exempt = ["run", "completions", "manpages", "help"];
-            if leaf && !exempt.contains(&cmd.get_name()) && !cmd.get_arguments().any(|a| a.get_long() == Some("json")) {
+            if leaf
+                && !exempt.contains(&cmd.get_name())
+                && !cmd.get_arguments().any(|a| a.get_long() == Some("json"))
+            {
                 missing.push(path.clone());
             }
             for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {

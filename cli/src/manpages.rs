@@ -23,12 +23,20 @@ pub fn write_manpages(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     Ok(written)
 }
 
-fn write_page(cmd: &clap::Command, name: &str, dir: &Path, written: &mut Vec<PathBuf>) -> std::io::Result<()> {
+fn write_page(
+    cmd: &clap::Command,
+    name: &str,
+    dir: &Path,
+    written: &mut Vec<PathBuf>,
+) -> std::io::Result<()> {
     if cmd.is_hide_set() {
         return Ok(());
     }
     // A subcommand's page is titled by its full name, as `man salus-jobs` finds it.
-    let page = cmd.clone().name(name.to_string()).bin_name(name.replace('-', " "));
+    let page = cmd
+        .clone()
+        .name(name.to_string())
+        .bin_name(name.replace('-', " "));
     let path = dir.join(format!("{name}.1"));
     let mut file = std::fs::File::create(&path)?;
     clap_mangen::Man::new(page).render(&mut file)?;
@@ -53,8 +61,17 @@ mod tests {
             .iter()
             .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
             .collect();
-        for expected in ["salus.1", "salus-jobs.1", "salus-token-issue.1", "salus-policy-set.1", "salus-run.1"] {
-            assert!(names.iter().any(|n| n == expected), "{expected} not in {names:?}");
+        for expected in [
+            "salus.1",
+            "salus-jobs.1",
+            "salus-token-issue.1",
+            "salus-policy-set.1",
+            "salus-run.1",
+        ] {
+            assert!(
+                names.iter().any(|n| n == expected),
+                "{expected} not in {names:?}"
+            );
         }
         assert!(!names.iter().any(|n| n.contains("manpages")), "{names:?}");
         let jobs = std::fs::read_to_string(dir.join("salus-jobs.1")).unwrap();
@@ -67,6 +84,10 @@ mod tests {
         let mut out = Vec::new();
         completions(clap_complete::Shell::Bash, &mut out);
         let script = String::from_utf8(out).unwrap();
-        assert!(script.contains("drain") && script.contains("token"), "{}", &script[..200]);
+        assert!(
+            script.contains("drain") && script.contains("token"),
+            "{}",
+            &script[..200]
+        );
     }
 }

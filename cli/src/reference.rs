@@ -21,7 +21,11 @@ pub fn command_markdown(cmd: &Command) -> String {
 /// arguments of its ancestors, described where they are defined.
 fn section(cmd: &Command, path: &str, inherited: &[String], out: &mut String) {
     let _ = writeln!(out, "## `{path}`\n");
-    let about = cmd.get_long_about().or(cmd.get_about()).map(|a| a.to_string()).unwrap_or_default();
+    let about = cmd
+        .get_long_about()
+        .or(cmd.get_about())
+        .map(|a| a.to_string())
+        .unwrap_or_default();
     if !about.is_empty() {
         let _ = writeln!(out, "{}\n", about.trim());
     }
@@ -53,18 +57,29 @@ fn section(cmd: &Command, path: &str, inherited: &[String], out: &mut String) {
             .map(|a| a.get_id().to_string()),
     );
     if !args.is_empty() {
-        let _ = writeln!(out, "| Argument | Default | Environment | Meaning |\n|---|---|---|---|");
+        let _ = writeln!(
+            out,
+            "| Argument | Default | Environment | Meaning |\n|---|---|---|---|"
+        );
         for a in args {
             let _ = writeln!(
                 out,
                 "| {} | {} | {} | {} |",
                 arg_name(a),
                 defaults(a),
-                a.get_env().map_or("".to_string(), |e| format!("`{}`", e.to_string_lossy())),
+                a.get_env()
+                    .map_or("".to_string(), |e| format!("`{}`", e.to_string_lossy())),
                 cell(&format!(
                     "{}{}",
-                    if a.is_global_set() && cmd.has_subcommands() { "(global: its subcommands take it too) " } else { "" },
-                    a.get_long_help().or(a.get_help()).map(|h| h.to_string()).unwrap_or_default()
+                    if a.is_global_set() && cmd.has_subcommands() {
+                        "(global: its subcommands take it too) "
+                    } else {
+                        ""
+                    },
+                    a.get_long_help()
+                        .or(a.get_help())
+                        .map(|h| h.to_string())
+                        .unwrap_or_default()
                 ))
             );
         }
@@ -78,11 +93,20 @@ fn section(cmd: &Command, path: &str, inherited: &[String], out: &mut String) {
 fn arg_name(a: &Arg) -> String {
     let value = a
         .get_value_names()
-        .map(|v| v.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(" "))
+        .map(|v| {
+            v.iter()
+                .map(|n| n.to_string())
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
         .unwrap_or_else(|| a.get_id().as_str().to_uppercase());
     let takes_value = !matches!(
         a.get_action(),
-        ArgAction::SetTrue | ArgAction::SetFalse | ArgAction::Count | ArgAction::Help | ArgAction::Version
+        ArgAction::SetTrue
+            | ArgAction::SetFalse
+            | ArgAction::Count
+            | ArgAction::Help
+            | ArgAction::Version
     );
     let mut names = Vec::new();
     if let Some(short) = a.get_short() {
@@ -95,7 +119,14 @@ fn arg_name(a: &Arg) -> String {
         names.push(format!("--{alias}"));
     }
     if names.is_empty() {
-        return format!("`{value}`{}", if a.is_required_set() { "" } else { " (optional)" });
+        return format!(
+            "`{value}`{}",
+            if a.is_required_set() {
+                ""
+            } else {
+                " (optional)"
+            }
+        );
     }
     let shown = names.join(", ");
     if takes_value {

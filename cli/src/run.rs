@@ -36,7 +36,12 @@ pub struct RunArgs {
     #[arg(long)]
     no_check: bool,
     /// The command and its arguments, after --.
-    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "COMMAND")]
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "COMMAND"
+    )]
     command: Vec<OsString>,
 }
 
@@ -51,7 +56,9 @@ struct Hints {
 
 fn check_name(value: &str, source: &str) -> Result<String, String> {
     if value.contains('?') {
-        return Err(format!("{source}={value:?} is not valid: a job name cannot contain '?'"));
+        return Err(format!(
+            "{source}={value:?} is not valid: a job name cannot contain '?'"
+        ));
     }
     if value.chars().any(|c| (c as u32) < 32) {
         return Err(format!(
@@ -74,7 +81,9 @@ fn check_priority(value: &str, source: &str) -> Result<i32, String> {
 fn check_iterations(value: &str, source: &str) -> Result<u64, String> {
     match value.trim().parse::<u64>() {
         Ok(n) if n > 0 => Ok(n),
-        _ => Err(format!("{source}={value:?} is not valid: expected a positive integer")),
+        _ => Err(format!(
+            "{source}={value:?} is not valid: expected a positive integer"
+        )),
     }
 }
 
@@ -96,9 +105,15 @@ impl Hints {
         }
         Ok(Hints {
             name: given(&name.0).map(|v| check_name(v, name.1)).transpose()?,
-            priority: given(&priority.0).map(|v| check_priority(v, priority.1)).transpose()?,
-            iterations: given(&iterations.0).map(|v| check_iterations(v, iterations.1)).transpose()?,
-            seconds: given(&seconds.0).map(|v| check_seconds(v, seconds.1)).transpose()?,
+            priority: given(&priority.0)
+                .map(|v| check_priority(v, priority.1))
+                .transpose()?,
+            iterations: given(&iterations.0)
+                .map(|v| check_iterations(v, iterations.1))
+                .transpose()?,
+            seconds: given(&seconds.0)
+                .map(|v| check_seconds(v, seconds.1))
+                .transpose()?,
         })
     }
 
@@ -186,9 +201,9 @@ pub fn run(conn: &Connection, args: RunArgs) -> Result<(), CliError> {
         })?;
     }
     let mut command = args.command.into_iter();
-    let program = command.next().ok_or_else(|| {
-        CliError::Usage("usage: salus run [OPTIONS] -- COMMAND [ARGS]...".into())
-    })?;
+    let program = command
+        .next()
+        .ok_or_else(|| CliError::Usage("usage: salus run [OPTIONS] -- COMMAND [ARGS]...".into()))?;
     let mut child = std::process::Command::new(&program);
     child.args(command).env(ENV_SERVER, &server);
     for (key, value) in hints.env() {
@@ -219,7 +234,12 @@ mod tests {
 
     fn raw(values: [Option<&str>; 4]) -> [(Option<String>, &'static str); 4] {
         let [a, b, c, d] = values.map(|v| v.map(str::to_string));
-        [(a, "--name"), (b, "--priority"), (c, "--iterations"), (d, "--seconds")]
+        [
+            (a, "--name"),
+            (b, "--priority"),
+            (c, "--iterations"),
+            (d, "--seconds"),
+        ]
     }
 
     #[test]
@@ -238,20 +258,32 @@ mod tests {
         );
         for (bad, needle) in [
             ([Some("a?b"), None, None, None], "cannot contain '?'"),
-            ([None, Some("x"), None, None], "--priority=\"x\" is not valid"),
+            (
+                [None, Some("x"), None, None],
+                "--priority=\"x\" is not valid",
+            ),
             ([None, None, Some("0"), None], "expected a positive integer"),
-            ([None, None, None, Some("inf")], "positive number of seconds"),
+            (
+                [None, None, None, Some("inf")],
+                "positive number of seconds",
+            ),
         ] {
             let err = Hints::checked(raw(bad)).unwrap_err();
             assert!(err.contains(needle), "{err}");
         }
         // An empty variable is as good as none.
-        assert_eq!(Hints::checked(raw([Some(""), None, None, None])).unwrap(), Hints::default());
+        assert_eq!(
+            Hints::checked(raw([Some(""), None, None, None])).unwrap(),
+            Hints::default()
+        );
     }
 
     #[test]
     fn server_addresses_are_normalized() {
-        assert_eq!(normalize_server("grpc://127.0.0.1:5501").unwrap(), "127.0.0.1:5501");
+        assert_eq!(
+            normalize_server("grpc://127.0.0.1:5501").unwrap(),
+            "127.0.0.1:5501"
+        );
         assert_eq!(normalize_server("[::1]:5501").unwrap(), "[::1]:5501");
         for bad in ["nohost", "h:0", "h:99999", "https://h:1", ":5501", "a/b:1"] {
             assert!(normalize_server(bad).is_err(), "{bad}");

@@ -42,9 +42,14 @@ struct Frame {
     jobs: Vec<JobInfo>,
 }
 
-async fn fetch(admin: &mut admin_client::AdminClient<tonic::transport::Channel>) -> Result<Frame, CliError> {
+async fn fetch(
+    admin: &mut admin_client::AdminClient<tonic::transport::Channel>,
+) -> Result<Frame, CliError> {
     Ok(Frame {
-        info: admin.get_server_info(GetServerInfoRequest {}).await?.into_inner(),
+        info: admin
+            .get_server_info(GetServerInfoRequest {})
+            .await?
+            .into_inner(),
         stats: admin.get_stats(GetStatsRequest {}).await?.into_inner(),
         jobs: admin.list_jobs(ListJobsRequest {}).await?.into_inner().jobs,
     })
@@ -81,13 +86,16 @@ pub fn top(conn: &Connection, args: TopArgs) -> Result<(), CliError> {
             let frame = match fetch(&mut admin).await {
                 Ok(frame) => Ok(frame),
                 // A lost connection after the first frame is shown, and retried.
-                Err(e) if shown > 0 && e.exit_code() == crate::EXIT_UNREACHABLE => Err(e.render(&conn.server)),
+                Err(e) if shown > 0 && e.exit_code() == crate::EXIT_UNREACHABLE => {
+                    Err(e.render(&conn.server))
+                }
                 Err(e) => break Err(e),
             };
             let text = if args.json {
                 match &frame {
                     Ok(f) => {
-                        let mut line = serde_json::to_string(&frame_json(&conn.server, f)).unwrap_or_default();
+                        let mut line =
+                            serde_json::to_string(&frame_json(&conn.server, f)).unwrap_or_default();
                         line.push('\n');
                         line
                     }
@@ -95,7 +103,13 @@ pub fn top(conn: &Connection, args: TopArgs) -> Result<(), CliError> {
                 }
             } else {
                 let width = if redraw { terminal_width() } else { None };
-                render_top(&conn.server, frame.as_ref().map_err(|e| e.as_str()), &previous, args.interval, width)
+                render_top(
+                    &conn.server,
+                    frame.as_ref().map_err(|e| e.as_str()),
+                    &previous,
+                    args.interval,
+                    width,
+                )
             };
             if let Ok(f) = &frame {
                 let now = Instant::now();
@@ -144,7 +158,11 @@ fn clock(seconds: f64) -> String {
     let (d, s) = (s / 86400, s % 86400);
     let (h, s) = (s / 3600, s % 3600);
     let (m, s) = (s / 60, s % 60);
-    let days = if d > 0 { format!("{d}d ") } else { String::new() };
+    let days = if d > 0 {
+        format!("{d}d ")
+    } else {
+        String::new()
+    };
     format!("{days}{h}:{m:02}:{s:02}")
 }
 
@@ -170,11 +188,19 @@ fn render_top(
     let f = match frame {
         Ok(f) => f,
         Err(error) => {
-            return format!("salus top - {server} - {now} - {refresh}\nconnection lost: {error} (retrying)\n");
+            return format!(
+                "salus top - {server} - {now} - {refresh}\nconnection lost: {error} (retrying)\n"
+            );
         }
     };
     let (info, stats, jobs) = (&f.info, &f.stats, &f.jobs);
-    let or_unknown = |s: &str| if s.is_empty() { "?".to_string() } else { s.to_string() };
+    let or_unknown = |s: &str| {
+        if s.is_empty() {
+            "?".to_string()
+        } else {
+            s.to_string()
+        }
+    };
     let mut lines = vec![
         format!(
             "salus top - {server} - {now} - up {} - policy {} - {refresh}",
@@ -190,7 +216,13 @@ fn render_top(
             } else {
                 info.devices
                     .iter()
-                    .map(|d| d.name.rsplit("/device:").next().unwrap_or(&d.name).to_string())
+                    .map(|d| {
+                        d.name
+                            .rsplit("/device:")
+                            .next()
+                            .unwrap_or(&d.name)
+                            .to_string()
+                    })
                     .collect::<Vec<_>>()
                     .join(", ")
             }
@@ -220,7 +252,13 @@ fn render_top(
         lat.p50_us, lat.p99_us, lat.max_us, lat.count
     ));
     lines.push(String::new());
-    let label = |j: &JobInfo| if j.name.is_empty() { j.id.to_string() } else { j.name.clone() };
+    let label = |j: &JobInfo| {
+        if j.name.is_empty() {
+            j.id.to_string()
+        } else {
+            j.name.clone()
+        }
+    };
     let on_lane = |lane: u32, state: &str| {
         let names: Vec<String> = jobs
             .iter()
@@ -250,9 +288,12 @@ fn render_top(
         lines.push("no lanes".into());
     } else {
         lines.push(
-            commands::table(&["LANE", "RUNNING", "QUEUED", "RUNNING_JOB", "WAITING_JOBS"], &lane_rows)
-                .trim_end()
-                .to_string(),
+            commands::table(
+                &["LANE", "RUNNING", "QUEUED", "RUNNING_JOB", "WAITING_JOBS"],
+                &lane_rows,
+            )
+            .trim_end()
+            .to_string(),
         );
     }
     lines.push(String::new());
@@ -283,9 +324,21 @@ fn render_top(
                 };
                 vec![
                     j.id.to_string(),
-                    if j.kind.is_empty() { "graph".into() } else { j.kind.clone() },
-                    if j.name.is_empty() { "-".into() } else { j.name.clone() },
-                    if j.tenant.is_empty() { "-".into() } else { j.tenant.clone() },
+                    if j.kind.is_empty() {
+                        "graph".into()
+                    } else {
+                        j.kind.clone()
+                    },
+                    if j.name.is_empty() {
+                        "-".into()
+                    } else {
+                        j.name.clone()
+                    },
+                    if j.tenant.is_empty() {
+                        "-".into()
+                    } else {
+                        j.tenant.clone()
+                    },
                     j.state.clone(),
                     lane_text(j),
                     j.iterations.to_string(),
@@ -304,8 +357,22 @@ fn render_top(
         lines.push(
             commands::table(
                 &[
-                    "ID", "KIND", "NAME", "TENANT", "STATE", "LANE", "ITERS", "IT/S", "DONE", "MEAN_MS",
-                    "ATTAINED_S", "WAIT_S", "QUEUED", "PRIO", "AGE", "NOTE",
+                    "ID",
+                    "KIND",
+                    "NAME",
+                    "TENANT",
+                    "STATE",
+                    "LANE",
+                    "ITERS",
+                    "IT/S",
+                    "DONE",
+                    "MEAN_MS",
+                    "ATTAINED_S",
+                    "WAIT_S",
+                    "QUEUED",
+                    "PRIO",
+                    "AGE",
+                    "NOTE",
                 ],
                 &rows,
             )
@@ -386,23 +453,43 @@ mod tests {
                 ..Default::default()
             },
             stats: SchedulerStats {
-                lanes: vec![LaneQueue { lane: 0, running: 1, queued: 0 }],
+                lanes: vec![LaneQueue {
+                    lane: 0,
+                    running: 1,
+                    queued: 0,
+                }],
                 ..Default::default()
             },
             jobs: vec![
-                JobInfo { id: 1, name: "a".into(), state: "running".into(), iterations: 10, ..Default::default() },
+                JobInfo {
+                    id: 1,
+                    name: "a".into(),
+                    state: "running".into(),
+                    iterations: 10,
+                    ..Default::default()
+                },
                 JobInfo {
                     id: 2,
                     name: "b".into(),
                     state: "queued".into(),
                     memory_state: "waiting for memory".into(),
-                    hints: Some(JobHints { priority: 0, expected_iterations: 40, expected_seconds: 0.0 }),
+                    hints: Some(JobHints {
+                        priority: 0,
+                        expected_iterations: 40,
+                        expected_seconds: 0.0,
+                    }),
                     iterations: 10,
                     ..Default::default()
                 },
             ],
         };
-        let text = render_top("h:1", Ok(&frame), &HashMap::new(), Duration::from_secs(1), None);
+        let text = render_top(
+            "h:1",
+            Ok(&frame),
+            &HashMap::new(),
+            Duration::from_secs(1),
+            None,
+        );
         assert!(text.contains("up 1:02:05 - policy fair"), "{text}");
         assert!(text.contains("memory: 2 GiB shared"), "{text}");
         let row_b = text.lines().find(|l| l.starts_with("2 ")).unwrap();
@@ -410,9 +497,22 @@ mod tests {
         assert_eq!(cells[5], "-", "{row_b}");
         assert_eq!(cells[8], "25%", "{row_b}");
         let lane = text.lines().find(|l| l.starts_with("0 ")).unwrap();
-        assert_eq!(lane.split_whitespace().collect::<Vec<_>>(), ["0", "1", "0", "a", "-"], "{lane}");
-        let lost = render_top("h:1", Err("UNAVAILABLE"), &HashMap::new(), Duration::from_secs(1), None);
-        assert!(lost.contains("connection lost: UNAVAILABLE (retrying)"), "{lost}");
+        assert_eq!(
+            lane.split_whitespace().collect::<Vec<_>>(),
+            ["0", "1", "0", "a", "-"],
+            "{lane}"
+        );
+        let lost = render_top(
+            "h:1",
+            Err("UNAVAILABLE"),
+            &HashMap::new(),
+            Duration::from_secs(1),
+            None,
+        );
+        assert!(
+            lost.contains("connection lost: UNAVAILABLE (retrying)"),
+            "{lost}"
+        );
         let v = frame_json("h:1", &frame);
         assert_eq!(v["jobs"][1]["lane"], Value::Null);
         assert_eq!(v["info"]["policy"], "fair");

@@ -30,7 +30,11 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 
 /// [`parse_duration`] where 0 is allowed too (`timeline --seconds 0`: all the server keeps).
 pub fn parse_duration_or_zero(text: &str) -> Result<Duration, String> {
-    match text.trim().trim_end_matches(|c: char| c.is_ascii_alphabetic()).parse::<f64>() {
+    match text
+        .trim()
+        .trim_end_matches(|c: char| c.is_ascii_alphabetic())
+        .parse::<f64>()
+    {
         Ok(v) if v == 0.0 => Ok(Duration::ZERO),
         _ => parse_duration(text),
     }
@@ -90,7 +94,10 @@ mod tests {
         }
         assert_eq!(parse_duration_or_zero("0").unwrap(), Duration::ZERO);
         assert_eq!(parse_duration_or_zero("0s").unwrap(), Duration::ZERO);
-        assert_eq!(parse_duration_or_zero("10").unwrap(), Duration::from_secs(10));
+        assert_eq!(
+            parse_duration_or_zero("10").unwrap(),
+            Duration::from_secs(10)
+        );
         assert!(parse_duration_or_zero("-1").is_err());
     }
 
@@ -106,7 +113,10 @@ mod tests {
         assert_eq!(size_word(1536 * MIB), "1536MiB");
         assert_eq!(size_word(1000), "1000");
         for bytes in [4 * GIB, 1536 * MIB, 1000] {
-            assert_eq!(salus_sched::units::parse_size(&size_word(bytes)).unwrap(), bytes);
+            assert_eq!(
+                salus_sched::units::parse_size(&size_word(bytes)).unwrap(),
+                bytes
+            );
         }
     }
 }

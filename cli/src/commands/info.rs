@@ -82,7 +82,11 @@ pub fn info_text(info: &ServerInfo) -> String {
             e.tenant,
             e.pid,
             e.release,
-            if e.adopted { ", adopted from an earlier supervisor" } else { "" },
+            if e.adopted {
+                ", adopted from an earlier supervisor"
+            } else {
+                ""
+            },
             e.standing,
             match e.refused_messages {
                 0 => String::new(),

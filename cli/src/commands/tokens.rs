@@ -62,7 +62,8 @@ pub(super) fn limits_text(l: Option<&TenantLimits>) -> String {
         l.weight.map(|w| format!("weight={w}")),
         l.max_jobs.map(|n| format!("max-jobs={n}")),
         l.max_priority.map(|p| format!("max-priority={p}")),
-        l.memory_bytes.map(|m| format!("memory={}", crate::units::size_word(m))),
+        l.memory_bytes
+            .map(|m| format!("memory={}", crate::units::size_word(m))),
     ]
     .into_iter()
     .flatten()

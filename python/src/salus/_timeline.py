@@ -1,5 +1,7 @@
 """`salus timeline`: the server's recent runs as text, or as a per-lane Gantt chart (PNG).
 
+`salus timeline --png FILE` (the Rust CLI) pipes the timeline's JSON into `python -m salus._timeline --png FILE`.
+
 The input is the JSON of `salus timeline --json` (admin.timeline_json): times are seconds before the
 server's "now", so the chart's axis runs from -S to 0 whatever the clocks of client and server say.
 """
@@ -128,3 +130,32 @@ def draw_png(t: dict, path: str) -> None:
     # The legend sits outside the axes: let the saved image grow to hold it.
     fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m salus._timeline --png FILE`: the JSON of `salus timeline --json` on stdin, drawn into FILE."""
+    import argparse
+    import json
+    import sys
+    p = argparse.ArgumentParser(prog="python -m salus._timeline",
+                                description="Draw `salus timeline --json` (read from stdin) as a PNG.")
+    p.add_argument("--png", metavar="FILE", required=True)
+    args = p.parse_args(argv)
+    try:
+        t = json.load(sys.stdin)
+        draw_png(t, args.png)
+    except ChartUnavailable as e:
+        sys.stderr.write(f"salus: {e}\n")
+        return 1
+    except (ValueError, KeyError) as e:
+        sys.stderr.write(f"salus: the timeline on stdin is not `salus timeline --json`: {e}\n")
+        return 1
+    except OSError as e:
+        sys.stderr.write(f"salus: cannot write {args.png}: {e}\n")
+        return 1
+    sys.stdout.write(f"{args.png}: {len(t['spans'])} runs in the last {window_of(t):.3g} s\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -107,9 +107,17 @@ class AdminClient:
         """Returns {'previous': ..., 'policy': ...}."""
         return self._call("SetPolicy", pb.SetPolicyRequest(policy=policy))
 
-    def set_job_hints(self, job: str, priority: int = 0, iterations: int = 0, seconds: float = 0.0) -> dict:
-        """Replaces a job's hints (job: id, session handle or name); returns the job."""
-        hints = pb.JobHints(priority=priority, expected_iterations=iterations, expected_seconds=seconds)
+    def set_job_hints(self, job: str, priority: int | None = None, iterations: int | None = None,
+                      seconds: float | None = None) -> dict:
+        """Changes the hints given (job: id, session handle or name); the job keeps the others (None).
+        0 iterations or seconds clears that expectation. Returns the job."""
+        hints = pb.JobHintsUpdate()
+        if priority is not None:
+            hints.priority = priority
+        if iterations is not None:
+            hints.expected_iterations = iterations
+        if seconds is not None:
+            hints.expected_seconds = seconds
         return self._call("SetJobHints", pb.SetJobHintsRequest(job=job, hints=hints))
 
     def timeline(self, seconds: float = 0.0) -> dict:
