@@ -155,7 +155,7 @@ def test_exit_statuses_and_error_causes(server):
     unreachable = salus("--server", f"127.0.0.1:{port}", "jobs")
     assert unreachable.returncode == 3, unreachable.stderr
     # The address and the cause under tonic's "transport error" are kept.
-    assert f"salus: cannot reach 127.0.0.1:{port}: " in unreachable.stderr, unreachable.stderr
+    assert f"salus: cannot reach salus-server at 127.0.0.1:{port}: " in unreachable.stderr, unreachable.stderr
     assert "Connection refused" in unreachable.stderr, unreachable.stderr
     run_unreachable = salus("--server", f"127.0.0.1:{port}", "run", "--", "true")
     assert run_unreachable.returncode == 3 and "--no-check" in run_unreachable.stderr, run_unreachable.stderr

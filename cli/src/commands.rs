@@ -125,7 +125,7 @@ pub fn server_url(server: &str) -> Result<String, CtlError> {
         ))
     };
     let rest = match server.split_once("://") {
-        Some(("grpc" | "http", rest)) => rest,
+        Some(("grpc", rest)) => rest,
         Some(_) => return Err(bad()),
         None => server,
     };
@@ -745,5 +745,87 @@ mod tests {
         assert_eq!(json["spans"][3]["lane"], Value::Null);
         assert_eq!(json["spans"][2]["run"], "cheap");
         assert_eq!(json["spans"][0]["start_ago_s"], 3.0);
+    }
+
+    /// Every key a `--json` output has is documented in docs/src/reference/json.md.
+    #[test]
+    fn json_md_documents_every_key() {
+        fn keys(value: &Value, out: &mut std::collections::BTreeSet<String>) {
+            match value {
+                Value::Object(map) => {
+                    for (key, inner) in map {
+                        out.insert(key.clone());
+                        // run_errors is keyed by gRPC code names, not by fixed keys.
+                        if key != "run_errors" {
+                            keys(inner, out);
+                        }
+                    }
+                }
+                Value::Array(items) => items.iter().for_each(|i| keys(i, out)),
+                _ => {}
+            }
+        }
+        let listed = ListJobsResponse {
+            jobs: vec![job()],
+            reservations: vec![Reservation::default()],
+        };
+        let info = ServerInfo {
+            devices: vec![Device::default()],
+            executors: vec![ExecutorProcess::default()],
+            ..Default::default()
+        };
+        let stats = SchedulerStats {
+            lanes: vec![LaneQueue::default()],
+            tenants: vec![TenantShare::default()],
+            ..Default::default()
+        };
+        let history = ListHistoryResponse {
+            identities: vec![HistoryIdentity {
+                runs: vec![HistoryRun::default()],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let timeline = Timeline {
+            spans: vec![TimelineSpan::default()],
+            ..Default::default()
+        };
+        let mut token = tokens::token_json(&TokenInfo::default());
+        token["token"] = json!("secret");
+        let documents = [
+            jobs_json(&listed),
+            stats_json(&stats),
+            counters_json(&info),
+            json!({ "server_counters": null, "previous": null, "policy": null, "erased_identities": 0 }),
+            limits_json("t", &TenantLimits::default()),
+            capacity_json(&info),
+            info::info_json(&info),
+            token,
+            history::history_json(&history),
+            drain::drain_json(&DrainStatus {
+                jobs: vec![job()],
+                ..Default::default()
+            }),
+            drain::reload_json(&ReloadResponse::default()),
+            timeline_json(&timeline, 1.0),
+            json!({ "server": "", "info": null, "stats": null, "jobs": [] }),
+        ];
+        let mut all = std::collections::BTreeSet::new();
+        for document in &documents {
+            keys(document, &mut all);
+        }
+        let doc = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../docs/src/reference/json.md"
+        ))
+        .unwrap();
+        let undocumented: Vec<_> = all
+            .iter()
+            .filter(|k| !doc.contains(&format!("`{k}`")))
+            .collect();
+        assert!(
+            undocumented.is_empty(),
+            "keys missing from docs/src/reference/json.md: {undocumented:?}"
+        );
     }
 }

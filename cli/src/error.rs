@@ -35,7 +35,7 @@ Exit status:
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
     /// Connecting failed: the address, and the whole chain of causes.
-    #[error("cannot reach {addr}: {}", cause_chain(source.as_ref()))]
+    #[error("cannot reach salus-server at {addr}: {}", cause_chain(source.as_ref()))]
     Unreachable {
         addr: String,
         source: Box<dyn StdError + Send + Sync>,
@@ -76,7 +76,7 @@ impl CliError {
     pub fn render(&self, server: &str) -> String {
         match self {
             CliError::Rpc(status) if is_transport(status) => {
-                format!("cannot reach {server}: {}", status_text(status))
+                format!("cannot reach salus-server at {server}: {}", status_text(status))
             }
             CliError::Rpc(status) => format!(
                 "refused ({}): {}",
@@ -195,7 +195,7 @@ mod tests {
         assert_eq!(unreachable.exit_code(), EXIT_UNREACHABLE);
         assert_eq!(
             unreachable.render("127.0.0.1:5599"),
-            "cannot reach 127.0.0.1:5599: transport error: tcp connect error: Connection refused (os error 111)"
+            "cannot reach salus-server at 127.0.0.1:5599: transport error: tcp connect error: Connection refused (os error 111)"
         );
     }
 
@@ -216,7 +216,7 @@ mod tests {
         let lost = Status::from_error(Box::new(layers(&["connection reset", "broken pipe"])));
         assert_eq!(CliError::from(lost.clone()).exit_code(), EXIT_UNREACHABLE);
         let text = CliError::from(lost).render("10.0.0.1:5501");
-        assert!(text.starts_with("cannot reach 10.0.0.1:5501: "), "{text}");
+        assert!(text.starts_with("cannot reach salus-server at 10.0.0.1:5501: "), "{text}");
         assert!(text.contains("broken pipe"), "{text}");
     }
 

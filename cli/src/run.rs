@@ -57,7 +57,7 @@ struct Hints {
 fn check_name(value: &str, source: &str) -> Result<String, String> {
     if value.contains('?') {
         return Err(format!(
-            "{source}={value:?} is not valid: a job name cannot contain '?'"
+            "{source}='{value}' is not valid: a job name cannot contain '?'"
         ));
     }
     if value.chars().any(|c| (c as u32) < 32) {
@@ -71,7 +71,7 @@ fn check_name(value: &str, source: &str) -> Result<String, String> {
 fn check_priority(value: &str, source: &str) -> Result<i32, String> {
     value.trim().parse().map_err(|_| {
         format!(
-            "{source}={value:?} is not valid: expected an integer in [{}, {}]",
+            "{source}='{value}' is not valid: expected an integer in [{}, {}]",
             i32::MIN,
             i32::MAX
         )
@@ -82,7 +82,7 @@ fn check_iterations(value: &str, source: &str) -> Result<u64, String> {
     match value.trim().parse::<u64>() {
         Ok(n) if n > 0 => Ok(n),
         _ => Err(format!(
-            "{source}={value:?} is not valid: expected a positive integer"
+            "{source}='{value}' is not valid: expected a positive integer"
         )),
     }
 }
@@ -91,7 +91,7 @@ fn check_seconds(value: &str, source: &str) -> Result<f64, String> {
     match value.trim().parse::<f64>() {
         Ok(s) if s.is_finite() && s > 0.0 => Ok(s),
         _ => Err(format!(
-            "{source}={value:?} is not valid: expected a positive number of seconds"
+            "{source}='{value}' is not valid: expected a positive number of seconds"
         )),
     }
 }
@@ -260,7 +260,7 @@ mod tests {
             ([Some("a?b"), None, None, None], "cannot contain '?'"),
             (
                 [None, Some("x"), None, None],
-                "--priority=\"x\" is not valid",
+                "--priority='x' is not valid",
             ),
             ([None, None, Some("0"), None], "expected a positive integer"),
             (
@@ -285,7 +285,7 @@ mod tests {
             "127.0.0.1:5501"
         );
         assert_eq!(normalize_server("[::1]:5501").unwrap(), "[::1]:5501");
-        for bad in ["nohost", "h:0", "h:99999", "https://h:1", ":5501", "a/b:1"] {
+        for bad in ["nohost", "h:0", "h:99999", "https://h:1", "http://x:1", ":5501", "a/b:1"] {
             assert!(normalize_server(bad).is_err(), "{bad}");
         }
     }
