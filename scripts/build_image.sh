@@ -46,7 +46,7 @@ say() { echo "build_image: $*"; }
 die() { echo "build_image: $*" >&2; exit 1; }
 
 [[ "$(id -u)" == 0 ]] || die "run as root (rootful podman; apt-get install)"
-for f in "$SERVER_BIN" "$(dirname "$SERVER_BIN")/salus-supervisor" "$PLUGIN_BIN"; do
+for f in "$SERVER_BIN" "$(dirname "$SERVER_BIN")/salus-supervisor" "$(dirname "$SERVER_BIN")/salus" "$PLUGIN_BIN"; do
     [[ -x "$f" ]] || die "$f not found: build it first (cargo build --release --bins, or cargo build --release -p salus-device-plugin)"
 done
 [[ -x "$PYTHON" ]] || die "$PYTHON not found: scripts/setup.sh makes the venv (it builds the adapter's wheel)"
@@ -104,6 +104,7 @@ mkdir -p "$ctx/bin" "$ctx/wheels"
 cp "$SERVER_BIN" "$ctx/bin/salus-server"
 # salus-server execs into it under --isolation tenant (it links no TensorFlow).
 cp "$(dirname "$SERVER_BIN")/salus-supervisor" "$ctx/bin/salus-supervisor"
+cp "$(dirname "$SERVER_BIN")/salus" "$ctx/bin/salus"
 cp "$PLUGIN_BIN" "$ctx/bin/salus-device-plugin"
 if [[ -n "$gpu" ]]; then
     # The same pins with TensorFlow's GPU wheel (its nvidia-* dependencies resolved by pip from PyPI).

@@ -76,7 +76,10 @@ impl CliError {
     pub fn render(&self, server: &str) -> String {
         match self {
             CliError::Rpc(status) if is_transport(status) => {
-                format!("cannot reach salus-server at {server}: {}", status_text(status))
+                format!(
+                    "cannot reach salus-server at {server}: {}",
+                    status_text(status)
+                )
             }
             CliError::Rpc(status) => format!(
                 "refused ({}): {}",
@@ -216,7 +219,10 @@ mod tests {
         let lost = Status::from_error(Box::new(layers(&["connection reset", "broken pipe"])));
         assert_eq!(CliError::from(lost.clone()).exit_code(), EXIT_UNREACHABLE);
         let text = CliError::from(lost).render("10.0.0.1:5501");
-        assert!(text.starts_with("cannot reach salus-server at 10.0.0.1:5501: "), "{text}");
+        assert!(
+            text.starts_with("cannot reach salus-server at 10.0.0.1:5501: "),
+            "{text}"
+        );
         assert!(text.contains("broken pipe"), "{text}");
     }
 

@@ -210,7 +210,7 @@ pub enum Command {
     Timeline {
         /// Runs that ended in the last DURATION (10s, 2m; a bare number is
         /// seconds; 0: all the server keeps).
-        #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = units::parse_duration_or_zero)]
+        #[arg(long, default_value = "10s", value_name = "DURATION", allow_negative_numbers = true, value_parser = units::parse_duration_or_zero)]
         seconds: Duration,
         /// Draw a Gantt chart into FILE: a row per lane, a colour per job
         /// (runs `python3 -m salus._timeline`, which needs salus-tf and matplotlib;

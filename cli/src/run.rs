@@ -17,6 +17,8 @@ pub const ENV_NAME: &str = "SALUS_JOB_NAME";
 pub const ENV_PRIORITY: &str = "SALUS_PRIORITY";
 pub const ENV_ITERATIONS: &str = "SALUS_EXPECTED_ITERATIONS";
 pub const ENV_SECONDS: &str = "SALUS_EXPECTED_SECONDS";
+/// Set by the Python `salus` launcher (salus/_launch.py) for `timeline --png`; not passed on to a command.
+pub const ENV_LAUNCHER_PYTHON: &str = "SALUS_LAUNCHER_PYTHON";
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -205,7 +207,10 @@ pub fn run(conn: &Connection, args: RunArgs) -> Result<(), CliError> {
         .next()
         .ok_or_else(|| CliError::Usage("usage: salus run [OPTIONS] -- COMMAND [ARGS]...".into()))?;
     let mut child = std::process::Command::new(&program);
-    child.args(command).env(ENV_SERVER, &server);
+    child
+        .args(command)
+        .env(ENV_SERVER, &server)
+        .env_remove(ENV_LAUNCHER_PYTHON);
     for (key, value) in hints.env() {
         child.env(key, value);
     }
@@ -258,10 +263,7 @@ mod tests {
         );
         for (bad, needle) in [
             ([Some("a?b"), None, None, None], "cannot contain '?'"),
-            (
-                [None, Some("x"), None, None],
-                "--priority='x' is not valid",
-            ),
+            ([None, Some("x"), None, None], "--priority='x' is not valid"),
             ([None, None, Some("0"), None], "expected a positive integer"),
             (
                 [None, None, None, Some("inf")],
@@ -285,7 +287,15 @@ mod tests {
             "127.0.0.1:5501"
         );
         assert_eq!(normalize_server("[::1]:5501").unwrap(), "[::1]:5501");
-        for bad in ["nohost", "h:0", "h:99999", "https://h:1", "http://x:1", ":5501", "a/b:1"] {
+        for bad in [
+            "nohost",
+            "h:0",
+            "h:99999",
+            "https://h:1",
+            "http://x:1",
+            ":5501",
+            "a/b:1",
+        ] {
             assert!(normalize_server(bad).is_err(), "{bad}");
         }
     }

@@ -408,7 +408,10 @@ fn clock_now() -> String {
 /// salus._timeline --png FILE` (matplotlib draws; the Python package carries it).
 pub fn draw_timeline_png(timeline: &Value, path: &Path) -> Result<String, CliError> {
     use std::process::{Command, Stdio};
-    let python = std::env::var_os("SALUS_PYTHON").unwrap_or_else(|| "python3".into());
+    // $SALUS_PYTHON, else the interpreter of the Python `salus` launcher that started this binary.
+    let python = std::env::var_os("SALUS_PYTHON")
+        .or_else(|| std::env::var_os(crate::run::ENV_LAUNCHER_PYTHON))
+        .unwrap_or_else(|| "python3".into());
     let mut child = Command::new(&python)
         .args(["-m", "salus._timeline", "--png"])
         .arg(path)

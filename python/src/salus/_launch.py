@@ -69,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
                          "wheel, build a checkout (cargo build --release), or set SALUS_BIN_DIR.\n")
         return 2
     env = dict(os.environ)
-    # `salus timeline --png` draws with this interpreter's salus._timeline and matplotlib.
-    env.setdefault("SALUS_PYTHON", sys.executable)
+    # `salus timeline --png` draws with this interpreter's salus._timeline and matplotlib (`salus run` drops it).
+    env["SALUS_LAUNCHER_PYTHON"] = sys.executable
     sys.stdout.flush()
     sys.stderr.flush()
     try:
