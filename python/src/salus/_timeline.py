@@ -32,7 +32,7 @@ def window_of(t: dict) -> float:
 
 
 def summary_text(t: dict) -> str:
-    """Per lane: how busy it was and which jobs ran on it (as `salus-server ctl timeline`)."""
+    """Per lane: how busy it was and which jobs ran on it (as `salus timeline`)."""
     window = window_of(t)
     lanes: dict = {}
     for s in t["spans"]:

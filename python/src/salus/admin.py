@@ -137,7 +137,7 @@ class AdminClient:
                                                              expires_seconds=expires_seconds))
 
     def revoke_tokens(self, which: str) -> list[dict]:
-        """Revokes the token with this id (admins only; never a tenant's tokens: `salus-server ctl token revoke
+        """Revokes the token with this id (admins only; never a tenant's tokens: `salus token revoke
         --tenant NAME` does that); returns those revoked."""
         return self._call("RevokeTokens", pb.RevokeTokensRequest(which=which))["tokens"]
 
@@ -147,12 +147,12 @@ class AdminClient:
 
 
 def jobs_json(jobs: list[dict], reservations: list[dict]) -> dict:
-    """The jobs and the reservations with the keys of `salus-server ctl jobs --json`."""
+    """The jobs and the reservations with the keys of `salus jobs --json`."""
     return {"jobs": [job_json(j) for j in jobs], "reservations": [reservation_json(r) for r in reservations]}
 
 
 def job_json(job: dict) -> dict:
-    """A job with the keys of `salus-server ctl jobs --json`."""
+    """A job with the keys of `salus jobs --json`."""
     h = job.get("hints") or {}
     return {
         "id": job["id"],
@@ -199,7 +199,7 @@ def job_json(job: dict) -> dict:
 
 
 def stats_json(s: dict) -> dict:
-    """Scheduler stats with the keys of `salus-server ctl stats --json`."""
+    """Scheduler stats with the keys of `salus stats --json`."""
     lat = s["switch_latency"]
     return {
         "policy": s["policy"],
@@ -231,7 +231,7 @@ def _latency_json(lat: dict | None) -> dict:
 
 
 def reservation_json(r: dict) -> dict:
-    """A token reservation with the keys of `salus-server ctl jobs --json` (expiry None: never)."""
+    """A token reservation with the keys of `salus jobs --json` (expiry None: never)."""
     return {
         "tenant": r.get("tenant_name", ""),
         "uid": r.get("tenant_uid"),
@@ -244,7 +244,7 @@ def reservation_json(r: dict) -> dict:
 
 
 def timeline_json(t: dict, seconds: float) -> dict:
-    """The timeline with the keys of `salus-server ctl timeline --json`."""
+    """The timeline with the keys of `salus timeline --json`."""
     return {
         "seconds": seconds,
         "now_uptime_s": t["now_uptime_seconds"],
