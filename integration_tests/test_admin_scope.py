@@ -316,7 +316,7 @@ def test_a_token_reserves_memory_for_its_jobs(server):
         assert reservations(agent) == [("placed-job", 40 * MiB)]
         assert reservations(bot1) == []
         printed = ctl(server.address, "jobs").stdout
-        assert f"reserved for placed-job: {40 * MiB} bytes (0 claimed by its jobs" in printed, printed
+        assert "reserved for placed-job: 40 MiB (0 B claimed by its jobs" in printed, printed  # sizes in MiB/GiB
         info = wire.call(bot1, ADMIN + "GetServerInfo", b"")
         assert wire.first(info, 24, 0) == 40 * MiB and wire.first(info, 25, 0) == 40 * MiB
 

@@ -334,7 +334,9 @@ impl Args {
 #[derive(clap::Subcommand, Debug)]
 pub enum Command {
     /// Deprecated: the `salus` command (same commands: jobs, stats, policy, hints, limits, tokens, drain, ...).
-    /// `salus ARGS` runs `salus ARGS` after a warning; removed in the next release.
+    /// `salus-server ctl ARGS` runs `salus ARGS` after a warning; removed in the next release.
+    // --help goes on to `salus`, which lists the commands.
+    #[command(disable_help_flag = true)]
     Ctl {
         /// What `salus` takes: a command and its options.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 0..)]
