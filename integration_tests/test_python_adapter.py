@@ -485,15 +485,6 @@ def _start_together(jobs: list[tuple[list[str], dict]], tmp_path: Path, timeout:
     return procs
 
 
-def test_timeline_summary_names_a_job_whose_late_spans_have_no_label():
-    """A run that ends long after its job closed has no name; the text still names the job by its others."""
-    from salus._timeline import summary_text
-    span = {"job": 9, "lane": 0, "start_ago_s": 1.0, "end_ago_s": 0.5, "run": "main"}
-    t = {"seconds": 2.0, "capacity": 10, "recorded_total": 3,
-         "spans": [{**span, "name": "", "kind": ""}, {**span, "name": "train", "kind": "eager"}]}
-    assert "  job 9 train (eager): 2 main (1.000 s)" in summary_text(t)
-
-
 def test_timeline_shows_both_jobs_iterations_on_their_lane(salus_address, salus_target, salus_only, tmp_path):
     """A graph job and an eager job train at the same time; `salus timeline --json` has both jobs' main
     iterations on one lane, never overlapping there (one iteration at a time per lane), interleaved;

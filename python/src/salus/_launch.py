@@ -13,7 +13,6 @@ TensorFlow. It is looked for, in this order:
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 
 BINARY = "salus"
