@@ -2,6 +2,7 @@
 
 Environment:
   SALUS_SERVER_BIN    path of the server binary (default <repo>/target/release/salus-server)
+  SALUS_CLI_BIN       path of the `salus` CLI (default: beside the server binary)
   SALUS_TEST_TARGET   grpc://host:port of an already running server; no binary is started. Used to check the
                       TF-script tests against TensorFlow's own server (tf.distribute.Server). Tests of
                       Salus-only behaviour skip themselves when that target is not a Salus server (it does
@@ -129,6 +130,11 @@ def pytest_terminal_summary(terminalreporter):
 
 def server_bin() -> Path:
     return Path(os.environ.get("SALUS_SERVER_BIN", REPO / "target" / "release" / "salus-server"))
+
+
+def cli_bin() -> Path:
+    """The `salus` CLI: $SALUS_CLI_BIN, else beside the server binary (cargo builds both into target/release)."""
+    return Path(os.environ.get("SALUS_CLI_BIN", server_bin().parent / "salus"))
 
 
 def venv_python() -> str:

@@ -1,4 +1,4 @@
-"""Shared helpers for suites that drive their own salus-server through `salus-server ctl`."""
+"""Shared helpers for suites that drive their own salus-server through the `salus` CLI."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SalusProcess, server_bin, wait_until
+from conftest import SalusProcess, cli_bin, server_bin, wait_until
 
 
 def require_server_flag(flag: str, feature: str) -> Path:
@@ -23,7 +23,7 @@ def require_server_flag(flag: str, feature: str) -> Path:
 
 
 def ctl(address: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([str(server_bin()), "ctl", "--server", address, *args], capture_output=True,
+    proc = subprocess.run([str(cli_bin()), "--server", address, *args], capture_output=True,
                           text=True, timeout=30, stdin=subprocess.DEVNULL)
     if check and proc.returncode != 0:
         pytest.fail(f"ctl {' '.join(args)} exited with {proc.returncode}\nstdout:\n{proc.stdout[-2000:]}\n"

@@ -127,11 +127,11 @@ def test_drain_refuses_new_jobs_while_open_ones_finish(node):
         drained = ctl_json(address, "drain")
         assert drained["draining"] is True and len(drained["jobs"]) == 1, drained
         text = ctl(address, "drain").stdout
-        assert "1 job(s) still open:" in text and "ctl undrain" in text, text
+        assert "1 job(s) still open:" in text and "salus undrain" in text, text
 
         refused = client.send("probe")
         assert refused["probe"] == "UnavailableError", refused
-        assert DRAIN_WORDS in refused["message"] and "salus-server ctl undrain" in refused["message"], refused
+        assert DRAIN_WORDS in refused["message"] and "salus undrain" in refused["message"], refused
 
         waited = ctl(address, "drain", "--wait", "--timeout", "1s", check=False)
         assert waited.returncode == 1, waited
@@ -179,7 +179,7 @@ def test_sighup_and_ctl_reload_apply_the_edited_config(node):
     assert wait_until(lambda: "max-sessions: 1024 -> 77 (needs a restart)" in server.stderr_tail(20000),
                       timeout=10), server.stderr_tail()
     log = server.stderr_tail(20000)
-    assert "policy fifo set with `ctl policy` is dropped" in log, log
+    assert "policy fifo set with `salus policy set` is dropped" in log, log
 
     write_config(node["config"], policy="dlas", **{"shutdown-grace": "3s", "anticipation": "1500us",
                                                    "max-sessions": 77})

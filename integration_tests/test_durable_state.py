@@ -32,7 +32,6 @@ from server_ctl import ctl, ctl_json, require_server_flag
 from test_python_adapter import salus_package  # noqa: F401  (autouse: the venv has this tree's python/)
 from tf2_common import SERVER_JOB, tf2_env
 
-MiB = 1 << 20
 # Reservations (64 + 32 MiB) fit the 256 MiB the servers share; the jobs' own memory fits the reservations.
 SERVER_ARGS = ("--isolation", "tenant", "--memory-capacity", "256MiB")
 CLIENT_TIMEOUT_S = 180
@@ -118,8 +117,8 @@ def test_tokens_survive_sigterm_and_their_tf2_and_tf1_jobs_run(node):
     server = start(node)
     # Before any client: the tokens and their reservations are back, the expired and the revoked ones are not.
     assert listed_ids(server.address) == {tokens["tf2"]["id"], tokens["tf1"]["id"]}
-    assert f"reserved for tf2-job: {64 * MiB} bytes (0 claimed" in reserved_line(server.address, "tf2-job")
-    assert f"reserved for tf1-job: {32 * MiB} bytes (0 claimed" in reserved_line(server.address, "tf1-job")
+    assert "reserved for tf2-job: 64 MiB (0 B claimed" in reserved_line(server.address, "tf2-job")
+    assert "reserved for tf1-job: 32 MiB (0 B claimed" in reserved_line(server.address, "tf1-job")
     assert ctl_json(server.address, "capacity")["unreserved_mib"] == 256 - 96
     log = server.stderr_tail(20000)
     assert f'expired while the server was down: dropped file={node["state"] / "tokens.json"} id="{brief["id"]}"' in log, log
@@ -141,9 +140,9 @@ def test_tokens_survive_sigterm_and_their_tf2_and_tf1_jobs_run(node):
         assert {r["priority"] for r in rows if r["tenant"] == "tf1-job"} == {2}, rows
         # The reservations stay listed beside the jobs, with the tokens' ids.
         line = reserved_line(server.address, "tf2-job")
-        assert f"reserved for tf2-job: {64 * MiB} bytes" in line and tokens["tf2"]["id"] in line, line
+        assert "reserved for tf2-job: 64 MiB" in line and tokens["tf2"]["id"] in line, line
         line = reserved_line(server.address, "tf1-job")
-        assert f"reserved for tf1-job: {32 * MiB} bytes" in line and tokens["tf1"]["id"] in line, line
+        assert "reserved for tf1-job: 32 MiB" in line and tokens["tf1"]["id"] in line, line
     finally:
         tf2_out = release(tf2, "the TF2 script")
         tf1_out = release(tf1, "the TF1 script")
@@ -169,7 +168,7 @@ def test_tokens_survive_sigkill_of_the_supervisor(node):
     adopted = {e["pid"] for e in ctl_json(server.address, "info")["executors"] if e["adopted"]}
     assert survivors == adopted, (survivors, adopted)
     assert listed_ids(server.address) == {t["id"] for t in tokens.values()}
-    assert f"reserved for late-job: {8 * MiB} bytes" in reserved_line(server.address, "late-job")
+    assert "reserved for late-job: 8 MiB" in reserved_line(server.address, "late-job")
     assert ctl_json(server.address, "capacity")["unreserved_mib"] == 256 - 104
     tf2 = held_client("tf2_steps.py", ("2", "1"), tf2_env(SALUS_SERVER=server.address,
                                                           SALUS_TOKEN=tokens["late"]["token"],

@@ -245,7 +245,7 @@ def test_an_allocation_trains_through_its_token_and_is_released_when_its_job_end
     env = dict(reply.envs)
     assert env["SALUS_SERVER"] == address and env["SALUS_RESERVED_MIB"] == str(2 * UNIT_MIB), env
     tenant = reply.annotations["salus.io/tenant"]
-    assert any(line.startswith(f"reserved for {tenant}: {512 << 20} bytes") for line in reserved_lines(address))
+    assert any(line.startswith(f"reserved for {tenant}: 512 MiB") for line in reserved_lines(address))
     remote = last_json_line(run_workload("tf2_keras3.py", tf2_env(SALUS_SERVER=env["SALUS_SERVER"],
                                                                   SALUS_TOKEN=env["SALUS_TOKEN"])).stdout)
     assert_devices(remote, SERVER_JOB)
@@ -332,7 +332,7 @@ def test_an_allocation_made_before_a_server_restart_trains_after_it(node):
     crash_and_restart_server(node)
     address = node["server"].address
     assert token in token_ids(address), plugin_log(node)
-    assert any(line.startswith(f"reserved for {tenant}: {512 << 20} bytes") for line in reserved_lines(address))
+    assert any(line.startswith(f"reserved for {tenant}: 512 MiB") for line in reserved_lines(address))
     remote = last_json_line(run_workload("tf2_keras3.py", tf2_env(SALUS_SERVER=env["SALUS_SERVER"],
                                                                   SALUS_TOKEN=env["SALUS_TOKEN"])).stdout)
     assert_devices(remote, SERVER_JOB)

@@ -280,11 +280,11 @@ def test_unmodified_tf1_script_runs_on_server_with_hints(channel, salus_address,
             assert "\x1b[" not in frame  # not a terminal: frames are appended, no ANSI redraw
         r = salus_cli("top", "--once", "--server", salus_address)
         assert r.returncode == 0 and r.stdout.count("salus top - ") == 1 and name in r.stdout, r.stdout + r.stderr
-        # Hints can be replaced at run time (SetJobHints replaces all three).
+        # Hints can be changed at run time: only the ones given (the expected seconds stay).
         r = salus_cli("hints", name, "--priority", "9", "--iterations", "30", env=cli_env)
         assert r.returncode == 0 and name in r.stdout, r.stdout + r.stderr
         job = one_job(channel, name)
-        assert (job["priority"], job["expected_iterations"], job["expected_seconds"]) == (9, 30, 0.0)
+        assert (job["priority"], job["expected_iterations"], job["expected_seconds"]) == (9, 30, 1.5)
     except BaseException:
         held.kill()
         raise
@@ -425,8 +425,8 @@ def test_unreachable_server_is_a_clear_error():
     for args in (["jobs"], ["jobs", "--json"], ["top", "--once"], ["policy"], ["stats"],
                  ["run", "--", "true"]):
         r = salus_cli(*args, env=clean_env(SALUS_SERVER=address))
-        assert r.returncode == 1, (args, r.stdout, r.stderr)
-        assert f"cannot reach salus-server at {address}" in r.stderr and "Traceback" not in r.stderr, \
+        assert r.returncode == 3, (args, r.stdout, r.stderr)  # the CLI's "unreachable"
+        assert f"cannot reach salus-server at {address}" in r.stderr and "Connection refused" in r.stderr, \
             (args, r.stderr)
     # A TF script fails fast instead of waiting forever in TensorFlow's gRPC client.
     t0 = time.monotonic()
@@ -446,7 +446,7 @@ def test_policy_show_and_set(channel, salus_address, salus_only):
         r = salus_cli("policy", env=env)
         assert r.returncode == 0 and r.stdout == "policy: srtf\n"
         r = salus_cli("policy", "set", "no-such-policy", env=env)
-        assert r.returncode == 1 and r.stderr.startswith("salus: error: ") and "Traceback" not in r.stderr
+        assert r.returncode == 1 and r.stderr.startswith("salus: refused (INVALID_ARGUMENT): "), r.stderr
         assert server_info(channel)["policy"] == "srtf"
     finally:
         wire.call(channel, ADMIN + "SetPolicy", wire.f_bytes(1, original))
@@ -483,15 +483,6 @@ def _start_together(jobs: list[tuple[list[str], dict]], tmp_path: Path, timeout:
         time.sleep(0.05)
     go.write_text("")
     return procs
-
-
-def test_timeline_summary_names_a_job_whose_late_spans_have_no_label():
-    """A run that ends long after its job closed has no name; the text still names the job by its others."""
-    from salus._timeline import summary_text
-    span = {"job": 9, "lane": 0, "start_ago_s": 1.0, "end_ago_s": 0.5, "run": "main"}
-    t = {"seconds": 2.0, "capacity": 10, "recorded_total": 3,
-         "spans": [{**span, "name": "", "kind": ""}, {**span, "name": "train", "kind": "eager"}]}
-    assert "  job 9 train (eager): 2 main (1.000 s)" in summary_text(t)
 
 
 def test_timeline_shows_both_jobs_iterations_on_their_lane(salus_address, salus_target, salus_only, tmp_path):
@@ -558,13 +549,15 @@ def test_timeline_shows_both_jobs_iterations_on_their_lane(salus_address, salus_
     width, height = struct.unpack(">II", data[16:24])
     assert width >= 800 and height >= 150 and len(data) > 10_000, (width, height, len(data))
     # Without matplotlib: a clear error saying what to install, no traceback.
-    no_matplotlib = ("import sys; sys.modules['matplotlib'] = None; from salus.cli import main; "
-                     f"sys.exit(main(['timeline', '--png', {str(tmp_path / 'x.png')!r}]))")
-    r = subprocess.run([venv_python(), "-c", no_matplotlib], capture_output=True, text=True, env=env, timeout=60)
+    # (salus timeline --png pipes the JSON into `python -m salus._timeline --png FILE`.)
+    no_matplotlib = ("import sys; sys.modules['matplotlib'] = None; from salus._timeline import main; "
+                     f"sys.exit(main(['--png', {str(tmp_path / 'x.png')!r}]))")
+    r = subprocess.run([venv_python(), "-c", no_matplotlib], capture_output=True, text=True, env=env, timeout=60,
+                       input=json.dumps(t))
     assert r.returncode == 1 and "pip install matplotlib" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert not (tmp_path / "x.png").exists()
     r = salus_cli("timeline", "--json", "--png", str(png), env=env)
-    assert r.returncode == 2 and "not allowed with" in r.stderr, r.stderr
+    assert r.returncode == 2 and "cannot be used with" in r.stderr, r.stderr
     r = salus_cli("timeline", "--seconds", "-1", env=env)
     assert r.returncode == 2 and "--seconds" in r.stderr, r.stderr
 

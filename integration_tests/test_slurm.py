@@ -170,7 +170,9 @@ def tenant(user) -> str:
 
 
 def reservation_line(user, mib: int) -> str:
-    return f"reserved for {tenant(user)}: {mib * MiB} bytes"
+    """As `salus jobs` prints the reservation: MiB below 1 GiB, else GiB (one decimal unless whole)."""
+    size = f"{mib} MiB" if mib < 1024 else f"{mib // 1024} GiB" if mib % 1024 == 0 else f"{mib / 1024:.1f} GiB"
+    return f"reserved for {tenant(user)}: {size}"
 
 
 def assert_no_salus_state(cluster: Cluster, node: str) -> None:

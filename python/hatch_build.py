@@ -40,7 +40,7 @@ PROTO = "salus/v1/admin.proto"
 GENERATED = ("salus/v1/__init__.py", "salus/v1/admin_pb2.py", "salus/v1/admin_pb2_grpc.py")
 # Binaries a release wheel cannot do without: the server, and what it execs under --isolation tenant (it looks
 # for it beside its own binary: server/src/process.rs).
-REQUIRED_BINARIES = ("salus-server", "salus-supervisor")
+REQUIRED_BINARIES = ("salus-server", "salus-supervisor", "salus")
 # Console launchers written for a release wheel, for the binaries in salus/_bin/ that exist.
 LAUNCHERS = ("salus-server", "salus-device-plugin")
 RELEASE_BIN_DIR = "SALUS_RELEASE_BIN_DIR"
@@ -120,6 +120,7 @@ class AdminProtoHook(BuildHookInterface):
         bin_dir = os.environ.get(RELEASE_BIN_DIR, "")
         if bin_dir and not editable:
             self._add_release_binaries(os.path.abspath(bin_dir), build_data)
+        self._record_build_info(out, build_data, editable, release=bool(bin_dir))
 
     def _add_release_binaries(self, release_dir: str, build_data: dict) -> None:
         # The directory's layout (scripts/build_release.sh): bin/ -> salus/_bin/; scripts/ -> the install's bin/
@@ -159,6 +160,22 @@ class AdminProtoHook(BuildHookInterface):
         machine = platform.machine().lower()
         # auditwheel repair (scripts/build_release.sh) replaces linux_<arch> with the manylinux policy met.
         build_data["tag"] = f"py3-none-linux_{machine}"
+
+    def _record_build_info(self, out: str, build_data: dict, editable: bool, release: bool) -> None:
+        """salus/_build_info.py: where a checkout's `salus` binary is (the console script's third place to
+        look, salus/_cli.py). A release wheel carries salus/_bin/salus instead and records nothing."""
+        checkout = os.path.abspath(os.path.join(self.root, ".."))
+        if release or os.environ.get("SALUS_RELEASE_BUILD") or not os.path.isfile(os.path.join(checkout, "Cargo.toml")):
+            return
+        target = os.environ.get("CARGO_TARGET_DIR") or os.path.join(checkout, "target")
+        release_dir = os.path.join(os.path.abspath(target), "release")
+        text = ('"""Written by hatch_build.py: the checkout this package was built from (salus/_cli.py)."""\n'
+                f"CARGO_TARGET_RELEASE = {release_dir!r}\n")
+        path = os.path.join(out, "salus", "_build_info.py")
+        with open(path, "w") as f:
+            f.write(text)
+        if not editable:
+            build_data["force_include"][path] = "salus/_build_info.py"
 
     def finalize(self, version: str, build_data: dict, artifact_path: str) -> None:
         if getattr(self, "_tmp", None):

@@ -24,7 +24,7 @@ time (the server's `service_s` per job: main iterations and brief runs), errors 
 step latency at the clients after the warm-up (p50, p99, max; also per class), the server's resident memory
 (VmRSS from /proc/PID/status) after the warm-up and at the end with the growth in % (target <= 10%), its threads
 and open file descriptors, graph sessions and eager contexts open, and the scheduler's own stats
-(`salus-server ctl stats --json`).
+(`salus stats --json`).
 
 Tenants mode, --users A,B[,C...] (instead of the load phase above; needs root): each number is one Unix user's TF1
 sessions, e.g. --users 1,8: salus-bench-u0 runs 1 session and salus-bench-u1 runs 8. The script creates the users
@@ -52,7 +52,7 @@ flags to the server (e.g. --server-flag=--anticipation=0).
 
 Phase 2, churn: --cycles (default 1000) CreateSession / one RunStep / CloseSession cycles, each session a new
 small graph (a few ops, one variable) run once, one after another from one client. Printed: sessions open
-(`salus-server ctl jobs --json`), open file descriptors (/proc/PID/fd), threads and RSS before, at checkpoints
+(`salus jobs --json`), open file descriptors (/proc/PID/fd), threads and RSS before, at checkpoints
 and after. Targets: no growth in sessions or file descriptors; memory growth explained by the RSS slope per
 cycle early and late (a one-time warm-up levels off; a per-session leak keeps the late slope up).
 
@@ -133,7 +133,7 @@ def proc_status(pid: int) -> dict:
 
 
 def ctl_json(address: str, *args: str):
-    proc = subprocess.run([str(server_bin()), "ctl", "--server", address, *args, "--json"], capture_output=True,
+    proc = subprocess.run([str(server_bin().with_name("salus")), "--server", address, *args, "--json"], capture_output=True,
                           text=True, timeout=60, stdin=subprocess.DEVNULL)
     if proc.returncode != 0:
         raise RuntimeError(f"ctl {' '.join(args)} failed: {proc.stderr.strip()}")
@@ -559,7 +559,7 @@ def phase_load(args, tmp: Path) -> bool:
 # --- tenants mode: sessions of several Unix users (--users) ----------------------------------------------
 
 def owner(row: dict) -> str:
-    """The user name of a job's or a tenant's row of `ctl --json` (its tenant, the uid apart)."""
+    """The user name of a job's or a tenant's row of `salus --json` (its tenant, the uid apart)."""
     return row["tenant"]
 
 

@@ -3,7 +3,7 @@
 
 1. Estimates: every model of the job mix (inference MLPs/CNNs at batch 1-32, training MLPs/CNN) runs once,
    without hints, against a server with a large --memory-capacity; while its session is open the script
-   reads persistent_estimate_bytes / ephemeral_estimate_bytes from `salus-server ctl jobs --json` and prints
+   reads persistent_estimate_bytes / ephemeral_estimate_bytes from `salus jobs --json` and prints
    them next to TensorFlow's own numbers for the same graph in-process (variable bytes incl. optimizer
    slots; rise of allocator_bytes_in_use over one FULL_TRACE step + fed bytes).
 2. Packing: the whole mix is started against a fresh server with --memory-capacity CAP, released one job at a
@@ -106,7 +106,7 @@ class Server:
         self.target = f"grpc://{self.address}"
 
     def jobs(self) -> list[dict]:
-        out = subprocess.run([str(server_bin()), "ctl", "--server", self.address, "jobs", "--json"],
+        out = subprocess.run([str(server_bin().with_name("salus")), "--server", self.address, "jobs", "--json"],
                              capture_output=True, text=True, timeout=30, check=True).stdout
         return json.loads(out)["jobs"]
 

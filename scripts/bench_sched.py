@@ -9,7 +9,7 @@ print the modes side by side; the traces run on one mode (tenant when selected, 
 (a) Switch latency: N concurrent jobs (2, then 8; all of this Unix user, so one tenant), each a loop of tiny steps
     made main iterations by a `salus_main_iter` identity node in the fetches, against a fresh server; the server
     measures the time from the end of one job's iteration to the start of another job's queued iteration in the
-    same lane and `salus-server ctl stats --json` reports it (switch_latency_us). Printed: count, median, p99, max
+    same lane and `salus stats --json` reports it (switch_latency_us). Printed: count, median, p99, max
     against the targets (median <= 50 us, p99 <= 500 us).
 (b) A trace: six training jobs of the same per-step cost (an MLP step of several ms) and mixed lengths
     (500, 25, 250, 15, 125, 30 iterations, times --scale: 2 by default) arriving 0.2 s x scale apart

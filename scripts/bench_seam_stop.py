@@ -60,7 +60,7 @@ def start_server(args: list[str], log) -> tuple[subprocess.Popen, str]:
 
 
 def ctl(address: str, *args: str) -> str:
-    return subprocess.run([str(SERVER), "ctl", "--server", address, *args], check=True, capture_output=True,
+    return subprocess.run([str(SERVER.with_name("salus")), "--server", address, *args], check=True, capture_output=True,
                           text=True, timeout=60).stdout
 
 

@@ -531,7 +531,7 @@ class Server:
         return " | ".join(line.strip() for line in text.splitlines() if line.strip())[-n:]
 
     def ctl(self, *args: str, as_json: bool = True, timeout: float = 30):
-        proc = subprocess.run([str(server_bin()), "ctl", "--server", self.address, *args,
+        proc = subprocess.run([str(server_bin().with_name("salus")), "--server", self.address, *args,
                                *(["--json"] if as_json else [])],
                               capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
                               env=base_env())

@@ -121,7 +121,7 @@ class Server:
         self.target = f"grpc://{self.address}"
 
     def ctl(self, *args: str):
-        proc = subprocess.run([str(server_bin()), "ctl", "--server", self.address, *args],
+        proc = subprocess.run([str(server_bin().with_name("salus")), "--server", self.address, *args],
                               capture_output=True, text=True, timeout=30)
         if proc.returncode != 0:
             sys.exit(f"bench: ctl {' '.join(args)} failed ({proc.returncode}): {proc.stderr[-1000:]}")

@@ -73,9 +73,16 @@ def log(msg: str) -> None:
 
 # --- talking to the node's salus-server -------------------------------------------------------------------
 
+def cli_command(salus_server: str) -> list[str]:
+    """The `salus` CLI beside the salus-server binary (cargo and the release wheel install both together), else
+    the deprecated `salus-server ctl`, which runs the same commands."""
+    cli = os.path.join(os.path.dirname(os.path.abspath(salus_server)), "salus")
+    return [cli] if os.access(cli, os.X_OK) else [salus_server, "ctl"]
+
+
 def ctl(salus_server: str, address: str, *args: str) -> subprocess.CompletedProcess:
-    """`salus-server ctl --server ADDRESS ARGS`, retried while the server cannot be connected to."""
-    cmd = [salus_server, "ctl", "--server", address, *args]
+    """`salus --server ADDRESS ARGS`, retried while the server cannot be connected to."""
+    cmd = [*cli_command(salus_server), "--server", address, *args]
     for attempt in range(CONNECT_RETRIES):
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CTL_TIMEOUT_S,
@@ -92,7 +99,8 @@ def ctl(salus_server: str, address: str, *args: str) -> subprocess.CompletedProc
 
 
 def unreachable(proc: subprocess.CompletedProcess) -> bool:
-    return proc.returncode == 124 or "cannot connect" in proc.stderr
+    # 3: the CLI's "unreachable" exit status (docs/src/reference/exit-codes.md); 124: our timeout.
+    return proc.returncode in (3, 124) or "cannot connect" in proc.stderr or "cannot reach" in proc.stderr
 
 
 def ctl_error(proc: subprocess.CompletedProcess) -> str:

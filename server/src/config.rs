@@ -35,7 +35,7 @@ pub struct Args {
     /// A TOML file of these flags under their long names (`policy = "srtf"`,
     /// `lane-hold-limit = 60`, `admins = ["ci-bot"]`). Flags given on the
     /// command line or in their environment variables win over it; a key that
-    /// is no flag is an error. `salus-server ctl reload` or SIGHUP reads it
+    /// is no flag is an error. `salus reload` or SIGHUP reads it
     /// again and applies what can change live (see the book's operator guide:
     /// Drain, reload and settings that persist).
     #[arg(long, env = "SALUS_CONFIG")]
@@ -72,7 +72,7 @@ pub struct Args {
     pub inter_op_threads: u32,
 
     /// Scheduling policy: fifo, srtf, pack, fair, rr, priority, las, dlas or gittins. Can be
-    /// changed at run time with `salus-server ctl policy NAME`.
+    /// changed at run time with `salus policy NAME`.
     #[arg(long, env = "SALUS_POLICY", default_value = "fair")]
     pub policy: String,
 
@@ -348,8 +348,15 @@ impl Args {
 
 #[derive(clap::Subcommand, Debug)]
 pub enum Command {
-    /// Talk to a running server's admin API: jobs, stats, policy, hints, limits, tokens, timeline, drain, reload.
-    Ctl(crate::ctl::CtlArgs),
+    /// Deprecated: the `salus` command (same commands: jobs, stats, policy, hints, limits, tokens, drain, ...).
+    /// `salus-server ctl ARGS` runs `salus ARGS` after a warning; removed in the next release.
+    // --help goes on to `salus`, which lists the commands.
+    #[command(disable_help_flag = true)]
+    Ctl {
+        /// What `salus` takes: a command and its options.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 0..)]
+        args: Vec<std::ffi::OsString>,
+    },
     /// A tenant's executor process: started by the server itself, not by users.
     #[command(hide = true)]
     Executor,

@@ -8,7 +8,7 @@
 //! before the real arguments, for the flags the command line and the
 //! environment left at their defaults: each value is then parsed and checked
 //! exactly like the flag's. What was loaded ([`Loaded`]) travels in the
-//! config, so that a reload (`ctl reload`, SIGHUP) can read the same argv
+//! config, so that a reload (`salus reload`, SIGHUP) can read the same argv
 //! again and tell which values changed.
 
 use std::collections::{BTreeMap, BTreeSet};

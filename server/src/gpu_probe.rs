@@ -1,5 +1,5 @@
 //! GPU 0 as the CUDA driver reports it, asked once at start (a `cuda` build
-//! only), and where the memory capacity comes from. `ctl info` shows both, so
+//! only), and where the memory capacity comes from. `salus info` shows both, so
 //! a user (and scripts/gpu_check.sh) can tell whether the server sees the GPU.
 
 /// Memory of one GPU, bytes.

@@ -11,7 +11,7 @@
 //! runtime under them, the tenant boundary and the TensorFlow bindings below.
 //! - [`config`]: command-line flags and the validated [`config::Config`];
 //!   [`config_file`]: `--config FILE` (the flags as TOML keys) merged under them.
-//! - [`reload`]: `ctl reload` and SIGHUP, the flags, config and tenants files
+//! - [`reload`]: `salus reload` and SIGHUP, the flags, config and tenants files
 //!   read again; [`runtime::settings`]: what admins change at run time
 //!   (policy, limits, hints, drain), kept in the state directory.
 //! - [`node_start`]: every role's start ([`node_start::Role`]: the whole server,
@@ -68,7 +68,7 @@
 //! - `gpu` (feature `cuda`): GPU memory from the CUDA driver, loaded at run time.
 //! - [`state_dir`]: what outlives the process (`--state-dir`): issued tokens,
 //!   each kind of state a versioned file written atomically.
-//! - [`ctl`]: `salus-server ctl`, the admin API's command-line client.
+//! - `salus-server ctl ...`: forwarded to the `salus` CLI (the salus-cli crate), deprecated.
 //! - [`reference`]: the book's generated reference pages (flags, config keys,
 //!   metrics) and the test that keeps them current.
 //! - [`tf_log`]: filters TensorFlow's own log lines out of stderr.
@@ -86,7 +86,6 @@
 pub mod block_cache;
 pub mod config;
 pub mod config_file;
-pub mod ctl;
 pub mod error;
 pub mod executor;
 pub mod frontend;

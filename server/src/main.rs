@@ -32,6 +32,9 @@ fn main() -> anyhow::Result<()> {
             std::process::exit(1);
         }
     } else if let Ok(args) = salus_server::config::Args::try_parse_with_config_file() {
+        if let Some(Command::Ctl { args: ctl_args }) = &args.command {
+            legacy_ctl(ctl_args.clone());
+        }
         if args.command.is_none() && args.isolation == "tenant" {
             become_supervisor();
         }
@@ -45,31 +48,11 @@ fn main() -> anyhow::Result<()> {
     std::panic::set_hook(Box::new(move |info| {
         let _ = writeln!(&panic_stderr, "salus-server: {info}");
     }));
-    let mut args = process::parse_args_or_exit(&mut stderr);
+    let args = process::parse_args_or_exit(&mut stderr);
     let executor = executor && matches!(args.command, Some(Command::Executor));
     let probe = matches!(args.command, Some(Command::ProbeDevices));
-    let ctl = match args.command.take() {
-        Some(Command::Ctl(ctl)) => Some(ctl),
-        other => {
-            // The executor subcommand stays: the config reads it.
-            args.command = other;
-            None
-        }
-    };
-    if let Some(ctl) = ctl {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        return match runtime.block_on(salus_server::ctl::run(ctl)) {
-            Ok(text) => {
-                print!("{text}");
-                Ok(())
-            }
-            Err(err) => {
-                let _ = writeln!(stderr, "salus-server ctl: {err}");
-                std::process::exit(1);
-            }
-        };
+    if let Some(Command::Ctl { args: ctl_args }) = &args.command {
+        legacy_ctl(ctl_args.clone());
     }
     let config = process::config_or_exit(args, &mut stderr);
     process::set_up_serving(&config, stderr.try_clone()?);
@@ -102,6 +85,13 @@ fn main() -> anyhow::Result<()> {
         std::process::exit(1);
     }
     Ok(())
+}
+
+/// `salus ARGS`: the old spelling of the `salus` CLI, kept for one
+/// release. It prints to the real stderr, not to TensorFlow's log filter.
+fn legacy_ctl(args: Vec<std::ffi::OsString>) -> ! {
+    salus_server::tf_log::undo_early_redirect();
+    std::process::exit(salus_cli::main_legacy_ctl(args));
 }
 
 /// `--isolation tenant`: this process becomes `salus-supervisor` (same pid,

@@ -149,7 +149,7 @@ impl NodeStart {
             }
             if let Some(drain) = settings.drain() {
                 tracing::warn!(since_unix_s = drain.since_unix_s, by = %drain.by,
-                    "this node is drained (salus-server ctl drain): new jobs are refused until `salus-server ctl undrain`");
+                    "this node is drained (salus drain): new jobs are refused until `salus undrain`");
             }
             settings.persist_or_warn("the settings restored at start").await;
         }

@@ -1,11 +1,11 @@
-//! `ctl reload` and SIGHUP: the flags read again from the same command line,
+//! `salus reload` and SIGHUP: the flags read again from the same command line,
 //! environment and config file (`--config`), and the tenants file
 //! (`--tenants-file`) read again. What can change live applies at once: the
 //! policy, tenants' tokens and limits (weights included), admins. Every other
 //! flag whose value changed is named as needing a restart and keeps its old
 //! value until then. A file that cannot be read or is invalid changes nothing.
 //!
-//! Run-time changes (`ctl policy`, `ctl limits`) stay over the files until the
+//! Run-time changes (`salus policy set`, `salus limits`) stay over the files until the
 //! files change what they overrode ([`crate::settings`]).
 
 use std::future::Future;
@@ -166,7 +166,7 @@ pub fn on_sighup(admin: AdminService) -> impl Future<Output = ()> + Send + 'stat
         let mut hangups = match hangups {
             Ok(hangups) => hangups,
             Err(err) => {
-                tracing::error!(cause = %err, "cannot watch SIGHUP: reload with `salus-server ctl reload`");
+                tracing::error!(cause = %err, "cannot watch SIGHUP: reload with `salus reload`");
                 return;
             }
         };
@@ -174,7 +174,7 @@ pub fn on_sighup(admin: AdminService) -> impl Future<Output = ()> + Send + 'stat
             tracing::info!(
                 "SIGHUP received: reading the flags, the config file and the tenants file again"
             );
-            // The same reload as `ctl reload`'s (it logs what it did).
+            // The same reload as `salus reload`'s (it logs what it did).
             let settings = admin.node().settings.clone();
             if let Err(err) = settings.reload(admin.identifier().cloned()).await {
                 tracing::error!(cause = %err, "reload failed");

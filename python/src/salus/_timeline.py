@@ -1,4 +1,7 @@
-"""`salus timeline`: the server's recent runs as text, or as a per-lane Gantt chart (PNG).
+"""`salus timeline --png`: the server's recent runs as a per-lane Gantt chart (PNG).
+
+The `salus` CLI (Rust) pipes the timeline's JSON into `python -m salus._timeline --png FILE`; the text summary
+and `--json` are the CLI's own.
 
 The input is the JSON of `salus timeline --json` (admin.timeline_json): times are seconds before the
 server's "now", so the chart's axis runs from -S to 0 whatever the clocks of client and server say.
@@ -27,35 +30,6 @@ def window_of(t: dict) -> float:
     if t["seconds"] > 0:
         return t["seconds"]
     return max((s["start_ago_s"] for s in t["spans"]), default=0.0)
-
-
-def summary_text(t: dict) -> str:
-    """Per lane: how busy it was and which jobs ran on it (as `salus-server ctl timeline`)."""
-    window = window_of(t)
-    lanes: dict = {}
-    for s in t["spans"]:
-        runs = lanes.setdefault(s["lane"], {}).setdefault(s["job"], {
-            "name": s["name"], "kind": s["kind"], "main": 0, "main_s": 0.0, "cheap": 0, "cheap_s": 0.0})
-        # A span recorded long after its job closed has no label: any named one names the job.
-        runs["name"] = runs["name"] or s["name"]
-        runs["kind"] = runs["kind"] or s["kind"]
-        # Only the part inside the window counts toward busy time.
-        length = max(0.0, min(s["start_ago_s"], window) - s["end_ago_s"])
-        runs[s["run"]] += 1
-        runs[s["run"] + "_s"] += length
-    out = [f"timeline: {len(t['spans'])} runs in the last {window:.1f} s "
-           f"({t['recorded_total']} recorded since start, the server keeps {t['capacity']})"]
-    for lane in sorted(lanes, key=_lane_key):
-        jobs = lanes[lane]
-        busy = sum(r["main_s"] + r["cheap_s"] for r in jobs.values())
-        share = 100.0 * busy / window if window > 0 else 0.0
-        out.append(f"lane {lane}: busy {share:.1f}%" if lane is not None
-                   else f"no lane yet (before memory admission): busy {share:.1f}%")
-        for job in sorted(jobs):
-            r = jobs[job]
-            out.append(f"  job {job} {r['name'] or '?'} ({r['kind'] or '?'}): {r['main']} main ({r['main_s']:.3f} s), "
-                       f"{r['cheap']} cheap ({r['cheap_s']:.3f} s)")
-    return "\n".join(out) + "\n"
 
 
 class ChartUnavailable(RuntimeError):
@@ -128,3 +102,32 @@ def draw_png(t: dict, path: str) -> None:
     # The legend sits outside the axes: let the saved image grow to hold it.
     fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m salus._timeline --png FILE`: the JSON of `salus timeline --json` on stdin, drawn into FILE."""
+    import argparse
+    import json
+    import sys
+    p = argparse.ArgumentParser(prog="python -m salus._timeline",
+                                description="Draw `salus timeline --json` (read from stdin) as a PNG.")
+    p.add_argument("--png", metavar="FILE", required=True)
+    args = p.parse_args(argv)
+    try:
+        t = json.load(sys.stdin)
+        draw_png(t, args.png)
+    except ChartUnavailable as e:
+        sys.stderr.write(f"salus: {e}\n")
+        return 1
+    except (ValueError, KeyError) as e:
+        sys.stderr.write(f"salus: the timeline on stdin is not `salus timeline --json`: {e}\n")
+        return 1
+    except OSError as e:
+        sys.stderr.write(f"salus: cannot write {args.png}: {e}\n")
+        return 1
+    sys.stdout.write(f"{args.png}: {len(t['spans'])} runs in the last {window_of(t):.3g} s\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

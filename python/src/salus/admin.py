@@ -107,9 +107,17 @@ class AdminClient:
         """Returns {'previous': ..., 'policy': ...}."""
         return self._call("SetPolicy", pb.SetPolicyRequest(policy=policy))
 
-    def set_job_hints(self, job: str, priority: int = 0, iterations: int = 0, seconds: float = 0.0) -> dict:
-        """Replaces a job's hints (job: id, session handle or name); returns the job."""
-        hints = pb.JobHints(priority=priority, expected_iterations=iterations, expected_seconds=seconds)
+    def set_job_hints(self, job: str, priority: int | None = None, iterations: int | None = None,
+                      seconds: float | None = None) -> dict:
+        """Changes the hints given (job: id, session handle or name); the job keeps the others (None).
+        0 iterations or seconds clears that expectation. Returns the job."""
+        hints = pb.JobHintsUpdate()
+        if priority is not None:
+            hints.priority = priority
+        if iterations is not None:
+            hints.expected_iterations = iterations
+        if seconds is not None:
+            hints.expected_seconds = seconds
         return self._call("SetJobHints", pb.SetJobHintsRequest(job=job, hints=hints))
 
     def timeline(self, seconds: float = 0.0) -> dict:
@@ -129,121 +137,10 @@ class AdminClient:
                                                              expires_seconds=expires_seconds))
 
     def revoke_tokens(self, which: str) -> list[dict]:
-        """Revokes the token with this id (admins only; never a tenant's tokens: `salus-server ctl token revoke
+        """Revokes the token with this id (admins only; never a tenant's tokens: `salus token revoke
         --tenant NAME` does that); returns those revoked."""
         return self._call("RevokeTokens", pb.RevokeTokensRequest(which=which))["tokens"]
 
     def list_tokens(self) -> list[dict]:
         """The tokens issued and valid (admins only): id, tenant, uid, limits, expiry; never the tokens."""
         return self._call("ListTokens", pb.ListTokensRequest())["tokens"]
-
-
-def jobs_json(jobs: list[dict], reservations: list[dict]) -> dict:
-    """The jobs and the reservations with the keys of `salus-server ctl jobs --json`."""
-    return {"jobs": [job_json(j) for j in jobs], "reservations": [reservation_json(r) for r in reservations]}
-
-
-def job_json(job: dict) -> dict:
-    """A job with the keys of `salus-server ctl jobs --json`."""
-    h = job.get("hints") or {}
-    return {
-        "id": job["id"],
-        "handle": job["handle"],
-        "name": job["name"],
-        # The owner's bare name and its uid apart (None: not a Unix user), not the display label of field
-        # 31 ("alice (uid 1001)"); "" and None from servers older than JobInfo fields 32-33.
-        "tenant": job.get("tenant_name", ""),
-        "uid": job.get("tenant_uid"),
-        "state": job["state"],
-        # A job waiting for (or not yet asking for) memory has no lane.
-        "lane": None if job["memory_state"] in ("waiting for memory", "not admitted yet") else job["lane"],
-        "policy": job["policy"],
-        "iterations": job["iterations"],
-        "attained_s": job["attained_seconds"],
-        "service_s": job["service_seconds"],
-        "mean_iteration_ms": job["mean_iteration_ms"],
-        "queue_wait_s": job["queue_wait_seconds"],
-        "queued": job["queued"],
-        "priority": h.get("priority", 0),
-        "expected_iterations": h.get("expected_iterations") or None,
-        "expected_seconds": h.get("expected_seconds") or None,
-        "note": job["note"],
-        "graph_version": job["graph_version"],
-        "graph_nodes": job["graph_nodes"],
-        "runs_completed": job["runs_completed"],
-        "runs_failed": job["runs_failed"],
-        "cheap_runs": job.get("cheap_runs", 0),
-        "age_s": job["age_seconds"],
-        "idle_s": job["idle_seconds"],
-        # Newer servers only (JobInfo fields 20-22); 0 from a server that does not send them.
-        "variable_bytes": job["variable_bytes"],
-        "variables": job["variables"],
-        "variables_of_unknown_size": job["variables_of_unknown_size"],
-        "memory_state": job["memory_state"],
-        "persistent_estimate_bytes": job["persistent_estimate_bytes"],
-        "ephemeral_estimate_bytes": job["ephemeral_estimate_bytes"],
-        "persistent_source": job["persistent_source"],
-        "ephemeral_source": job["ephemeral_source"],
-        "ephemeral_meter": job["ephemeral_meter"],
-        "ephemeral_allocator_bytes": job["ephemeral_allocator_bytes"],
-        "kind": job["kind"] or "graph",
-    }
-
-
-def stats_json(s: dict) -> dict:
-    """Scheduler stats with the keys of `salus-server ctl stats --json`."""
-    lat = s["switch_latency"]
-    return {
-        "policy": s["policy"],
-        "iterations_total": s["iterations_total"],
-        "iterations_per_s": s["iterations_per_second"],
-        "queued": s["queued"],
-        "cheap_runs_total": s["cheap_runs_total"],
-        "dropped_iterations": s["dropped_iterations"],
-        "lane_holds_released": s.get("lane_holds_released", 0),
-        "switch_latency_us": {"count": lat["count"], "p50": lat["p50_us"], "p99": lat["p99_us"],
-                              "max": lat["max_us"], "buckets": lat["buckets"]},
-        "iteration_time_us": _latency_json(s.get("iteration_time")),
-        "queue_wait_us": _latency_json(s.get("queue_wait")),
-        "handover_latency_us": _latency_json(s.get("handover_latency")),
-        "lanes": [{"lane": q["lane"], "queued": q["queued"], "running": q["running"]} for q in s["lanes"]],
-        "share": s["share"],
-        "tenants": [{"tenant": t.get("tenant_name", ""), "uid": t.get("tenant_uid"), "weight": t["weight"], "device_s": t["device_seconds"], "jobs": t["jobs"],
-                     "queued": t["queued"], "max_jobs": t["limits"]["max_jobs"],
-                     "max_priority": t["limits"]["max_priority"], "max_memory_bytes": t["limits"]["memory_bytes"],
-                     "memory_bytes": t["memory_bytes"], "refusals": t["refusals"]}
-                    for t in s["tenants"]],
-    }
-
-
-def _latency_json(lat: dict | None) -> dict:
-    lat = lat or {}
-    return {"count": lat.get("count", 0), "sum": lat.get("sum_us", 0.0), "p50": lat.get("p50_us", 0.0),
-            "p99": lat.get("p99_us", 0.0), "max": lat.get("max_us", 0.0), "buckets": list(lat.get("buckets", []))}
-
-
-def reservation_json(r: dict) -> dict:
-    """A token reservation with the keys of `salus-server ctl jobs --json` (expiry None: never)."""
-    return {
-        "tenant": r.get("tenant_name", ""),
-        "uid": r.get("tenant_uid"),
-        "reserved_bytes": r.get("reserved_bytes", 0),
-        "claimed_bytes": r.get("claimed_bytes", 0),
-        "token_ids": list(r.get("token_ids", [])),
-        "expires_unix_s": r.get("expires_unix_seconds") or None,
-        "jobs_started": r.get("jobs_started", 0),
-    }
-
-
-def timeline_json(t: dict, seconds: float) -> dict:
-    """The timeline with the keys of `salus-server ctl timeline --json`."""
-    return {
-        "seconds": seconds,
-        "now_uptime_s": t["now_uptime_seconds"],
-        "now_unix_s": t["now_unix_seconds"],
-        "capacity": t["capacity"],
-        "recorded_total": t["recorded_total"],
-        "spans": [{"job": s["job"], "name": s["job_name"], "kind": s["kind"], "lane": s["lane"],
-                   "start_ago_s": s["start_seconds_ago"], "end_ago_s": s["end_seconds_ago"],
-                   "run": "cheap" if s["cheap"] else "main"} for s in t["spans"]],
-    }

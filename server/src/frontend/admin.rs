@@ -469,30 +469,42 @@ impl AdminService {
     }
 }
 
-/// The hints a SetJobHints request gives `id` (memory hints kept).
+/// The hints a SetJobHints request gives `id`: the fields it sets replace the
+/// job's, the rest (and the memory hints) are kept.
 fn hints_from_request(
     req: &SetJobHintsRequest,
     name: String,
     core: &Executor,
     id: JobId,
 ) -> Result<Hints, Status> {
-    let given = req.hints.clone().unwrap_or_default();
-    if given.expected_seconds < 0.0 || !given.expected_seconds.is_finite() {
-        return Err(Error::InvalidArgument(
-            "expected_seconds must be a finite number >= 0 (0: none)".into(),
-        )
-        .into());
+    let given = req.hints.unwrap_or_default();
+    if let Some(seconds) = given.expected_seconds {
+        if seconds < 0.0 || !seconds.is_finite() {
+            return Err(Error::InvalidArgument(
+                "expected_seconds must be a finite number >= 0 (0: none)".into(),
+            )
+            .into());
+        }
     }
-    Ok(Hints {
+    let current = core.job_status(id).map(|s| s.hints).unwrap_or_default();
+    Ok(merge_hints(current, &given, name))
+}
+
+/// `current` with the fields `given` sets replaced (0 clears an expectation).
+fn merge_hints(current: Hints, given: &JobHintsUpdate, name: String) -> Hints {
+    Hints {
         name,
-        priority: given.priority,
-        expected_iterations: (given.expected_iterations > 0).then_some(given.expected_iterations),
-        expected_seconds: (given.expected_seconds > 0.0).then_some(given.expected_seconds),
-        ..core
-            .job_status(id)
-            .map(|s| s.hints)
-            .unwrap_or_default()
-    })
+        priority: given.priority.unwrap_or(current.priority),
+        expected_iterations: match given.expected_iterations {
+            Some(n) => (n > 0).then_some(n),
+            None => current.expected_iterations,
+        },
+        expected_seconds: match given.expected_seconds {
+            Some(s) => (s > 0.0).then_some(s),
+            None => current.expected_seconds,
+        },
+        ..current
+    }
 }
 
 #[tonic::async_trait]
@@ -544,7 +556,7 @@ impl Admin for AdminService {
         let limits = limits_from_proto(req.limits)?;
         let now = self.core.set_limits(name, &limits);
         tracing::info!(tenant = name, limits = %now, by = %caller, "tenant limits changed");
-        // `ctl limits NAME` with no field only shows them: nothing to keep.
+        // `salus limits NAME` with no field only shows them: nothing to keep.
         if limits != Limits::default() {
             self.node.settings.record_limits(name, &limits);
             self.node.settings.persist_or_warn("tenant limits").await;
@@ -736,7 +748,7 @@ impl Admin for AdminService {
         let drain = settings.record_drain(Some(DrainRecord::now(&caller.to_string(), until_restart)));
         self.core.set_drain(drain.as_ref().map(DrainRecord::refusal));
         if was.is_none() {
-            tracing::warn!(by = %caller, "node drained: new jobs are refused until `salus-server ctl undrain`; open jobs run on");
+            tracing::warn!(by = %caller, "node drained: new jobs are refused until `salus undrain`; open jobs run on");
             settings.persist_or_warn("the drain").await;
         }
         self.drain_status().await.map(Response::new)
@@ -757,7 +769,7 @@ impl Admin for AdminService {
 
     async fn reload(&self, request: Request<ReloadRequest>) -> Result<Response<ReloadResponse>, Status> {
         let caller = self.admin_only(&request, "reloading the config")?;
-        tracing::info!(by = %caller, "reload asked (ctl reload)");
+        tracing::info!(by = %caller, "reload asked (salus reload)");
         let report = self
             .node
             .settings
@@ -796,5 +808,67 @@ fn cuda_device(probe: &crate::gpu_probe::GpuProbe) -> CudaDevice {
         total_bytes,
         free_bytes,
         error,
+    }
+}
+
+#[cfg(test)]
+mod hints_tests {
+    use super::*;
+
+    fn current() -> Hints {
+        Hints {
+            name: "train".into(),
+            priority: 7,
+            expected_iterations: Some(100),
+            expected_seconds: Some(30.0),
+            persistent_bytes: Some(1 << 20),
+            ephemeral_bytes: None,
+        }
+    }
+
+    /// `salus hints JOB --iterations N` once reset the priority to 0: only the
+    /// fields a request sets change.
+    #[test]
+    fn a_hints_update_changes_only_the_fields_it_sets() {
+        let only_iterations = JobHintsUpdate {
+            expected_iterations: Some(500),
+            ..Default::default()
+        };
+        let merged = merge_hints(current(), &only_iterations, "train".into());
+        assert_eq!(merged.priority, 7);
+        assert_eq!(merged.expected_iterations, Some(500));
+        assert_eq!(merged.expected_seconds, Some(30.0));
+        assert_eq!(merged.persistent_bytes, Some(1 << 20));
+
+        let cleared = JobHintsUpdate {
+            priority: Some(0),
+            expected_seconds: Some(0.0),
+            ..Default::default()
+        };
+        let merged = merge_hints(current(), &cleared, "train".into());
+        assert_eq!(merged.priority, 0);
+        assert_eq!(merged.expected_seconds, None);
+        assert_eq!(merged.expected_iterations, Some(100));
+
+        assert_eq!(
+            merge_hints(current(), &JobHintsUpdate::default(), "train".into()),
+            current()
+        );
+    }
+
+    /// An older client's JobHints decodes as an update of the fields it put on
+    /// the wire (proto3 leaves zeros off): same field numbers and types.
+    #[test]
+    fn an_older_clients_job_hints_decode_as_an_update() {
+        use prost::Message;
+        let old = JobHints {
+            priority: 3,
+            expected_iterations: 0,
+            expected_seconds: 12.5,
+        };
+        let update = JobHintsUpdate::decode(old.encode_to_vec().as_slice()).unwrap();
+        assert_eq!(update.priority, Some(3));
+        assert_eq!(update.expected_iterations, None);
+        assert_eq!(update.expected_seconds, Some(12.5));
     }
 }

@@ -1,5 +1,5 @@
 //! The admin API's view of the job history (`ListHistory`, `EraseHistory`,
-//! `salus-server ctl history`): who may see and erase what, and the rows.
+//! `salus history`): who may see and erase what, and the rows.
 //!
 //! The history is kept by tenant key, never by display name: a token tenant
 //! named `alice` and the Unix user alice are two tenants with two histories.

@@ -502,7 +502,7 @@ impl LocalAdmission {
                         self.shared.executor.count_refusal(job);
                         return Err(Error::ResourceExhausted(format!(
                             "job needs {} bytes of device memory but tenant {owner_name}'s share is {share} bytes \
-                             (memory= in the tenants file or `salus-server ctl limits`) and its other jobs hold \
+                             (memory= in the tenants file or `salus limits`) and its other jobs hold \
                              or wait for {claimed}: close one of them, or ask an admin for a larger share",
                             need.limit()
                         )));

@@ -212,7 +212,7 @@ struct Inner {
     identities: JobIdentities,
     /// Where the history goes after each run it records (None: not kept).
     history_saver: Option<HistorySaver>,
-    /// Set while the node is drained (`ctl drain`): why no new job opens.
+    /// Set while the node is drained (`salus drain`): why no new job opens.
     drain: Option<String>,
     /// Hints an admin set at run time, by job identity
     /// ([`crate::settings::hints_key`]): a job of that tenant and name gets
@@ -593,7 +593,7 @@ impl Executor {
     }
 
     /// Replaces the limits the tenants file gives (a reload), keeping those
-    /// issued tokens grant; limits changed with `ctl limits` are re-applied
+    /// issued tokens grant; limits changed with `salus limits` are re-applied
     /// by the caller.
     pub fn replace_file_limits(&self, limits: LimitsTable) {
         let mut inner = self.shared.lock();
@@ -1079,13 +1079,13 @@ mod tests {
         let alice = Tenant::named("alice");
         ex.open_job(JobId(1), "before", JobKind::Graph, Some(&alice)).unwrap();
         ex.add_job(JobId(1), LaneId(0), Hints::default()).unwrap();
-        ex.set_drain(Some("this node is draining for maintenance (salus-server ctl drain)".into()));
+        ex.set_drain(Some("this node is draining for maintenance (salus drain)".into()));
         let refused = ex
             .open_job(JobId(2), "after", JobKind::Graph, Some(&alice))
             .unwrap_err();
         assert!(matches!(refused, Error::Unavailable(_)), "{refused:?}");
         assert_eq!(refused.code(), salus_proto::tensorflow::error::Code::Unavailable);
-        assert!(refused.to_string().contains("salus-server ctl drain"), "{refused}");
+        assert!(refused.to_string().contains("salus drain"), "{refused}");
         // The refused job was never counted as its tenant's.
         assert_eq!(ex.jobs_opened(ex.tenant_id(&alice)), 1);
         assert_eq!(run_main(&ex, JobId(1), None, || Ok(7)).await.unwrap(), 7);

@@ -21,7 +21,7 @@ pub struct Node {
     pub devices: Vec<DeviceInfo>,
     pub tensorflow_version: String,
     /// GPU 0 as the CUDA driver reported it at start, and where the memory
-    /// capacity came from (`ctl info`).
+    /// capacity came from (`salus info`).
     pub gpu: GpuProbe,
     pub capacity_source: CapacitySource,
     pub started: Instant,

@@ -1,4 +1,4 @@
-//! Hints an admin set for a job identity (`ctl hints`), kept over restarts
+//! Hints an admin set for a job identity (`salus hints`), kept over restarts
 //! ([`crate::runtime::settings`]) and applied by the scheduler core to a job
 //! of that identity when it joins ([`crate::runtime::executor::Executor::add_job`]).
 
@@ -20,7 +20,7 @@ pub struct SavedHints {
 }
 
 impl SavedHints {
-    /// What `ctl hints` sets of `hints`.
+    /// What `salus hints` sets of `hints`.
     pub fn of(hints: &Hints) -> SavedHints {
         SavedHints {
             priority: hints.priority,
@@ -30,7 +30,7 @@ impl SavedHints {
         }
     }
 
-    /// `hints` (a client's) with these in place of what `ctl hints` sets.
+    /// `hints` (a client's) with these in place of what `salus hints` sets.
     pub fn over(&self, hints: Hints) -> Hints {
         Hints {
             priority: self.priority,

@@ -1,7 +1,7 @@
 //! What admins change at run time, kept in the state directory
 //! (`settings.json`) and restored at the next start: the scheduling policy
-//! (`ctl policy`), tenants' limits and weights (`ctl limits`), jobs' hints
-//! (`ctl hints`) and the drain (`ctl drain`).
+//! (`salus policy set`), tenants' limits and weights (`salus limits`), jobs' hints
+//! (`salus hints`) and the drain (`salus drain`).
 //!
 //! A setting changed at run time and the flags and files (`--policy`,
 //! `--config`, `--tenants-file`) can disagree; the newer word wins. Each
@@ -112,7 +112,7 @@ pub struct DrainRecord {
     pub since_unix_s: u64,
     /// The admin who drained the node.
     pub by: String,
-    /// Ends at the next start (`ctl drain --until-restart`).
+    /// Ends at the next start (`salus drain --until-restart`).
     #[serde(default)]
     pub until_restart: bool,
 }
@@ -129,8 +129,8 @@ impl DrainRecord {
     /// What a job refused meanwhile is told (UNAVAILABLE).
     pub fn refusal(&self) -> String {
         format!(
-            "this node is draining for maintenance (salus-server ctl drain, by {}, since unix time {}): \
-             it admits no new job; try another node or wait for `salus-server ctl undrain`",
+            "this node is draining for maintenance (salus drain, by {}, since unix time {}): \
+             it admits no new job; try another node or wait for `salus undrain`",
             self.by, self.since_unix_s
         )
     }
@@ -145,7 +145,7 @@ pub struct Configured {
     pub file_limits: LimitsTable,
 }
 
-/// What a reload did (`ctl reload`, SIGHUP).
+/// What a reload did (`salus reload`, SIGHUP).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ReloadReport {
     pub config_file: Option<String>,
@@ -241,7 +241,7 @@ impl Settings {
             tracing::info!(merged = legacy - doc.hints.len(), "job hints of one tenant under two names were merged");
         }
         if doc.drain.as_ref().is_some_and(|d| d.until_restart) {
-            tracing::info!("the drain asked until the next start (ctl drain --until-restart) ends: jobs are admitted");
+            tracing::info!("the drain asked until the next start (salus drain --until-restart) ends: jobs are admitted");
             doc.drain = None;
         }
         Settings {
@@ -301,14 +301,14 @@ impl Settings {
         if let Some(set) = doc.policy.take() {
             if set.configured == now.policy {
                 notes.push(format!(
-                    "policy {} set with `ctl policy` applies (over {} from the flags)",
+                    "policy {} set with `salus policy set` applies (over {} from the flags)",
                     set.value, now.policy
                 ));
                 policy = set.value.clone();
                 doc.policy = Some(set);
             } else {
                 notes.push(format!(
-                    "policy {} set with `ctl policy` is dropped: the flags changed from {} to {} since",
+                    "policy {} set with `salus policy set` is dropped: the flags changed from {} to {} since",
                     set.value, set.configured, now.policy
                 ));
             }
@@ -330,13 +330,13 @@ impl Settings {
             if file == set.configured {
                 core.set_limits(name, &Limits::from(&set.value));
                 notes.push(format!(
-                    "limits of {name} set with `ctl limits` apply: {}",
+                    "limits of {name} set with `salus limits` apply: {}",
                     Limits::from(&set.value)
                 ));
                 true
             } else {
                 notes.push(format!(
-                    "limits of {name} set with `ctl limits` are dropped: the tenants file changed them since"
+                    "limits of {name} set with `salus limits` are dropped: the tenants file changed them since"
                 ));
                 false
             }
@@ -555,13 +555,13 @@ mod tests {
         assert!(
             notes
                 .iter()
-                .any(|n| n.contains("policy srtf set with `ctl policy` is dropped")),
+                .any(|n| n.contains("policy srtf set with `salus policy set` is dropped")),
             "{notes:?}"
         );
         assert!(
             notes
                 .iter()
-                .any(|n| n.contains("limits of alice set with `ctl limits` are dropped")),
+                .any(|n| n.contains("limits of alice set with `salus limits` are dropped")),
             "{notes:?}"
         );
         // The defaults' change still applies: the file's `*` did not change.
@@ -600,7 +600,7 @@ mod tests {
         );
         let core = core();
         settings.reconcile(&core, configured("fair", ""));
-        assert!(core.drain().unwrap().contains("salus-server ctl undrain"));
+        assert!(core.drain().unwrap().contains("salus undrain"));
         assert_eq!(settings.record_drain(None), None);
         settings.reconcile(&core, configured("fair", ""));
         assert_eq!(core.drain(), None);

@@ -113,7 +113,7 @@ impl TenantIds {
                 *self.refusals.entry(id).or_default() += 1;
                 return Err(Error::ResourceExhausted(format!(
                     "tenant {tenant} already has {open} open jobs (sessions and eager contexts), its \
-                     limit (max-jobs={max}, set in the tenants file or by `salus-server ctl limits`): \
+                     limit (max-jobs={max}, set in the tenants file or by `salus limits`): \
                      close one first"
                 )));
             }

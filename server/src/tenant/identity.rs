@@ -162,7 +162,7 @@ impl TenantKey {
     }
 }
 
-/// The tenants a word of the admin API (`ctl history --tenant WORD`) may
+/// The tenants a word of the admin API (`salus history --tenant WORD`) may
 /// name: `user:NAME` or `uid:N` a Unix user, `token:NAME` (or `name:NAME`) a
 /// tenant that is no user, `anonymous` everyone under `--auth off`; a bare
 /// NAME both the user and the token tenant of that name (the caller decides
@@ -265,7 +265,7 @@ pub enum IdentityError {
     UnknownToken,
     #[error(
         "the request's token (tenant {tenant}) expired {ago_s} s ago: ask for a new one \
-         (salus-server ctl token issue)"
+         (salus token issue)"
     )]
     ExpiredToken { tenant: String, ago_s: u64 },
     #[error(
@@ -412,7 +412,7 @@ pub enum PeerUser {
 #[derive(Debug)]
 pub struct Identifier {
     mode: AuthMode,
-    /// Replaced whole when the file is read again (`ctl reload`, SIGHUP).
+    /// Replaced whole when the file is read again (`salus reload`, SIGHUP).
     tenants: std::sync::RwLock<Arc<TenantsFile>>,
     issued: TokenStore,
     anonymous: Arc<Tenant>,

@@ -1,7 +1,7 @@
 //! Limits per tenant: its weight in sharing device time, how many jobs it may
 //! have open, and the highest priority it may claim. Set in the tenants file
 //! (`LIMIT=VALUE` fields after a tenant's three) and changed at run time by an
-//! admin (`salus-server ctl limits`); a `*` line sets the defaults.
+//! admin (`salus limits`); a `*` line sets the defaults.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -9,7 +9,7 @@ use std::fmt;
 use crate::sched::tenants::MAX_WEIGHT;
 use crate::sched::units::parse_size;
 
-/// The names a tenants file line and `ctl limits` accept.
+/// The names a tenants file line and `salus limits` accept.
 pub const LIMIT_NAMES: &str = "weight=1..1000, max-jobs=N, max-priority=P, memory=SIZE";
 
 /// One tenant's limits; None: the default's (or none).

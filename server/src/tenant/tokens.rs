@@ -1,4 +1,4 @@
-//! Tokens issued at run time by an admin (`salus-server ctl token issue`), for
+//! Tokens issued at run time by an admin (`salus token issue`), for
 //! a cluster agent that places a job on this node: each names a tenant, may be
 //! bound to a Unix user (then accepted only from that uid on loopback), may
 //! expire, and may carry limits that apply to its tenant while it is valid.
@@ -22,7 +22,7 @@ use crate::tenant::limits::Limits;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IssuedToken {
     /// Public name of the token (its hash's first 12 hex digits): what
-    /// `ctl token list` shows and `ctl token revoke` takes.
+    /// `salus token list` shows and `salus token revoke` takes.
     pub id: String,
     pub tenant: String,
     pub uid: Option<u32>,

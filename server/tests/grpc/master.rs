@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use prost::Message;
 use salus_proto::salus::v1::admin_client::AdminClient;
 use salus_proto::salus::v1::{
-    GetServerInfoRequest, GetStatsRequest, GetTimelineRequest, JobHints, ListJobsRequest,
+    GetServerInfoRequest, GetStatsRequest, GetTimelineRequest, JobHintsUpdate, ListJobsRequest,
     SetJobHintsRequest, SetPolicyRequest,
 };
 use salus_proto::tensorflow::master_service_client::MasterServiceClient;
@@ -673,10 +673,10 @@ async fn main_iterations_are_scheduled_and_visible_in_the_admin_api() {
         .admin
         .set_job_hints(SetJobHintsRequest {
             job: "trainer".into(),
-            hints: Some(JobHints {
-                priority: 9,
-                expected_iterations: 0,
-                expected_seconds: 12.5,
+            hints: Some(JobHintsUpdate {
+                priority: Some(9),
+                expected_iterations: None,
+                expected_seconds: Some(12.5),
             }),
         })
         .await

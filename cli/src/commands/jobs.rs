@@ -1,12 +1,13 @@
-//! `ctl jobs`: job rows and the memory issued tokens reserve, as a table and as JSON.
+//! `salus jobs`: job rows and the memory issued tokens reserve, as a table and as JSON.
 
 use salus_proto::salus::v1::{JobInfo, ListJobsResponse, Reservation};
 use serde_json::{json, Value};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::{history, opt, table};
+use crate::units::size_text;
 
-/// `ctl jobs --json`: an object, so that what the text form shows besides
+/// `salus jobs --json`: an object, so that what the text form shows besides
 /// the jobs (the reservations) has a place, and later additions break no reader.
 pub fn jobs_json(listed: &ListJobsResponse) -> Value {
     json!({
@@ -21,18 +22,14 @@ pub fn job_json(j: &JobInfo) -> Value {
         "id": j.id,
         "handle": j.handle,
         "name": j.name,
-        // The bare name and the uid apart (as in `ctl token list --json`), not
+        // The bare name and the uid apart (as in `salus token list --json`), not
         // the display label "alice (uid 1001)" of the text form.
         "tenant": j.tenant_name,
         "uid": j.tenant_uid,
         "kind": j.kind,
         "state": j.state,
-        // A job waiting for (or not yet asking for) memory has no lane.
-        "lane": if matches!(j.memory_state.as_str(), "waiting for memory" | "not admitted yet") {
-            Value::Null
-        } else {
-            j.lane.into()
-        },
+        // A job waiting for (or not yet asking for) memory has no lane: null.
+        "lane": lane_of(j),
         "policy": j.policy,
         "iterations": j.iterations,
         "attained_s": j.attained_seconds,
@@ -67,6 +64,20 @@ pub fn job_json(j: &JobInfo) -> Value {
     })
 }
 
+/// The job's lane; none while it waits for (or has not yet asked for) memory.
+pub fn lane_of(j: &JobInfo) -> Option<u32> {
+    (!matches!(
+        j.memory_state.as_str(),
+        "waiting for memory" | "not admitted yet"
+    ))
+    .then_some(j.lane)
+}
+
+/// The LANE column: the lane, or "-" for none.
+pub fn lane_text(j: &JobInfo) -> String {
+    lane_of(j).map_or_else(|| "-".to_string(), |lane| lane.to_string())
+}
+
 pub fn jobs_table(jobs: &[JobInfo]) -> String {
     if jobs.is_empty() {
         return "no jobs\n".into();
@@ -95,7 +106,7 @@ pub fn jobs_table(jobs: &[JobInfo]) -> String {
                     j.tenant.clone()
                 },
                 j.state.clone(),
-                j.lane.to_string(),
+                lane_text(j),
                 j.iterations.to_string(),
                 format!("{:.3}", j.attained_seconds),
                 format!("{:.2}", j.mean_iteration_ms),
@@ -160,10 +171,10 @@ pub fn reservations_text(reservations: &[Reservation]) -> String {
             String::new()
         };
         out += &format!(
-            "reserved for {}: {} bytes ({} claimed by its jobs; token {}{expires})\n",
+            "reserved for {}: {} ({} claimed by its jobs; token {}{expires})\n",
             r.tenant,
-            r.reserved_bytes,
-            r.claimed_bytes,
+            size_text(r.reserved_bytes),
+            size_text(r.claimed_bytes),
             r.token_ids.join(", ")
         );
     }

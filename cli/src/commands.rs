@@ -1,4 +1,5 @@
-//! `salus-server ctl`: a human (and `--json`) client of the admin API.
+//! The commands that call the admin API: each one's calls, and its output as
+//! text or (`--json`) JSON.
 
 mod capacity;
 mod drain;
@@ -14,144 +15,17 @@ use salus_proto::salus::v1::*;
 use serde_json::{json, Value};
 use tonic::transport::Channel;
 
+pub use crate::error::CliError as CtlError;
+use crate::{Command, Connection, PolicyAction};
 use capacity::*;
+pub use history::HistoryAction;
+pub use info::{info_json, info_text};
 pub use jobs::*;
 pub use stats::*;
 use tokens::*;
 
-#[derive(Args, Debug)]
-pub struct CtlArgs {
-    /// Address of the salus-server to talk to.
-    #[arg(long, env = "SALUS_SERVER", default_value = "127.0.0.1:5501")]
-    pub server: String,
-    /// The token to identify with (an admin token from --admins, or a
-    /// tenant's); without one the server identifies a loopback caller by its
-    /// Unix user.
-    #[arg(long, env = "SALUS_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
-    #[command(subcommand)]
-    pub command: CtlCommand,
-}
-
-#[derive(Subcommand, Debug)]
-pub enum CtlCommand {
-    /// List jobs: state, lane, iterations, attained time, queue wait, hints;
-    /// and the device memory issued tokens reserve for tenants.
-    Jobs {
-        /// {"jobs": [...], "reservations": [...]} (keys: docs/src/reference/json.md).
-        #[arg(long)]
-        json: bool,
-    },
-    /// Scheduler statistics: switch latency, queues, iterations per second, device time per tenant.
-    Stats {
-        /// As JSON, with the server's counters under "server_counters" (keys: docs/src/reference/json.md).
-        #[arg(long)]
-        json: bool,
-    },
-    /// Show the scheduling policy, or switch to NAME (jobs are kept).
-    Policy { name: Option<String> },
-    /// Replace a job's hints (job id, session handle or name).
-    Hints {
-        job: String,
-        #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
-        priority: i32,
-        /// Expected main iterations (0: none).
-        #[arg(long, default_value_t = 0)]
-        iterations: u64,
-        /// Expected total device seconds (0: none).
-        #[arg(long, default_value_t = 0.0)]
-        seconds: f64,
-    },
-    /// Change a tenant's limits (admins only): the ones given replace its
-    /// earlier ones, the rest stay. TENANT: a user name, a tenants file name,
-    /// anonymous, or * for every tenant without limits of its own.
-    Limits {
-        tenant: String,
-        #[command(flatten)]
-        limits: LimitArgs,
-    },
-    /// Device memory this server shares and how much tokens reserve: what a
-    /// cluster engine's config needs (Slurm's salusmem GRES count, Ray's
-    /// salus_mem_mib resource), in MiB.
-    Capacity {
-        /// As JSON, in bytes and MiB (keys: docs/src/reference/json.md).
-        #[arg(long)]
-        json: bool,
-    },
-    /// What the server runs on: versions, isolation, devices as TensorFlow
-    /// lists them, GPU 0 as the CUDA driver reported it, and where the memory
-    /// capacity comes from.
-    Info {
-        /// As JSON (keys: docs/src/reference/json.md).
-        #[arg(long)]
-        json: bool,
-    },
-    /// Tokens issued at run time (admins only): issue, revoke, list.
-    Token {
-        #[command(subcommand)]
-        action: TokenAction,
-    },
-    /// The job history the `learned` policy ranks by: each job identity's
-    /// runs and expected length; `history erase` forgets a tenant's.
-    History {
-        #[command(subcommand)]
-        action: Option<history::HistoryAction>,
-        /// Whose: yours by default; an admin may name any tenant (and sees
-        /// every tenant's without one): user:NAME or uid:N (a Unix user),
-        /// token:NAME (a token tenant without a user), anonymous, or a bare
-        /// NAME (both the user and the token tenant of that name; an erase
-        /// refuses when both have a history). Kept by tenant, not by name: a
-        /// token tenant named like a user never sees that user's history.
-        #[arg(long, global = true)]
-        tenant: Option<String>,
-        /// As JSON (keys: docs/src/reference/json.md).
-        #[arg(long, global = true)]
-        json: bool,
-    },
-    /// Stop admitting new jobs (admins only): each is refused with UNAVAILABLE
-    /// naming the drain; open jobs run on and are listed. Kept across restarts.
-    Drain {
-        /// Wait until no job is open (polling once a second).
-        #[arg(long)]
-        wait: bool,
-        /// With --wait: give up after this long (90s, 15m, 2h), listing the
-        /// jobs still open, with exit status 1.
-        #[arg(long, requires = "wait")]
-        timeout: Option<String>,
-        /// Not kept across a restart: the next start admits jobs (a
-        /// Kubernetes preStop hook, whose pod's successor must serve).
-        #[arg(long)]
-        until_restart: bool,
-        /// As JSON: draining, since_unix_s, by, jobs (as in `ctl jobs --json`).
-        #[arg(long)]
-        json: bool,
-    },
-    /// Admit new jobs again after `ctl drain` (admins only).
-    Undrain {
-        #[arg(long)]
-        json: bool,
-    },
-    /// Read the config file (--config) and the tenants file again and apply
-    /// what can change live (policy, tokens, limits, weights, admins); names
-    /// the changes that need a restart (admins only; SIGHUP does the same).
-    Reload {
-        /// As JSON: config_file, tenants_file, applied, needs_restart, notes.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Recent main iterations and cheap runs: per lane, per job counts and busy time.
-    Timeline {
-        /// Runs that ended in the last S seconds (0: all the server keeps).
-        #[arg(long, default_value_t = 10.0)]
-        seconds: f64,
-        /// Every span, as JSON (times in seconds before the server's "now").
-        #[arg(long)]
-        json: bool,
-    },
-}
-
 /// A tenant's limits on the command line (unset: unchanged).
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 pub struct LimitArgs {
     /// Its share of device time against other tenants' (1 to 1000; default 1).
     #[arg(long)]
@@ -165,7 +39,7 @@ pub struct LimitArgs {
     /// Device memory its jobs may hold admitted or waiting at once (4GiB; with
     /// --memory-capacity). On a token, also a reservation: held for the
     /// tenant's jobs, out of other tenants' reach, while the token is valid.
-    #[arg(long, value_parser = crate::sched::units::parse_size)]
+    #[arg(long, value_parser = salus_sched::units::parse_size)]
     memory: Option<u64>,
 }
 
@@ -196,8 +70,8 @@ pub enum TokenAction {
         #[command(flatten)]
         limits: LimitArgs,
         /// Lifetime: 90s, 15m, 2h, 7d (a bare number is seconds); default: until revoked.
-        #[arg(long)]
-        expires: Option<String>,
+        #[arg(long, value_name = "DURATION", value_parser = crate::units::parse_duration)]
+        expires: Option<std::time::Duration>,
         /// Print the token and its record as JSON instead of the token alone.
         #[arg(long)]
         json: bool,
@@ -226,26 +100,6 @@ pub enum TokenAction {
     },
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum CtlError {
-    #[error("cannot connect to salus-server at {addr}: {source}")]
-    Connect {
-        addr: String,
-        source: tonic::transport::Error,
-    },
-    #[error("invalid server address {0:?}")]
-    Address(String),
-    #[error("{}", .0.message())]
-    Rpc(#[from] tonic::Status),
-    #[error("{0}")]
-    Usage(String),
-    /// `drain --wait --timeout` ran out with jobs still open.
-    #[error("{0}")]
-    StillRunning(String),
-    #[error("this server shares no device memory: start it with --memory-capacity SIZE (or, built with --features cuda, on a GPU)")]
-    NoCapacity,
-}
-
 /// Why `token` cannot travel in a user-agent word (never quoting it).
 fn token_problem(token: &str) -> Option<&'static str> {
     if token.is_empty() {
@@ -263,15 +117,34 @@ fn token_problem(token: &str) -> Option<&'static str> {
     None
 }
 
-async fn connect(server: &str, token: Option<&str>) -> Result<AdminClient<Channel>, CtlError> {
-    let url = if server.contains("://") {
-        server.replace("grpc://", "http://")
-    } else {
-        format!("http://{server}")
+/// The URL of `server` (HOST:PORT or grpc://HOST:PORT), or a usage error.
+pub fn server_url(server: &str) -> Result<String, CtlError> {
+    let bad = || {
+        CtlError::Usage(format!(
+            "--server (or SALUS_SERVER) {server:?} is not valid: expected HOST:PORT or grpc://HOST:PORT, e.g. 127.0.0.1:5501"
+        ))
     };
-    let mut endpoint =
-        Channel::from_shared(url).map_err(|_| CtlError::Address(server.to_string()))?;
-    if let Some(token) = token {
+    let rest = match server.split_once("://") {
+        Some(("grpc", rest)) => rest,
+        Some(_) => return Err(bad()),
+        None => server,
+    };
+    let rest = rest.trim_end_matches('/');
+    let (host, port) = rest.rsplit_once(':').ok_or_else(bad)?;
+    if host.is_empty() || host.contains('/') || !matches!(port.parse::<u16>(), Ok(p) if p > 0) {
+        return Err(bad());
+    }
+    Ok(format!("http://{rest}"))
+}
+
+/// A client of the admin API at `conn.server`, identified by `conn.token`.
+pub async fn connect(conn: &Connection) -> Result<AdminClient<Channel>, CtlError> {
+    let url = server_url(&conn.server)?;
+    let mut endpoint = Channel::from_shared(url).map_err(|_| {
+        CtlError::Usage(format!("--server {:?} is not a valid address", conn.server))
+    })?;
+    endpoint = endpoint.connect_timeout(conn.connect_timeout);
+    if let Some(token) = conn.token.as_deref() {
         if let Some(problem) = token_problem(token) {
             return Err(CtlError::Usage(format!(
                 "the token (--token or SALUS_TOKEN) {problem}"
@@ -285,26 +158,30 @@ async fn connect(server: &str, token: Option<&str>) -> Result<AdminClient<Channe
     let channel = endpoint
         .connect()
         .await
-        .map_err(|source| CtlError::Connect {
-            addr: server.to_string(),
-            source,
+        .map_err(|source| CtlError::Unreachable {
+            addr: conn.server.clone(),
+            source: Box::new(source),
         })?;
     Ok(AdminClient::new(channel))
 }
 
-/// Runs one command and returns what to print.
-pub async fn run(args: CtlArgs) -> Result<String, CtlError> {
-    let mut admin = connect(&args.server, args.token.as_deref()).await?;
-    Ok(match args.command {
-        CtlCommand::Jobs { json } => {
+/// Runs one command of the admin API and returns what to print.
+pub async fn run(conn: &Connection, command: Command) -> Result<String, CtlError> {
+    let mut admin = connect(conn).await?;
+    Ok(match command {
+        Command::Jobs { out } => {
             let listed = admin.list_jobs(ListJobsRequest {}).await?.into_inner();
-            if json {
+            if out.json {
                 pretty(&jobs_json(&listed))
             } else {
                 jobs_table(&listed.jobs) + &reservations_text(&listed.reservations)
             }
         }
-        CtlCommand::Limits { tenant, limits } => {
+        Command::Limits {
+            tenant,
+            limits,
+            out,
+        } => {
             let now = admin
                 .set_tenant_limits(SetTenantLimitsRequest {
                     tenant: tenant.clone(),
@@ -312,34 +189,38 @@ pub async fn run(args: CtlArgs) -> Result<String, CtlError> {
                 })
                 .await?
                 .into_inner();
-            format!("limits of {tenant}: {}\n", limits_text(Some(&now)))
+            if out.json {
+                pretty(&limits_json(&tenant, &now))
+            } else {
+                format!("limits of {tenant}: {}\n", limits_text(Some(&now)))
+            }
         }
-        CtlCommand::Token { action } => token(&mut admin, action).await?,
-        CtlCommand::Drain {
+        Command::Token { action } => token(&mut admin, action).await?,
+        Command::Drain {
             wait,
             timeout,
             until_restart,
-            json,
-        } => drain::drain(&mut admin, wait, timeout, until_restart, json).await?,
-        CtlCommand::Undrain { json } => drain::undrain(&mut admin, json).await?,
-        CtlCommand::Reload { json } => drain::reload(&mut admin, json).await?,
-        CtlCommand::History {
+            out,
+        } => drain::drain(&mut admin, wait, timeout, until_restart, out.json).await?,
+        Command::Undrain { out } => drain::undrain(&mut admin, out.json).await?,
+        Command::Reload { out } => drain::reload(&mut admin, out.json).await?,
+        Command::History {
             action,
             tenant,
             json,
         } => history::run(&mut admin, action, tenant, json).await?,
-        CtlCommand::Info { json } => {
+        Command::Info { out } => {
             let info = admin
                 .get_server_info(GetServerInfoRequest {})
                 .await?
                 .into_inner();
-            if json {
+            if out.json {
                 pretty(&info::info_json(&info))
             } else {
                 info::info_text(&info)
             }
         }
-        CtlCommand::Capacity { json } => {
+        Command::Capacity { out } => {
             let info = admin
                 .get_server_info(GetServerInfoRequest {})
                 .await?
@@ -347,19 +228,19 @@ pub async fn run(args: CtlArgs) -> Result<String, CtlError> {
             if info.memory_capacity_bytes == 0 {
                 return Err(CtlError::NoCapacity);
             }
-            if json {
+            if out.json {
                 pretty(&capacity_json(&info))
             } else {
                 capacity_text(&info)
             }
         }
-        CtlCommand::Stats { json } => {
+        Command::Stats { out } => {
             let stats = admin.get_stats(GetStatsRequest {}).await?.into_inner();
             let info = admin
                 .get_server_info(GetServerInfoRequest {})
                 .await?
                 .into_inner();
-            if json {
+            if out.json {
                 let mut value = stats_json(&stats);
                 value["server_counters"] = counters_json(&info);
                 pretty(&value)
@@ -367,30 +248,51 @@ pub async fn run(args: CtlArgs) -> Result<String, CtlError> {
                 stats_text(&stats) + &counters_text(&info)
             }
         }
-        CtlCommand::Policy { name: None } => {
-            format!(
-                "policy: {}\n",
-                admin
-                    .get_server_info(GetServerInfoRequest {})
-                    .await?
-                    .into_inner()
-                    .policy
-            )
+        Command::Policy {
+            action: None | Some(PolicyAction::Show),
+            json,
+        } => {
+            let policy = admin
+                .get_server_info(GetServerInfoRequest {})
+                .await?
+                .into_inner()
+                .policy;
+            if json {
+                pretty(&json!({ "policy": policy }))
+            } else {
+                format!("policy: {policy}\n")
+            }
         }
-        CtlCommand::Policy { name: Some(policy) } => {
+        Command::Policy {
+            action: Some(PolicyAction::Set { name }),
+            json,
+        } => {
             let r = admin
-                .set_policy(SetPolicyRequest { policy })
+                .set_policy(SetPolicyRequest { policy: name })
                 .await?
                 .into_inner();
-            format!("policy: {} -> {}\n", r.previous, r.policy)
+            if json {
+                pretty(&json!({ "previous": r.previous, "policy": r.policy }))
+            } else {
+                format!("policy: {} -> {}\n", r.previous, r.policy)
+            }
         }
-        CtlCommand::Hints {
+        Command::Hints {
             job,
             priority,
             iterations,
             seconds,
+            out,
         } => {
-            let hints = Some(JobHints {
+            if let Some(s) = seconds {
+                if !(s.is_finite() && s >= 0.0) {
+                    return Err(CtlError::Usage(format!(
+                        "--seconds {s}: expected a finite number >= 0 (0: none)"
+                    )));
+                }
+            }
+            // Only the fields given travel: the server keeps the others.
+            let hints = Some(JobHintsUpdate {
                 priority,
                 expected_iterations: iterations,
                 expected_seconds: seconds,
@@ -399,19 +301,46 @@ pub async fn run(args: CtlArgs) -> Result<String, CtlError> {
                 .set_job_hints(SetJobHintsRequest { job, hints })
                 .await?
                 .into_inner();
-            jobs_table(&[info])
+            if out.json {
+                pretty(&job_json(&info))
+            } else {
+                jobs_table(&[info])
+            }
         }
-        CtlCommand::Timeline { seconds, json } => {
+        Command::Timeline { seconds, png, out } => {
+            let seconds = seconds.as_secs_f64();
             let timeline = admin
                 .get_timeline(GetTimelineRequest { seconds })
                 .await?
                 .into_inner();
-            if json {
-                pretty(&timeline_json(&timeline, seconds))
+            let value = timeline_json(&timeline, seconds);
+            if let Some(path) = png {
+                crate::top::draw_timeline_png(&value, &path)?
+            } else if out.json {
+                pretty(&value)
             } else {
                 timeline_text(&timeline, seconds)
             }
         }
+        Command::Run(_)
+        | Command::Top(_)
+        | Command::Completions { .. }
+        | Command::Manpages { .. } => {
+            return Err(CtlError::Local(
+                "run, top, completions and manpages are not admin API calls".into(),
+            ))
+        }
+    })
+}
+
+/// `limits --json`: the limits that now apply to the tenant (null: none of its own).
+pub fn limits_json(tenant: &str, l: &TenantLimits) -> Value {
+    json!({
+        "tenant": tenant,
+        "weight": l.weight,
+        "max_jobs": l.max_jobs,
+        "max_priority": l.max_priority,
+        "memory_bytes": l.memory_bytes,
     })
 }
 
@@ -430,7 +359,7 @@ fn opt<T: PartialEq + Default + Into<Value>>(v: T) -> Value {
 }
 
 /// Left-aligned columns separated by two spaces.
-fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -465,10 +394,7 @@ async fn token(admin: &mut AdminClient<Channel>, action: TokenAction) -> Result<
             json,
         } => {
             let uid = uid.map(|u| resolve_uid(&u)).transpose()?;
-            let expires_seconds = expires
-                .map(|e| parse_duration(&e))
-                .transpose()?
-                .unwrap_or(0.0);
+            let expires_seconds = expires.map_or(0.0, |e| e.as_secs_f64());
             let issued = admin
                 .issue_token(IssueTokenRequest {
                     tenant,
@@ -568,14 +494,27 @@ mod tests {
         assert_eq!(v["expected_seconds"], Value::Null);
         assert_eq!(v["priority"], 2);
         assert_eq!(v["lane"], 0);
+        assert_eq!(
+            jobs_table(&[job()])
+                .lines()
+                .nth(1)
+                .unwrap()
+                .split_whitespace()
+                .nth(5),
+            Some("0")
+        );
         let waiting = JobInfo {
             memory_state: "waiting for memory".into(),
             ..job()
         };
         assert_eq!(job_json(&waiting)["lane"], Value::Null);
+        // The table says "-" for no lane, not 0.
+        let row = jobs_table(&[waiting]);
+        let row = row.lines().nth(1).unwrap();
+        assert_eq!(row.split_whitespace().nth(5), Some("-"), "{row}");
     }
 
-    /// `ctl jobs --json` carries what the text form shows: the reservations
+    /// `salus jobs --json` carries what the text form shows: the reservations
     /// too, and each tenant as its bare name and uid apart, never the label.
     #[test]
     fn jobs_json_has_reservations_and_bare_tenants() {
@@ -620,7 +559,7 @@ mod tests {
         assert_eq!(r["jobs_started"], 2);
         // The text form shows the same reservation with the display label.
         assert!(reservations_text(&listed.reservations)
-            .starts_with("reserved for salush1 (uid 1001): 1073741824 bytes (1048576 claimed"));
+            .starts_with("reserved for salush1 (uid 1001): 1 GiB (1 MiB claimed"));
         let expiring = Reservation {
             expires_unix_seconds: 1.8e9,
             ..reservation
@@ -631,29 +570,7 @@ mod tests {
     }
 
     #[test]
-    fn hints_accept_negative_priorities() {
-        use clap::Parser;
-        #[derive(Parser)]
-        struct Cli {
-            #[command(flatten)]
-            ctl: CtlArgs,
-        }
-        let cli = Cli::try_parse_from(["ctl", "hints", "job1", "--priority", "-2"]).unwrap();
-        assert!(matches!(
-            cli.ctl.command,
-            CtlCommand::Hints { priority: -2, .. }
-        ));
-    }
-
-    #[test]
-    fn durations_and_uids_parse() {
-        assert_eq!(parse_duration("90").unwrap(), 90.0);
-        assert_eq!(parse_duration("15m").unwrap(), 900.0);
-        assert_eq!(parse_duration("2h").unwrap(), 7200.0);
-        assert_eq!(parse_duration("1.5d").unwrap(), 129600.0);
-        for bad in ["", "0", "-5s", "3w", "h"] {
-            assert!(parse_duration(bad).is_err(), "{bad:?}");
-        }
+    fn uids_parse() {
         assert_eq!(resolve_uid("root").unwrap(), 0);
         assert_eq!(resolve_uid("1234").unwrap(), 1234);
         assert!(resolve_uid("no-such-user-here").is_err());
@@ -828,5 +745,87 @@ mod tests {
         assert_eq!(json["spans"][3]["lane"], Value::Null);
         assert_eq!(json["spans"][2]["run"], "cheap");
         assert_eq!(json["spans"][0]["start_ago_s"], 3.0);
+    }
+
+    /// Every key a `--json` output has is documented in docs/src/reference/json.md.
+    #[test]
+    fn json_md_documents_every_key() {
+        fn keys(value: &Value, out: &mut std::collections::BTreeSet<String>) {
+            match value {
+                Value::Object(map) => {
+                    for (key, inner) in map {
+                        out.insert(key.clone());
+                        // run_errors is keyed by gRPC code names, not by fixed keys.
+                        if key != "run_errors" {
+                            keys(inner, out);
+                        }
+                    }
+                }
+                Value::Array(items) => items.iter().for_each(|i| keys(i, out)),
+                _ => {}
+            }
+        }
+        let listed = ListJobsResponse {
+            jobs: vec![job()],
+            reservations: vec![Reservation::default()],
+        };
+        let info = ServerInfo {
+            devices: vec![Device::default()],
+            executors: vec![ExecutorProcess::default()],
+            ..Default::default()
+        };
+        let stats = SchedulerStats {
+            lanes: vec![LaneQueue::default()],
+            tenants: vec![TenantShare::default()],
+            ..Default::default()
+        };
+        let history = ListHistoryResponse {
+            identities: vec![HistoryIdentity {
+                runs: vec![HistoryRun::default()],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let timeline = Timeline {
+            spans: vec![TimelineSpan::default()],
+            ..Default::default()
+        };
+        let mut token = tokens::token_json(&TokenInfo::default());
+        token["token"] = json!("secret");
+        let documents = [
+            jobs_json(&listed),
+            stats_json(&stats),
+            counters_json(&info),
+            json!({ "server_counters": null, "previous": null, "policy": null, "erased_identities": 0 }),
+            limits_json("t", &TenantLimits::default()),
+            capacity_json(&info),
+            info::info_json(&info),
+            token,
+            history::history_json(&history),
+            drain::drain_json(&DrainStatus {
+                jobs: vec![job()],
+                ..Default::default()
+            }),
+            drain::reload_json(&ReloadResponse::default()),
+            timeline_json(&timeline, 1.0),
+            json!({ "server": "", "info": null, "stats": null, "jobs": [] }),
+        ];
+        let mut all = std::collections::BTreeSet::new();
+        for document in &documents {
+            keys(document, &mut all);
+        }
+        let doc = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../docs/src/reference/json.md"
+        ))
+        .unwrap();
+        let undocumented: Vec<_> = all
+            .iter()
+            .filter(|k| !doc.contains(&format!("`{k}`")))
+            .collect();
+        assert!(
+            undocumented.is_empty(),
+            "keys missing from docs/src/reference/json.md: {undocumented:?}"
+        );
     }
 }

@@ -1,4 +1,4 @@
-//! `ctl token`: issued tokens as rows and JSON, and the parsing of `token issue`'s words.
+//! `salus token`: issued tokens as rows and JSON, and the parsing of `token issue`'s words.
 
 use salus_proto::salus::v1::{TenantLimits, TokenInfo};
 use serde_json::{json, Value};
@@ -51,39 +51,8 @@ pub(super) fn resolve_uid(text: &str) -> Result<u32, CtlError> {
     if let Ok(uid) = text.parse() {
         return Ok(uid);
     }
-    crate::tenant::users::Account::by_name(text)
-        .map(|a| a.uid)
+    crate::users::uid_by_name(text)
         .ok_or_else(|| CtlError::Usage(format!("--uid {text:?}: no such user on this machine")))
-}
-
-/// "90s", "15m", "2h", "7d" or a bare number of seconds (`--expires`).
-pub(super) fn parse_duration(text: &str) -> Result<f64, CtlError> {
-    parse_duration_of("--expires", text)
-}
-
-/// [`parse_duration`] for the flag `flag`, which errors name.
-pub(super) fn parse_duration_of(flag: &str, text: &str) -> Result<f64, CtlError> {
-    let bad = || {
-        CtlError::Usage(format!(
-            "{flag} {text:?}: expected 90s, 15m, 2h, 7d or seconds"
-        ))
-    };
-    let (number, unit) = match text.find(|c: char| c.is_ascii_alphabetic()) {
-        Some(at) => text.split_at(at),
-        None => (text, "s"),
-    };
-    let value: f64 = number.trim().parse().map_err(|_| bad())?;
-    let scale = match unit {
-        "s" => 1.0,
-        "m" => 60.0,
-        "h" => 3600.0,
-        "d" => 86400.0,
-        _ => return Err(bad()),
-    };
-    if !(value.is_finite() && value > 0.0) {
-        return Err(bad());
-    }
-    Ok(value * scale)
 }
 
 /// "weight=2 max-jobs=4" (the tenants file's words), or "none".
@@ -93,7 +62,8 @@ pub(super) fn limits_text(l: Option<&TenantLimits>) -> String {
         l.weight.map(|w| format!("weight={w}")),
         l.max_jobs.map(|n| format!("max-jobs={n}")),
         l.max_priority.map(|p| format!("max-priority={p}")),
-        l.memory_bytes.map(|m| format!("memory={m}")),
+        l.memory_bytes
+            .map(|m| format!("memory={}", crate::units::size_word(m))),
     ]
     .into_iter()
     .flatten()

@@ -1,8 +1,10 @@
-//! `salus-server ctl history`: the job history `learned` ranks by, and its erasure.
+//! `salus history`: the job history `learned` ranks by, and its erasure.
 
 use clap::Subcommand;
 use salus_proto::salus::v1::admin_client::AdminClient;
-use salus_proto::salus::v1::{EraseHistoryRequest, HistoryIdentity, JobInfo, ListHistoryRequest, ListHistoryResponse};
+use salus_proto::salus::v1::{
+    EraseHistoryRequest, HistoryIdentity, JobInfo, ListHistoryRequest, ListHistoryResponse,
+};
 use serde_json::{json, Value};
 use tonic::transport::Channel;
 
@@ -120,9 +122,17 @@ pub fn history_text(listed: &ListHistoryResponse) -> String {
         .map(|i| {
             let last = i.runs.last();
             vec![
-                if i.tenant.is_empty() { "-".into() } else { i.tenant.clone() },
+                if i.tenant.is_empty() {
+                    "-".into()
+                } else {
+                    i.tenant.clone()
+                },
                 i.name.clone(),
-                if i.fingerprint.is_empty() { "-".into() } else { i.fingerprint.clone() },
+                if i.fingerprint.is_empty() {
+                    "-".into()
+                } else {
+                    i.fingerprint.clone()
+                },
                 i.runs.len().to_string(),
                 i.completed_runs.to_string(),
                 if i.completed_runs > 0 {
@@ -137,7 +147,15 @@ pub fn history_text(listed: &ListHistoryResponse) -> String {
         })
         .collect();
     table(
-        &["TENANT", "NAME", "FINGERPRINT", "RUNS", "COMPLETED", "EXPECTED", "LAST"],
+        &[
+            "TENANT",
+            "NAME",
+            "FINGERPRINT",
+            "RUNS",
+            "COMPLETED",
+            "EXPECTED",
+            "LAST",
+        ],
         &rows,
     ) + &format!(
         "{} identities ({kept}; at most {} identities of {} runs each)\n",
@@ -159,8 +177,16 @@ mod tests {
                 name: "train.py".into(),
                 fingerprint: "g00000000000000ff".into(),
                 runs: vec![
-                    HistoryRun { device_seconds: 700.0, iterations: 70, end: "completed".into() },
-                    HistoryRun { device_seconds: 30.0, iterations: 3, end: "failed".into() },
+                    HistoryRun {
+                        device_seconds: 700.0,
+                        iterations: 70,
+                        end: "completed".into(),
+                    },
+                    HistoryRun {
+                        device_seconds: 30.0,
+                        iterations: 3,
+                        end: "failed".into(),
+                    },
                 ],
                 expected_seconds: 700.0,
                 sigma: 0.5,
@@ -178,12 +204,18 @@ mod tests {
         assert!(text.contains("train.py"), "{text}");
         assert!(text.contains("12 min"), "{text}");
         assert!(text.contains("30 s (failed)"), "{text}");
-        assert!(text.contains("kept in /var/lib/salus/state/history.json"), "{text}");
+        assert!(
+            text.contains("kept in /var/lib/salus/state/history.json"),
+            "{text}"
+        );
         let value = history_json(&listed());
         assert_eq!(value["identities"][0]["expected_s"], 700.0);
         assert_eq!(value["identities"][0]["runs"][1]["end"], "failed");
         let empty = history_text(&ListHistoryResponse::default());
-        assert!(empty.starts_with("no job history (in memory only"), "{empty}");
+        assert!(
+            empty.starts_with("no job history (in memory only"),
+            "{empty}"
+        );
     }
 
     #[test]
@@ -198,6 +230,9 @@ mod tests {
         );
         job.history_runs = 1;
         job.history_expected_seconds = 5400.0;
-        assert_eq!(job_history_note(&job).as_deref(), Some("expected 1.5 h from 1 earlier run"));
+        assert_eq!(
+            job_history_note(&job).as_deref(),
+            Some("expected 1.5 h from 1 earlier run")
+        );
     }
 }

@@ -1,4 +1,4 @@
-//! `ctl capacity`: the device memory, what tokens reserve, and the lines an engine's config takes.
+//! `salus capacity`: the device memory, what tokens reserve, and the lines an engine's config takes.
 
 use salus_proto::salus::v1::ServerInfo;
 use serde_json::{json, Value};

@@ -1,4 +1,4 @@
-//! `ctl drain`, `ctl undrain` and `ctl reload`.
+//! `salus drain`, `salus undrain` and `salus reload`.
 
 use std::time::{Duration, Instant};
 
@@ -7,7 +7,6 @@ use salus_proto::salus::v1::*;
 use serde_json::{json, Value};
 use tonic::transport::Channel;
 
-use super::tokens::parse_duration_of;
 use super::{job_json, jobs_table, pretty, CtlError};
 
 /// How often `drain --wait` looks at the open jobs.
@@ -18,13 +17,10 @@ const WAIT_POLL: Duration = Duration::from_secs(1);
 pub async fn drain(
     admin: &mut AdminClient<Channel>,
     wait: bool,
-    timeout: Option<String>,
+    timeout: Option<Duration>,
     until_restart: bool,
     json: bool,
 ) -> Result<String, CtlError> {
-    let timeout = timeout
-        .map(|t| parse_duration_of("--timeout", &t).map(Duration::from_secs_f64))
-        .transpose()?;
     let deadline = timeout.map(|t| Instant::now() + t);
     let mut status = admin
         .drain(DrainRequest { until_restart })
@@ -44,7 +40,7 @@ pub async fn drain(
             }
             if said != Some(status.jobs.len()) {
                 eprintln!(
-                    "salus-server ctl drain: waiting for {} open job(s) to end",
+                    "salus drain: waiting for {} open job(s) to end",
                     status.jobs.len()
                 );
                 said = Some(status.jobs.len());
@@ -56,8 +52,8 @@ pub async fn drain(
                 .await?
                 .into_inner();
             if !info.draining {
-                return Err(CtlError::Usage(
-                    "the node was undrained (salus-server ctl undrain) while waiting".into(),
+                return Err(CtlError::StillRunning(
+                    "the node was undrained (salus undrain) while waiting".into(),
                 ));
             }
             status.jobs = admin.list_jobs(ListJobsRequest {}).await?.into_inner().jobs;
@@ -91,7 +87,7 @@ pub async fn reload(admin: &mut AdminClient<Channel>, json: bool) -> Result<Stri
 pub fn drain_text(status: &DrainStatus) -> String {
     let mut out = if status.draining {
         format!(
-            "draining since unix time {} (by {}): new jobs are refused with UNAVAILABLE until `salus-server ctl undrain`{}\n",
+            "draining since unix time {} (by {}): new jobs are refused with UNAVAILABLE until `salus undrain`{}\n",
             status.since_unix_seconds,
             status.by,
             if status.until_restart { " or the next start" } else { "" }

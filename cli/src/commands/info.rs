@@ -1,4 +1,4 @@
-//! `salus-server ctl info`: what the server runs on: its version and
+//! `salus info`: what the server runs on: its version and
 //! TensorFlow's, its devices as TensorFlow lists them, GPU 0 as the CUDA driver
 //! reported it, and where the memory capacity comes from.
 
@@ -53,7 +53,7 @@ pub fn info_text(info: &ServerInfo) -> String {
     );
     if info.draining {
         out += &format!(
-            "draining   since unix time {}: new jobs are refused until `salus-server ctl undrain`\n",
+            "draining   since unix time {}: new jobs are refused until `salus undrain`\n",
             info.draining_since_unix_seconds
         );
     }
@@ -82,7 +82,11 @@ pub fn info_text(info: &ServerInfo) -> String {
             e.tenant,
             e.pid,
             e.release,
-            if e.adopted { ", adopted from an earlier supervisor" } else { "" },
+            if e.adopted {
+                ", adopted from an earlier supervisor"
+            } else {
+                ""
+            },
             e.standing,
             match e.refused_messages {
                 0 => String::new(),

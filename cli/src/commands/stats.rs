@@ -1,4 +1,4 @@
-//! `ctl stats` and `ctl timeline`: the scheduler's counters, latencies and recent turns.
+//! `salus stats` and `salus timeline`: the scheduler's counters, latencies and recent turns.
 
 use salus_proto::salus::v1::*;
 use serde_json::{json, Value};
@@ -110,8 +110,8 @@ pub fn stats_text(s: &SchedulerStats) -> String {
             0.0
         };
         out += &format!(
-            "tenant {}: {:.3} s device time ({percent:.1}% of the tenants shown), weight {}, {} jobs, {} iterations queued or running, {} bytes of memory, {} refused; limits {}\n",
-            t.tenant, t.device_seconds, t.weight, t.jobs, t.queued, t.memory_bytes, t.refusals, limits_text(t.limits.as_ref())
+            "tenant {}: {:.3} s device time ({percent:.1}% of the tenants shown), weight {}, {} jobs, {} iterations queued or running, {} of memory, {} refused; limits {}\n",
+            t.tenant, t.device_seconds, t.weight, t.jobs, t.queued, crate::units::size_text(t.memory_bytes), t.refusals, limits_text(t.limits.as_ref())
         );
     }
     out
