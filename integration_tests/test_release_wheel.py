@@ -16,6 +16,7 @@ venv ~30-90 s, the two demos ~20-30 s), beside the other files under scripts/tes
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -93,7 +94,7 @@ def test_the_wheel_carries_the_binaries_with_no_path_of_this_machine(operator):
     venv, env, home = operator
     site = site_packages(venv, env, home)
     bin_dir = site / "salus" / "_bin"
-    for name in ("salus-server", "salus-supervisor", "salus-device-plugin", "libsalus_tf.so"):
+    for name in ("salus-server", "salus-supervisor", "salus", "salus-device-plugin", "libsalus_tf.so"):
         path = bin_dir / name
         assert path.is_file(), f"the wheel installed no {path}"
         paths = search_paths(path)
@@ -103,6 +104,13 @@ def test_the_wheel_carries_the_binaries_with_no_path_of_this_machine(operator):
     tf_lines = [line for line in ldd.splitlines() if "libtensorflow" in line]
     assert len(tf_lines) == 2 and all(f"{site}/salus/_bin/../../tensorflow/" in line for line in tf_lines), ldd
     assert "not found" not in ldd and str(REPO) not in ldd, ldd
+    # The CLI links no TensorFlow; its man pages and shell completions come with it.
+    cli_ldd = run(["ldd", bin_dir / "salus"], env, home, 60).stdout
+    assert "libtensorflow" not in cli_ldd and "not found" not in cli_ldd, cli_ldd
+    prefix = venv  # the wheel's data files go under the install's prefix
+    for path in ("share/man/man1/salus.1", "share/man/man1/salus-jobs.1", "share/bash-completion/completions/salus",
+                 "share/zsh/site-functions/_salus", "share/fish/vendor_completions.d/salus.fish"):
+        assert (prefix / path).is_file(), f"the wheel installed no {path}"
 
 
 def test_the_wheel_installs_the_systemd_units_and_their_stop_script(operator):
@@ -150,6 +158,7 @@ def test_one_version_everywhere(operator):
     # The supervisor (it links no TensorFlow, so it runs directly) parses the server's flags and says the same.
     supervisor = site_packages(venv, env, home) / "salus" / "_bin" / "salus-supervisor"
     assert run([supervisor, "--version"], env, home, 60).stdout.strip() == f"salus-server {VERSION}"
+    assert run([venv / "bin" / "salus", "--version"], env, home, 60).stdout.strip() == f"salus {VERSION}"
     probe = ("import importlib.metadata as m, salus; "
              "print(salus.__version__, m.version('salus-tf'), m.version('tensorflow-cpu'))")
     assert run([venv / "bin" / "python", "-c", probe], env, home, 60).stdout.split() == [PY_VERSION, PY_VERSION,
@@ -194,6 +203,10 @@ def test_the_server_from_the_wheel_trains_both_demos_as_in_process(operator):
         assert "variables on the server: True; numbers equal to in-process: True" in keras.stdout, keras.stdout
         print(tf1.stdout.strip().splitlines()[-1])
         print(keras.stdout.strip().splitlines()[-1])
+        # The wheel's CLI talks to the wheel's server; the demos' jobs are gone, the server is healthy.
+        info = run([venv / "bin" / "salus", "--server", address, "info", "--json"], env, home, 60)
+        assert info.returncode == 0, info.stderr
+        assert json.loads(info.stdout)["version"] == VERSION, info.stdout
     finally:
         if server.poll() is None:
             server.send_signal(signal.SIGINT)

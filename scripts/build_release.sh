@@ -63,9 +63,9 @@ version="$(sed -n '/^\[workspace\.package\]/,/^\[/s/^version = "\(.*\)"$/\1/p' C
 # The wheel's spelling (PEP 440): a Cargo pre-release 0.3.0-rc.1 is 0.3.0rc1.
 py_version="$(sed -E 's/-alpha\.?([0-9]+)$/a\1/; s/-beta\.?([0-9]+)$/b\1/; s/-rc\.?([0-9]+)$/rc\1/' <<<"$version")"
 
-# The binaries that go in, and those that go in when built: the `salus` CLI (crate cli/), with its man pages.
-binaries=(salus-server salus-supervisor salus-device-plugin libsalus_tf.so)
-optional=(salus)
+# The binaries that go in: the server, its supervisor, the `salus` CLI (crate cli/: with its man pages and shell
+# completions), the device plugin and the C-API shim.
+binaries=(salus-server salus-supervisor salus salus-device-plugin libsalus_tf.so)
 
 if [[ -n "$build" ]]; then
     say "cargo build --release (the cuda feature: one build for CPU and GPU nodes)"
@@ -96,8 +96,7 @@ fi
 stage="$(mktemp -d "${TMPDIR:-/tmp}/salus-release.XXXXXX")"
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/scripts" "$stage/data/share/salus/systemd"
-for name in "${binaries[@]}" "${optional[@]}"; do
-    [[ -f "$BIN_DIR/$name" ]] || continue
+for name in "${binaries[@]}"; do
     cp "$BIN_DIR/$name" "$stage/bin/$name"
     chmod u+w "$stage/bin/$name"
     if [[ "$name" == salus-server ]]; then
@@ -112,11 +111,14 @@ for f in "$stage"/bin/*; do
     paths="$(readelf -d "$f" | sed -n 's/.*(\(RPATH\|RUNPATH\)).*\[\(.*\)\]/\2/p')"
     case "$paths" in "" | '$ORIGIN/../../tensorflow') ;; *) die "$(basename "$f") still searches $paths" ;; esac
 done
-# The CLI's man pages (its hidden `manpages` command), installed to share/man/man1/.
-if [[ -x "$stage/bin/salus" ]]; then
-    mkdir -p "$stage/data/share/man/man1"
-    "$stage/bin/salus" manpages --out "$stage/data/share/man/man1"
-fi
+# The CLI's man pages (its hidden `manpages` command), installed to share/man/man1/, and its shell completions
+# where bash-completion, zsh and fish look under the install's prefix.
+mkdir -p "$stage/data/share/man/man1" "$stage/data/share/bash-completion/completions" \
+    "$stage/data/share/zsh/site-functions" "$stage/data/share/fish/vendor_completions.d"
+"$stage/bin/salus" manpages --out "$stage/data/share/man/man1"
+"$stage/bin/salus" completions bash > "$stage/data/share/bash-completion/completions/salus"
+"$stage/bin/salus" completions zsh > "$stage/data/share/zsh/site-functions/_salus"
+"$stage/bin/salus" completions fish > "$stage/data/share/fish/vendor_completions.d/salus.fish"
 # The systemd units (share/salus/systemd/, pointing at /opt/salus/venv/bin) and their ExecStop script (bin/).
 cp deploy/systemd/salus-server.service deploy/systemd/salus-server@.service deploy/systemd/salus-server.socket \
     deploy/systemd/salus-server.env.example "$stage/data/share/salus/systemd/"
