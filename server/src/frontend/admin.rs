@@ -451,6 +451,16 @@ impl AdminService {
                 ))
             })?;
         let id = JobId(row.id);
+        // A session listed before its first run has not joined the scheduler yet
+        // (it has no id): a user's mistake to say plainly, not an internal error.
+        if self.core.job_status(id).is_none() {
+            return Err(Error::FailedPrecondition(format!(
+                "job {:?} has not started running yet, so the scheduler has no hints of it to change: \
+                 retry once it runs, or give hints in its job name (NAME?iterations=N)",
+                req.job
+            ))
+            .into());
+        }
         let hints = hints_from_request(&req, row.name.clone(), &self.core, id)?;
         self.core.set_hints(id, hints.clone())?;
         tracing::info!(job = id.0, ?hints, "job hints changed");
