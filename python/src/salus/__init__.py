@@ -19,12 +19,6 @@ from __future__ import annotations
 
 from ._config import DEFAULT_SERVER, SalusConfigError, Settings
 
-try:
-    # Written into the wheel when it is built, from the workspace's Cargo.toml (python/hatch_build.py): the same
-    # version as salus-server's.
-    from ._version import VERSION as __version__
-except ImportError:  # the source tree itself on sys.path, never built
-    __version__ = "0+unknown"
 __all__ = ["session", "configure", "connect_eager", "settings", "AdminClient", "SalusConfigError", "DEFAULT_SERVER",
            "__version__"]
 
@@ -114,7 +108,17 @@ def session(graph=None, config=None, *, server: str | None = None, name: str | N
 
 
 def __getattr__(name):
+    # Imported on first use: the startup hook imports this package into every Python process with SALUS_SERVER
+    # set, and imports no module it does not need.
     if name == "AdminClient":
         from .admin import AdminClient
         return AdminClient
+    if name == "__version__":
+        try:
+            # Written into the wheel when it is built, from the workspace's Cargo.toml (python/hatch_build.py):
+            # the same version as salus-server's.
+            from ._version import VERSION
+        except ImportError:  # the source tree itself on sys.path, never built
+            VERSION = "0+unknown"
+        return VERSION
     raise AttributeError(f"module 'salus' has no attribute {name!r}")
