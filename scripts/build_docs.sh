@@ -3,8 +3,11 @@
 # relative link, anchor and {{#include}} resolves, every page is in SUMMARY.md, the troubleshooting
 # page's quoted messages are still in the code), then `mdbook build`. mdbook comes from crates.io at a
 # pinned version, installed into .tools/ (git-ignored) on first use; a stamp makes later runs skip it.
-# scripts/test.sh runs this beside pytest. The generated reference pages are checked by `cargo test`
+# scripts/test.sh installs mdbook beside setup and runs the rest beside pytest. The generated reference pages are checked by `cargo test`
 # (server/src/reference.rs).
+#
+#   scripts/build_docs.sh                 # install mdbook if needed, check, build
+#   scripts/build_docs.sh --install-only  # only install mdbook (scripts/test.sh: beside setup)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -24,6 +27,8 @@ if [[ ! -x "$mdbook" || "$(cat "$stamp" 2>/dev/null)" != "$MDBOOK_VERSION" ]]; t
     echo "$MDBOOK_VERSION" > "$stamp"
     echo "build_docs: installed mdbook $MDBOOK_VERSION into .tools/ in $((SECONDS - started)) s"
 fi
+
+[[ "${1:-}" == --install-only ]] && exit 0
 
 python3 scripts/check_docs.py
 # mdbook exits non-zero on a missing page or a bad SUMMARY.md; its warnings (e.g. a missing include,

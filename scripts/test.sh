@@ -56,12 +56,18 @@ if [[ "$(scripts/setup.sh --flavor)" != gpu && "${SALUS_GPU_WHEEL:-1}" != 0 ]]; 
     ) &
     gpu_venv_pid=$!
 fi
+# mdbook for the book's build (scripts/build_docs.sh, beside pytest below): installed from crates.io beside setup
+# (about 200 s of CPU once; nothing on later runs), not beside the tests. A failure here is the book build's to
+# report: it tries again there.
+(nice scripts/build_docs.sh --install-only < /dev/null > "$background/mdbook-install.log" 2>&1 || true) &
+mdbook_pid=$!
 scripts/setup.sh
 # What only the tests need from the system (Prometheus, Slurm, Ray): setup.sh changes nothing outside the checkout.
 scripts/setup_test_tools.sh
 # Its failure is test_gpu_wheel.py's to report (with its log), not a reason to skip the rest.
 [[ -z "$gpu_venv_pid" ]] || wait "$gpu_venv_pid" || true
-phase_done "setup (the GPU wheel's venv beside it)"
+wait "$mdbook_pid" || true
+phase_done "setup (the GPU wheel's venv and mdbook beside it)"
 
 # Release profile: shares the dependency build with the server binary. Builds the binaries the
 # end-to-end suites run too, the C-API shim's second real client among them
