@@ -350,6 +350,15 @@ fn pretty(value: &Value) -> String {
     text
 }
 
+/// A table cell: the text, or "-" for none.
+pub(crate) fn or_dash(text: &str) -> String {
+    if text.is_empty() {
+        "-".into()
+    } else {
+        text.into()
+    }
+}
+
 fn opt<T: PartialEq + Default + Into<Value>>(v: T) -> Value {
     if v == T::default() {
         Value::Null

@@ -329,16 +329,8 @@ fn render_top(
                     } else {
                         j.kind.clone()
                     },
-                    if j.name.is_empty() {
-                        "-".into()
-                    } else {
-                        j.name.clone()
-                    },
-                    if j.tenant.is_empty() {
-                        "-".into()
-                    } else {
-                        j.tenant.clone()
-                    },
+                    commands::or_dash(&j.name),
+                    commands::or_dash(&j.tenant),
                     j.state.clone(),
                     lane_text(j),
                     j.iterations.to_string(),

@@ -95,16 +95,8 @@ pub fn jobs_table(jobs: &[JobInfo]) -> String {
             vec![
                 j.id.to_string(),
                 j.kind.clone(),
-                if j.name.is_empty() {
-                    "-".into()
-                } else {
-                    j.name.clone()
-                },
-                if j.tenant.is_empty() {
-                    "-".into()
-                } else {
-                    j.tenant.clone()
-                },
+                super::or_dash(&j.name),
+                super::or_dash(&j.tenant),
                 j.state.clone(),
                 lane_text(j),
                 j.iterations.to_string(),
