@@ -2,30 +2,17 @@
 
 use std::time::Duration;
 
+use salus_sched::units::parse_time_flag;
+
 /// "500us", "250ms", "90s", "15m", "2h", "7d", or a bare number of seconds
-/// (the older form, still accepted). Zero and negative durations are refused.
+/// (the older form, still accepted): the server's reading
+/// ([`salus_sched::units::parse_time_flag`]). Zero and negative durations are refused.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let bad = || format!("{text:?} is not a duration like 500ms, 30s, 15m, 2h or 7d");
-    let trimmed = text.trim();
-    let (number, unit) = match trimmed.find(|c: char| c.is_ascii_alphabetic()) {
-        Some(at) => trimmed.split_at(at),
-        None => (trimmed, "s"),
-    };
-    let value: f64 = number.trim().parse().map_err(|_| bad())?;
-    let scale = match unit {
-        "us" => 1e-6,
-        "ms" => 1e-3,
-        "s" => 1.0,
-        "m" | "min" => 60.0,
-        "h" => 3600.0,
-        "d" => 86400.0,
-        _ => return Err(bad()),
-    };
-    let seconds = value * scale;
-    if !(seconds.is_finite() && seconds > 0.0) {
-        return Err(bad());
+    let flag = parse_time_flag(text, Some(Duration::from_secs(1)))?;
+    if flag.is_zero() {
+        return Err(format!("{text:?}: a duration must be longer than 0"));
     }
-    Duration::try_from_secs_f64(seconds).map_err(|_| bad())
+    Ok(flag.value)
 }
 
 /// [`parse_duration`] where 0 is allowed too (`timeline --seconds 0`: all the server keeps).

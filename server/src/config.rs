@@ -586,14 +586,24 @@ impl TryFrom<Args> for Config {
     }
 }
 
+/// The longest a time flag takes: a bound, so that a typo cannot overflow a deadline.
+const MAX_TIME_FLAG: Duration = Duration::from_secs(366 * 86_400);
+
 /// A time flag whose bare numbers were microseconds (`--anticipation-us 2000`).
 fn micros_flag(text: &str) -> Result<TimeFlag, String> {
-    parse_time_flag(text, Some(Duration::from_micros(1)))
+    within_a_year(text, parse_time_flag(text, Some(Duration::from_micros(1)))?)
 }
 
 /// A time flag whose bare numbers were seconds (`--idle-timeout 3600`).
 fn seconds_flag(text: &str) -> Result<TimeFlag, String> {
-    parse_time_flag(text, Some(Duration::from_secs(1)))
+    within_a_year(text, parse_time_flag(text, Some(Duration::from_secs(1)))?)
+}
+
+fn within_a_year(text: &str, flag: TimeFlag) -> Result<TimeFlag, String> {
+    if flag.value > MAX_TIME_FLAG {
+        return Err(format!("{text:?} is longer than a year"));
+    }
+    Ok(flag)
 }
 
 /// Environment variables renamed with their flags: (old, new).
@@ -730,6 +740,8 @@ mod tests {
 
         let err = Args::try_parse_from(["salus-server", "--adopt-grace", "2 fortnights"]).unwrap_err();
         assert!(err.to_string().contains("unknown unit"), "{err}");
+        let err = Args::try_parse_from(["salus-server", "--idle-timeout", "400d"]).unwrap_err();
+        assert!(err.to_string().contains("longer than a year"), "{err}");
     }
 
     #[test]
