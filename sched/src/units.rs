@@ -81,14 +81,20 @@ pub fn parse_time_flag(text: &str, bare_unit: Option<Duration>) -> Result<TimeFl
         match bare_unit {
             _ if number == 0.0 => (1.0, false),
             Some(unit) => (unit.as_secs_f64(), true),
-            None => return Err(format!("{text:?} has no unit: write it like 500us, 30s, 15m or 12h")),
+            None => {
+                return Err(format!(
+                    "{text:?} has no unit: write it like 500us, 30s, 15m or 12h"
+                ))
+            }
         }
     } else {
         let scale = DURATION_UNITS
             .iter()
             .find(|(name, _)| *name == unit)
             .map(|&(_, scale)| scale)
-            .ok_or_else(|| format!("unknown unit {unit:?} in {text:?}: use ns, us, ms, s, m, h or d"))?;
+            .ok_or_else(|| {
+                format!("unknown unit {unit:?} in {text:?}: use ns, us, ms, s, m, h or d")
+            })?;
         (scale, false)
     };
     let value = Duration::try_from_secs_f64(number * scale).map_err(|_| bad())?;
@@ -102,7 +108,14 @@ pub fn format_duration(d: Duration) -> String {
     if nanos == 0 {
         return "0s".into();
     }
-    for (unit, scale) in [("d", 86_400_000_000_000u128), ("h", 3_600_000_000_000), ("m", 60_000_000_000), ("s", 1_000_000_000), ("ms", 1_000_000), ("us", 1_000)] {
+    for (unit, scale) in [
+        ("d", 86_400_000_000_000u128),
+        ("h", 3_600_000_000_000),
+        ("m", 60_000_000_000),
+        ("s", 1_000_000_000),
+        ("ms", 1_000_000),
+        ("us", 1_000),
+    ] {
         if nanos % scale == 0 {
             return format!("{}{unit}", nanos / scale);
         }
@@ -151,7 +164,16 @@ mod tests {
         ] {
             assert_eq!(with_unit(text), Ok(expected), "{text}");
         }
-        for bad in ["", "30", "s", "1.2.3s", "5 weeks", "-3s", "NaNs", "99999999999999999999999d"] {
+        for bad in [
+            "",
+            "30",
+            "s",
+            "1.2.3s",
+            "5 weeks",
+            "-3s",
+            "NaNs",
+            "99999999999999999999999d",
+        ] {
             assert!(with_unit(bad).is_err(), "{bad}");
         }
     }
@@ -161,11 +183,17 @@ mod tests {
         let micros = Some(Duration::from_micros(1));
         assert_eq!(
             parse_time_flag("2000", micros),
-            Ok(TimeFlag { value: Duration::from_millis(2), bare: true })
+            Ok(TimeFlag {
+                value: Duration::from_millis(2),
+                bare: true
+            })
         );
         assert_eq!(
             parse_time_flag("2ms", micros),
-            Ok(TimeFlag { value: Duration::from_millis(2), bare: false })
+            Ok(TimeFlag {
+                value: Duration::from_millis(2),
+                bare: false
+            })
         );
         assert_eq!(parse_time_flag("0", micros), Ok(TimeFlag::default()));
         assert_eq!(
