@@ -269,8 +269,6 @@ pub struct JobStatus {
     /// What its identity's earlier runs say of its length ("expected 12 min
     /// from 7 earlier runs"); it ranks by the law as of its admission.
     pub expected: Option<Expectation>,
-    /// Where it stands on its lane, while it waits (iterations queued, none running).
-    pub standing: Option<standing::Standing>,
 }
 
 pub struct Scheduler<W> {
@@ -981,7 +979,6 @@ impl<W> Scheduler<W> {
             total_wait: j.total_wait,
             identity: j.identity.clone(),
             expected: j.identity.as_ref().and_then(|i| self.history.estimate(i)),
-            standing: self.standing(id),
         })
     }
 

@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 
 use crate::policy::Hold;
-use crate::{JobId, LaneId, Scheduler};
+use crate::{JobId, JobStatus, LaneId, Scheduler};
 
 /// How many of the jobs ranked ahead a standing names.
 const AHEAD_NAMED: usize = 3;
@@ -33,6 +33,14 @@ pub struct Standing {
 }
 
 impl<W> Scheduler<W> {
+    /// A job's status and, if it waits, where it stands, as of one moment:
+    /// what a row of the admin API shows. The standing walks the job's lane,
+    /// so [`Scheduler::status`], which the runtime reads on its own paths,
+    /// leaves it out.
+    pub fn status_with_standing(&self, id: JobId) -> Option<(JobStatus, Option<Standing>)> {
+        Some((self.status(id)?, self.standing(id)))
+    }
+
     /// Where `id` stands, if it waits: iterations queued and none running.
     pub fn standing(&self, id: JobId) -> Option<Standing> {
         let job = self.jobs.get(&id)?;
@@ -157,7 +165,7 @@ mod tests {
         let first = s.standing(JobId(1)).expect("job 1 waits");
         assert_eq!((first.rank, first.contenders), (3, 3));
         assert_eq!(first.ahead, vec![JobId(2), JobId(3)]);
-        assert_eq!(s.status(JobId(1)).unwrap().standing, Some(first));
+        assert_eq!(s.status_with_standing(JobId(1)).unwrap().1, Some(first));
     }
 
     #[test]

@@ -25,6 +25,7 @@ use crate::runtime::run_stats::{RunStats, RunStatsSnapshot};
 use crate::runtime::tenant_ids::{Clamp, TenantIds};
 use crate::runtime::timeline::{JobKind, Timeline};
 use crate::sched::policy::{self, Policy};
+use crate::sched::standing::Standing;
 use crate::sched::{
     Decision, Hints, History, JobId, JobStatus, LaneId, Nanos, RunEnd, SchedConfig, SchedError, Scheduler, SortKey, Share, TenantId, TenantStatus,
 };
@@ -798,6 +799,12 @@ impl Executor {
 
     pub fn job_status(&self, id: JobId) -> Option<JobStatus> {
         self.shared.lock().sched.status(id)
+    }
+
+    /// A job's status and, if it waits, where it stands, under one lock (an
+    /// admin row's state and note agree).
+    pub fn job_status_with_standing(&self, id: JobId) -> Option<(JobStatus, Option<Standing>)> {
+        self.shared.lock().sched.status_with_standing(id)
     }
 
     pub fn stats(&self) -> ExecStats {

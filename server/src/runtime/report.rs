@@ -23,7 +23,7 @@ impl Rows<'_> {
     pub fn with_scheduler_view(&self, mut row: JobInfo) -> JobInfo {
         let id = JobId(row.id);
         let policy = self.0.sched.policy_name();
-        let status = self.0.sched.job_status(id);
+        let (status, standing) = self.0.sched.job_status_with_standing(id);
         let s = status.as_ref();
         let memory = self.memory_state(id);
         // The executor's own view: an eager job busy there is running.
@@ -32,7 +32,7 @@ impl Rows<'_> {
         if let Some(s) = s {
             row.hints = Some(hints_to_proto(&s.hints));
         }
-        row.note = self.row_note(id, memory.note, policy, s);
+        row.note = self.row_note(id, memory.note, policy, s, standing.as_ref());
         if self.0.admission.is_some() {
             row.memory_state = memory.label;
         }
@@ -43,7 +43,7 @@ impl Rows<'_> {
     /// callers run it off the runtime.
     pub fn graph(&self, job: &Job) -> JobInfo {
         let policy = self.0.sched.policy_name();
-        let status = self.0.sched.job_status(job.id);
+        let (status, standing) = self.0.sched.job_status_with_standing(job.id);
         let s = status.as_ref();
         let variables = job.variable_bytes();
         let estimate = job.memory_estimate(
@@ -58,7 +58,7 @@ impl Rows<'_> {
             name: job.name.clone(),
             state: state_label(memory.waiting, s, false).into(),
             hints: s.map(|s| hints_to_proto(&s.hints)),
-            note: self.row_note(job.id, memory.note, policy, s),
+            note: self.row_note(job.id, memory.note, policy, s, standing.as_ref()),
             graph_version: job.graph_version(),
             graph_nodes: job.graph_nodes() as u64,
             runs_completed: job.stats.runs_completed.load(Ordering::Relaxed),
@@ -109,7 +109,7 @@ impl Rows<'_> {
     /// `graph_nodes` counts its registered functions.
     pub fn eager(&self, job: &EagerJob) -> JobInfo {
         let policy = self.0.sched.policy_name();
-        let status = self.0.sched.job_status(job.id);
+        let (status, standing) = self.0.sched.job_status_with_standing(job.id);
         let s = status.as_ref();
         let stats = job.stats();
         let variables = job.variable_bytes();
@@ -125,7 +125,7 @@ impl Rows<'_> {
             hints: Some(hints_to_proto(
                 &s.map_or_else(|| job.hints.clone(), |s| s.hints.clone()),
             )),
-            note: self.row_note(job.id, memory.note, policy, s),
+            note: self.row_note(job.id, memory.note, policy, s, standing.as_ref()),
             graph_nodes: stats.functions.load(Ordering::Relaxed),
             runs_completed: stats.ops.load(Ordering::Relaxed),
             runs_failed: stats.failed.load(Ordering::Relaxed),
@@ -149,8 +149,9 @@ impl Rows<'_> {
         memory_note: Option<String>,
         policy: &str,
         s: Option<&JobStatus>,
+        standing: Option<&Standing>,
     ) -> String {
-        let note = memory_note.unwrap_or_else(|| s.map(|s| note(policy, s)).unwrap_or_default());
+        let note = memory_note.unwrap_or_else(|| s.map(|s| note(policy, s, standing)).unwrap_or_default());
         let Some(clamp) = self.0.sched.priority_clamp(job) else {
             return note;
         };
@@ -241,7 +242,7 @@ fn state_label(waiting_for_memory: bool, s: Option<&JobStatus>, busy: bool) -> &
 
 /// How the current policy treats a job, where that is not obvious, and why it
 /// waits when it does: under every policy.
-fn note(policy: &str, s: &JobStatus) -> String {
+fn note(policy: &str, s: &JobStatus, standing: Option<&Standing>) -> String {
     let treatment = match policy {
         "srtf" if s.remaining.is_none() && s.hints.expected_seconds.is_none() && s.hints.expected_iterations.is_none() => {
             "srtf: no iterations/seconds hint, so ranked by least attained service (LAS) after jobs with estimates"
@@ -251,7 +252,7 @@ fn note(policy: &str, s: &JobStatus) -> String {
         }
         _ => "",
     };
-    let waiting = s.standing.as_ref().map(|standing| waiting_because(policy, s, standing));
+    let waiting = standing.map(|standing| waiting_because(policy, s, standing));
     match (treatment, waiting) {
         ("", Some(waiting)) => waiting,
         (treatment, Some(waiting)) => format!("{waiting}; {treatment}"),
@@ -316,10 +317,10 @@ mod tests {
     use crate::sched::tenants::TenantId;
     use crate::sched::LaneId;
 
-    fn waiting(standing: Standing) -> JobStatus {
+    fn waiting() -> JobStatus {
         JobStatus {
             id: JobId(4),
-            lane: standing.lane,
+            lane: LaneId(1),
             tenant: TenantId(0),
             hints: Hints {
                 expected_seconds: Some(10.0),
@@ -336,7 +337,6 @@ mod tests {
             total_wait: 0,
             identity: None,
             expected: None,
-            standing: Some(standing),
         }
     }
 
@@ -356,7 +356,7 @@ mod tests {
     #[test]
     fn every_policy_says_why_a_job_waits() {
         for policy in ["fair", "fifo", "pack", "priority", "learned", "srtf"] {
-            let text = note(policy, &waiting(standing()));
+            let text = note(policy, &waiting(), Some(&standing()));
             assert!(text.starts_with("waiting: behind job 2, job 7 ("), "{policy}: {text}");
             assert!(text.ends_with("rank 3 of 3 on lane 1"), "{policy}: {text}");
         }
@@ -365,26 +365,25 @@ mod tests {
     #[test]
     fn the_reason_follows_the_standing() {
         let tenants = Standing { tenants_first: 2, ..standing() };
-        assert!(note("fair", &waiting(tenants)).contains("more device time than 2 other tenants"));
+        assert!(note("fair", &waiting(), Some(&tenants)).contains("more device time than 2 other tenants"));
         let next = Standing { rank: 1, ahead: vec![], ..standing() };
-        assert!(note("fair", &waiting(next)).starts_with("waiting: lane 1 is running job 2's iteration; it goes next"));
+        assert!(note("fair", &waiting(), Some(&next)).starts_with("waiting: lane 1 is running job 2's iteration; it goes next"));
         let free = Standing { rank: 1, ahead: vec![], running: vec![], lane_full: false, ..standing() };
-        assert!(note("fair", &waiting(free)).starts_with("waiting: next on lane 1"));
+        assert!(note("fair", &waiting(), Some(&free)).starts_with("waiting: next on lane 1"));
         let many = Standing { rank: 6, contenders: 6, ..standing() };
-        assert!(note("fair", &waiting(many)).contains("behind job 2, job 7 and 3 more"));
+        assert!(note("fair", &waiting(), Some(&many)).contains("behind job 2, job 7 and 3 more"));
     }
 
     #[test]
     fn learned_says_what_it_expects_and_srtf_keeps_its_own_note() {
-        let mut status = waiting(standing());
+        let mut status = waiting();
         status.expected = Some(Expectation { median_s: 720.0, sigma: 0.3, runs: 7 });
-        assert!(note("learned", &status).ends_with("; expected 12 min (7 earlier runs)"));
-        assert!(!note("fair", &status).contains("expected"));
+        assert!(note("learned", &status, Some(&standing())).ends_with("; expected 12 min (7 earlier runs)"));
+        assert!(!note("fair", &status, Some(&standing())).contains("expected"));
         status.hints.expected_seconds = None;
         status.remaining = None;
-        let srtf = note("srtf", &status);
+        let srtf = note("srtf", &status, Some(&standing()));
         assert!(srtf.starts_with("waiting: ") && srtf.ends_with("ranked by least attained service (LAS) after jobs with estimates"), "{srtf}");
-        status.standing = None;
-        assert!(note("fair", &status).is_empty());
+        assert!(note("fair", &status, None).is_empty());
     }
 }

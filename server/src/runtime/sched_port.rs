@@ -16,6 +16,7 @@ use crate::runtime::executor::{Executor, LocalWant, MainTurn};
 use crate::runtime::run_class::RunClass;
 use crate::runtime::tenant_ids::Clamp;
 use crate::runtime::timeline::JobKind;
+use crate::sched::standing::Standing;
 use crate::sched::{Hints, JobId, JobStatus, LaneId, RunEnd};
 use crate::seam::client::{SeamClient, WantedTurn};
 use crate::seam::{hints_to_msg, msg as seam_msg};
@@ -198,6 +199,15 @@ impl SchedPort {
     /// seam none: the supervisor adds its view to the executor's rows).
     pub fn job_status(&self, id: JobId) -> Option<JobStatus> {
         self.core().and_then(|core| core.job_status(id))
+    }
+
+    /// [`Self::job_status`] and, if the job waits, where it stands on its lane,
+    /// as of one moment: an admin row's state and its "waiting: ..." note.
+    pub fn job_status_with_standing(&self, id: JobId) -> (Option<JobStatus>, Option<Standing>) {
+        match self.core().and_then(|core| core.job_status_with_standing(id)) {
+            Some((status, standing)) => (Some(status), standing),
+            None => (None, None),
+        }
     }
 
     /// The policy's name; empty over the seam.
