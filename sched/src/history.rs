@@ -24,7 +24,7 @@ mod text;
 use std::collections::HashMap;
 use std::fmt;
 
-use crate::policy::LogNormal;
+use crate::law::LogNormal;
 use crate::Nanos;
 
 pub use text::HistoryFileError;
@@ -55,10 +55,8 @@ pub const PRIOR_WEIGHT: f64 = 4.0;
 /// The learnt spread follows about this many recent prediction errors.
 pub const SPREAD_MEMORY: f64 = 256.0;
 
-/// The spread is kept within these bounds: below, a law is a point and one
-/// noisy run would reorder jobs wildly; above, it says nothing.
-pub const MIN_SIGMA: f64 = 0.05;
-pub const MAX_SIGMA: f64 = 3.0;
+/// The spread is kept within the law's bounds.
+pub use crate::law::{MAX_SIGMA, MIN_SIGMA};
 
 /// Who runs what: runs of one identity are taken to be alike in length.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

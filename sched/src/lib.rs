@@ -32,6 +32,7 @@
 pub mod hints;
 pub mod history;
 pub mod lanes;
+pub mod law;
 pub mod policy;
 pub mod standing;
 pub mod tenants;

@@ -10,7 +10,7 @@
 //! 2. its identity's history ([`JobView::learned`], fitted by
 //!    [`crate::history::History::estimate`]): a log-normal around its runs'
 //!    median with the spread the store learnt, ranked by that law's Gittins
-//!    index at the job's work so far ([`super::lognormal`]);
+//!    index at the job's work so far ([`crate::law`]);
 //! 3. else the population's law: a log-normal fitted to the work of the
 //!    last [`WINDOW`] jobs that finished and the history's completed runs
 //!    ([`Policy::observe_past_run`]); `dlas` until [`MIN_SAMPLES`] are in.
@@ -39,7 +39,7 @@ use std::sync::Mutex;
 
 use super::dlas::{Promotions, QUEUE_THRESHOLDS, REFRESH_INTERVAL};
 use super::gittins::{index_key, MIN_SAMPLES, WINDOW};
-use super::lognormal::IndexTable;
+use crate::law::{IndexTable, MAX_SIGMA, MIN_SIGMA};
 use super::{Dlas, JobView, LogNormal, Nanos, Policy, SortKey};
 
 /// Spreads are rounded to this step to share index tables: a difference of
@@ -95,7 +95,7 @@ impl LogWindow {
         LogNormal::new(
             mean.exp(),
             var.sqrt()
-                .clamp(crate::history::MIN_SIGMA, crate::history::MAX_SIGMA),
+                .clamp(MIN_SIGMA, MAX_SIGMA),
         )
     }
 }

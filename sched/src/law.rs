@@ -1,4 +1,6 @@
-//! A log-normal law of job lengths and its Gittins index, for `learned`.
+//! A log-normal law of job lengths and its Gittins index, for `learned` and
+//! the history that fits it: a leaf module, so that the history store and the
+//! policies share the law without importing each other.
 //!
 //! A job's length S (device seconds) is log-normal: ln S ~ N(mu, sigma^2).
 //! For a job that has done `a` of work, its Gittins index is
@@ -14,6 +16,11 @@
 //! precision for jobs far past their median. The maximum is found on a grid of
 //! end points spaced evenly in z; the index is smooth in x, so a grid of
 //! [`GRID_POINTS`] is within a fraction of a percent of the true maximum.
+
+/// A law's spread is kept within these bounds: below, a law is a point and
+/// one noisy run would reorder jobs wildly; above, it says nothing.
+pub const MIN_SIGMA: f64 = 0.05;
+pub const MAX_SIGMA: f64 = 3.0;
 
 /// End points tried per index.
 pub const GRID_POINTS: usize = 96;
