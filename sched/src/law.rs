@@ -68,6 +68,50 @@ impl LogNormal {
         normal_tail(self.z(x))
     }
 
+    /// E[min(S, x)] - E[min(S, t)] for t <= x: the expected work a job of
+    /// this law does between t and x (0 where it ended before t).
+    pub fn served_between(&self, t: f64, x: f64) -> f64 {
+        let (z_t, z_x) = (self.z(t), self.z(x));
+        let mean = (self.mu + self.sigma * self.sigma / 2.0).exp();
+        let t_part = if t > 0.0 { t * normal_tail(z_t) } else { 0.0 };
+        (mean * (normal_tail(z_t - self.sigma) - normal_tail(z_x - self.sigma)) + x * normal_tail(z_x)
+            - t_part)
+            .max(0.0)
+    }
+
+    /// The length below which a share `p` (0 < p < 1) of this law lies.
+    pub fn quantile(&self, p: f64) -> f64 {
+        // Bisection on z: Q is monotone, and 60 halvings of [-10, 10] are
+        // far below the float's precision in the length.
+        let (mut lo, mut hi) = (-10.0f64, 10.0f64);
+        for _ in 0..60 {
+            let mid = (lo + hi) / 2.0;
+            if 1.0 - normal_tail(mid) < p {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        (self.mu + self.sigma * (lo + hi) / 2.0).exp()
+    }
+
+    /// The law fitted to ln(length)s by their mean and spread (the spread
+    /// kept within [`MIN_SIGMA`]..[`MAX_SIGMA`]); None for fewer than two.
+    pub fn fit_logs(logs: impl Iterator<Item = f64>) -> Option<LogNormal> {
+        let (mut n, mut sum, mut sum_sq) = (0usize, 0.0, 0.0);
+        for l in logs {
+            n += 1;
+            sum += l;
+            sum_sq += l * l;
+        }
+        if n < 2 {
+            return None;
+        }
+        let mean = sum / n as f64;
+        let var = (sum_sq / n as f64 - mean * mean).max(0.0);
+        LogNormal::new(mean.exp(), var.sqrt().clamp(MIN_SIGMA, MAX_SIGMA))
+    }
+
     /// The Gittins index of a job that has done `attained` ns of work, in
     /// finishes per ns (higher runs first).
     pub fn gittins_index(&self, attained: f64) -> f64 {

@@ -360,3 +360,56 @@ fn work_counts_every_iteration_at_the_fastest_ones_time() {
     s.finish_repeated(d.job, 40 * MS, 8, now + 40 * MS);
     assert_eq!(s.jobs[&a].view(a).work, 11 * 5 * MS + 5 * MS);
 }
+
+#[test]
+fn learned_bounds_the_wait_of_a_job_outranked_forever() {
+    use crate::policy::aging::promotion_wait_bound;
+    const ITER: Nanos = 10_000_000_000;
+    // A job told nothing, and an endless stream of jobs each known to need
+    // one iteration of ten seconds: every newcomer outranks it. Without the guard it would
+    // never run again; with it, each gap between its iterations is within
+    // the guard's bound plus one iteration of each job ahead of it.
+    let mut s = sched("learned");
+    let victim = JobId(1);
+    s.add_job(victim, L, Hints::default(), 0).unwrap();
+    let mut now: Nanos = 0;
+    s.submit(victim, "victim", now).unwrap();
+    let mut next_id = 2;
+    let mut stream = JobId(next_id);
+    s.add_job(stream, L, hints(Some(10.0), 0), now).unwrap();
+    s.submit(stream, "stream", now).unwrap();
+    // From its arrival: the first wait is bounded too.
+    let (mut last_run, mut victim_runs, mut victim_service) = (Some(0), 0, 0);
+    let mut worst_gap_over_bound = f64::MIN;
+    while now < 12 * 3600 * 1_000_000_000 {
+        let Decision::Run(d) = s.next(L, now) else {
+            panic!("work is always queued")
+        };
+        let started = now;
+        now += ITER;
+        s.finish(d.job, d.lane, Some(ITER), now);
+        if d.job == victim {
+            if let Some(last) = last_run {
+                // Service since its last promotion is at most all of it.
+                let bound = promotion_wait_bound(victim_service) + 2 * ITER;
+                let gap = started - last;
+                worst_gap_over_bound = worst_gap_over_bound.max(gap as f64 / bound as f64);
+                assert!(gap <= bound, "waited {gap} ns, bound {bound} ns");
+            }
+            victim_runs += 1;
+            victim_service += ITER;
+            last_run = Some(now);
+            s.submit(victim, "victim", now).unwrap();
+        } else {
+            // The stream job is done; the next one arrives at once.
+            s.remove_job(stream).unwrap();
+            next_id += 1;
+            stream = JobId(next_id);
+            s.add_job(stream, L, hints(Some(10.0), 0), now).unwrap();
+            s.submit(stream, "stream", now).unwrap();
+        }
+    }
+    // 12 hours, a 2.56-hour floor: it ran at least four times.
+    assert!(victim_runs >= 4, "the victim ran {victim_runs} times");
+    assert!(worst_gap_over_bound > 0.5, "the bound is not loose: {worst_gap_over_bound}");
+}

@@ -63,6 +63,7 @@
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 
+use salus_sched::policy::population::Estimator;
 use salus_sched::lanes::{LaneManager, LaneRule, MemoryNeed, Placement};
 use salus_sched::{
     policy, Decision, Hints, History, JobId, JobIdentity, LaneId, Nanos, RunEnd, SchedConfig,
@@ -115,6 +116,8 @@ pub struct SimConfig {
     /// Past runs the scheduler knows before the trace (a history file); the
     /// trace's `past_s` are added to it.
     pub history: Option<History>,
+    /// How `learned` estimates the law of jobs without history.
+    pub estimator: Estimator,
 }
 
 impl SimConfig {
@@ -129,6 +132,7 @@ impl SimConfig {
             weights: Vec::new(),
             length_hints: true,
             history: None,
+            estimator: Estimator::default(),
         }
     }
 
@@ -352,6 +356,10 @@ pub fn simulate(
     let (mode, policy) = match config.policy.as_str() {
         "exclusive" => (Mode::Exclusive, policy::by_name("fifo")),
         "mps" => (Mode::Mps, policy::by_name("fifo")),
+        "learned" => (
+            Mode::Salus,
+            Ok(Box::new(policy::Learned::with_estimator(config.estimator)) as Box<dyn policy::Policy>),
+        ),
         name => (Mode::Salus, policy::by_name(name)),
     };
     let policy = policy

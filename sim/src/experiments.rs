@@ -7,6 +7,7 @@
 use std::fmt::Write as _;
 
 use salus_sched::lanes::{LaneManager, LaneRule, MemoryNeed, Placement};
+use salus_sched::policy::population::Estimator;
 use salus_sched::{JobId, Share};
 
 use crate::engine::{simulate, SimConfig, SimResult};
@@ -16,6 +17,7 @@ use crate::trace::{self, TraceJob, TraceSpec};
 use crate::workload::{WorkloadTable, MIB};
 use crate::SimError;
 
+pub mod default_policy;
 pub mod learning;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -32,6 +34,12 @@ pub enum Experiment {
     /// The learned policy on recurring traces (8 seeds, two loads) and on
     /// traces without history: its share of SRTF's gain over FIFO, no hints.
     Learning,
+    /// Which policy is the default: learned against fair on every trace family
+    /// (training 1-8, heavy-tailed 1-32, recurring 1-32 at two loads), mean and
+    /// p95 JCT, and the share of SRTF's gain.
+    Default,
+    /// The same for each estimator of the law of jobs without history.
+    Estimators,
 }
 
 pub struct Report {
@@ -61,6 +69,8 @@ pub fn run(
         Experiment::Inference => inference(table, capacity),
         Experiment::Users => users(table, seed),
         Experiment::Learning => learning::learning(table, capacity, lane_rule, seed),
+        Experiment::Default => default_policy::default_policy(table, capacity, lane_rule, &[Estimator::default()]),
+        Experiment::Estimators => default_policy::default_policy(table, capacity, lane_rule, &Estimator::ALL),
     }
 }
 
@@ -79,8 +89,8 @@ pub const TRAINING_POLICIES: &[&str] = &[
 const LENGTH_POLICIES: &[&str] = &["fifo", "srtf", "las", "dlas", "gittins"];
 /// The offline reference's row: SRTF told every job's exact length.
 const OFFLINE_BOUND: &str = "srtf-exact";
-const TRAINING_JOBS: usize = 100;
-const TRAINING_INTERARRIVAL_S: f64 = 30.0;
+pub(crate) const TRAINING_JOBS: usize = 100;
+pub(crate) const TRAINING_INTERARRIVAL_S: f64 = 30.0;
 
 fn summary_header() -> String {
     "policy,jobs,refused,makespan_s,mean_jct_s,p95_jct_s,utilization,max_lanes\n".into()

@@ -31,110 +31,105 @@
 //! job passes an unknown one, and an unknown one passes a job known to be
 //! long; SRTF's flaw with partial hints (any hinted job ahead of every
 //! unhinted one) does not arise. A job that overruns its history's law
-//! loses index as it ages, as the law says surprises are long. Jobs known
-//! from history keep `gittins`' starvation guard.
+//! loses index as it ages, as the law says surprises are long. Every job has
+//! the starvation guard of [`super::aging`], which bounds its wait.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use super::dlas::{Promotions, QUEUE_THRESHOLDS, REFRESH_INTERVAL};
-use super::gittins::{index_key, MIN_SAMPLES, WINDOW};
-use crate::law::{IndexTable, MAX_SIGMA, MIN_SIGMA};
+use super::aging::Aging;
+use super::dlas::REFRESH_INTERVAL;
+use super::gittins::index_key;
+use super::population::{Estimator, Population, PopulationLaw};
+use crate::law::IndexTable;
 use super::{Dlas, JobView, LogNormal, Nanos, Policy, SortKey};
 
 /// Spreads are rounded to this step to share index tables: a difference of
 /// half a step in sigma moves no index by more than a fraction of a percent.
 const SIGMA_STEP: f64 = 0.01;
 
-#[derive(Default)]
 pub struct Learned {
     /// Ranks jobs of unknown length until the population has a law.
     before_samples: Dlas,
-    promotions: Promotions,
+    /// The starvation guard ([`super::aging`]).
+    aging: Aging,
     /// Each job's last index, by id: the core re-keys every waiting job each
     /// [`REFRESH_INTERVAL`], but a job's index changes only when it works.
     cache: Mutex<HashMap<u64, CachedIndex>>,
     /// One index table per (rounded) spread in use.
     tables: Mutex<HashMap<u32, std::sync::Arc<IndexTable>>>,
-    /// ln(work) of the last finished jobs (and history's completed runs).
-    population: Mutex<LogWindow>,
+    /// The law of jobs whose identity has no history ([`super::population`]).
+    population: Mutex<Population>,
 }
 
-/// ln(work) of recent finished jobs, with running sums for a log-normal fit.
-#[derive(Default)]
-struct LogWindow {
-    logs: std::collections::VecDeque<f64>,
-    sum: f64,
-    sum_sq: f64,
-}
-
-impl LogWindow {
-    fn push(&mut self, work: Nanos) {
-        if work == 0 {
-            return;
-        }
-        let l = (work as f64).ln();
-        if self.logs.len() == WINDOW {
-            if let Some(old) = self.logs.pop_front() {
-                self.sum -= old;
-                self.sum_sq -= old * old;
-            }
-        }
-        self.logs.push_back(l);
-        self.sum += l;
-        self.sum_sq += l * l;
-    }
-
-    fn law(&self) -> Option<LogNormal> {
-        let n = self.logs.len();
-        if n < MIN_SAMPLES {
-            return None;
-        }
-        let mean = self.sum / n as f64;
-        let var = (self.sum_sq / n as f64 - mean * mean).max(0.0);
-        LogNormal::new(
-            mean.exp(),
-            var.sqrt()
-                .clamp(MIN_SIGMA, MAX_SIGMA),
-        )
+impl Default for Learned {
+    fn default() -> Self {
+        Learned::with_estimator(Estimator::default())
     }
 }
 
 #[derive(Clone, Copy, PartialEq)]
 struct CachedIndex {
     work: Nanos,
-    law: LogNormal,
+    law: LawKey,
     index: f64,
 }
 
+/// Which law an index was computed under.
+#[derive(Clone, Copy, PartialEq)]
+enum LawKey {
+    /// The job's own (from history) or a fitted population log-normal.
+    LogNormal(LogNormal),
+    /// The population's step law of this version.
+    Population(u64),
+}
+
 impl Learned {
-    fn lock_population(&self) -> std::sync::MutexGuard<'_, LogWindow> {
+    /// `learned` with the population's law estimated by `estimator` (the
+    /// simulator compares them; the server uses the default).
+    pub fn with_estimator(estimator: Estimator) -> Learned {
+        Learned {
+            before_samples: Dlas::default(),
+            aging: Aging::default(),
+            cache: Mutex::default(),
+            tables: Mutex::default(),
+            population: Mutex::new(Population::new(estimator)),
+        }
+    }
+
+    fn lock_population(&self) -> std::sync::MutexGuard<'_, Population> {
         self.population
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The index of `job` under `law`, at its work since its last promotion.
-    fn law_index(&self, job: &JobView, law: LogNormal) -> f64 {
-        // A run whose identity has no law yet is at least as old as its
-        // longest live sibling: runs of one script are alike in length.
-        let work = self
-            .promotions
-            .service_since_promotion(job, QUEUE_THRESHOLDS[0])
-            .work
-            .max(job.sibling_work);
+    /// The work `job` is ranked at: since its last promotion (the
+    /// starvation guard), and, for a run whose identity has no law yet, at
+    /// least its longest live sibling's (runs of one script are alike).
+    fn ranked_work(job: &JobView, since_promotion: Nanos) -> Nanos {
+        since_promotion.max(job.sibling_work)
+    }
+
+    /// The index of `job` under `law` (cached per job, work and law).
+    fn index_under(&self, job: &JobView, work: Nanos, key: LawKey, compute: impl FnOnce(f64) -> f64) -> f64 {
         let mut cache = self
             .cache
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(hit) = cache.get(&job.id) {
-            if hit.work == work && hit.law == law {
+            if hit.work == work && hit.law == key {
                 return hit.index;
             }
         }
-        let index = self.table(law.sigma).index(law.median_ns(), work as f64);
-        cache.insert(job.id, CachedIndex { work, law, index });
+        let index = compute(work as f64);
+        cache.insert(job.id, CachedIndex { work, law: key, index });
         index
+    }
+
+    fn law_index(&self, job: &JobView, work: Nanos, law: LogNormal) -> f64 {
+        self.index_under(job, work, LawKey::LogNormal(law), |work| {
+            self.table(law.sigma).index(law.median_ns(), work)
+        })
     }
 
     fn table(&self, sigma: f64) -> std::sync::Arc<IndexTable> {
@@ -157,13 +152,29 @@ impl Policy for Learned {
     }
 
     fn key(&self, job: &JobView) -> SortKey {
+        let aged = self.aging.check(job);
+        if aged.front {
+            // Starved: ahead of every job that is not, by arrival.
+            return SortKey::new(job, i128::MIN, 0);
+        }
+        let work = Self::ranked_work(job, aged.work);
         let index = match (job.remaining, job.learned) {
             (Some(remaining), _) => 1.0 / remaining.max(1) as f64,
-            (None, Some(law)) => self.law_index(job, law),
+            (None, Some(law)) => self.law_index(job, work, law),
             (None, None) => {
-                let population = self.lock_population().law();
+                let population = {
+                    let mut population = self.lock_population();
+                    population.observe_live(job.id, job.work);
+                    population.law()
+                };
                 match population {
-                    Some(law) => self.law_index(job, law),
+                    Some((law, version)) => match &*law {
+                        PopulationLaw::LogNormal(fit) => self.law_index(job, work, *fit),
+                        PopulationLaw::Steps(steps) => self
+                            .index_under(job, work, LawKey::Population(version), |work| {
+                                steps.gittins_index(work)
+                            }),
+                    },
                     // Below index keys' range (at most 1): after known jobs.
                     None => return self.before_samples.key(job),
                 }
@@ -179,9 +190,9 @@ impl Policy for Learned {
     }
 
     fn forget(&self, job: &JobView) {
-        self.lock_population().push(job.work);
+        self.lock_population().finished(job.id, job.work);
         self.before_samples.forget(job);
-        self.promotions.forget(job.id);
+        self.aging.forget(job.id);
         self.cache
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -189,7 +200,7 @@ impl Policy for Learned {
     }
 
     fn observe_past_run(&self, work: Nanos) {
-        self.lock_population().push(work);
+        self.lock_population().past_run(work);
     }
 }
 
@@ -260,24 +271,35 @@ mod tests {
 
     #[test]
     fn without_history_it_ranks_by_the_populations_law() {
-        let p = Learned::default();
+        // Without the prior, too few finished jobs: dlas queues, behind
+        // every job with a law.
+        let p = Learned::with_estimator(Estimator::Censored);
         let dlas = Dlas::default();
-        // Too few finished jobs: dlas queues, behind every job with a law.
         let unknown = view(1, 0, 0);
         assert_eq!(p.key(&unknown), dlas.key(&unknown));
         assert!(p.key(&known(2, 1, 0, 600 * MIN)) < p.key(&unknown));
-        // A population of 1-20 minutes: a newcomer ranks by the fitted
-        // law, ahead of a job known to take 10 hours, behind one of 1 minute.
-        for k in 1..=20 {
-            p.observe_past_run(k * MIN);
+        // With the prior (the default) there is a law from the start.
+        let with_prior = Learned::default();
+        assert_ne!(with_prior.key(&unknown), dlas.key(&unknown));
+        for p in [&p, &with_prior] {
+            // A population of 1-20 minutes: a newcomer ranks by its law,
+            // ahead of a job known to take 10 hours, behind one of 1 minute.
+            for k in 1..=20 {
+                p.observe_past_run(k * MIN);
+            }
+            let unknown = p.key(&unknown);
+            assert!(p.key(&known(2, 1, 0, 600 * MIN)) > unknown);
+            assert!(p.key(&known(3, 2, 0, MIN / 2)) < unknown);
         }
-        let unknown = p.key(&unknown);
-        assert!(p.key(&known(2, 1, 0, 600 * MIN)) > unknown);
-        assert!(p.key(&known(3, 2, 0, MIN)) < unknown);
-        // A job that left adds its work to the population.
-        assert_eq!(p.lock_population().logs.len(), 20);
-        p.forget(&view(4, 0, 3 * MIN));
-        assert_eq!(p.lock_population().logs.len(), 21);
+        // A job that left adds its work to the population: a job 80 minutes
+        // in ranks better once jobs are seen to end at 90.
+        let old = view(5, 0, 80 * MIN);
+        let before = with_prior.key(&old);
+        for id in 10..30 {
+            with_prior.forget(&view(id, 0, 90 * MIN));
+        }
+        let after = with_prior.key(&old);
+        assert!(after < before, "{after:?} < {before:?}");
     }
 
     #[test]

@@ -15,6 +15,7 @@
 //! | `gittins` | Gittins index over finished jobs' lengths (Tiresias): `dlas` until 10 have finished |
 //! | `learned` | Gittins index over the job's own law: its hints, else its identity's history, else `gittins` |
 
+pub mod aging;
 mod dlas;
 mod fair;
 mod fifo;
@@ -22,6 +23,7 @@ mod gittins;
 mod las;
 mod learned;
 mod pack;
+pub mod population;
 mod priority;
 mod rr;
 mod srtf;

@@ -57,7 +57,7 @@ const POLICIES: &[(&str, bool)] = &[
     ("fair", false),
 ];
 
-fn lengths() -> JobLengths {
+pub(crate) fn lengths() -> JobLengths {
     JobLengths::LogNormal {
         median_minutes: MEDIAN_MINUTES,
         sigma: SIGMA,
@@ -65,7 +65,7 @@ fn lengths() -> JobLengths {
     }
 }
 
-fn spec(seed: u64, interarrival_s: f64) -> TraceSpec {
+pub(crate) fn spec(seed: u64, interarrival_s: f64) -> TraceSpec {
     TraceSpec {
         jobs: JOBS,
         seed,
