@@ -33,6 +33,10 @@ step's end), runs.csv (the table) and timeline_RUN.png (one row per job, a tick 
 
   .venv/bin/python scripts/real_trace.py [--quick] [--trace T.csv] [--policies fifo,srtf,pack]
                                          [--baselines alone,together] [--history-runs N] [--out-dir DIR]
+                                         [--seeds N]
+
+--seeds N runs the whole (history runs included) on N generated traces, seeds --seed to --seed + N - 1, each in
+its own subfolder of --out-dir, and ends with each ratio's min / median / max over them: quote that, not one run.
 
 A full run takes about 3.5 minutes on 2 cores (--quick: about 1); each history run adds one more trace run.
 Clients compete with the server for the CPU, and so does anything else running: the table's "other CPU" column
@@ -162,6 +166,10 @@ def ratios(runs: list[dict]) -> list[tuple[str, float]]:
             out.append((f"{p}/together makespan", by[p]["makespan_s"] / by["together"]["makespan_s"]))
         if "alone" in by:
             out.append((f"alone/{p} makespan", by["alone"]["makespan_s"] / by[p]["makespan_s"]))
+    if "learned" in by and "fair" in by:
+        # The default policy's bounds (docs/EVALUATION.md, (f)): mean <= 1.02, p95 <= 1.05.
+        out.append(("learned/fair mean JCT", by["learned"]["mean_jct_s"] / by["fair"]["mean_jct_s"]))
+        out.append(("learned/fair p95 JCT", by["learned"]["p95_jct_s"] / by["fair"]["p95_jct_s"]))
     if "fifo" in by and "srtf" in by and by["fifo"]["mean_jct_s"] > by["srtf"]["mean_jct_s"]:
         gain = by["fifo"]["mean_jct_s"] - by["srtf"]["mean_jct_s"]
         for p in policies:
@@ -256,6 +264,8 @@ def main() -> None:
     ap.add_argument("--history-noise", type=float, default=0.2,
                     help="spread (lognormal sigma) of an earlier run's steps around the trace's (default 0.2)")
     ap.add_argument("--no-plot", action="store_true", help="skip the timeline PNGs")
+    ap.add_argument("--seeds", type=int, default=1,
+                    help="run N generated traces (seeds --seed..--seed+N-1) and summarize each ratio over them")
     args = ap.parse_args()
     if args.policies is None:
         args.policies = "fifo,srtf,fair,learned" if args.history_runs else "fifo,srtf,pack"
@@ -268,6 +278,28 @@ def main() -> None:
     plot = not args.no_plot and importlib.util.find_spec("matplotlib") is not None
     if not plot and not args.no_plot:
         print("real_trace: matplotlib is not installed (scripts/setup.sh installs it): no timelines")
+    if args.seeds > 1 and args.trace:
+        sys.exit("real_trace: --seeds generates its traces: leave out --trace")
+    base = args.out_dir or Path(tempfile.mkdtemp(prefix="salus-real-trace-"))
+    first_seed = args.seed
+    per_seed = []
+    for k in range(args.seeds):
+        if args.seeds > 1:
+            args.seed = first_seed + k
+            args.out_dir = base / f"seed{args.seed}"
+            print(f"\n=== seed {args.seed} ({k + 1} of {args.seeds})", flush=True)
+        else:
+            args.out_dir = base
+        per_seed.append(run_once(args, policies, baselines, plot))
+    if args.seeds > 1:
+        print(f"\nover seeds {first_seed}-{first_seed + args.seeds - 1}: min / median / max")
+        for label in per_seed[0]:
+            values = [r[label] for r in per_seed if label in r]
+            print(f"{label:28} {min(values):6.2f} / {statistics.median(values):6.2f} / {max(values):6.2f}")
+
+
+def run_once(args, policies: list[str], baselines: list[str], plot: bool) -> dict[str, float]:
+    """One trace (read, or generated from args.seed): history runs, every run, the table; returns the ratios."""
     trace, out = load_trace(args, "real_trace")
     print(f"results in {out}\ntrace ({len(trace)} jobs): {describe(trace)}", flush=True)
     t_start = time.monotonic()
@@ -285,7 +317,8 @@ def main() -> None:
     print()
     print_table(runs)
     print("\n(X/Y: X's figure divided by Y's)")
-    for label, value in ratios(runs):
+    measured = dict(ratios(runs))
+    for label, value in measured.items():
         print(f"{label:28} {value:6.2f}")
     digests = {k: {r["digests"][k] for r in runs} for k in runs[0]["digests"]}
     same = all(len(v) == 1 for v in digests.values())
@@ -293,6 +326,7 @@ def main() -> None:
     write_results(out, runs, plot=plot)
     print(f"\nwrote {out}/jobs.csv, steps.csv, runs.csv" + (", timeline_*.png" if plot else "")
           + f" (total {time.monotonic() - t_start:.0f} s)")
+    return measured
 
 
 if __name__ == "__main__":

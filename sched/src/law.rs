@@ -95,6 +95,15 @@ impl LogNormal {
         (self.mu + self.sigma * (lo + hi) / 2.0).exp()
     }
 
+    /// The median remaining length of a job of this law that has done `a`.
+    pub fn median_remaining(&self, a: f64) -> f64 {
+        let left = self.survival(a.max(0.0));
+        if left <= 0.0 {
+            return 0.0;
+        }
+        (self.quantile(1.0 - left / 2.0) - a).max(0.0)
+    }
+
     /// The law fitted to ln(length)s by their mean and spread (the spread
     /// kept within [`MIN_SIGMA`]..[`MAX_SIGMA`]); None for fewer than two.
     pub fn fit_logs(logs: impl Iterator<Item = f64>) -> Option<LogNormal> {

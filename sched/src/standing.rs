@@ -4,14 +4,14 @@
 
 use std::collections::BTreeSet;
 
-use crate::policy::Hold;
+use crate::policy::{Expected, Hold};
 use crate::{JobId, JobStatus, LaneId, Scheduler};
 
 /// How many of the jobs ranked ahead a standing names.
 const AHEAD_NAMED: usize = 3;
 
 /// Where a job with iterations queued and none running stands.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Standing {
     pub lane: LaneId,
     /// Its place (1 = first) among the lane's jobs that have work queued or
@@ -30,6 +30,11 @@ pub struct Standing {
     pub lane_full: bool,
     /// The policy's ranking rule, in words ([`crate::policy::Policy::rule`]).
     pub rule: &'static str,
+    /// What the policy expects of its remaining work, if it ranks by length.
+    pub expected: Option<Expected>,
+    /// Of the jobs ranked ahead, how many the policy expects to need less
+    /// than it (with `expected`).
+    pub ahead_shorter: usize,
 }
 
 impl<W> Scheduler<W> {
@@ -83,6 +88,19 @@ impl<W> Scheduler<W> {
         } else {
             0
         };
+        let expected_of = |other: JobId| {
+            self.jobs
+                .get(&other)
+                .and_then(|j| self.policy.expected(&self.view_of(other, j)))
+        };
+        let expected = expected_of(id);
+        let ahead_shorter = expected.map_or(0, |mine| {
+            contenders[..before]
+                .iter()
+                .filter_map(|&other| expected_of(other))
+                .filter(|theirs| theirs.remaining_ns < mine.remaining_ns)
+                .count()
+        });
         Some(Standing {
             lane: job.lane,
             rank: before + 1,
@@ -96,6 +114,8 @@ impl<W> Scheduler<W> {
             tenants_first,
             lane_full: lane.running >= self.config.lane_concurrency,
             rule: self.policy.rule(),
+            expected,
+            ahead_shorter,
         })
     }
 }
@@ -166,6 +186,45 @@ mod tests {
         assert_eq!((first.rank, first.contenders), (3, 3));
         assert_eq!(first.ahead, vec![JobId(2), JobId(3)]);
         assert_eq!(s.status_with_standing(JobId(1)).unwrap().1, Some(first));
+    }
+
+    #[test]
+    fn under_learned_it_says_what_it_expects_and_who_ahead_is_shorter() {
+        use crate::policy::Basis;
+        let mut s = sched("learned", Share::Jobs);
+        let seconds = |s: f64| Hints {
+            expected_seconds: Some(s),
+            ..Default::default()
+        };
+        // Job 1 runs; jobs 2 (10 s) and 3 (100 s) are told their lengths;
+        // job 4 is told nothing and ranks by the node's law (the prior).
+        s.add_job(JobId(1), L, seconds(1.0), 1).unwrap();
+        s.add_job(JobId(2), L, seconds(10.0), 2).unwrap();
+        s.add_job(JobId(3), L, seconds(100.0), 3).unwrap();
+        s.add_job(JobId(4), L, Hints::default(), 4).unwrap();
+        s.submit(JobId(1), "a", 5).unwrap();
+        start(&mut s, JobId(1), 6);
+        for id in 2..=4 {
+            s.submit(JobId(id), "w", 7).unwrap();
+        }
+        let third = s.standing(JobId(3)).expect("job 3 waits");
+        let expected = third.expected.expect("learned ranks by length");
+        assert_eq!(expected.basis, Basis::Hints);
+        assert!((expected.remaining_ns - 100e9).abs() < 1.0);
+        assert_eq!((third.rank, third.ahead_shorter), (3, 2));
+        let fourth = s.standing(JobId(4)).expect("job 4 waits");
+        let expected = fourth.expected.expect("the prior's law");
+        assert_eq!(expected.basis, Basis::Population { jobs: 0 });
+        assert!(!expected.promoted);
+        // Under a policy that ranks without lengths: nothing expected.
+        let mut fair = sched("fair", Share::Jobs);
+        fair.add_job(JobId(1), L, seconds(1.0), 1).unwrap();
+        fair.add_job(JobId(2), L, seconds(1.0), 2).unwrap();
+        fair.submit(JobId(1), "a", 3).unwrap();
+        start(&mut fair, JobId(1), 4);
+        fair.submit(JobId(2), "b", 5).unwrap();
+        let waiting = fair.standing(JobId(2)).unwrap();
+        assert_eq!((waiting.expected, waiting.ahead_shorter), (None, 0));
     }
 
     #[test]

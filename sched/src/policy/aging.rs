@@ -114,6 +114,25 @@ impl Aging {
         }
     }
 
+    /// What [`Aging::check`] would say, without promoting: for explaining
+    /// a rank, which must not change it.
+    pub fn peek(&self, job: &JobView) -> Aged {
+        let promoted = self
+            .promoted
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let since = promoted.get(&job.id).copied().unwrap_or_default();
+        let front = since.front && job.attained == since.attained;
+        Aged {
+            front,
+            work: if front {
+                0
+            } else {
+                job.work.saturating_sub(since.work)
+            },
+        }
+    }
+
     pub fn forget(&self, id: u64) {
         self.promoted
             .lock()

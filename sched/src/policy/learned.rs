@@ -42,7 +42,7 @@ use super::dlas::REFRESH_INTERVAL;
 use super::gittins::index_key;
 use super::population::{Estimator, Population, PopulationLaw};
 use crate::law::IndexTable;
-use super::{Dlas, JobView, LogNormal, Nanos, Policy, SortKey};
+use super::{Basis, Dlas, Expected, JobView, LogNormal, Nanos, Policy, SortKey};
 
 /// Spreads are rounded to this step to share index tables: a difference of
 /// half a step in sigma moves no index by more than a fraction of a percent.
@@ -172,7 +172,10 @@ impl Policy for Learned {
                         PopulationLaw::LogNormal(fit) => self.law_index(job, work, *fit),
                         PopulationLaw::Steps(steps) => self
                             .index_under(job, work, LawKey::Population(version), |work| {
-                                steps.gittins_index(work)
+                                steps.gittins_index(work).unwrap_or_else(|| {
+                                    let tail = steps.tail();
+                                    self.table(tail.sigma).index(tail.median_ns(), work)
+                                })
                             }),
                     },
                     // Below index keys' range (at most 1): after known jobs.
@@ -201,6 +204,28 @@ impl Policy for Learned {
 
     fn observe_past_run(&self, work: Nanos) {
         self.lock_population().past_run(work);
+    }
+
+    fn expected(&self, job: &JobView) -> Option<Expected> {
+        let aged = self.aging.peek(job);
+        let work = Self::ranked_work(job, aged.work) as f64;
+        let (remaining_ns, basis) = match (job.remaining, job.learned) {
+            (Some(remaining), _) => (remaining as f64, Basis::Hints),
+            (None, Some(law)) => (law.median_remaining(work), Basis::History),
+            (None, None) => {
+                let (law, _) = self.lock_population().law()?;
+                let remaining = match &*law {
+                    PopulationLaw::LogNormal(fit) => fit.median_remaining(work),
+                    PopulationLaw::Steps(steps) => steps.median_remaining(work),
+                };
+                (remaining, Basis::Population { jobs: law.jobs() })
+            }
+        };
+        Some(Expected {
+            remaining_ns,
+            basis,
+            promoted: aged.front,
+        })
     }
 }
 

@@ -113,6 +113,27 @@ impl SortKey {
     }
 }
 
+/// A policy's expectation of a job's remaining work, and what it rests on.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Expected {
+    /// Median remaining device time, ns.
+    pub remaining_ns: f64,
+    pub basis: Basis,
+    /// Promoted by the starvation guard: ahead of jobs that are not.
+    pub promoted: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Basis {
+    /// The job's own hints.
+    Hints,
+    /// Its identity's earlier runs.
+    History,
+    /// No history: the node's law of jobs, estimated from this many jobs
+    /// (finished and running; 0: the prior alone).
+    Population { jobs: usize },
+}
+
 pub trait Policy: Send + Sync {
     fn name(&self) -> &'static str;
     /// Its ranking rule in a few words, for "why is my job waiting" notes.
@@ -134,6 +155,11 @@ pub trait Policy: Send + Sync {
     /// history): policies that learn lengths from finished jobs count it as
     /// one.
     fn observe_past_run(&self, _work: Nanos) {}
+    /// What the policy expects of `job`'s remaining work, for explaining a
+    /// rank; None for policies that rank without lengths.
+    fn expected(&self, _job: &JobView) -> Option<Expected> {
+        None
+    }
     /// True when a job's key depends on nothing its iterations change (only
     /// arrival, id, hints): the core may then skip boundaries whose winner it
     /// already knows ([`crate::Scheduler::can_defer_boundary`]).

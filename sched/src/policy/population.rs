@@ -121,7 +121,17 @@ pub struct StepLaw {
     integral: Vec<f64>,
     /// Lengths beyond the last finished one follow this law, conditioned.
     tail: LogNormal,
+    /// Points x of the tail tried as end points, with what ends and what is
+    /// served between the last step and x (unconditional): the same for
+    /// every job, so computed once per law.
+    tail_points: Vec<TailPoint>,
     jobs: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct TailPoint {
+    ended: f64,
+    served: f64,
 }
 
 /// One observation: a length (ns), its weight, and whether the job ended
@@ -167,13 +177,38 @@ impl StepLaw {
             }
             at_risk -= leaving;
         }
-        (!times.is_empty()).then_some(StepLaw {
+        let (&last, &s_last) = (times.last()?, survival.last()?);
+        let beyond = tail.survival(last);
+        let tail_points = if s_last > 0.0 && beyond > 0.0 {
+            // Mass past the last step ends as the tail law, given > last.
+            let scale = s_last / beyond;
+            let z0 = ((last.ln() - tail.mu) / tail.sigma).max(-TAIL_REACH);
+            let step = TAIL_REACH / TAIL_POINTS as f64;
+            (1..=TAIL_POINTS)
+                .map(|k| {
+                    let x = (tail.mu + tail.sigma * (z0 + step * k as f64)).exp();
+                    TailPoint {
+                        ended: scale * (beyond - tail.survival(x)),
+                        served: scale * tail.served_between(last, x),
+                    }
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Some(StepLaw {
             times,
             survival,
             integral,
             tail,
+            tail_points,
             jobs,
         })
+    }
+
+    /// The law of lengths past the last finished one.
+    pub fn tail(&self) -> LogNormal {
+        self.tail
     }
 
     /// S(a) and the integral of S from 0 to a, and how many steps lie at or
@@ -205,14 +240,15 @@ impl StepLaw {
 
     /// The Gittins index of a job that has done `a` ns of work: the best
     /// (P(ends by x) / expected work until x), both given it reached a, over
-    /// the finished lengths above a and points of the tail.
-    pub fn gittins_index(&self, a: f64) -> f64 {
+    /// the finished lengths above a and points of the tail. None for a job
+    /// older than every finished one: only the tail law speaks for it, and
+    /// its index is [`StepLaw::tail`]'s (which callers tabulate).
+    pub fn gittins_index(&self, a: f64) -> Option<f64> {
         let a = a.max(0.0);
         let (j, s_a, area_a) = self.at(a);
         let n = self.times.len();
         if j == n || s_a <= 0.0 {
-            // Older than every finished job: only the tail speaks.
-            return self.tail.gittins_index(a);
+            return None;
         }
         let mut best = 0.0f64;
         for i in j..n {
@@ -222,29 +258,19 @@ impl StepLaw {
                 best = best.max(ended / served);
             }
         }
-        let s_last = self.survival[n - 1];
-        let last = self.times[n - 1];
-        let beyond = self.tail.survival(last);
-        if s_last > 0.0 && beyond > 0.0 {
-            // Mass past the last step ends as the tail law, given > last.
-            let scale = s_last / beyond;
-            let to_last = self.integral[n - 1] - area_a;
-            let z0 = ((last.ln() - self.tail.mu) / self.tail.sigma).max(-TAIL_REACH);
-            let step = TAIL_REACH / TAIL_POINTS as f64;
-            for k in 1..=TAIL_POINTS {
-                let x = (self.tail.mu + self.tail.sigma * (z0 + step * k as f64)).exp();
-                let ended = s_a - s_last + scale * (beyond - self.tail.survival(x));
-                let served = to_last + scale * self.tail.served_between(last, x);
-                if ended > 0.0 && served > 0.0 {
-                    best = best.max(ended / served);
-                }
+        let (ended_to_last, served_to_last) =
+            (s_a - self.survival[n - 1], self.integral[n - 1] - area_a);
+        for point in &self.tail_points {
+            let (ended, served) = (ended_to_last + point.ended, served_to_last + point.served);
+            if ended > 0.0 && served > 0.0 {
+                best = best.max(ended / served);
             }
         }
-        if best > 0.0 {
+        Some(if best > 0.0 {
             best
         } else {
             self.tail.gittins_index(a)
-        }
+        })
     }
 
     /// The median remaining work of a job that has done `a`, in ns (for
@@ -459,9 +485,9 @@ mod tests {
             .map(|k| ended([1.0, 5.0, 10.0][k % 3] * MIN))
             .collect();
         let law = StepLaw::estimate(obs, tail(), 30).unwrap();
-        let fresh = law.gittins_index(0.0);
-        let at_2 = law.gittins_index(2.0 * MIN);
-        let at_4 = law.gittins_index(4.0 * MIN);
+        let fresh = law.gittins_index(0.0).unwrap();
+        let at_2 = law.gittins_index(2.0 * MIN).unwrap();
+        let at_4 = law.gittins_index(4.0 * MIN).unwrap();
         assert!(at_4 > at_2, "{at_4} > {at_2}");
         // A fresh job (a third end in a minute) passes one at 2 minutes
         // (half end in 3), not one at 4 (half end in 1).
@@ -478,13 +504,20 @@ mod tests {
         // (A log-normal's hazard rises before it falls: from its median on.)
         let indexes: Vec<f64> = [10.0, 100.0, 1000.0]
             .iter()
-            .map(|&m| steps.gittins_index(m * MIN))
+            .map(|&m| {
+                steps
+                    .gittins_index(m * MIN)
+                    .unwrap_or_else(|| law.gittins_index(m * MIN))
+            })
             .collect();
         assert!(indexes.windows(2).all(|w| w[0] > w[1]), "{indexes:?}");
         // And it is near the law's own index: steps of 200 samples make it
         // jump by up to about twice where the next sample is close.
         for m in [1.0, 10.0, 60.0, 600.0] {
-            let (got, want) = (steps.gittins_index(m * MIN), law.gittins_index(m * MIN));
+            let (got, want) = (
+                steps.gittins_index(m * MIN).unwrap(),
+                law.gittins_index(m * MIN),
+            );
             assert!(
                 (0.4..2.5).contains(&(got / want)),
                 "at {m} min: {got} vs {want}"
@@ -496,10 +529,8 @@ mod tests {
     fn a_job_past_every_finished_one_ranks_by_the_tail() {
         let obs = vec![ended(MIN), ended(2.0 * MIN), running(30.0 * MIN)];
         let law = StepLaw::estimate(obs, tail(), 3).unwrap();
-        assert_eq!(
-            law.gittins_index(40.0 * MIN),
-            tail().gittins_index(40.0 * MIN)
-        );
+        assert_eq!(law.gittins_index(40.0 * MIN), None);
+        assert_eq!(law.tail(), tail());
         // The censored job's mass past 2 min is spread by the tail, so the
         // survival beyond is positive and falls.
         assert!(law.survival(3.0 * MIN) > law.survival(60.0 * MIN));

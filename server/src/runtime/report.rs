@@ -2,6 +2,7 @@
 //! executor's report show it: built here only, from the job's own figures and
 //! this process's scheduler and memory admission.
 
+use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
 
 use salus_proto::salus::v1::{JobHints, JobInfo};
@@ -12,6 +13,7 @@ use crate::runtime::graph_delta::VariableBytes;
 use crate::runtime::graph_job::Job;
 use crate::runtime::node::Node;
 use crate::runtime::run_class::MemoryEstimate;
+use crate::sched::policy::{Basis, Expected};
 use crate::sched::standing::Standing;
 use crate::sched::{Hints, JobId, JobStatus};
 
@@ -277,15 +279,35 @@ fn waiting_because(policy: &str, s: &JobStatus, st: &Standing) -> String {
     } else {
         format!("next on lane {lane}")
     };
-    let expected = match (policy, s.expected) {
-        ("learned", Some(e)) => format!(
-            "; expected {} ({})",
-            seconds_text(e.median_s),
-            plural(e.runs, "earlier run", "earlier runs")
-        ),
-        _ => String::new(),
-    };
+    let expected = expectation_text(s, st);
     format!("waiting: {reason}; rank {} of {} on lane {lane}{expected}", st.rank, st.contenders)
+}
+
+/// "; expected 12 min more (7 earlier runs); 2 ahead expected shorter": what
+/// a policy that ranks by length (`learned`) expects, and on what.
+fn expectation_text(s: &JobStatus, st: &Standing) -> String {
+    let Some(e) = st.expected else {
+        return String::new();
+    };
+    let basis = match e.basis {
+        Basis::Hints => "its hints".to_string(),
+        Basis::History => match s.expected {
+            Some(history) => plural(history.runs, "earlier run", "earlier runs"),
+            None => "its earlier runs".to_string(),
+        },
+        Basis::Population { jobs: 0 } => "no history: the prior's law".to_string(),
+        Basis::Population { jobs } => {
+            format!("no history: the node's law of {}", plural(jobs, "job", "jobs"))
+        }
+    };
+    let mut text = format!("; expected {} more ({basis})", seconds_text(e.remaining_ns / 1e9));
+    if st.ahead_shorter > 0 {
+        let _ = write!(text, "; {} ahead expected shorter", st.ahead_shorter);
+    }
+    if e.promoted {
+        text.push_str("; promoted ahead by the starvation guard");
+    }
+    text
 }
 
 fn plural(n: usize, one: &str, many: &str) -> String {
@@ -350,6 +372,8 @@ mod tests {
             tenants_first: 0,
             lane_full: true,
             rule: "least attained device time first",
+            expected: None,
+            ahead_shorter: 0,
         }
     }
 
@@ -378,7 +402,20 @@ mod tests {
     fn learned_says_what_it_expects_and_srtf_keeps_its_own_note() {
         let mut status = waiting();
         status.expected = Some(Expectation { median_s: 720.0, sigma: 0.3, runs: 7 });
-        assert!(note("learned", &status, Some(&standing())).ends_with("; expected 12 min (7 earlier runs)"));
+        let expects = |basis, ahead_shorter, promoted| Standing {
+            expected: Some(Expected { remaining_ns: 720e9, basis, promoted }),
+            ahead_shorter,
+            ..standing()
+        };
+        let history = note("learned", &status, Some(&expects(Basis::History, 2, false)));
+        assert!(history.ends_with("; expected 12 min more (7 earlier runs); 2 ahead expected shorter"), "{history}");
+        let population = note("learned", &status, Some(&expects(Basis::Population { jobs: 57 }, 0, true)));
+        assert!(
+            population.ends_with("; expected 12 min more (no history: the node's law of 57 jobs); promoted ahead by the starvation guard"),
+            "{population}"
+        );
+        assert!(note("learned", &status, Some(&expects(Basis::Hints, 0, false))).ends_with("(its hints)"));
+        // A policy that ranks without lengths expects nothing.
         assert!(!note("fair", &status, Some(&standing())).contains("expected"));
         status.hints.expected_seconds = None;
         status.remaining = None;
