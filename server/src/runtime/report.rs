@@ -13,7 +13,7 @@ use crate::runtime::graph_delta::VariableBytes;
 use crate::runtime::graph_job::Job;
 use crate::runtime::node::Node;
 use crate::runtime::run_class::MemoryEstimate;
-use crate::sched::policy::{Basis, Expected};
+use crate::sched::policy::Basis;
 use crate::sched::standing::Standing;
 use crate::sched::{Hints, JobId, JobStatus};
 
@@ -336,6 +336,7 @@ pub fn hints_to_proto(h: &Hints) -> JobHints {
 mod tests {
     use super::*;
     use crate::sched::history::Expectation;
+    use crate::sched::policy::Expected;
     use crate::sched::tenants::TenantId;
     use crate::sched::LaneId;
 
