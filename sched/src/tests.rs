@@ -365,8 +365,9 @@ fn work_counts_every_iteration_at_the_fastest_ones_time() {
 fn learned_bounds_the_wait_of_a_job_outranked_forever() {
     use crate::policy::aging::promotion_wait_bound;
     const ITER: Nanos = 10_000_000_000;
-    // A job told nothing, and an endless stream of jobs each known to need
-    // one iteration of ten seconds: every newcomer outranks it. Without the guard it would
+    // A job told nothing, and an endless stream of jobs each told it needs
+    // a second (its one iteration takes ten): every newcomer outranks it,
+    // whatever the node learns of lengths. Without the guard it would
     // never run again; with it, each gap between its iterations is within
     // the guard's bound plus one iteration of each job ahead of it.
     let mut s = sched("learned");
@@ -376,7 +377,7 @@ fn learned_bounds_the_wait_of_a_job_outranked_forever() {
     s.submit(victim, "victim", now).unwrap();
     let mut next_id = 2;
     let mut stream = JobId(next_id);
-    s.add_job(stream, L, hints(Some(10.0), 0), now).unwrap();
+    s.add_job(stream, L, hints(Some(1.0), 0), now).unwrap();
     s.submit(stream, "stream", now).unwrap();
     // From its arrival: the first wait is bounded too.
     let (mut last_run, mut victim_runs, mut victim_service) = (Some(0), 0, 0);
@@ -405,7 +406,7 @@ fn learned_bounds_the_wait_of_a_job_outranked_forever() {
             s.remove_job(stream).unwrap();
             next_id += 1;
             stream = JobId(next_id);
-            s.add_job(stream, L, hints(Some(10.0), 0), now).unwrap();
+            s.add_job(stream, L, hints(Some(1.0), 0), now).unwrap();
             s.submit(stream, "stream", now).unwrap();
         }
     }

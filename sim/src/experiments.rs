@@ -38,7 +38,8 @@ pub enum Experiment {
     /// (training 1-8, heavy-tailed 1-32, recurring 1-32 at two loads), mean and
     /// p95 JCT, and the share of SRTF's gain.
     Default,
-    /// The same for each estimator of the law of jobs without history.
+    /// The same for each estimator of the law of jobs without history, on
+    /// seeds 1-8 of each family.
     Estimators,
 }
 
@@ -69,8 +70,8 @@ pub fn run(
         Experiment::Inference => inference(table, capacity),
         Experiment::Users => users(table, seed),
         Experiment::Learning => learning::learning(table, capacity, lane_rule, seed),
-        Experiment::Default => default_policy::default_policy(table, capacity, lane_rule, &[Estimator::default()]),
-        Experiment::Estimators => default_policy::default_policy(table, capacity, lane_rule, &Estimator::ALL),
+        Experiment::Default => default_policy::default_policy(table, capacity, lane_rule, &[Estimator::default()], 32),
+        Experiment::Estimators => default_policy::default_policy(table, capacity, lane_rule, &Estimator::ALL, 8),
     }
 }
 

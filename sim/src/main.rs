@@ -9,6 +9,7 @@ use salus_sched::lanes::LaneRule;
 use salus_sched::units::parse_size;
 use salus_sched::Share;
 use salus_sim::engine::{parse_weight, simulate, SimConfig, Stepping};
+use salus_sched::policy::population::Estimator;
 use salus_sim::experiments::{self, Experiment};
 use salus_sim::recurring::{self, Recurrence};
 use salus_sim::report::{jobs_csv, timeline_csv, users_json, users_text, Summary};
@@ -50,6 +51,10 @@ enum Command {
         /// must learn lengths, as `learned` does from history.
         #[arg(long)]
         no_length_hints: bool,
+        /// How `learned` estimates the law of jobs without history:
+        /// censored (the server's), censored+prior, empirical or lognormal-fit.
+        #[arg(long, default_value = "censored", value_parser = parse_estimator)]
+        estimator: Estimator,
         /// Device memory, e.g. 16GiB: memory lanes (Salus) or admission (mps). Unset: one lane, no limit.
         #[arg(long, value_parser = parse_size)]
         capacity: Option<u64>,
@@ -232,6 +237,7 @@ fn main_inner(cli: Cli) -> Result<(), String> {
             policy,
             history,
             no_length_hints,
+            estimator,
             capacity,
             interference,
             lane_rule,
@@ -258,6 +264,7 @@ fn main_inner(cli: Cli) -> Result<(), String> {
                 weights,
                 length_hints: !no_length_hints,
                 history,
+                estimator,
                 ..SimConfig::new(&policy).with_share(share)
             };
             let result = simulate(&jobs, &table, &config).map_err(|e| e.to_string())?;
@@ -409,6 +416,16 @@ fn main_inner(cli: Cli) -> Result<(), String> {
             Ok(())
         }
     }
+}
+
+fn parse_estimator(text: &str) -> Result<Estimator, String> {
+    Estimator::ALL
+        .into_iter()
+        .find(|e| e.name() == text)
+        .ok_or_else(|| {
+            let names: Vec<&str> = Estimator::ALL.iter().map(|e| e.name()).collect();
+            format!("one of {}", names.join(", "))
+        })
 }
 
 fn main() -> ExitCode {

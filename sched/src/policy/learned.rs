@@ -303,8 +303,8 @@ mod tests {
         let unknown = view(1, 0, 0);
         assert_eq!(p.key(&unknown), dlas.key(&unknown));
         assert!(p.key(&known(2, 1, 0, 600 * MIN)) < p.key(&unknown));
-        // With the prior (the default) there is a law from the start.
-        let with_prior = Learned::default();
+        // With the prior there is a law from the start.
+        let with_prior = Learned::with_estimator(Estimator::CensoredWithPrior);
         assert_ne!(with_prior.key(&unknown), dlas.key(&unknown));
         for p in [&p, &with_prior] {
             // A population of 1-20 minutes: a newcomer ranks by its law,

@@ -20,11 +20,16 @@
 //! ([`LogNormal::fit_logs`]), conditioned on exceeding that length, so a
 //! job older than every finished one still ages smoothly.
 //!
-//! A prior fades as data arrives: [`PRIOR_JOBS`] pseudo-jobs spread over the
+//! Before [`MIN_SAMPLES`] jobs have finished there is no law, and `dlas`
+//! ranks (LAS-like, right for heavy tails, FIFO within a queue for light
+//! ones). [`Estimator::CensoredWithPrior`] replaces that phase with a prior
+//! that fades as data arrives: [`PRIOR_JOBS`] pseudo-jobs spread over the
 //! quantiles of [`PRIOR_MEDIAN_NS`] and [`PRIOR_SIGMA`], each of weight
 //! [`PRIOR_WEIGHT`], so n real jobs outweigh it n / [`PRIOR_TOTAL`] to one.
-//! With it the law exists from the first job, where `dlas` ranked until
-//! [`MIN_SAMPLES`] jobs had finished.
+//! It is not the default: on the paper's training traces it cost up to 10
+//! points of mean JCT against `fair` (docs/EVALUATION.md, (f)), as its
+//! pseudo-jobs of hours kept the first jobs' ranks LAS-like after the node's
+//! 1/5/10-minute jobs had said otherwise.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -61,9 +66,9 @@ pub enum Estimator {
     /// The finished jobs' lengths as steps (no censored live jobs).
     Empirical,
     /// Kaplan–Meier over finished and live jobs, with a fitted tail.
+    #[default]
     Censored,
     /// [`Estimator::Censored`] with the fading prior.
-    #[default]
     CensoredWithPrior,
 }
 
