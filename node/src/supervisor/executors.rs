@@ -9,13 +9,11 @@
 //! `crate::executor`): the binary and TensorFlow's libraries are loaded by
 //! then, so a tenant needs no access to the install.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -31,7 +29,6 @@ use crate::runtime::job_source::{
 use crate::runtime::node::Node;
 use crate::seam::handover::Handed;
 use crate::seam::msg;
-use crate::supervisor::executor_log::forward_stderr;
 use crate::supervisor::handed::HandedConnections;
 use crate::supervisor::link::{Link, LinkSpec};
 use crate::supervisor::pidfd::ExecutorProcess;
@@ -39,15 +36,8 @@ use crate::sync::lock;
 use crate::tenant::connections::ConnectionPermit;
 use crate::tenant::identity::{Tenant, TenantKey};
 use crate::tenant::uid_pool::UidPool;
-use crate::tenant::users::Account;
 
-use super::checkpoint_dir::checkpoint_subdir;
-use super::checkpoint_dir::prepare_checkpoint_dir;
-use super::death::death_message;
 pub use super::death::DeathNote;
-use crate::seam::adoption::ExecutorRecord;
-use crate::seam::contract::{env, ADOPT_FD, H2_FD, HANDOVER_FD, SEAM_FD};
-use crate::seam::contract::{PASSED_ENV, PASSED_ENV_PREFIXES};
 
 /// How executors are started.
 #[derive(Clone, Debug)]
@@ -226,10 +216,10 @@ pub struct Executors {
     pub(super) runtime: tokio::runtime::Handle,
     pub(super) slots: Mutex<HashMap<TenantKey, Arc<Slot>>>,
     /// How each tenant's last executor died, when it failed, until a successor starts.
-    deaths: Mutex<HashMap<TenantKey, String>>,
+    pub(super) deaths: Mutex<HashMap<TenantKey, String>>,
     pub(super) serial: AtomicU64,
     /// Set at shutdown: no new executors.
-    closing: std::sync::atomic::AtomicBool,
+    pub(super) closing: std::sync::atomic::AtomicBool,
     /// Executors killed on purpose ([`Self::stop_tenant`]) and why, until reaped.
     killed: Mutex<HashMap<u32, String>>,
     pub counts: ExecutorCounts,
@@ -263,7 +253,7 @@ pub(super) fn set_send_timeout(socket: &OwnedFd, limit: Duration) -> std::io::Re
 /// Whether an executor's `Hello` shows it speaks this supervisor's seam: the
 /// same protocol and the same release (both ends are meant to be one binary;
 /// an executor from another build is refused with both sides named).
-fn compatible(hello: &msg::Hello) -> Result<(), String> {
+pub(super) fn compatible(hello: &msg::Hello) -> Result<(), String> {
     let ours = env!("CARGO_PKG_VERSION");
     if hello.protocol != crate::seam::PROTOCOL || hello.version != ours {
         return Err(format!(
@@ -382,307 +372,6 @@ impl Executors {
         {
             slots.remove(&handle.tenant.key);
         }
-    }
-
-    /// Who `tenant`'s executor runs as: that user when the server runs as
-    /// root; for a token tenant that is no user, a uid of its own from
-    /// `--tenant-uid-range` (its gid the same number, no supplementary groups,
-    /// its checkpoint directory or `/` as home); `nobody` for the anonymous
-    /// tenant (`--auth off`: the only tenant); the server's own user when it
-    /// cannot switch. None: no switch.
-    pub(super) fn credentials(
-        &self,
-        tenant: &Tenant,
-    ) -> Result<Option<(Account, Vec<u32>)>, String> {
-        // SAFETY: geteuid cannot fail.
-        let euid = unsafe { libc::geteuid() };
-        if euid != 0 || tenant.uid == Some(euid) {
-            return Ok(None);
-        }
-        let account = match (tenant.uid, &tenant.key) {
-            (Some(uid), _) => Account::by_uid(uid).ok_or_else(|| {
-                format!("tenant {tenant}: uid {uid} has no entry in the user database, so its executor cannot run as it")
-            })?,
-            (None, TenantKey::Named(_)) => {
-                let uid = self
-                    .spec
-                    .uid_pool
-                    .uid_of(&tenant.key)
-                    .map_err(|why| format!("tenant {tenant}'s executor cannot start: {why}"))?;
-                let home = match &self.spec.checkpoint_base {
-                    Some(base) => base.join(checkpoint_subdir(tenant)),
-                    None => PathBuf::from("/"),
-                };
-                let account = Account {
-                    name: format!("{} (--tenant-uid-range)", tenant.name),
-                    uid,
-                    gid: uid,
-                    home,
-                };
-                return Ok(Some((account, Vec::new())));
-            }
-            (None, _) => Account::by_name("nobody").unwrap_or(Account {
-                name: "nobody".into(),
-                uid: 65534,
-                gid: 65534,
-                home: PathBuf::from("/"),
-            }),
-        };
-        let groups = account.groups();
-        Ok(Some((account, groups)))
-    }
-
-    async fn start(self: &Arc<Self>, tenant: Arc<Tenant>) -> Result<Arc<ExecutorHandle>, String> {
-        let began = Instant::now();
-        let serial = self.serial.fetch_add(1, Ordering::Relaxed) + 1;
-        if self.closing.load(Ordering::SeqCst) {
-            return Err(SHUTTING_DOWN.into());
-        }
-        let credentials = self.credentials(&tenant)?;
-        let checkpoint_base = self
-            .spec
-            .checkpoint_base
-            .as_ref()
-            .map(|base| base.join(checkpoint_subdir(&tenant)));
-        if let (Some(base), Some((account, groups))) = (&checkpoint_base, &credentials) {
-            if tenant.uid.is_none() {
-                prepare_checkpoint_dir(base, account, groups)?;
-            }
-        }
-        let (h2_ours, h2_theirs) =
-            UnixStream::pair().map_err(|e| format!("cannot make a socketpair: {e}"))?;
-        let (seam_ours, seam_theirs) =
-            UnixStream::pair().map_err(|e| format!("cannot make a socketpair: {e}"))?;
-        let (handover_ours, handover_theirs) =
-            crate::seam::handover::pair().map_err(|e| format!("cannot make a socketpair: {e}"))?;
-        set_send_timeout(&handover_ours, HANDOVER_TIMEOUT)
-            .map_err(|e| format!("socket setup failed: {e}"))?;
-        let rendezvous = match &self.spec.rendezvous {
-            Some(dir) => match rendezvous_socket(dir, serial) {
-                Ok(made) => Some(made),
-                Err(why) => {
-                    // It still serves its tenant; only a restart would end its jobs.
-                    tracing::warn!(tenant = %tenant, "{why}: this executor cannot be adopted after a restart");
-                    None
-                }
-            },
-            None => None,
-        };
-        let mut command = Command::new(&self.spec.exe);
-        // The tenant can read its executor's environment: it gets only what
-        // configures the server and TensorFlow, not the operator's other variables.
-        command
-            .env_clear()
-            .envs(std::env::vars_os().filter(|(name, _)| {
-                name.to_str().is_some_and(|name| {
-                    name != "SALUS_TOKEN"
-                        && (PASSED_ENV.contains(&name)
-                            || PASSED_ENV_PREFIXES.iter().any(|p| name.starts_with(p)))
-                })
-            }));
-        command
-            .args(&self.spec.args)
-            .arg("executor")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .env(env::TENANT_NAME, &tenant.name)
-            .env(env::TENANT_KEY, tenant.key.to_text())
-            .env(env::JOB_BASE, job_ids(serial).start.to_string());
-        if let Some(base) = &checkpoint_base {
-            command.env(env::CHECKPOINT_BASE, base);
-        }
-        if let Some(root) = &self.spec.checkpoint_root {
-            command.env(env::CHECKPOINT_ROOT, root);
-        }
-        if let Some(limit) = self.spec.memory_limit {
-            command.env(env::MEMORY, limit.to_string());
-        }
-        if let Some(note) = lock(&self.deaths).remove(&tenant.key) {
-            command.env(env::PREDECESSOR, note);
-        }
-        if let Some((_, secret)) = &rendezvous {
-            command
-                .env(env::ADOPT_SECRET, secret)
-                .env(env::SERIAL, serial.to_string());
-        }
-        let uid = match &credentials {
-            Some((account, groups)) => {
-                let groups: Vec<String> = groups.iter().map(u32::to_string).collect();
-                command.env(
-                    env::RUN_AS,
-                    format!(
-                        "{}:{}:{}:{}",
-                        account.uid,
-                        account.gid,
-                        groups.join(","),
-                        account.home.display()
-                    ),
-                );
-                account.uid
-            }
-            // SAFETY: geteuid cannot fail.
-            None => unsafe { libc::geteuid() },
-        };
-        let h2_fd = h2_theirs.as_raw_fd();
-        let seam_fd = seam_theirs.as_raw_fd();
-        let handover_fd = handover_theirs.as_raw_fd();
-        let adopt_fd = rendezvous.as_ref().map(|(l, _)| l.as_raw_fd());
-        // SAFETY: only async-signal-safe calls (setsid, fcntl, dup2) between fork and exec.
-        unsafe {
-            command.pre_exec(move || {
-                // A session of its own: a terminal's Ctrl-C or hangup reaches the
-                // supervisor, which decides what its executors do.
-                libc::setsid();
-                if let Some(fd) = adopt_fd {
-                    let moved = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10);
-                    if moved < 0 || libc::dup2(moved, ADOPT_FD) < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                // Out of the way first, so neither target fd clobbers the other.
-                let h2 = libc::fcntl(h2_fd, libc::F_DUPFD_CLOEXEC, 10);
-                let seam = libc::fcntl(seam_fd, libc::F_DUPFD_CLOEXEC, 10);
-                let handover = libc::fcntl(handover_fd, libc::F_DUPFD_CLOEXEC, 10);
-                if h2 < 0 || seam < 0 || handover < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                // dup2 clears close-on-exec on the new fd.
-                if libc::dup2(h2, H2_FD) < 0
-                    || libc::dup2(seam, SEAM_FD) < 0
-                    || libc::dup2(handover, HANDOVER_FD) < 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let mut child = command
-            .spawn()
-            .map_err(|e| format!("cannot start an executor for tenant {tenant}: {e}"))?;
-        drop(h2_theirs);
-        drop(seam_theirs);
-        drop(handover_theirs);
-        let pid = child.id();
-        // Named before anything could reap it: kills go through the pidfd.
-        let process = Arc::new(ExecutorProcess::open(pid));
-        let adoptable = rendezvous.is_some();
-        if let (Some(dir), Some((listener, secret))) = (&self.spec.rendezvous, rendezvous) {
-            drop(listener);
-            let record = ExecutorRecord {
-                serial,
-                pid,
-                uid,
-                tenant_key: tenant.key.to_text(),
-                tenant_name: tenant.name.clone(),
-                secret,
-                release: env!("CARGO_PKG_VERSION").into(),
-            };
-            if let Err(err) = record.save(dir) {
-                tracing::warn!(tenant = %tenant, pid, cause = %err, "cannot write the executor's record: a restarted server will not adopt it");
-            }
-        }
-        let label = format!("{}:{pid}", tenant.name);
-        let last_lines = Arc::new(Mutex::new(VecDeque::new()));
-        let stderr_ended = child.stderr.take().map(|stderr| {
-            forward_stderr(
-                stderr,
-                label.clone(),
-                last_lines.clone(),
-                self.spec.verbose,
-                self.spec.log_rate,
-            )
-        });
-        let (link, hello) = Link::start(
-            seam_ours,
-            self.executor.clone(),
-            self.admission.clone(),
-            self.runtime.clone(),
-            self.link_spec(label.clone(), &tenant, serial, process.clone()),
-        )
-        .map_err(|e| format!("cannot watch the executor of tenant {tenant}: {e}"))?;
-        let death = Arc::new(DeathNote::default());
-        let handed = Arc::new(HandedConnections::default());
-        // Reaps the process whenever it ends.
-        let (exited_tx, mut exited_rx) = tokio::sync::watch::channel(false);
-        {
-            let death = death.clone();
-            let link = link.clone();
-            let tenant = tenant.clone();
-            let executors = Arc::downgrade(self);
-            let handed = handed.clone();
-            let record_dir = self.spec.rendezvous.clone().filter(|_| adoptable);
-            std::thread::Builder::new()
-                .name(format!("salus-reap-{pid}"))
-                .spawn(move || {
-                    let status = wait_watching_stops(&mut child, &link);
-                    if let Some(dir) = &record_dir {
-                        ExecutorRecord::remove(dir, serial);
-                    }
-                    let clean = status.as_ref().is_ok_and(|s| s.success());
-                    // The last lines explain the death: wait until they are read.
-                    if let Some(ended) = stderr_ended {
-                        let _ = ended.recv_timeout(Duration::from_secs(2));
-                    }
-                    let message = death_message(&tenant, pid, status, &last_lines);
-                    link.die();
-                    death.record(message.clone());
-                    let _ = exited_tx.send(true);
-                    let why = match executors.upgrade() {
-                        Some(executors) => executors.reaped(&tenant, pid, clean, &message),
-                        None => (!clean).then(|| message.clone()),
-                    };
-                    // After `reaped`: a client that retries on a new connection
-                    // reaches a successor that knows how this one ended.
-                    handed.end_all(why.as_deref());
-                })
-                .map_err(|e| format!("cannot start a reaper thread: {e}"))?;
-        }
-        // Err(Some(why)): it started but cannot serve; Err(None): it did not start.
-        let started: Result<(), Option<String>> = tokio::select! {
-            hello = hello => match hello {
-                Ok(hello) => compatible(&hello).map_err(|why| {
-                    process.signal_or_log(libc::SIGKILL);
-                    Some(why)
-                }),
-                Err(_) => Err(None),
-            },
-            _ = exited_rx.wait_for(|exited| *exited) => Err(None),
-            () = tokio::time::sleep(self.spec.start_timeout) => {
-                process.signal_or_log(libc::SIGKILL);
-                Err(None)
-            }
-        };
-        if let Err(refused) = started {
-            // The reaper counts the failure: the process is gone, or killed above.
-            let why = match refused {
-                Some(why) => why,
-                None => death
-                    .wait(Duration::from_secs(5))
-                    .await
-                    .unwrap_or_else(|| "it did not start in time".into()),
-            };
-            return Err(format!(
-                "the executor process for tenant {tenant} did not start: {why}"
-            ));
-        }
-        let sender = relay_sender(h2_ours, &tenant).await?;
-        self.counts.started.fetch_add(1, Ordering::Relaxed);
-        let started_in = began.elapsed();
-        tracing::info!(tenant = %tenant, pid, uid, started_ms = started_in.as_millis() as u64, "executor started");
-        Ok(Arc::new(ExecutorHandle {
-            tenant,
-            pid,
-            sender,
-            handover: Arc::new(handover_ours),
-            handed,
-            link,
-            death,
-            in_flight: AtomicUsize::new(0),
-            last_active: Mutex::new(Instant::now()),
-            release: env!("CARGO_PKG_VERSION").into(),
-            adopted: false,
-        }))
     }
 
     /// Books an ended executor; returns what its clients are told, if it did
@@ -826,7 +515,7 @@ impl Executors {
 /// Waits for `child` to end and reaps it, telling `link` each time its
 /// tenant stops or continues it (a child's stops reach its parent: waitid
 /// with WSTOPPED and WCONTINUED), so a stopped executor holds no lane.
-fn wait_watching_stops(
+pub(super) fn wait_watching_stops(
     child: &mut std::process::Child,
     link: &Arc<Link>,
 ) -> std::io::Result<std::process::ExitStatus> {
@@ -894,24 +583,6 @@ pub(super) async fn relay_sender(
     Ok(sender)
 }
 
-/// The socket of executor `serial`'s rendezvous, bound in `dir` but not yet
-/// listening, and its secret. The executor calls listen(2) itself, after it
-/// became its tenant's user: a peer's credentials (`SO_PEERCRED`) are those of
-/// the process that listened, so the next supervisor sees the executor's pid
-/// and uid on it, not this process's.
-fn rendezvous_socket(dir: &std::path::Path, serial: u64) -> Result<(OwnedFd, String), String> {
-    let path = ExecutorRecord::socket_path(dir, serial);
-    let _ = std::fs::remove_file(&path);
-    let socket = crate::seam::adoption::bound_socket(&path).map_err(|e| {
-        format!(
-            "cannot bind the executor's rendezvous {}: {e}",
-            path.display()
-        )
-    })?;
-    let secret = crate::seam::adoption::new_secret()
-        .map_err(|e| format!("cannot make the executor's secret: {e}"))?;
-    Ok((socket, secret))
-}
 
 /// The job ids of the executor with this serial number (it numbers its jobs
 /// from the start of the range, `SALUS_EXECUTOR_JOB_BASE`).

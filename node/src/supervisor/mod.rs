@@ -18,6 +18,7 @@ pub mod link;
 pub mod pidfd;
 pub mod prologue;
 pub mod relay;
+mod spawn;
 
 use std::future::Future;
 
