@@ -241,8 +241,8 @@ pub struct Args {
     /// supervisor without TensorFlow (this process execs salus-supervisor,
     /// installed beside it); `none` runs every job in this process (one
     /// trusted user; the most sharing).
-    #[arg(long, env = "SALUS_ISOLATION", default_value = "tenant", value_parser = ["tenant", "none"])]
-    pub isolation: String,
+    #[arg(long, env = "SALUS_ISOLATION", default_value = "tenant", value_enum)]
+    pub isolation: Isolation,
 
     /// Memory limit of each tenant's executor process (its data segment,
     /// RLIMIT_DATA), e.g. 16GiB: an allocation beyond it fails in that
@@ -344,6 +344,20 @@ impl Args {
         args.loaded = loaded;
         Ok(args)
     }
+}
+
+/// How tenants are kept apart (`--isolation`; its text and config key are
+/// `tenant` and `none`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isolation {
+    // Plain comments, not doc comments: clap would list those in --help
+    // and change the reference pages. Each tenant's jobs in an executor
+    // process of its own, under a supervisor without TensorFlow.
+    #[value(name = "tenant")]
+    Tenant,
+    // Every job in this one process.
+    #[value(name = "none")]
+    SharedProcess,
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -514,7 +528,7 @@ impl TryFrom<Args> for Config {
                 "--auth token needs --tenants-file listing at least one tenant's token".into(),
             );
         }
-        if args.executor_memory.is_some() && args.isolation == "none" {
+        if args.executor_memory.is_some() && args.isolation == Isolation::SharedProcess {
             return Err("--executor-memory needs --isolation tenant (there are no executor processes with none)".into());
         }
         if args
@@ -583,7 +597,7 @@ impl TryFrom<Args> for Config {
             auth: args.auth,
             tenants,
             admins: crate::tenant::admins::Admins::new(args.admins.clone()),
-            isolate_tenants: args.isolation == "tenant",
+            isolate_tenants: args.isolation == Isolation::Tenant,
             executor_memory: args.executor_memory,
             executor_idle_timeout: args.executor_idle_timeout.value,
             executor_log_rate: (args.executor_log_rate > 0).then_some(args.executor_log_rate),

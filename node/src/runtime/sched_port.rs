@@ -169,19 +169,6 @@ impl SchedPort {
         }
     }
 
-    pub fn set_hints(&self, id: JobId, hints: Hints) -> Result<()> {
-        match self {
-            SchedPort::Local(core) => core.set_hints(id, hints),
-            SchedPort::Seam(seam) => {
-                seam.send(seam_msg::to_supervisor::Msg::SetHints(seam_msg::SetHints {
-                    job: id.0,
-                    hints: Some(hints_to_msg(&hints)),
-                }));
-                Ok(())
-            }
-        }
-    }
-
     /// The fingerprint of the job's main iteration (see [`Executor::set_fingerprint`]).
     pub fn set_fingerprint(&self, id: JobId, fingerprint: &str) {
         match self {

@@ -50,11 +50,6 @@ impl Mirror {
             Msg::SetFingerprint(set) => {
                 self.jobs.entry(set.job).or_default().fingerprint = Some(set.fingerprint.clone())
             }
-            Msg::SetHints(set) => {
-                if let Some(added) = self.jobs.get_mut(&set.job).and_then(|j| j.added.as_mut()) {
-                    added.hints = set.hints.clone();
-                }
-            }
             Msg::Admit(admit) if !admit.held => {
                 self.admitting.insert(admit.id, admit.clone());
             }

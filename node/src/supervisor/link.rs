@@ -507,12 +507,6 @@ impl Link {
             to_supervisor::Msg::Release(release) => {
                 lock(&self.reservations).remove(&JobId(release.job));
             }
-            to_supervisor::Msg::SetHints(set) => {
-                // Capped by the tenant's limits in the core.
-                let _ = self
-                    .executor
-                    .set_hints(JobId(set.job), hints_from_msg(set.hints));
-            }
             to_supervisor::Msg::Cancel(cancel) => {
                 let mut wanted = lock(&self.wanted);
                 // Only a turn it wants: anything else would only grow the set.
@@ -933,7 +927,6 @@ fn named_job(message: &to_supervisor::Msg) -> Option<u64> {
         Msg::Admit(m) => Some(m.job),
         Msg::Withdraw(m) => Some(m.job),
         Msg::Release(m) => Some(m.job),
-        Msg::SetHints(m) => Some(m.job),
         Msg::Query(msg::Query {
             what: Some(msg::query::What::Outranked(job)),
             ..
@@ -1109,16 +1102,6 @@ mod tests {
         );
         send(
             &mut executor,
-            to_supervisor::Msg::SetHints(msg::SetHints {
-                job: victim.0,
-                hints: Some(msg::JobHints {
-                    priority: 1000,
-                    ..Default::default()
-                }),
-            }),
-        );
-        send(
-            &mut executor,
             to_supervisor::Msg::Want(msg::Want {
                 turn: 1,
                 job: victim.0,
@@ -1158,7 +1141,7 @@ mod tests {
             .expect("the victim's job is still there");
         assert_eq!(status.hints.priority, Hints::default().priority);
         assert_eq!(status.queued, 0, "no iteration was queued for it");
-        assert_eq!(link.refused_messages(), 4);
+        assert_eq!(link.refused_messages(), 3);
 
         // Its own jobs open.
         send(
