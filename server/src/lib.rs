@@ -46,8 +46,9 @@
 //!   - [`runtime::sched_port`]: the jobs' one way to the scheduler core, in
 //!     memory or over the seam; [`runtime::executor`]: the core, driven with
 //!     real time by lane threads.
-//!   - [`runtime::job_source`]: the admin API's jobs: this process's, or the
-//!     executors' reports.
+//!   - [`runtime::job_source`]: the admin API's jobs: this process's
+//!     ([`runtime::local_jobs`]: a TensorFlow job's row, `ServerState` as a
+//!     source), or the executors' reports.
 //!   - [`runtime::timeline`]: the bounded ring of recent runs per lane
 //!     (served by [`frontend::timeline`], drawn by `salus timeline`).
 //!   - [`runtime::admission`]: memory lanes for jobs, waiting, RAII reservations.
