@@ -276,6 +276,26 @@ pub type RelayRequestBody = http_body_util::combinators::UnsyncBoxBody<
 /// What a call gets once the server is stopping and its tenant's executor is gone.
 pub const SHUTTING_DOWN: &str = "the server is shutting down";
 
+/// Why a tenant's executor could not be had ([`Executors::get`]).
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The supervisor is stopping: it starts no executor.
+    #[error("{SHUTTING_DOWN}")]
+    ShuttingDown,
+    /// Its executor died as it started, twice over.
+    #[error("the executor process of tenant {0} died as it started; see the server's log")]
+    DiedStarting(String),
+    /// It could not be started, or did not start: why, for its clients and the log.
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl From<String> for StartError {
+    fn from(why: String) -> StartError {
+        StartError::Failed(why)
+    }
+}
+
 impl Executors {
     pub fn new(
         spec: ExecutorSpec,
@@ -310,7 +330,7 @@ impl Executors {
     pub async fn get(
         self: &Arc<Self>,
         tenant: &Arc<Tenant>,
-    ) -> Result<Arc<ExecutorHandle>, String> {
+    ) -> Result<Arc<ExecutorHandle>, StartError> {
         for _ in 0..2 {
             let slot = lock(&self.slots)
                 .entry(tenant.key.clone())
@@ -326,9 +346,7 @@ impl Executors {
             }
             self.forget_slot(&tenant.key, &slot);
         }
-        Err(format!(
-            "the executor process of tenant {tenant} died as it started; see the server's log"
-        ))
+        Err(StartError::DiedStarting(tenant.to_string()))
     }
 
     /// Whether executor `pid` still serves its tenant here.

@@ -22,7 +22,9 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
-use crate::supervisor::executors::{ExecutorHandle, Executors, RelayRequestBody, SHUTTING_DOWN};
+use crate::supervisor::executors::{
+    ExecutorHandle, Executors, RelayRequestBody, StartError, SHUTTING_DOWN,
+};
 use crate::tenant::identity::Tenant;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -76,11 +78,14 @@ where
     let handle = match executors.get(&tenant).await {
         Ok(handle) => handle,
         // As a single-process server answers while it stops: clients wait for a server to come back.
+        Err(StartError::ShuttingDown) => {
+            return status_response(tonic::Code::Unavailable, SHUTTING_DOWN.into())
+        }
         Err(_) if executors.is_closing() => {
             return status_response(tonic::Code::Unavailable, SHUTTING_DOWN.into())
         }
         // INTERNAL, not UNAVAILABLE: a stock TF1 client would retry the latter for a minute.
-        Err(why) => return status_response(tonic::Code::Internal, why),
+        Err(why) => return status_response(tonic::Code::Internal, why.to_string()),
     };
     let (mut parts, body) = request.into_parts();
     let path = parts

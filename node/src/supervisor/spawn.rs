@@ -28,7 +28,7 @@ use crate::tenant::users::Account;
 use super::checkpoint_dir::{checkpoint_subdir, prepare_checkpoint_dir};
 use super::executors::{
     compatible, job_ids, relay_sender, set_send_timeout, wait_watching_stops, ExecutorHandle,
-    Executors, HANDOVER_TIMEOUT, SHUTTING_DOWN,
+    Executors, StartError, HANDOVER_TIMEOUT,
 };
 
 /// The socket pairs between the supervisor and one executor: ours, and the
@@ -131,11 +131,11 @@ impl Executors {
     pub(super) async fn start(
         self: &Arc<Self>,
         tenant: Arc<Tenant>,
-    ) -> Result<Arc<ExecutorHandle>, String> {
+    ) -> Result<Arc<ExecutorHandle>, StartError> {
         let began = Instant::now();
         let serial = self.serial.fetch_add(1, Ordering::Relaxed) + 1;
         if self.closing.load(Ordering::SeqCst) {
-            return Err(SHUTTING_DOWN.into());
+            return Err(StartError::ShuttingDown);
         }
         let credentials = self.credentials(&tenant)?;
         let checkpoint_base = self.checkpoint_home(&tenant, credentials.as_ref())?;
