@@ -31,7 +31,7 @@ from conftest import WORKLOADS, SalusProcess, child_env, last_json_line, venv_py
 from server_ctl import ctl_json
 from tf2_common import tf2_env
 
-# The server's own allocator settings (server/src/tf_env.rs), and the CPU allocator that keeps statistics.
+# The server's own allocator settings (node/src/tf_env.rs), and the CPU allocator that keeps statistics.
 ALLOCATOR_ENV = {"TF_CPU_ALLOCATOR_USE_BFC": "true", "TF_ONEDNN_USE_SYSTEM_ALLOCATOR": "true",
                  "MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(2**31 - 1)}
 SAMPLED_CALLS = (2, 10)  # the main iterations the server samples (run_class::MEMORY_SAMPLE_RUNS, below 100)

@@ -217,7 +217,7 @@ def test_the_server_from_the_wheel_trains_both_demos_as_in_process(operator):
                 server.wait()
         log.close()
     # The executor that ran the jobs came from the wheel and said the same release in its Hello: a release
-    # mismatch is refused (server/src/supervisor/executors.rs), so the jobs above could not have run otherwise.
+    # mismatch is refused (node/src/supervisor/executors.rs), so the jobs above could not have run otherwise.
     assert server.returncode == 0, f"the server exited with {server.returncode}:\n" \
                                    f"{(home / 'server.log').read_text()[-4000:]}"
 

@@ -10,7 +10,7 @@ WSTOPPED/WCONTINUED on its child):
 - salus-ta stops and continues its executor in a loop while salus-tb trains: salus-tb ends with its in-process
   numbers and salus-ta's job still ends cleanly.
 What a rogue executor can send (forged, malformed, oversized frames; jobs and lanes not its own; floods; not
-reading) is the Rust harness server/src/supervisor/link/rogue_tests.rs; the step times are
+reading) is the Rust harness node/src/supervisor/link/rogue_tests.rs; the step times are
 scripts/bench_seam_stop.py's.
 
 Costs about 60 s: one server, two executors, six TensorFlow client processes (two of them in-process runs).

@@ -115,7 +115,7 @@ def heap_peak_lib(tmp_path_factory) -> Path:
                      "-shared", "-fPIC", "-O2")
 
 
-# The server's own process settings (server/src/tf_env.rs): oneDNN's allocator hands every block to malloc, and
+# The server's own process settings (node/src/tf_env.rs): oneDNN's allocator hands every block to malloc, and
 # glibc keeps blocks up to 1 GiB on its heap. The in-process reference runs with the same, so both heaps see the
 # same blocks.
 SERVER_ALLOCATOR_ENV = {"TF_ONEDNN_USE_SYSTEM_ALLOCATOR": "true", "MALLOC_MMAP_THRESHOLD_": str(1 << 30),

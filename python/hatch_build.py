@@ -39,7 +39,7 @@ from hatchling.metadata.plugin.interface import MetadataHookInterface
 PROTO = "salus/v1/admin.proto"
 GENERATED = ("salus/v1/__init__.py", "salus/v1/admin_pb2.py", "salus/v1/admin_pb2_grpc.py")
 # Binaries a release wheel cannot do without: the server, and what it execs under --isolation tenant (it looks
-# for it beside its own binary: server/src/process.rs).
+# for it beside its own binary: node/src/process.rs).
 REQUIRED_BINARIES = ("salus-server", "salus-supervisor", "salus")
 # Console launchers written for a release wheel, for the binaries in salus/_bin/ that exist.
 LAUNCHERS = ("salus-server", "salus-device-plugin")

@@ -60,7 +60,7 @@ else
     WHEEL="${wheels[0]}"
 fi
 [[ -f "$WHEEL" ]] || die "$WHEEL not found: scripts/build_release.sh writes the release wheel to dist/"
-# A cuda build names the CUDA driver library it loads at run time (server/src/gpu.rs); a CPU build does not,
+# A cuda build names the CUDA driver library it loads at run time (node/src/gpu.rs); a CPU build does not,
 # and on a GPU node would share the host's CPU instead of the GPU's memory.
 if [[ -n "$gpu" ]] && ! unzip -p "$WHEEL" salus/_bin/salus-server | grep -c 'libcuda\.so\.1' >/dev/null; then
     die "$WHEEL's salus-server is not a cuda build: build the wheel with scripts/build_release.sh (it builds with --features salus-server/cuda)"

@@ -28,7 +28,7 @@ if len(sys.argv) == 3 and sys.argv[1] == "--root":
     ROOT = Path(sys.argv[2]).resolve()
 SRC = ROOT / "docs" / "src"
 # Where the messages the troubleshooting page quotes come from.
-MESSAGE_SOURCES = ["server/src", "sched/src", "python/src/salus", "tf_adapter/src", "k8s/src"]
+MESSAGE_SOURCES = ["server/src", "node/src", "supervisor/src", "sched/src", "python/src/salus", "tf_adapter/src", "k8s/src"]
 TROUBLESHOOTING = SRC / "operator" / "troubleshooting.md"
 CLIENT_ENV = SRC / "reference" / "client-env.md"
 # Where clients read their variables (the server's are its flags, generated).

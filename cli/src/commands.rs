@@ -315,7 +315,7 @@ pub async fn run(conn: &Connection, command: Command) -> Result<String, CtlError
                 .into_inner();
             let value = timeline_json(&timeline, seconds);
             if let Some(path) = png {
-                crate::top::draw_timeline_png(&value, &path)?
+                crate::timeline_png::draw_timeline_png(&value, &path)?
             } else if out.json {
                 pretty(&value)
             } else {

@@ -16,6 +16,7 @@ pub mod error;
 pub mod manpages;
 pub mod reference;
 mod run;
+mod timeline_png;
 mod top;
 pub mod units;
 mod users;

@@ -17,8 +17,6 @@ pub const ENV_NAME: &str = "SALUS_JOB_NAME";
 pub const ENV_PRIORITY: &str = "SALUS_PRIORITY";
 pub const ENV_ITERATIONS: &str = "SALUS_EXPECTED_ITERATIONS";
 pub const ENV_SECONDS: &str = "SALUS_EXPECTED_SECONDS";
-/// Set by the Python `salus` launcher (salus/_cli.py) for `timeline --png`; not passed on to a command.
-pub const ENV_LAUNCHER_PYTHON: &str = "SALUS_LAUNCHER_PYTHON";
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -210,7 +208,7 @@ pub fn run(conn: &Connection, args: RunArgs) -> Result<(), CliError> {
     child
         .args(command)
         .env(ENV_SERVER, &server)
-        .env_remove(ENV_LAUNCHER_PYTHON);
+        .env_remove(crate::timeline_png::ENV_LAUNCHER_PYTHON);
     for (key, value) in hints.env() {
         child.env(key, value);
     }

@@ -1,4 +1,4 @@
-/* An LD_PRELOAD library that meters a process's heap like salus-server's own heap meter (server/src/heap_meter.rs,
+/* An LD_PRELOAD library that meters a process's heap like salus-server's own heap meter (node/src/heap_meter.rs,
  * malloc_hooks.rs): every block of the malloc family counts its malloc_usable_size while a window is open, and the
  * window's peak rise is read back. It lets a test measure, in TensorFlow's own process, the quantity the server
  * measures for an eager call: the kernels' own scratch (Eigen's contraction buffers, oneDNN's) included, which

@@ -19,9 +19,14 @@
 //!   is what it gives.
 //! - [`server`]: assembles the gRPC services of a process that runs jobs and
 //!   runs them until shutdown.
-//! - [`process`]: what the two binaries (`main.rs`: `salus-server`;
-//!   `supervisor_main.rs`: `salus-supervisor`, which links no TensorFlow) do
+//! - [`process`]: what the two binaries (`main.rs`: `salus-server`; crate
+//!   salus-supervisor: `salus-supervisor`, which cannot link TensorFlow) do
 //!   as processes.
+//! - Crate salus-node holds every module of this list that needs no
+//!   TensorFlow (config, reload, node_start, process, error, the admin front
+//!   end and `/metrics`, the runtime's scheduler port, core, admission and
+//!   rows, tenant but its checkpoint guard, seam, supervisor, the leaves);
+//!   they are re-exported here under the same paths.
 //! - [`frontend::identify`]: each request's tenant, from its connection and headers.
 //! - [`frontend`]: the gRPC services; they translate requests and call the runtime.
 //!   - [`frontend::master`]: `tensorflow.MasterService`, one handler per RPC.
@@ -41,8 +46,9 @@
 //!   - [`runtime::sched_port`]: the jobs' one way to the scheduler core, in
 //!     memory or over the seam; [`runtime::executor`]: the core, driven with
 //!     real time by lane threads.
-//!   - [`runtime::job_source`]: the admin API's jobs: this process's, or the
-//!     executors' reports.
+//!   - [`runtime::job_source`]: the admin API's jobs: this process's
+//!     ([`runtime::local_jobs`]: a TensorFlow job's row, `ServerState` as a
+//!     source), or the executors' reports.
 //!   - [`runtime::timeline`]: the bounded ring of recent runs per lane
 //!     (served by [`frontend::timeline`], drawn by `salus timeline`).
 //!   - [`runtime::admission`]: memory lanes for jobs, waiting, RAII reservations.
@@ -83,34 +89,24 @@
 //!   GOAWAY) and every server's flow-control windows.
 //! - [`error`]: the error type and its mapping to gRPC/TensorFlow codes.
 
-pub mod block_cache;
-pub mod config;
-pub mod config_file;
-pub mod error;
 pub mod executor;
 pub mod frontend;
-#[cfg(feature = "cuda")]
-pub mod gpu;
-pub mod gpu_probe;
-pub mod heap_meter;
-pub mod http2;
-pub mod listen_fds;
-pub mod log_json;
-pub mod node_start;
-pub mod process;
 pub mod reference;
-pub mod reload;
 pub mod runtime;
-pub mod seam;
 pub mod server;
-pub mod state_dir;
-pub mod supervisor;
-pub mod sync;
 pub mod tenant;
 pub mod tf;
-pub mod tf_env;
-pub mod tf_log;
-pub mod wire;
+
+// What a node shares without TensorFlow (crate salus-node, from which the
+// supervisor is built), under the same paths: `crate::config`, `crate::seam`
+// and the rest resolve here as before. `runtime`, `tenant` and `frontend` are
+// this crate's, and re-export salus-node's parts of them.
+#[cfg(feature = "cuda")]
+pub use salus_node::gpu;
+pub use salus_node::{
+    block_cache, config, config_file, error, gpu_probe, heap_meter, http2, listen_fds, log_json, node_start,
+    process, reload, seam, state_dir, supervisor, sync, tf_env, tf_log, tf_types, wire,
+};
 
 /// The scheduler core, shared with the simulator (crate `salus-sched`).
 pub use salus_sched as sched;

@@ -35,7 +35,7 @@ fn main() -> anyhow::Result<()> {
         if let Some(Command::Ctl { args: ctl_args }) = &args.command {
             legacy_ctl(ctl_args.clone());
         }
-        if args.command.is_none() && args.isolation == "tenant" {
+        if args.command.is_none() && args.isolation == salus_server::config::Isolation::Tenant {
             become_supervisor();
         }
     }

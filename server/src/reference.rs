@@ -474,7 +474,7 @@ mod tests {
         let page = metrics_markdown();
         // Every series name the collector writes, also one it writes only under a condition the
         // sample scrape might miss.
-        let source = include_str!("frontend/metrics/collector.rs");
+        let source = include_str!("../../node/src/frontend/metrics/collector.rs");
         let source = &source[..source.find("#[cfg(test)]").unwrap_or(source.len())];
         let mut named = 0;
         for (at, _) in source.match_indices("\"salus_") {

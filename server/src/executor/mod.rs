@@ -28,14 +28,42 @@ pub fn is_executor_invocation() -> bool {
     std::env::args_os().last().is_some_and(|a| a == "executor")
 }
 
+/// Why an executor could not become its tenant's user (it exits: the
+/// supervisor reports its death).
+#[derive(Debug, thiserror::Error)]
+pub enum PrivilegeError {
+    #[error("{var}={value:?} is not a byte count")]
+    BadMemory { var: &'static str, value: String },
+    #[error("cannot set the executor's memory limit: {0}")]
+    MemoryLimit(std::io::Error),
+    #[error("{var}={spec:?} is malformed")]
+    MalformedRunAs { var: &'static str, spec: String },
+    #[error("{var}: {value:?} is not a number")]
+    NotANumber { var: &'static str, value: String },
+    #[error("{call} failed: {source}")]
+    Syscall {
+        call: &'static str,
+        source: std::io::Error,
+    },
+    #[error("the user switch did not take effect")]
+    NotSwitched,
+    #[error("root could be regained after the user switch")]
+    RootRegainable,
+    #[error("home directory with a NUL")]
+    NulInHome,
+}
+
 /// Becomes the tenant's user and takes the memory limit, as the supervisor
 /// asked in the environment. Must run before any other thread starts.
-pub fn drop_privileges() -> Result<(), String> {
+pub fn drop_privileges() -> Result<(), PrivilegeError> {
     rendezvous::take_ticket();
     if let Ok(bytes) = std::env::var(env::MEMORY) {
         let bytes: u64 = bytes
             .parse()
-            .map_err(|_| format!("{}={bytes:?} is not a byte count", env::MEMORY))?;
+            .map_err(|_| PrivilegeError::BadMemory {
+                var: env::MEMORY,
+                value: bytes.clone(),
+            })?;
         let limit = libc::rlimit {
             rlim_cur: bytes,
             rlim_max: bytes,
@@ -45,9 +73,8 @@ pub fn drop_privileges() -> Result<(), String> {
         // then aborts: the tenant's executor, not the server).
         // SAFETY: plain syscall with a valid struct.
         if unsafe { libc::setrlimit(libc::RLIMIT_DATA, &limit) } != 0 {
-            return Err(format!(
-                "cannot set the executor's memory limit: {}",
-                std::io::Error::last_os_error()
+            return Err(PrivilegeError::MemoryLimit(
+                std::io::Error::last_os_error(),
             ));
         }
     }
@@ -56,9 +83,17 @@ pub fn drop_privileges() -> Result<(), String> {
     };
     let fields: Vec<&str> = spec.splitn(4, ':').collect();
     let [uid, gid, groups, home] = fields[..] else {
-        return Err(format!("{}={spec:?} is malformed", env::RUN_AS));
+        return Err(PrivilegeError::MalformedRunAs {
+            var: env::RUN_AS,
+            spec,
+        });
     };
-    let number = |s: &str| s.parse::<u32>().map_err(|_| format!("{}: {s:?} is not a number", env::RUN_AS));
+    let number = |s: &str| {
+        s.parse::<u32>().map_err(|_| PrivilegeError::NotANumber {
+            var: env::RUN_AS,
+            value: s.to_string(),
+        })
+    };
     let uid = number(uid)?;
     let gid = number(gid)?;
     let groups: Vec<libc::gid_t> = groups
@@ -66,7 +101,10 @@ pub fn drop_privileges() -> Result<(), String> {
         .filter(|g| !g.is_empty())
         .map(number)
         .collect::<Result<_, _>>()?;
-    let os_error = |what: &str| format!("{what} failed: {}", std::io::Error::last_os_error());
+    let os_error = |call: &'static str| PrivilegeError::Syscall {
+        call,
+        source: std::io::Error::last_os_error(),
+    };
     // SAFETY: plain syscalls with valid arguments; the order (groups, gid,
     // then uid) is the only one that works once root is given up.
     unsafe {
@@ -83,13 +121,13 @@ pub fn drop_privileges() -> Result<(), String> {
             return Err(os_error("prctl(PR_SET_NO_NEW_PRIVS)"));
         }
         if libc::getuid() != uid || libc::geteuid() != uid || libc::getegid() != gid {
-            return Err("the user switch did not take effect".into());
+            return Err(PrivilegeError::NotSwitched);
         }
         if uid != 0 && libc::setuid(0) == 0 {
-            return Err("root could be regained after the user switch".into());
+            return Err(PrivilegeError::RootRegainable);
         }
     }
-    let home_c = CString::new(home).map_err(|_| "home directory with a NUL".to_string())?;
+    let home_c = CString::new(home).map_err(|_| PrivilegeError::NulInHome)?;
     // SAFETY: valid C string.
     let at_home = unsafe { libc::chdir(home_c.as_ptr()) } == 0;
     if !at_home {

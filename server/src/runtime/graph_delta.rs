@@ -107,23 +107,7 @@ pub struct CheckedDelta {
     pub shape: ShapeHash,
 }
 
-/// Bytes of the variables a graph declares: the persistent memory of a job
-/// (optimizer slots are variables too).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct VariableBytes {
-    pub bytes: u64,
-    pub variables: u64,
-    /// Variables whose shape or dtype size is not static (not counted in `bytes`).
-    pub unknown: u64,
-}
-
-impl std::ops::AddAssign for VariableBytes {
-    fn add_assign(&mut self, other: VariableBytes) {
-        self.bytes = self.bytes.saturating_add(other.bytes);
-        self.variables += other.variables;
-        self.unknown += other.unknown;
-    }
-}
+pub use salus_node::runtime::report::VariableBytes;
 
 /// Ops that create a variable whose value lives as long as the session.
 const VARIABLE_OPS: &[&str] = &["VarHandleOp", "VariableV2", "Variable"];

@@ -424,10 +424,6 @@ impl Job {
         self.session.graph().num_operations()
     }
 
-    pub fn open_callables(&self) -> usize {
-        lock(&self.callables).len()
-    }
-
     /// ExtendSession: imports a delta whose nodes may reference existing ones.
     pub fn extend(&self, graph_def: &[u8], current_version: i64) -> Result<i64> {
         let mut version = lock(&self.graph_version);

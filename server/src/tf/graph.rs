@@ -47,11 +47,6 @@ impl Operation {
         }
     }
 
-    pub fn num_inputs(self) -> i32 {
-        // SAFETY: a live operation.
-        unsafe { sys::TF_OperationNumInputs(self.as_ptr()) }
-    }
-
     /// The device the node asks for ("" when unplaced).
     pub fn device(self) -> String {
         // SAFETY: a live operation; TF returns a NUL-terminated string it owns.
@@ -274,16 +269,6 @@ impl Graph {
                 .map(Operation)
                 .ok_or_else(|| TfError::new(13, "TF_FinishOperation returned null"))
         }
-    }
-
-    /// Serialized GraphDef of the whole graph.
-    pub fn to_graph_def(&self) -> Result<Vec<u8>, TfError> {
-        let out = buffer::OutputBuffer::new();
-        // SAFETY: live graph and buffer.
-        with_status(|status| unsafe {
-            sys::TF_GraphToGraphDef(self.as_ptr(), out.as_ptr(), status)
-        })?;
-        Ok(out.to_vec())
     }
 
     /// Number of operations (walks the graph).

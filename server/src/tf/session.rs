@@ -12,14 +12,7 @@ use super::graph::{Graph, Operation};
 use super::status::{with_status, Status, TfError};
 use super::tensor::Tensor;
 
-/// A device as TensorFlow lists it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeviceInfo {
-    pub name: String,
-    pub device_type: String,
-    pub memory_bytes: i64,
-    pub incarnation: u64,
-}
+pub use salus_node::tf_types::DeviceInfo;
 
 /// What one run produced.
 pub struct RunOutput {

@@ -4,23 +4,7 @@ use std::ffi::CStr;
 
 use tensorflow_sys as sys;
 
-/// An error reported by TensorFlow itself, with TensorFlow's status code
-/// (the numbering of `tensorflow.error.Code` and gRPC).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{message}")]
-pub struct TfError {
-    pub code: i32,
-    pub message: String,
-}
-
-impl TfError {
-    pub fn new(code: i32, message: impl Into<String>) -> Self {
-        TfError {
-            code,
-            message: message.into(),
-        }
-    }
-}
+pub use salus_node::tf_types::TfError;
 
 /// Owned `TF_Status`.
 pub struct Status(*mut sys::TF_Status);
