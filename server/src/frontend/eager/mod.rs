@@ -32,7 +32,7 @@ use crate::runtime::rendezvous::UNANNOUNCED_GRACE;
 use crate::runtime::session_config::session_config;
 use crate::runtime::state::ServerState;
 use crate::runtime::timeline::JobKind;
-use crate::sched::{Hints, RunEnd};
+use crate::sched::Hints;
 use crate::tenant::identity::Tenant;
 use crate::tf::DeviceInfo;
 
@@ -140,35 +140,25 @@ impl EagerService for Eager {
             tenant: self.state.rules_for(&tenant),
             checkpoint_dir: self.state.tenant.checkpoints.dir_for(&hints.name, id),
             scheduling: Scheduling {
-                port: self.state.sched.clone(),
-                admission: self.state.admission.clone(),
+                iterations: self.state.iterations.clone(),
                 runtime: tokio::runtime::Handle::current(),
                 cheap_below: self.state.settings.cheap_below,
                 measure_memory: self.state.settings.measure_memory,
                 gpu_lane: opening.gpu_lane,
-                draining: self.state.draining.clone(),
             },
         };
         let job = Arc::new(exec::blocking(move || EagerJob::create(spec)).await?);
-        if let Err(err) = self.state.contexts.insert(
-            tenant.clone(),
-            job.clone(),
-            self.state.sessions.len(),
-            self.state.max_sessions,
-        ) {
-            // The last reference: its TensorFlow context ends off the async runtime.
-            let _ = exec::drop_off_runtime(job).await;
-            return Err(err.into());
-        }
-        let joined = opening.join_scheduler(hints.clone());
-        // From here the context's close ends the job.
-        opening.keep();
-        if let Err(err) = joined {
-            self.state
-                .close_context(job, "it could not join the scheduler", RunEnd::Cancelled)
-                .await;
-            return Err(err.into());
-        }
+        let state = &self.state;
+        opening
+            .open(job, hints.clone(), |job| {
+                state.contexts.insert(
+                    tenant.clone(),
+                    job,
+                    state.sessions.len(),
+                    state.max_sessions,
+                )
+            })
+            .await?;
         tracing::info!(
             context = req.context_id,
             job = id.0,

@@ -1,4 +1,6 @@
-//! One op or function call: its inputs, its class and turn, its outputs.
+//! One op or function call: its inputs, its outputs, and for a call the one
+//! main iteration (`runtime::main_iteration`: cheap, or main in its turn) with
+//! its memory sampled when due.
 
 use super::*;
 
@@ -49,16 +51,7 @@ impl Worker {
         }
         self.check_new_id(op.id)?;
         let device = self.local_device(&op.device)?;
-        let mut inline = Vec::new();
-        for input in &op.inputs {
-            if let OpInput::Tensor(proto) = input {
-                let tensor =
-                    Tensor::from_proto(proto, self.shared.max_tensor_bytes).map_err(|e| {
-                        Error::tensor(format!("input of op {} ({})", op.id, op.name), e)
-                    })?;
-                inline.push(self.place(TensorHandle::from_tensor(&tensor)?, &device)?);
-            }
-        }
+        let inline = self.inline_inputs(op, &device)?;
         let confined = self.confine_checkpoint_paths(op)?;
         let mut inline_iter = inline.iter();
         // Held while the op runs (its inputs borrow the table); early sends
@@ -87,64 +80,11 @@ impl Worker {
             .map(|(k, v)| (k.as_str(), v.as_ref()))
             .collect();
         let is_call = op.is_function || self.functions.contains_key(&op.name);
-        let profile = if is_call {
-            self.profiles.get(&op.name).copied().unwrap_or_default()
+        // Single ops are not runs (nor counted like them: they would take the
+        // executor's lock on every op).
+        let executed = if is_call {
+            self.call(op, &device, &inputs, &attrs)?
         } else {
-            RunProfile::default()
-        };
-        if is_call && self.shared.sched.draining.load(Ordering::SeqCst) {
-            return Err(Error::ShuttingDown);
-        }
-        let class = if is_call {
-            let class = profile.classify(
-                self.shared.sched.cheap_below.as_nanos() as f64,
-                op.name.contains(MAIN_MARKER),
-            );
-            self.shared.sched.port.resolve(self.shared.id, class)
-        } else {
-            RunClass::Cheap
-        };
-        // A main iteration waits for memory (first time) and for its turn on
-        // the lane; the turn ends when this call has run.
-        let _turn = match class {
-            RunClass::Cheap | RunClass::Brief => None,
-            RunClass::Main => {
-                if self.shared.history.first_main() {
-                    let shape = self.function_shapes.get(&op.name).copied();
-                    self.shared.sched.port.set_fingerprint(
-                        self.shared.id,
-                        &shape.unwrap_or_default().fingerprint('f'),
-                    );
-                }
-                self.admit()?;
-                Some(self.wait_for_turn()?)
-            }
-        };
-        let sample = is_call
-            && self.shared.sched.measure_memory
-            && (MEMORY_SAMPLE_RUNS.contains(&(profile.runs + 1))
-                || self.pending_samples.contains(&op.name));
-        let trace_turn = if sample {
-            memory_profile::TRACE_TURN.try_lock().ok()
-        } else {
-            None
-        };
-        // A sample that another job's held the turn from is taken at the
-        // function's next call (as graph jobs do), not dropped.
-        if sample && trace_turn.is_none() {
-            self.pending_samples.insert(op.name.clone());
-        } else if trace_turn.is_some() {
-            self.pending_samples.remove(&op.name);
-        }
-        // A sample reads the device allocator's peak where it keeps one (a GPU,
-        // TensorFlow's CPU allocator), else the heap's rise.
-        let allocator = if trace_turn.is_some() {
-            self.device_allocator(&device)
-        } else {
-            None
-        };
-        let started = Instant::now();
-        let run = || {
             self.ctx.execute(
                 &op.name,
                 &device,
@@ -153,63 +93,15 @@ impl Worker {
                 &mut self.slots.borrow_mut(),
             )
         };
-        let (executed, sample) = if trace_turn.is_some() {
-            // The heap counts too where the device's memory is the host's.
-            let heap = allocator.is_none_or(|a| a.on_host());
-            let (executed, sample) = memory_profile::measure(allocator, heap, run);
-            (executed, Some(sample))
-        } else {
-            (run(), None)
-        };
-        let ended = Instant::now();
-        let elapsed = ended.duration_since(started);
-        // Single ops are not runs (nor counted like them: they would take the
-        // executor's lock on every op); a function call that went at once is
-        // (`resolve` turned a brief one into Cheap or Main).
-        if is_call && class == RunClass::Cheap {
-            self.shared
-                .sched
-                .port
-                .record_cheap_run(self.shared.id, started, ended);
-        }
         drop(inputs);
         drop(table);
-        drop(_turn);
-        drop(trace_turn);
-        if let (Some(sample), true) = (sample, executed.is_ok()) {
-            self.record_memory_sample(&op.name, &sample);
-        }
-        if is_call {
-            self.profiles
-                .entry(op.name.clone())
-                .or_default()
-                .record(elapsed.as_nanos() as f64);
-        }
-        if class == RunClass::Main {
-            let failed = executed.as_ref().err().map(|e| {
-                salus_proto::tensorflow::error::Code::try_from(e.code)
-                    .unwrap_or(salus_proto::tensorflow::error::Code::Unknown)
-            });
-            self.shared.history.main_ended(failed);
-        }
         let outputs = match executed {
             Ok(outputs) => outputs,
             Err(err) => {
-                if is_call
-                    && err.code == salus_proto::tensorflow::error::Code::ResourceExhausted as i32
-                {
-                    let raised = ephemeral_after_oom(
-                        self.shared.ephemeral_measured.bytes(),
-                        lock(&self.shared.variables).bytes,
-                    );
+                if is_call && err.code == TfCode::ResourceExhausted as i32 {
                     self.shared
-                        .ephemeral_measured
-                        .record(raised, MemoryMeter::OutOfMemory);
-                    tracing::warn!(
-                        job = self.shared.id.0,
-                        ephemeral = raised,
-                        "function call ran out of memory; estimate raised"
-                    );
+                        .memory
+                        .raise_after_out_of_memory(self.shared.id, "function call");
                 }
                 return Err(err.into());
             }
@@ -217,6 +109,114 @@ impl Worker {
         if op.name == "VarHandleOp" {
             self.record_variable(op);
         }
+        self.keep_outputs(op, outputs)
+    }
+
+    /// The op's inline tensor inputs, as handles on `device`.
+    fn inline_inputs(&self, op: &OpRequest, device: &str) -> Result<Vec<TensorHandle>> {
+        let mut inline = Vec::new();
+        for input in &op.inputs {
+            if let OpInput::Tensor(proto) = input {
+                let tensor =
+                    Tensor::from_proto(proto, self.shared.max_tensor_bytes).map_err(|e| {
+                        Error::tensor(format!("input of op {} ({})", op.id, op.name), e)
+                    })?;
+                inline.push(self.place(TensorHandle::from_tensor(&tensor)?, device)?);
+            }
+        }
+        Ok(inline)
+    }
+
+    /// A function call, through the one main iteration: at once if it is
+    /// cheap, else in the job's turn (memory admitted first). The outer error:
+    /// it did not run (shutdown, admission, the scheduler); the inner one is
+    /// TensorFlow's.
+    fn call(
+        &mut self,
+        op: &OpRequest,
+        device: &str,
+        inputs: &[&TensorHandle],
+        attrs: &[(&str, &[u8])],
+    ) -> Result<std::result::Result<Vec<TensorHandle>, TfError>> {
+        let profile = self.profiles.get(&op.name).copied().unwrap_or_default();
+        let class = profile.classify(
+            self.shared.sched.cheap_below.as_nanos() as f64,
+            op.name.contains(MAIN_MARKER),
+        );
+        let due = self.shared.sched.measure_memory
+            && sample_due(profile.runs, self.pending_samples.contains(&op.name));
+        let shape = self.function_shapes.get(&op.name).copied();
+        let shared = Arc::clone(&self.shared);
+        let call = shared.sched.iterations.run_here(
+            &*shared,
+            class,
+            &shared.sched.runtime,
+            || shape.unwrap_or_default().fingerprint('f'),
+            || self.sampled_call(op, device, inputs, attrs, due),
+        )?;
+        // Recorded with the turn given back.
+        if let (Some(sample), true) = (call.sample, call.executed.is_ok()) {
+            self.record_memory_sample(&op.name, &sample);
+        }
+        self.profiles
+            .entry(op.name.clone())
+            .or_default()
+            .record(call.elapsed.as_nanos() as f64);
+        Ok(call.executed)
+    }
+
+    /// Runs the call, under the memory meters when its sample is `due` and
+    /// the sampling turn is free; a sample another job held the turn from is
+    /// taken at the function's next call (as graph jobs do), not dropped.
+    fn sampled_call(
+        &mut self,
+        op: &OpRequest,
+        device: &str,
+        inputs: &[&TensorHandle],
+        attrs: &[(&str, &[u8])],
+        due: bool,
+    ) -> CallOutcome {
+        let turn = SampleTurn::try_take(due);
+        if turn.left_pending() {
+            self.pending_samples.insert(op.name.clone());
+        } else if turn.sampling() {
+            self.pending_samples.remove(&op.name);
+        }
+        // A sample reads the device allocator's peak where it keeps one (a GPU,
+        // TensorFlow's CPU allocator), else the heap's rise.
+        let allocator = if turn.sampling() {
+            self.device_allocator(device)
+        } else {
+            None
+        };
+        let started = Instant::now();
+        let run = || {
+            self.ctx.execute(
+                &op.name,
+                device,
+                inputs,
+                attrs,
+                &mut self.slots.borrow_mut(),
+            )
+        };
+        let (executed, sample) = if turn.sampling() {
+            // The heap counts too where the device's memory is the host's.
+            let heap = allocator.is_none_or(|a| a.on_host());
+            let (executed, sample) = memory_profile::measure(allocator, heap, run);
+            (executed, Some(sample))
+        } else {
+            (run(), None)
+        };
+        CallOutcome {
+            executed,
+            sample,
+            elapsed: started.elapsed(),
+        }
+    }
+
+    /// Keeps the op's outputs as the client's handles and answers their shapes
+    /// (and a function's, their devices).
+    fn keep_outputs(&mut self, op: &OpRequest, outputs: Vec<TensorHandle>) -> Result<ItemOutput> {
         let mut result = ItemOutput::default();
         for output in &outputs {
             result.shapes.push(output.dims()?);
@@ -236,32 +236,18 @@ impl Worker {
         }
         Ok(result)
     }
+}
 
-    /// Gives the job a memory lane before its first main iteration (memory
-    /// admission on); waits while memory is short, up to the admission timeout.
-    pub(super) fn admit(&self) -> Result<()> {
-        let Some(admission) = &self.shared.sched.admission else {
-            return Ok(());
-        };
-        if lock(&self.shared.reservation).is_some() {
-            return Ok(());
-        }
-        let hints = self.shared.current_hints();
-        let need = self.shared.memory_estimate(&hints).need;
-        let reservation = self.shared.sched.runtime.block_on(admission.admit(
-            self.shared.id,
-            need,
-            self.shared.sched.gpu_lane,
-            hints,
-        ))?;
-        *lock(&self.shared.reservation) = Some(reservation);
-        Ok(())
-    }
+/// One function call as run: TensorFlow's result, its memory sample if one
+/// was taken, and how long it took.
+struct CallOutcome {
+    executed: std::result::Result<Vec<TensorHandle>, TfError>,
+    sample: Option<Sample>,
+    elapsed: Duration,
+}
 
-    /// Queues a main iteration with the scheduler and waits, on this job's
-    /// thread, until it is this job's turn; the call runs here while the
-    /// returned turn is held (see [`SchedPort::wait_turn`]).
-    pub(super) fn wait_for_turn(&self) -> Result<MainTurn> {
-        self.shared.sched.port.wait_turn(self.shared.id, None)
+impl RunOutcome for CallOutcome {
+    fn failure(&self) -> Option<TfCode> {
+        self.executed.failure()
     }
 }

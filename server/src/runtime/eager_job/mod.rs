@@ -21,17 +21,14 @@ use tokio::sync::oneshot;
 
 use crate::error::{Error, Result};
 use crate::heap_meter;
-use crate::runtime::admission::{Admission, LaneReservation};
 use crate::runtime::eager_devices::DeviceNames;
-use crate::runtime::executor::MainTurn;
 use crate::runtime::graph_delta::{variable_bytes, VariableBytes};
 use crate::runtime::job_history::{HistoryFacts, ShapeHash};
-use crate::runtime::memory_profile::{self, MeasuredMemory, MemoryMeter, Sample};
+use crate::runtime::job_memory::JobMemory;
+use crate::runtime::main_iteration::{IteratingJob, Iterations, RunOutcome};
+use crate::runtime::memory_profile::{self, Sample, SampleTurn};
 use crate::runtime::rendezvous::{Rendezvous, Sent};
-use crate::runtime::run_class::{
-    ephemeral_after_oom, MemoryEstimate, RunClass, RunProfile, MAIN_MARKER, MEMORY_SAMPLE_RUNS,
-};
-use crate::runtime::sched_port::SchedPort;
+use crate::runtime::run_class::{sample_due, MemoryEstimate, RunProfile, MAIN_MARKER};
 use crate::sched::RunEnd;
 use crate::sched::{Hints, JobId, LaneId};
 use crate::sync::lock;
@@ -78,9 +75,8 @@ pub struct EagerStats {
 /// What an eager job's thread needs of the scheduler and memory admission.
 #[derive(Clone)]
 pub struct Scheduling {
-    pub port: SchedPort,
-    /// Memory admission, when a capacity is configured.
-    pub admission: Option<Admission>,
+    /// The one main iteration (scheduler, memory admission, shutdown).
+    pub iterations: Iterations,
     /// The server's async runtime: scheduling and admission are awaited there
     /// while the job's thread blocks.
     pub runtime: tokio::runtime::Handle,
@@ -90,9 +86,6 @@ pub struct Scheduling {
     pub measure_memory: bool,
     /// GPU lanes: the lane whose virtual GPU the job's GPU ops run on.
     pub gpu_lane: Option<LaneId>,
-    /// Set at shutdown: no new function calls (results of earlier ones can
-    /// still be fetched).
-    pub draining: Arc<AtomicBool>,
 }
 
 /// What the job's thread shares with request handlers.
@@ -100,12 +93,8 @@ struct Shared {
     id: JobId,
     hints: Hints,
     sched: Scheduling,
-    /// The job's memory lane, once admitted (dropping it frees the share).
-    reservation: Mutex<Option<LaneReservation>>,
-    /// Persistent memory the job's variables declare.
-    variables: Mutex<VariableBytes>,
-    /// Largest per-iteration memory measured so far, bytes, and its meter.
-    ephemeral_measured: MeasuredMemory,
+    /// The variables it created, its sampled calls' memory, its memory lane.
+    memory: JobMemory,
     context_id: u64,
     devices: DeviceNames,
     rendezvous: Rendezvous,
@@ -179,10 +168,12 @@ impl EagerJob {
         let shared = Arc::new(Shared {
             id: spec.id,
             hints: spec.hints.clone(),
+            memory: JobMemory::new(
+                "variables",
+                VariableBytes::default(),
+                spec.scheduling.gpu_lane,
+            ),
             sched: spec.scheduling,
-            reservation: Mutex::new(None),
-            variables: Mutex::new(VariableBytes::default()),
-            ephemeral_measured: MeasuredMemory::default(),
             context_id: spec.context_id,
             devices: spec.devices,
             rendezvous: Rendezvous::default(),
@@ -276,19 +267,17 @@ impl EagerJob {
     /// The job's memory need (persistent from its variables, ephemeral from
     /// sampled function calls; hints override).
     pub fn memory_estimate(&self, hints: &Hints) -> MemoryEstimate {
-        self.shared.memory_estimate(hints)
+        self.shared.memory.estimate(hints)
     }
 
     /// Persistent memory the job's variables declare (optimizer slots included).
     pub fn variable_bytes(&self) -> VariableBytes {
-        *lock(&self.shared.variables)
+        self.shared.memory.variables()
     }
 
     /// The job's memory lane, once admitted.
     pub fn lane(&self) -> Option<LaneId> {
-        lock(&self.shared.reservation)
-            .as_ref()
-            .map(LaneReservation::lane)
+        self.shared.memory.lane()
     }
 
     pub fn touch(&self) {
@@ -343,7 +332,7 @@ impl EagerJob {
             }
         }
         // The TFE context is gone: its memory share goes back to the pool.
-        drop(lock(&self.shared.reservation).take());
+        self.shared.memory.release();
     }
 }
 
@@ -353,24 +342,21 @@ impl Drop for EagerJob {
     }
 }
 
-impl Shared {
-    /// The scheduler's current hints for the job (set at run time by the admin
-    /// API), else those it was created with.
-    fn current_hints(&self) -> Hints {
-        self.sched
-            .port
-            .job_status(self.id)
-            .map(|s| s.hints)
-            .unwrap_or_else(|| self.hints.clone())
+impl IteratingJob for Shared {
+    fn job_id(&self) -> JobId {
+        self.id
     }
 
-    fn memory_estimate(&self, hints: &Hints) -> MemoryEstimate {
-        MemoryEstimate::new(
-            lock(&self.variables).bytes,
-            "variables",
-            &self.ephemeral_measured,
-            hints,
-        )
+    fn created_hints(&self) -> &Hints {
+        &self.hints
+    }
+
+    fn memory(&self) -> &JobMemory {
+        &self.memory
+    }
+
+    fn history(&self) -> &HistoryFacts {
+        &self.history
     }
 }
 

@@ -16,7 +16,7 @@ impl Worker {
             host = ?sample.host,
             "sampled a function call's memory"
         );
-        self.shared.ephemeral_measured.record_sample(sample, 0);
+        self.shared.memory.record_sample(sample, 0);
     }
 
     /// The allocator of `device` (the call's; empty: the context's default),
@@ -42,12 +42,11 @@ impl Worker {
                 .collect(),
             ..Default::default()
         };
-        let size = variable_bytes(&node);
-        let mut variables = lock(&self.shared.variables);
-        variables.variables += 1;
-        match size.flatten() {
-            Some(bytes) => variables.bytes = variables.bytes.saturating_add(bytes),
-            None => variables.unknown += 1,
-        }
+        let size = variable_bytes(&node).flatten();
+        self.shared.memory.add_variables(VariableBytes {
+            bytes: size.unwrap_or(0),
+            variables: 1,
+            unknown: u64::from(size.is_none()),
+        });
     }
 }
