@@ -358,6 +358,11 @@ impl Job {
         self.memory.lane()
     }
 
+    /// What the main iteration needs of the job.
+    pub fn iterating(&self) -> IteratingJob<'_> {
+        IteratingJob::new(self.id, &self.hints, &self.memory, &self.history)
+    }
+
     /// Fails when an earlier graph could not be confined (see `unusable`).
     fn usable(&self) -> Result<()> {
         match &*lock(&self.unusable) {
@@ -626,9 +631,30 @@ impl Job {
                 targets,
             )
         };
-        let (mut result, mut sample) = memory_profile::measure(allocator, false, run);
+        let (mut result, sample) = memory_profile::measure(allocator, false, run);
         let elapsed = started.elapsed().as_nanos() as f64;
-        if let Ok(out) = &mut result {
+        self.learn_memory(&mut result, sample, trace, sampling, run_options, feeds);
+        lock(&self.run_profiles)
+            .entry(key)
+            .or_default()
+            .record(elapsed);
+        self.count(&result);
+        Ok(result?)
+    }
+
+    /// What a run teaches of the job's memory: a sampled run's need (a traced
+    /// run's records read, and dropped when the client asked for no
+    /// metadata), or after an out-of-memory error a raised estimate.
+    fn learn_memory(
+        &self,
+        result: &mut std::result::Result<tf::RunOutput, tf::TfError>,
+        mut sample: memory_profile::Sample,
+        trace: bool,
+        sampling: bool,
+        run_options: &[u8],
+        feeds: &[Feed],
+    ) {
+        if let Ok(out) = result {
             if trace {
                 match memory_profile::step_memory(&out.metadata) {
                     Ok(memory) => sample.host = Some((memory.peak(), MemoryMeter::Trace)),
@@ -652,18 +678,12 @@ impl Job {
             };
             self.memory.record_sample(&sample, fed);
         }
-        if let Err(err) = &result {
+        if let Err(err) = &*result {
             if err.code == salus_proto::tensorflow::error::Code::ResourceExhausted as i32 {
                 // Out of memory: raise the estimate for the next admission.
                 self.memory.raise_after_out_of_memory(self.id, "iteration");
             }
         }
-        lock(&self.run_profiles)
-            .entry(key)
-            .or_default()
-            .record(elapsed);
-        self.count(&result);
-        Ok(result?)
     }
 
     /// Counts a finished run: per job, and a failure by its code server-wide.
@@ -853,24 +873,6 @@ impl Job {
             Err(_) => drop(runs.remove(handle)),
         }
         Ok(result?)
-    }
-}
-
-impl IteratingJob for Job {
-    fn job_id(&self) -> JobId {
-        self.id
-    }
-
-    fn created_hints(&self) -> &Hints {
-        &self.hints
-    }
-
-    fn memory(&self) -> &JobMemory {
-        &self.memory
-    }
-
-    fn history(&self) -> &HistoryFacts {
-        &self.history
     }
 }
 

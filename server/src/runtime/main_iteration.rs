@@ -31,12 +31,29 @@ use crate::sched::{Hints, JobId};
 use crate::tf::TfError;
 
 /// What the main iteration needs of a job (graph or eager).
-pub trait IteratingJob {
-    fn job_id(&self) -> JobId;
+#[derive(Clone, Copy)]
+pub struct IteratingJob<'a> {
+    pub id: JobId,
     /// The hints the job was created with (the scheduler keeps the current ones).
-    fn created_hints(&self) -> &Hints;
-    fn memory(&self) -> &JobMemory;
-    fn history(&self) -> &HistoryFacts;
+    pub created_hints: &'a Hints,
+    pub memory: &'a JobMemory,
+    pub history: &'a HistoryFacts,
+}
+
+impl<'a> IteratingJob<'a> {
+    pub fn new(
+        id: JobId,
+        created_hints: &'a Hints,
+        memory: &'a JobMemory,
+        history: &'a HistoryFacts,
+    ) -> Self {
+        IteratingJob {
+            id,
+            created_hints,
+            memory,
+            history,
+        }
+    }
 }
 
 /// How a run ended, for the job history: TensorFlow's code if it failed.
@@ -74,11 +91,11 @@ impl Iterations {
     /// The job's current hints: the scheduler's (set at run time by the admin
     /// API, capped by the owner's limits where it schedules), else those it
     /// was created with.
-    pub fn current_hints(&self, job: &dyn IteratingJob) -> Hints {
+    pub fn current_hints(&self, job: IteratingJob<'_>) -> Hints {
         self.port
-            .job_status(job.job_id())
+            .job_status(job.id)
             .map(|s| s.hints)
-            .unwrap_or_else(|| job.created_hints().clone())
+            .unwrap_or_else(|| job.created_hints.clone())
     }
 
     /// Steps 1 and 2: refused at shutdown, else the class the scheduler
@@ -86,16 +103,16 @@ impl Iterations {
     /// main iteration, the scheduler learns its fingerprint.
     fn begin(
         &self,
-        job: &dyn IteratingJob,
+        job: IteratingJob<'_>,
         class: RunClass,
         fingerprint: impl FnOnce() -> String,
     ) -> Result<RunClass> {
         if self.draining.load(Ordering::SeqCst) {
             return Err(Error::ShuttingDown);
         }
-        let class = self.port.resolve(job.job_id(), class);
-        if class == RunClass::Main && job.history().first_main() {
-            self.port.set_fingerprint(job.job_id(), &fingerprint());
+        let class = self.port.resolve(job.id, class);
+        if class == RunClass::Main && job.history.first_main() {
+            self.port.set_fingerprint(job.id, &fingerprint());
         }
         Ok(class)
     }
@@ -106,7 +123,7 @@ impl Iterations {
     /// for before its first main iteration.
     pub async fn run<T, F>(
         &self,
-        job: &(dyn IteratingJob + Sync),
+        job: IteratingJob<'_>,
         class: RunClass,
         deadline: Option<Instant>,
         fingerprint: impl FnOnce() -> String,
@@ -124,13 +141,13 @@ impl Iterations {
                     Ok((result, started, Instant::now()))
                 })
                 .await?;
-                self.port.record_cheap_run(job.job_id(), started, ended);
+                self.port.record_cheap_run(job.id, started, ended);
                 result
             }
             RunClass::Main => {
                 self.admit(job).await?;
-                let result = self.port.run_main(job.job_id(), deadline, f).await;
-                job.history().main_ended(result.failure());
+                let result = self.port.run_main(job.id, deadline, f).await;
+                job.history.main_ended(result.failure());
                 result
             }
         }
@@ -143,7 +160,7 @@ impl Iterations {
     /// or admission's (`f` did not run); `f`'s own outcome is returned as it is.
     pub fn run_here<R: RunOutcome>(
         &self,
-        job: &(dyn IteratingJob + Sync),
+        job: IteratingJob<'_>,
         class: RunClass,
         runtime: &tokio::runtime::Handle,
         fingerprint: impl FnOnce() -> String,
@@ -153,16 +170,15 @@ impl Iterations {
             RunClass::Cheap | RunClass::Brief => {
                 let started = Instant::now();
                 let outcome = f();
-                self.port
-                    .record_cheap_run(job.job_id(), started, Instant::now());
+                self.port.record_cheap_run(job.id, started, Instant::now());
                 Ok(outcome)
             }
             RunClass::Main => {
                 runtime.block_on(self.admit(job))?;
-                let turn = self.port.wait_turn(job.job_id(), None)?;
+                let turn = self.port.wait_turn(job.id, None)?;
                 let outcome = f();
                 drop(turn);
-                job.history().main_ended(outcome.failure());
+                job.history.main_ended(outcome.failure());
                 Ok(outcome)
             }
         }
@@ -171,11 +187,11 @@ impl Iterations {
     /// Gives the job a memory lane before its first main iteration (when
     /// memory admission is on); waits while memory is short, up to the
     /// admission timeout. The one admission of every job.
-    pub async fn admit(&self, job: &(dyn IteratingJob + Sync)) -> Result<()> {
+    pub async fn admit(&self, job: IteratingJob<'_>) -> Result<()> {
         let Some(admission) = &self.admission else {
             return Ok(());
         };
-        let memory = job.memory();
+        let memory = job.memory;
         if memory.lane().is_some() {
             return Ok(());
         }
@@ -186,7 +202,7 @@ impl Iterations {
         let hints = self.current_hints(job);
         let need = memory.estimate(&hints).need;
         let reservation = admission
-            .admit(job.job_id(), need, memory.gpu_lane(), hints)
+            .admit(job.id, need, memory.gpu_lane(), hints)
             .await?;
         memory.set_reservation(reservation);
         Ok(())
@@ -207,18 +223,9 @@ mod tests {
         history: HistoryFacts,
     }
 
-    impl IteratingJob for TestJob {
-        fn job_id(&self) -> JobId {
-            self.id
-        }
-        fn created_hints(&self) -> &Hints {
-            &self.hints
-        }
-        fn memory(&self) -> &JobMemory {
-            &self.memory
-        }
-        fn history(&self) -> &HistoryFacts {
-            &self.history
+    impl TestJob {
+        fn it(&self) -> IteratingJob<'_> {
+            IteratingJob::new(self.id, &self.hints, &self.memory, &self.history)
         }
     }
 
@@ -251,7 +258,7 @@ mod tests {
     async fn cheap_runs_go_at_once_and_are_counted() {
         let (iterations, job) = iterations();
         let out = iterations
-            .run(&job, RunClass::Cheap, None, || unreachable!(), || Ok(5))
+            .run(job.it(), RunClass::Cheap, None, || unreachable!(), || Ok(5))
             .await
             .unwrap();
         assert_eq!(out, 5);
@@ -266,7 +273,7 @@ mod tests {
         let mut told = 0;
         let failed: Result<()> = iterations
             .run(
-                &job,
+                job.it(),
                 RunClass::Main,
                 None,
                 || {
@@ -282,7 +289,7 @@ mod tests {
         assert_eq!(iterations.port.cheap_runs(job.id), 0);
         // The second: no fingerprint again; a success ends the run as completed.
         let ok = iterations
-            .run(&job, RunClass::Main, None, || unreachable!(), || Ok(()))
+            .run(job.it(), RunClass::Main, None, || unreachable!(), || Ok(()))
             .await;
         assert!(ok.is_ok());
         assert_eq!(
@@ -297,7 +304,7 @@ mod tests {
         iterations.draining.store(true, Ordering::SeqCst);
         let refused = iterations
             .run(
-                &job,
+                job.it(),
                 RunClass::Cheap,
                 None,
                 || unreachable!(),
@@ -313,7 +320,7 @@ mod tests {
         let (iterations, job) = iterations();
         let outcome = iterations
             .run_here(
-                &job,
+                job.it(),
                 RunClass::Main,
                 runtime.handle(),
                 || "f1".into(),
@@ -330,7 +337,7 @@ mod tests {
         );
         let cheap = iterations
             .run_here(
-                &job,
+                job.it(),
                 RunClass::Brief,
                 runtime.handle(),
                 || unreachable!(),

@@ -73,29 +73,27 @@ fn device_attributes(
 
 type PendingReply = std::result::Result<oneshot::Receiver<Result<Vec<ItemOutput>>>, Error>;
 
-#[tonic::async_trait]
-impl EagerService for Eager {
-    async fn create_context(
+impl Eager {
+    /// What CreateContext refuses before anything is opened: a job name that
+    /// is none, a context id the tenant uses already.
+    fn check_new_context(
         &self,
-        request: Request<CreateContextRequest>,
-    ) -> Result<Response<CreateContextResponse>, Status> {
-        let tenant = tenant_of(&request);
-        let req = request.into_inner();
-        let server_def = req.server_def.unwrap_or_default();
+        tenant: &Tenant,
+        req: &CreateContextRequest,
+        server_def: &ServerDef,
+    ) -> Result<()> {
         if !is_job_name(&server_def.job_name) {
             return Err(Error::InvalidArgument(format!(
                 "CreateContext: server_def.job_name {:?} is not a job name (letters, digits and '_', starting \
                  with a letter); it must name this server's job in the client's cluster",
                 server_def.job_name
-            ))
-            .into());
+            )));
         }
         if self.state.contexts.contains(&tenant.key, req.context_id) {
             return Err(Error::InvalidArgument(format!(
                 "EagerService:CreateContext failed: context id <{}> already exists",
                 req.context_id
-            ))
-            .into());
+            )));
         }
         if req.clear_existing_contexts {
             // Other tenants' contexts are not the client's to clear.
@@ -104,6 +102,20 @@ impl EagerService for Eager {
                 "ignoring clear_existing_contexts on a shared server"
             );
         }
+        Ok(())
+    }
+}
+
+#[tonic::async_trait]
+impl EagerService for Eager {
+    async fn create_context(
+        &self,
+        request: Request<CreateContextRequest>,
+    ) -> Result<Response<CreateContextResponse>, Status> {
+        let tenant = tenant_of(&request);
+        let mut req = request.into_inner();
+        let server_def = req.server_def.take().unwrap_or_default();
+        self.check_new_context(&tenant, &req, &server_def)?;
         let (config, metadata_name) = session_config(
             &server_def.default_session_config,
             self.state.session_defaults,

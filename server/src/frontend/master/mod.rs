@@ -44,7 +44,7 @@ impl Master {
     {
         self.state
             .iterations
-            .run(job, class, deadline, || job.fingerprint(), f)
+            .run(job.iterating(), class, deadline, || job.fingerprint(), f)
             .await
     }
 }

@@ -58,25 +58,7 @@ impl Worker {
             let paths = tensor
                 .strings()
                 .iter()
-                .map(|raw| {
-                    let path = String::from_utf8_lossy(raw);
-                    let confined = checkpoint_guard::confined_path(dir, &path).ok_or_else(|| {
-                        Error::InvalidArgument(format!(
-                            "checkpoint path {path:?} is outside this job's checkpoint directory {dir} \
-                             (relative paths are placed in it)"
-                        ))
-                    })?;
-                    if writes {
-                        // The client would have made the prefix's directory on its
-                        // own machine; here it is made inside the job's directory.
-                        if let Some(parent) = std::path::Path::new(&confined).parent() {
-                            std::fs::create_dir_all(parent).map_err(|e| {
-                                Error::Internal(format!("cannot create checkpoint directory {parent:?}: {e}"))
-                            })?;
-                        }
-                    }
-                    Ok(Bytes::from(confined))
-                })
+                .map(|raw| confine_one(dir, &String::from_utf8_lossy(raw), writes))
                 .collect::<Result<Vec<_>>>()?;
             let proto = TensorProto {
                 dtype: DataType::DtString as i32,
@@ -90,4 +72,27 @@ impl Worker {
         }
         Ok(confined)
     }
+}
+
+/// One path of a checkpoint op, confined to `dir` (see
+/// [`Worker::confine_checkpoint_paths`]); `writes`: the op writes there.
+fn confine_one(dir: &str, path: &str, writes: bool) -> Result<Bytes> {
+    let confined = checkpoint_guard::confined_path(dir, path).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "checkpoint path {path:?} is outside this job's checkpoint directory {dir} \
+             (relative paths are placed in it)"
+        ))
+    })?;
+    if writes {
+        // The client would have made the prefix's directory on its
+        // own machine; here it is made inside the job's directory.
+        if let Some(parent) = std::path::Path::new(&confined).parent() {
+            std::fs::create_dir_all(parent).map_err(|e| {
+                Error::Internal(format!(
+                    "cannot create checkpoint directory {parent:?}: {e}"
+                ))
+            })?;
+        }
+    }
+    Ok(Bytes::from(confined))
 }

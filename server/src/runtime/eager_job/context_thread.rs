@@ -4,6 +4,46 @@
 use super::*;
 
 impl Worker {
+    /// The context's thread: creates the TFE context (`ready` says whether it
+    /// could), runs the requests of `rx` until the job closes, then frees it.
+    pub(super) fn serve(
+        config: &[u8],
+        shared: Arc<Shared>,
+        rx: mpsc::Receiver<Batch>,
+        ready: mpsc::SyncSender<Result<()>>,
+    ) {
+        let ctx = match EagerContext::new(config) {
+            Ok(ctx) => ctx,
+            Err(err) => {
+                let _ = ready.send(Err(err.into()));
+                return;
+            }
+        };
+        CONTEXT_THREADS.fetch_add(1, Ordering::SeqCst);
+        let _ = ready.send(Ok(()));
+        Worker {
+            live_handles: 0,
+            functions: HashMap::new(),
+            function_shapes: HashMap::new(),
+            profiles: HashMap::new(),
+            refused: HashMap::new(),
+            failed_ops: HashMap::new(),
+            last_failure: None,
+            unsent: Vec::new(),
+            slots: Default::default(),
+            allocators: HashMap::new(),
+            pending_samples: HashSet::new(),
+            ctx,
+            shared,
+        }
+        .run(rx);
+        // The context's memory is free now; the heap keeps freed
+        // memory for reuse (tf_env), so hand it back to the system:
+        // always when the last context ended, else at most once a second.
+        let last = CONTEXT_THREADS.fetch_sub(1, Ordering::SeqCst) == 1;
+        heap_meter::return_free_memory(last);
+    }
+
     pub(super) fn run(mut self, rx: mpsc::Receiver<Batch>) {
         while let Ok(batch) = rx.recv() {
             let result = if self.shared.closing.load(Ordering::SeqCst) {
@@ -182,30 +222,7 @@ impl Worker {
                 function_def,
                 library,
             } => {
-                // A function refused by the tenant's rules is answered as
-                // registered: the stock client registers every function it
-                // traces with the server, also those it runs itself (a
-                // pipeline that calls Python), and only logs a failed
-                // registration. Running it, or an op naming it, is refused
-                // with the reason (see `refusal`).
-                let mut refused_dependency = None;
-                for def in library.iter().chain(std::iter::once(function_def)) {
-                    match self.register_function(def) {
-                        Ok(()) => {}
-                        Err(Error::PermissionDenied(why)) => {
-                            refused_dependency.get_or_insert(why);
-                        }
-                        Err(other) => return Err(other),
-                    }
-                }
-                if let Some(why) = refused_dependency {
-                    if let Some(name) = FunctionDefView::decode(function_def.as_ref())
-                        .ok()
-                        .and_then(|v| v.signature.map(|s| s.name))
-                    {
-                        self.remember_refused(name, why);
-                    }
-                }
+                self.register_with_library(function_def, library)?;
                 Ok(ItemOutput::default())
             }
             Item::SendTensors {
@@ -213,43 +230,11 @@ impl Worker {
                 tensors,
                 device,
             } => {
-                self.check_new_id(*op_id)?;
-                let device = self.local_device(device)?;
-                let mut handles = Vec::with_capacity(tensors.len());
-                for (i, proto) in tensors.iter().enumerate() {
-                    let tensor = Tensor::from_proto(proto, self.shared.max_tensor_bytes)
-                        .map_err(|e| Error::tensor(format!("send_tensor {op_id}:{i}"), e))?;
-                    handles.push(self.place(TensorHandle::from_tensor(&tensor)?, &device)?);
-                }
-                self.store(*op_id, handles)?;
+                self.push_tensors(*op_id, tensors, device)?;
                 Ok(ItemOutput::default())
             }
             Item::Decref { op_id, output } => {
-                // Lenient like a destructor: the outputs of a failed op never existed.
-                let released = {
-                    let mut handles = write(&self.shared.handles);
-                    self.shared
-                        .note_pending_decrefs(&[(*op_id, *output)], false);
-                    let mut released = None;
-                    if let Some(outputs) = handles.get_mut(op_id) {
-                        released = usize::try_from(*output)
-                            .ok()
-                            .and_then(|i| outputs.get_mut(i))
-                            .and_then(Option::take);
-                        if outputs.iter().all(Option::is_none) {
-                            handles.remove(op_id);
-                        }
-                    }
-                    released
-                };
-                if released.is_some() {
-                    self.live_handles -= 1;
-                }
-                // Freed with the table unlocked: the last handle of a dataset
-                // iterator waits for its prefetch thread, whose Python callback
-                // may be reading a tensor of this context (an early send, which
-                // needs the table).
-                drop(released);
+                self.release(*op_id, *output);
                 Ok(ItemOutput::default())
             }
             Item::RemoveFunction(name) => {

@@ -85,13 +85,7 @@ impl Worker {
         let executed = if is_call {
             self.call(op, &device, &inputs, &attrs)?
         } else {
-            self.ctx.execute(
-                &op.name,
-                &device,
-                &inputs,
-                &attrs,
-                &mut self.slots.borrow_mut(),
-            )
+            self.run_op(&op.name, &device, &inputs, &attrs)
         };
         drop(inputs);
         drop(table);
@@ -148,7 +142,7 @@ impl Worker {
         let shape = self.function_shapes.get(&op.name).copied();
         let shared = Arc::clone(&self.shared);
         let call = shared.sched.iterations.run_here(
-            &*shared,
+            shared.iterating(),
             class,
             &shared.sched.runtime,
             || shape.unwrap_or_default().fingerprint('f'),
@@ -190,15 +184,7 @@ impl Worker {
             None
         };
         let started = Instant::now();
-        let run = || {
-            self.ctx.execute(
-                &op.name,
-                device,
-                inputs,
-                attrs,
-                &mut self.slots.borrow_mut(),
-            )
-        };
+        let run = || self.run_op(&op.name, device, inputs, attrs);
         let (executed, sample) = if turn.sampling() {
             // The heap counts too where the device's memory is the host's.
             let heap = allocator.is_none_or(|a| a.on_host());
@@ -212,6 +198,18 @@ impl Worker {
             sample,
             elapsed: started.elapsed(),
         }
+    }
+
+    /// Runs one op or function call in the context.
+    fn run_op(
+        &self,
+        name: &str,
+        device: &str,
+        inputs: &[&TensorHandle],
+        attrs: &[(&str, &[u8])],
+    ) -> std::result::Result<Vec<TensorHandle>, TfError> {
+        self.ctx
+            .execute(name, device, inputs, attrs, &mut self.slots.borrow_mut())
     }
 
     /// Keeps the op's outputs as the client's handles and answers their shapes

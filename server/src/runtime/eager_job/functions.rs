@@ -71,4 +71,37 @@ impl Worker {
             .insert(function.name, function.without_outputs);
         Ok(())
     }
+
+    /// Registers a FunctionDef and the functions it calls.
+    pub(super) fn register_with_library(
+        &mut self,
+        function_def: &Bytes,
+        library: &[Bytes],
+    ) -> Result<()> {
+        // A function refused by the tenant's rules is answered as
+        // registered: the stock client registers every function it
+        // traces with the server, also those it runs itself (a
+        // pipeline that calls Python), and only logs a failed
+        // registration. Running it, or an op naming it, is refused
+        // with the reason (see `refusal`).
+        let mut refused_dependency = None;
+        for def in library.iter().chain(std::iter::once(function_def)) {
+            match self.register_function(def) {
+                Ok(()) => {}
+                Err(Error::PermissionDenied(why)) => {
+                    refused_dependency.get_or_insert(why);
+                }
+                Err(other) => return Err(other),
+            }
+        }
+        if let Some(why) = refused_dependency {
+            if let Some(name) = FunctionDefView::decode(function_def.as_ref())
+                .ok()
+                .and_then(|v| v.signature.map(|s| s.name))
+            {
+                self.remember_refused(name, why);
+            }
+        }
+        Ok(())
+    }
 }

@@ -100,4 +100,51 @@ impl Worker {
         find_handle(table, op_id, output)
             .ok_or_else(|| unknown_handle(self.shared.context_id, op_id, output))
     }
+
+    /// Tensors the client pushes: outputs `0..n` of `op_id`, on `device`.
+    pub(super) fn push_tensors(
+        &mut self,
+        op_id: i64,
+        tensors: &[TensorProto],
+        device: &str,
+    ) -> Result<()> {
+        self.check_new_id(op_id)?;
+        let device = self.local_device(device)?;
+        let mut handles = Vec::with_capacity(tensors.len());
+        for (i, proto) in tensors.iter().enumerate() {
+            let tensor = Tensor::from_proto(proto, self.shared.max_tensor_bytes)
+                .map_err(|e| Error::tensor(format!("send_tensor {op_id}:{i}"), e))?;
+            handles.push(self.place(TensorHandle::from_tensor(&tensor)?, &device)?);
+        }
+        self.store(op_id, handles)?;
+        Ok(())
+    }
+
+    /// Releases the client's handle `op_id:output` (a decref).
+    pub(super) fn release(&mut self, op_id: i64, output: i32) {
+        // Lenient like a destructor: the outputs of a failed op never existed.
+        let released = {
+            let mut handles = write(&self.shared.handles);
+            self.shared.note_pending_decrefs(&[(op_id, output)], false);
+            let mut released = None;
+            if let Some(outputs) = handles.get_mut(&op_id) {
+                released = usize::try_from(output)
+                    .ok()
+                    .and_then(|i| outputs.get_mut(i))
+                    .and_then(Option::take);
+                if outputs.iter().all(Option::is_none) {
+                    handles.remove(&op_id);
+                }
+            }
+            released
+        };
+        if released.is_some() {
+            self.live_handles -= 1;
+        }
+        // Freed with the table unlocked: the last handle of a dataset
+        // iterator waits for its prefetch thread, whose Python callback
+        // may be reading a tensor of this context (an early send, which
+        // needs the table).
+        drop(released);
+    }
 }

@@ -193,36 +193,7 @@ impl EagerJob {
         let thread_shared = shared.clone();
         let worker = std::thread::Builder::new()
             .name(format!("salus-eager-{}", spec.id.0))
-            .spawn(move || match EagerContext::new(&config) {
-                Ok(ctx) => {
-                    CONTEXT_THREADS.fetch_add(1, Ordering::SeqCst);
-                    let _ = ready_tx.send(Ok(()));
-                    Worker {
-                        live_handles: 0,
-                        functions: HashMap::new(),
-                        function_shapes: HashMap::new(),
-                        profiles: HashMap::new(),
-                        refused: HashMap::new(),
-                        failed_ops: HashMap::new(),
-                        last_failure: None,
-                        unsent: Vec::new(),
-                        slots: Default::default(),
-                        allocators: HashMap::new(),
-                        pending_samples: HashSet::new(),
-                        ctx,
-                        shared: thread_shared,
-                    }
-                    .run(rx);
-                    // The context's memory is free now; the heap keeps freed
-                    // memory for reuse (tf_env), so hand it back to the system:
-                    // always when the last context ended, else at most once a second.
-                    let last = CONTEXT_THREADS.fetch_sub(1, Ordering::SeqCst) == 1;
-                    heap_meter::return_free_memory(last);
-                }
-                Err(err) => {
-                    let _ = ready_tx.send(Err(err.into()));
-                }
-            })
+            .spawn(move || Worker::serve(&config, thread_shared, rx, ready_tx))
             .map_err(|e| Error::Internal(format!("cannot start an eager context thread: {e}")))?;
         match ready_rx.recv() {
             Ok(Ok(())) => {}
@@ -342,21 +313,10 @@ impl Drop for EagerJob {
     }
 }
 
-impl IteratingJob for Shared {
-    fn job_id(&self) -> JobId {
-        self.id
-    }
-
-    fn created_hints(&self) -> &Hints {
-        &self.hints
-    }
-
-    fn memory(&self) -> &JobMemory {
-        &self.memory
-    }
-
-    fn history(&self) -> &HistoryFacts {
-        &self.history
+impl Shared {
+    /// What the main iteration needs of the job.
+    fn iterating(&self) -> IteratingJob<'_> {
+        IteratingJob::new(self.id, &self.hints, &self.memory, &self.history)
     }
 }
 
@@ -405,3 +365,6 @@ struct Worker {
     ctx: EagerContext,
     shared: Arc<Shared>,
 }
+
+#[cfg(test)]
+mod tests;
