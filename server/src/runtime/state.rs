@@ -6,7 +6,8 @@ use std::time::Instant;
 
 use crate::runtime::eager_job::EagerJob;
 use crate::runtime::exec;
-use crate::runtime::graph_job::JobSettings;
+use crate::error::Result;
+use crate::runtime::graph_job::{Job, JobSettings};
 use crate::runtime::jobs::{ContextTable, SessionTable};
 use crate::runtime::main_iteration::Iterations;
 use crate::runtime::node::Node;
@@ -149,6 +150,20 @@ impl ServerState {
     /// Graph sessions and eager contexts open now (`--max-sessions` counts both).
     pub fn open_jobs(&self) -> usize {
         self.sessions.len() + self.contexts.len()
+    }
+
+    /// Puts an opened graph session in its table, within `--max-sessions`
+    /// (eager contexts count too).
+    pub fn insert_session(&self, owner: Arc<Tenant>, job: Arc<Job>) -> Result<()> {
+        self.sessions
+            .insert(owner, job, self.contexts.len(), self.max_sessions)
+    }
+
+    /// Puts an opened eager context in its table, within `--max-sessions`
+    /// (graph sessions count too).
+    pub fn insert_context(&self, owner: Arc<Tenant>, job: Arc<EagerJob>) -> Result<()> {
+        self.contexts
+            .insert(owner, job, self.sessions.len(), self.max_sessions)
     }
 
     /// Ends an eager job: out of the table and the scheduler, then its TFE

@@ -160,15 +160,9 @@ impl EagerService for Eager {
             },
         };
         let job = Arc::new(exec::blocking(move || EagerJob::create(spec)).await?);
-        let state = &self.state;
         opening
             .open(job, hints.clone(), |job| {
-                state.contexts.insert(
-                    tenant.clone(),
-                    job,
-                    state.sessions.len(),
-                    state.max_sessions,
-                )
+                self.state.insert_context(tenant.clone(), job)
             })
             .await?;
         tracing::info!(

@@ -164,15 +164,9 @@ impl MasterService for Master {
             })
             .await?
         };
-        let state = &self.state;
         opening
             .open(Arc::new(job), hints.clone(), |job| {
-                state.sessions.insert(
-                    tenant.clone(),
-                    job,
-                    state.contexts.len(),
-                    state.max_sessions,
-                )
+                self.state.insert_session(tenant.clone(), job)
             })
             .await?;
         tracing::info!(session = %handle, job = id.0, name = %hints.name, tenant = %tenant, ?hints, "session created");
