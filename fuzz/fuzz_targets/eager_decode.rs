@@ -5,7 +5,7 @@
 //! [`KINDS`]) and, divided by 8 (modulo 3), how the client names this server
 //! ([`device_names`]); the rest is the message body, decoded with prost exactly
 //! as the gRPC codec does. Then the context-free part of the handlers runs
-//! (see `server/src/frontend/eager/` and `server/src/runtime/eager_job.rs`):
+//! (see `server/src/frontend/eager/` and `server/src/runtime/eager_job/`):
 //! - Enqueue (also StreamingEnqueue's messages): `queue_items`, then for each
 //!   item: `DeviceNames::to_local` of op and send_tensor devices,
 //!   `TenantRules::check_eager_op`, every inline and sent tensor through
@@ -59,7 +59,7 @@ use salus_server::wire;
 /// proto claiming more must be refused before anything is allocated.
 const TENSOR_LIMIT: u64 = 1 << 20;
 
-/// FunctionDef.node_def and NodeDef.device field numbers (as in eager_job.rs).
+/// FunctionDef.node_def and NodeDef.device field numbers (as in runtime/eager_functions.rs).
 const FUNCTION_NODE_DEF_FIELD: u64 = 3;
 const NODE_DEVICE_FIELD: u64 = 4;
 

@@ -21,6 +21,44 @@ use salus_proto::tensorflow::RunMetadataView;
 /// turn and retry on the job's next run.
 pub static TRACE_TURN: Mutex<()> = Mutex::new(());
 
+/// A run's place in the tracing turn ([`TRACE_TURN`]): whether its memory
+/// sample is taken now, or left pending for the next run. Graph and eager
+/// samplers decide the same way.
+pub struct SampleTurn {
+    turn: Option<std::sync::MutexGuard<'static, ()>>,
+    due: bool,
+}
+
+impl SampleTurn {
+    /// For a run whose sample is `due`: the turn if no other job's run holds
+    /// it (a sample never waits for one).
+    pub fn try_take(due: bool) -> SampleTurn {
+        SampleTurn {
+            turn: if due { TRACE_TURN.try_lock().ok() } else { None },
+            due,
+        }
+    }
+
+    /// The turn, waited for: a run the client traces itself, which is not a
+    /// sample (TensorFlow allows one profiling session per process).
+    pub fn exclusive() -> SampleTurn {
+        SampleTurn {
+            turn: Some(TRACE_TURN.lock().unwrap_or_else(|e| e.into_inner())),
+            due: false,
+        }
+    }
+
+    /// The run is sampled: it was due and has the turn.
+    pub fn sampling(&self) -> bool {
+        self.due && self.turn.is_some()
+    }
+
+    /// The sample was due but another job held the turn: take it at the next run.
+    pub fn left_pending(&self) -> bool {
+        self.due && self.turn.is_none()
+    }
+}
+
 /// Memory a traced run used, per device and in all.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StepMemory {
@@ -210,6 +248,18 @@ impl MeasuredMemory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sample_due_while_another_run_traces_is_left_pending() {
+        let held = SampleTurn::exclusive();
+        assert!(!held.sampling() && !held.left_pending());
+        let busy = SampleTurn::try_take(true);
+        assert!(!busy.sampling());
+        assert!(busy.left_pending(), "retried at the next run");
+        drop(held);
+        let not_due = SampleTurn::try_take(false);
+        assert!(!not_due.sampling() && !not_due.left_pending());
+    }
     use salus_proto::tensorflow::{
         AllocationRecord, AllocatorMemoryUsed, DeviceStepStats, NodeExecStats, StepStats,
     };

@@ -64,6 +64,13 @@ pub const MAIN_MARKER: &str = "salus_main_iter";
 /// warm-up run (the first one allocates one-time state) and a few later.
 pub const MEMORY_SAMPLE_RUNS: &[u64] = &[WARMUP_RUNS, 10, 100, 1000];
 
+/// Whether the next run of a signature that has run `runs` times is sampled:
+/// one of [`MEMORY_SAMPLE_RUNS`], or any run while a sample is `pending` (it
+/// was due while another job held the tracing turn).
+pub fn sample_due(runs: u64, pending: bool) -> bool {
+    pending || MEMORY_SAMPLE_RUNS.contains(&(runs + 1))
+}
+
 /// How a run is scheduled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RunClass {

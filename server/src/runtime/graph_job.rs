@@ -32,10 +32,11 @@ use tensorflow_sys as sys;
 
 use crate::sync::lock;
 use crate::error::{Error, Result};
-use crate::runtime::admission::LaneReservation;
 use crate::runtime::graph_delta::{check_delta, CheckedDelta, VariableBytes};
 use crate::runtime::job_history::{HistoryFacts, ShapeHash};
-use crate::runtime::memory_profile::{self, MeasuredMemory, MemoryMeter};
+use crate::runtime::job_memory::JobMemory;
+use crate::runtime::main_iteration::IteratingJob;
+use crate::runtime::memory_profile::{self, MemoryMeter, SampleTurn};
 use crate::runtime::run_errors::{self, TfCode};
 use crate::runtime::session_config::GpuLanes;
 use crate::wire;
@@ -115,7 +116,7 @@ impl RunKey {
     }
 }
 
-use crate::runtime::run_class::{ephemeral_after_oom, MEMORY_SAMPLE_RUNS};
+use crate::runtime::run_class::sample_due;
 pub use crate::runtime::run_class::{
     MemoryEstimate, RunClass, RunProfile, MAIN_MARKER, WARMUP_RUNS,
 };
@@ -191,8 +192,6 @@ pub struct Job {
     next_partial_run: AtomicU64,
     /// Stateful nodes and their resource container, for Reset.
     containers: Mutex<Vec<(String, String)>>,
-    /// Persistent memory declared by the graph's variables so far.
-    variables: Mutex<VariableBytes>,
     run_profiles: Mutex<HashMap<RunKey, RunProfile>>,
     /// The graph's nodes that feed a queue (`graph_delta::FEEDING_OPS`).
     feeding_nodes: Mutex<HashSet<String>>,
@@ -202,25 +201,21 @@ pub struct Job {
     pub stats: JobStats,
     /// Whether runs are traced to measure per-iteration memory (admission on).
     measure_memory: bool,
-    /// Largest per-iteration memory measured so far (run peak + feeds), bytes.
-    ephemeral_measured: MeasuredMemory,
+    /// Its variables, measured per-iteration memory (run peak + feeds), and
+    /// memory lane once admitted; with `--gpu-lanes`, the lane whose virtual
+    /// GPU the graph is placed on, chosen at CreateSession because TensorFlow
+    /// places a session's nodes only once.
+    memory: JobMemory,
     /// The allocator of the job's device, when it keeps statistics.
     allocator: OnceLock<Option<DeviceAllocator>>,
     /// A memory sample was due but another job was tracing: take it next run.
     sample_pending: AtomicBool,
-    /// The job's memory lane, once admitted (dropping it frees the share).
-    reservation: Mutex<Option<LaneReservation>>,
-    /// GPU lanes: the lane whose virtual GPU the graph is placed on, chosen at
-    /// CreateSession because TensorFlow places a session's nodes only once.
-    gpu_lane: Option<LaneId>,
     /// What the job's graphs may do; its checkpoint directory.
     rules: Arc<TenantRules>,
     checkpoint_dir: PathBuf,
     /// Set when a graph was imported but could not be confined: the job must
     /// not run anything any more.
     unusable: Mutex<Option<String>>,
-    /// Serialises admission of the job's concurrent runs.
-    pub admission_lock: tokio::sync::Mutex<()>,
     pub created: Instant,
     /// Milliseconds since `created` of the last request.
     last_active_ms: AtomicU64,
@@ -304,7 +299,6 @@ impl Job {
             partial_runs: Mutex::new(HashMap::new()),
             next_partial_run: AtomicU64::new(0),
             containers: Mutex::new(containers),
-            variables: Mutex::new(variables),
             run_profiles: Mutex::new(HashMap::new()),
             feeding_nodes: Mutex::new(feeding_nodes),
             inline_below_ns: settings.inline_below.as_nanos() as f64,
@@ -312,15 +306,12 @@ impl Job {
             max_tensor_bytes: settings.max_tensor_bytes,
             stats: JobStats::default(),
             measure_memory: settings.measure_memory,
-            ephemeral_measured: MeasuredMemory::default(),
+            memory: JobMemory::new("graph", variables, gpu_lane),
             allocator: OnceLock::new(),
             sample_pending: AtomicBool::new(false),
-            reservation: Mutex::new(None),
-            gpu_lane,
             rules,
             checkpoint_dir,
             unusable: Mutex::new(None),
-            admission_lock: tokio::sync::Mutex::new(()),
             created: Instant::now(),
             last_active_ms: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
@@ -354,12 +345,7 @@ impl Job {
     /// ephemeral), and where each figure comes from. Hints override; without a
     /// measurement yet, the ephemeral need defaults to the persistent one.
     pub fn memory_estimate(&self, hints: &Hints) -> MemoryEstimate {
-        MemoryEstimate::new(
-            self.variable_bytes().bytes,
-            "graph",
-            &self.ephemeral_measured,
-            hints,
-        )
+        self.memory.estimate(hints)
     }
 
     /// The job's lane, once admitted.
@@ -369,7 +355,12 @@ impl Job {
     }
 
     pub fn lane(&self) -> Option<LaneId> {
-        lock(&self.reservation).as_ref().map(LaneReservation::lane)
+        self.memory.lane()
+    }
+
+    /// What the main iteration needs of the job.
+    pub fn iterating(&self) -> IteratingJob<'_> {
+        IteratingJob::new(self.id, &self.hints, &self.memory, &self.history)
     }
 
     /// Fails when an earlier graph could not be confined (see `unusable`).
@@ -390,11 +381,7 @@ impl Job {
 
     /// GPU lanes: the lane the job's graph is placed on (admission waits for it).
     pub fn gpu_lane(&self) -> Option<LaneId> {
-        self.gpu_lane
-    }
-
-    pub fn set_reservation(&self, reservation: LaneReservation) {
-        *lock(&self.reservation) = Some(reservation);
+        self.memory.gpu_lane()
     }
 
 
@@ -404,7 +391,7 @@ impl Job {
     fn device_allocator(&self) -> Option<DeviceAllocator> {
         *self.allocator.get_or_init(|| {
             let device = self
-                .gpu_lane
+                .gpu_lane()
                 .map(|lane| GpuLanes::device(lane.0))
                 .unwrap_or_default();
             DeviceAllocator::of_session(&self.session, &device).filter(|a| a.stats().is_some())
@@ -413,7 +400,7 @@ impl Job {
 
     /// Persistent memory the job's variables declare (optimizer slots included).
     pub fn variable_bytes(&self) -> VariableBytes {
-        *lock(&self.variables)
+        self.memory.variables()
     }
 
     pub fn graph_version(&self) -> i64 {
@@ -437,7 +424,7 @@ impl Job {
         let graph = self.session.graph();
         let delta = check_delta(graph_def, graph)?;
         self.rules.check_graph(graph_def.len(), &delta.ops, &delta.library_ops)?;
-        let device = self.gpu_lane.map(|lane| GpuLanes::device(lane.0));
+        let device = self.gpu_lane().map(|lane| GpuLanes::device(lane.0));
         graph.import(graph_def, &delta.mappings, device.as_deref())?;
         let confined = if self.rules.confined {
             confine_checkpoints(graph, &delta, &self.checkpoint_dir)
@@ -450,7 +437,7 @@ impl Job {
         }
         lock(&self.containers).extend(delta.containers);
         lock(&self.feeding_nodes).extend(delta.feeding_nodes);
-        *lock(&self.variables) += delta.variables;
+        self.memory.add_variables(delta.variables);
         lock(&self.shape).merge(delta.shape);
         *version += 1;
         Ok(*version)
@@ -601,29 +588,22 @@ impl Job {
         // Trace a few runs of each signature to measure their memory: the last
         // warm-up run (the first one allocates one-time state) and a few later.
         let client_traces = wire::has_field(run_options, TRACE_LEVEL_FIELD)?;
-        let wants_sample = self.measure_memory
-            && !client_traces
-            && (MEMORY_SAMPLE_RUNS.contains(&(profile.runs + 1))
-                || self.sample_pending.load(Ordering::Relaxed));
-        let _trace_turn = if client_traces {
-            Some(
-                memory_profile::TRACE_TURN
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner()),
-            )
-        } else if wants_sample {
-            memory_profile::TRACE_TURN.try_lock().ok()
+        let trace_turn = if client_traces {
+            SampleTurn::exclusive()
         } else {
-            None
+            SampleTurn::try_take(
+                self.measure_memory
+                    && sample_due(profile.runs, self.sample_pending.load(Ordering::Relaxed)),
+            )
         };
+        self.sample_pending
+            .store(trace_turn.left_pending(), Ordering::Relaxed);
         // A sample reads the device allocator's peak where it keeps one (a GPU,
         // TensorFlow's CPU allocator), else the run's allocation records.
-        let sampling = wants_sample && _trace_turn.is_some();
+        let sampling = trace_turn.sampling();
         let allocator = if sampling { self.device_allocator() } else { None };
         // On the host the run's records count too (see memory_profile::Sample).
         let trace = sampling && allocator.is_none_or(|a| a.on_host());
-        self.sample_pending
-            .store(wants_sample && !trace, Ordering::Relaxed);
         let mut options = if inline {
             Cow::Owned(on_caller_thread(run_options)?)
         } else {
@@ -647,9 +627,30 @@ impl Job {
                 targets,
             )
         };
-        let (mut result, mut sample) = memory_profile::measure(allocator, false, run);
+        let (mut result, sample) = memory_profile::measure(allocator, false, run);
         let elapsed = started.elapsed().as_nanos() as f64;
-        if let Ok(out) = &mut result {
+        self.learn_memory(&mut result, sample, trace, sampling, run_options, feeds);
+        lock(&self.run_profiles)
+            .entry(key)
+            .or_default()
+            .record(elapsed);
+        self.count(&result);
+        Ok(result?)
+    }
+
+    /// What a run teaches of the job's memory: a sampled run's need (a traced
+    /// run's records read, and dropped when the client asked for no
+    /// metadata), or after an out-of-memory error a raised estimate.
+    fn learn_memory(
+        &self,
+        result: &mut std::result::Result<tf::RunOutput, tf::TfError>,
+        mut sample: memory_profile::Sample,
+        trace: bool,
+        sampling: bool,
+        run_options: &[u8],
+        feeds: &[Feed],
+    ) {
+        if let Ok(out) = result {
             if trace {
                 match memory_profile::step_memory(&out.metadata) {
                     Ok(memory) => sample.host = Some((memory.peak(), MemoryMeter::Trace)),
@@ -671,35 +672,14 @@ impl Job {
             } else {
                 0
             };
-            self.ephemeral_measured.record_sample(&sample, fed);
+            self.memory.record_sample(&sample, fed);
         }
-        if let Err(err) = &result {
+        if let Err(err) = &*result {
             if err.code == salus_proto::tensorflow::error::Code::ResourceExhausted as i32 {
                 // Out of memory: raise the estimate for the next admission.
-                let raised = self.estimate_ephemeral_after_oom();
-                tracing::warn!(
-                    job = self.id.0,
-                    ephemeral = raised,
-                    "iteration ran out of memory; estimate raised"
-                );
+                self.memory.raise_after_out_of_memory(self.id, "iteration");
             }
         }
-        lock(&self.run_profiles)
-            .entry(key)
-            .or_default()
-            .record(elapsed);
-        self.count(&result);
-        Ok(result?)
-    }
-
-    /// After an out-of-memory error: half again the current measurement.
-    fn estimate_ephemeral_after_oom(&self) -> u64 {
-        let raised = ephemeral_after_oom(
-            self.ephemeral_measured.bytes(),
-            self.variable_bytes().bytes,
-        );
-        self.ephemeral_measured.record(raised, MemoryMeter::OutOfMemory);
-        raised
     }
 
     /// Counts a finished run: per job, and a failure by its code server-wide.

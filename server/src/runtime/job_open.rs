@@ -5,12 +5,22 @@
 //! id and opens the job for its owner (refused beyond the tenant's max-jobs
 //! before anything is built; in an executor process the supervisor decides),
 //! and picks the GPU lane a new graph goes to. The front end then builds its
-//! job and puts it in its table, and [`JobOpening::join_scheduler`] adds it to
-//! the scheduler (with memory lanes it joins at its admission instead). Until
-//! [`JobOpening::keep`], dropping the opening takes the job back out of the
-//! scheduler, so no failure on the way leaves a half-open job behind.
+//! job, and [`JobOpening::open`] adds it to the scheduler (with memory lanes it
+//! joins at its admission instead), then puts it in its table. Until then,
+//! dropping the opening takes the job back out of the scheduler, so no failure
+//! on the way leaves a half-open job behind.
+//!
+//! The order, scheduler first and table last, is the safe one: a job in a
+//! table is visible (to its client's next call, the admin API, the reclaimer
+//! of idle jobs), and one the scheduler refused would be closed there through
+//! the scheduler that never had it. Out of the tables, nothing but the opening
+//! knows the job, and undoing it is taking it out of the scheduler.
 
-use crate::error::{Error, Result};
+use std::sync::Arc;
+
+use crate::error::Result;
+use crate::runtime::exec;
+use crate::runtime::jobs::check_room;
 use crate::runtime::sched_port::SchedPort;
 use crate::runtime::state::ServerState;
 use crate::runtime::timeline::JobKind;
@@ -35,13 +45,7 @@ pub struct JobOpening {
 impl ServerState {
     /// The first steps of opening a job of `kind` named `name` for `owner`.
     pub async fn begin_job(&self, kind: JobKind, owner: &Tenant, name: &str) -> Result<JobOpening> {
-        if self.open_jobs() >= self.max_sessions {
-            return Err(Error::ResourceExhausted(format!(
-                "the server already holds its maximum of {} sessions and eager contexts (--max-sessions); \
-                 close those you no longer use",
-                self.max_sessions
-            )));
-        }
+        check_room(self.open_jobs(), self.max_sessions)?;
         let (id, handle) = self.sessions.next_job();
         self.sched.open_job(id, name, kind, Some(owner)).await?;
         // From here on a failure must take the job back out: the guard does.
@@ -73,6 +77,31 @@ impl JobOpening {
     /// The job is open: from now on its table entry's close ends it.
     pub fn keep(mut self) {
         self.armed = false;
+    }
+
+    /// Opens the built `job`: joins the scheduler, then puts the job in its
+    /// table with `insert` (which repeats the `--max-sessions` check under the
+    /// table's lock); see the module's text for why in this order. On a
+    /// failure the job is taken back out of the scheduler and dropped off the
+    /// async runtime (its last reference closes its TensorFlow session or
+    /// context).
+    pub async fn open<J: Send + Sync + 'static>(
+        self,
+        job: Arc<J>,
+        hints: Hints,
+        insert: impl FnOnce(Arc<J>) -> Result<()>,
+    ) -> Result<()> {
+        match self.join_scheduler(hints).and_then(|()| insert(job.clone())) {
+            Ok(()) => {
+                self.keep();
+                Ok(())
+            }
+            Err(err) => {
+                drop(self);
+                let _ = exec::drop_off_runtime(job).await;
+                Err(err)
+            }
+        }
     }
 }
 

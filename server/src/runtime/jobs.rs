@@ -26,6 +26,20 @@ pub fn note_predecessor_death(note: String) {
     let _ = PREDECESSOR_DEATH.set(note);
 }
 
+/// Refuses one more job where `open` jobs already reach `max`: the one
+/// `--max-sessions` check, which counts graph sessions and eager contexts
+/// together (before a job is built, and again under a table's lock when it
+/// is inserted, so concurrent creations cannot overshoot).
+pub fn check_room(open: usize, max: usize) -> Result<()> {
+    if open >= max {
+        return Err(Error::ResourceExhausted(format!(
+            "the server already holds its maximum of {max} sessions and eager contexts (--max-sessions); \
+             close those you no longer use"
+        )));
+    }
+    Ok(())
+}
+
 fn session_not_found(handle: &str) -> Error {
     match PREDECESSOR_DEATH.get() {
         Some(note) => Error::LostWithExecutor(format!("session {handle:?} is gone: {note}")),
@@ -114,19 +128,20 @@ impl SessionTable {
             .ok_or_else(|| Error::InvalidArgument(format!("no job has id, handle or name {key:?}")))
     }
 
-    /// Adds a job unless the table already holds `max` (checked under the
-    /// table's lock, so concurrent creations cannot overshoot).
-    pub fn insert(&self, owner: Arc<Tenant>, job: Arc<Job>, max: usize) -> Result<()> {
+    /// Adds a job unless `open_elsewhere` (eager contexts) plus the sessions
+    /// already open reach `max` ([`check_room`], under the table's lock).
+    pub fn insert(
+        &self,
+        owner: Arc<Tenant>,
+        job: Arc<Job>,
+        open_elsewhere: usize,
+        max: usize,
+    ) -> Result<()> {
         if self.closing.load(Ordering::SeqCst) {
             return Err(Error::ShuttingDown);
         }
         let mut jobs = self.jobs();
-        if jobs.len() >= max {
-            return Err(Error::ResourceExhausted(format!(
-                "the server already holds its maximum of {max} sessions (--max-sessions); \
-                 close sessions you no longer use"
-            )));
-        }
+        check_room(jobs.len() + open_elsewhere, max)?;
         jobs.insert(job.handle.clone(), Owned { owner, job });
         Ok(())
     }
@@ -211,8 +226,9 @@ impl ContextTable {
         self.jobs.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Adds a context unless its id is taken or `open_elsewhere` plus the
-    /// contexts already open reach `max` (checked under the table's lock).
+    /// Adds a context unless its id is taken or `open_elsewhere` (graph
+    /// sessions) plus the contexts already open reach `max` ([`check_room`],
+    /// under the table's lock).
     pub fn insert(
         &self,
         owner: Arc<Tenant>,
@@ -231,11 +247,7 @@ impl ContextTable {
                 job.context_id
             )));
         }
-        if jobs.len() + open_elsewhere >= max {
-            return Err(Error::ResourceExhausted(format!(
-                "the server already holds its maximum of {max} sessions and eager contexts (--max-sessions)"
-            )));
-        }
+        check_room(jobs.len() + open_elsewhere, max)?;
         jobs.insert(key, Owned { owner, job });
         Ok(())
     }

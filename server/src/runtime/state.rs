@@ -6,8 +6,10 @@ use std::time::Instant;
 
 use crate::runtime::eager_job::EagerJob;
 use crate::runtime::exec;
-use crate::runtime::graph_job::JobSettings;
+use crate::error::Result;
+use crate::runtime::graph_job::{Job, JobSettings};
 use crate::runtime::jobs::{ContextTable, SessionTable};
+use crate::runtime::main_iteration::Iterations;
 use crate::runtime::node::Node;
 use crate::runtime::session_config::SessionDefaults;
 use crate::sched::RunEnd;
@@ -30,6 +32,9 @@ pub struct ServerState {
     /// Set at shutdown: eager jobs start no new function calls, so their
     /// clients can still fetch the results of calls in flight.
     pub draining: Arc<AtomicBool>,
+    /// The one main iteration both front ends' runs take (the node's
+    /// scheduler and admission, and `draining`).
+    pub iterations: Iterations,
     runs_completed: AtomicU64,
     /// Jobs the server closed because their client vanished (idle or its
     /// streams ended), by kind.
@@ -53,6 +58,12 @@ impl ServerState {
         tenant: Arc<TenantRules>,
         max_sessions: usize,
     ) -> Self {
+        let draining = Arc::new(AtomicBool::new(false));
+        let iterations = Iterations {
+            port: node.sched.clone(),
+            admission: node.admission.clone(),
+            draining: draining.clone(),
+        };
         ServerState {
             node,
             sessions: SessionTable::new(),
@@ -62,7 +73,8 @@ impl ServerState {
             own_user_rules: Arc::new(tenant.for_own_user()),
             tenant,
             max_sessions,
-            draining: Arc::new(AtomicBool::new(false)),
+            draining,
+            iterations,
             runs_completed: AtomicU64::new(0),
             reclaimed_sessions: AtomicU64::new(0),
             reclaimed_contexts: AtomicU64::new(0),
@@ -138,6 +150,20 @@ impl ServerState {
     /// Graph sessions and eager contexts open now (`--max-sessions` counts both).
     pub fn open_jobs(&self) -> usize {
         self.sessions.len() + self.contexts.len()
+    }
+
+    /// Puts an opened graph session in its table, within `--max-sessions`
+    /// (eager contexts count too).
+    pub fn insert_session(&self, owner: Arc<Tenant>, job: Arc<Job>) -> Result<()> {
+        self.sessions
+            .insert(owner, job, self.contexts.len(), self.max_sessions)
+    }
+
+    /// Puts an opened eager context in its table, within `--max-sessions`
+    /// (graph sessions count too).
+    pub fn insert_context(&self, owner: Arc<Tenant>, job: Arc<EagerJob>) -> Result<()> {
+        self.contexts
+            .insert(owner, job, self.sessions.len(), self.max_sessions)
     }
 
     /// Ends an eager job: out of the table and the scheduler, then its TFE

@@ -32,7 +32,7 @@ use crate::runtime::rendezvous::UNANNOUNCED_GRACE;
 use crate::runtime::session_config::session_config;
 use crate::runtime::state::ServerState;
 use crate::runtime::timeline::JobKind;
-use crate::sched::{Hints, RunEnd};
+use crate::sched::Hints;
 use crate::tenant::identity::Tenant;
 use crate::tf::DeviceInfo;
 
@@ -73,29 +73,27 @@ fn device_attributes(
 
 type PendingReply = std::result::Result<oneshot::Receiver<Result<Vec<ItemOutput>>>, Error>;
 
-#[tonic::async_trait]
-impl EagerService for Eager {
-    async fn create_context(
+impl Eager {
+    /// What CreateContext refuses before anything is opened: a job name that
+    /// is none, a context id the tenant uses already.
+    fn check_new_context(
         &self,
-        request: Request<CreateContextRequest>,
-    ) -> Result<Response<CreateContextResponse>, Status> {
-        let tenant = tenant_of(&request);
-        let req = request.into_inner();
-        let server_def = req.server_def.unwrap_or_default();
+        tenant: &Tenant,
+        req: &CreateContextRequest,
+        server_def: &ServerDef,
+    ) -> Result<()> {
         if !is_job_name(&server_def.job_name) {
             return Err(Error::InvalidArgument(format!(
                 "CreateContext: server_def.job_name {:?} is not a job name (letters, digits and '_', starting \
                  with a letter); it must name this server's job in the client's cluster",
                 server_def.job_name
-            ))
-            .into());
+            )));
         }
         if self.state.contexts.contains(&tenant.key, req.context_id) {
             return Err(Error::InvalidArgument(format!(
                 "EagerService:CreateContext failed: context id <{}> already exists",
                 req.context_id
-            ))
-            .into());
+            )));
         }
         if req.clear_existing_contexts {
             // Other tenants' contexts are not the client's to clear.
@@ -104,6 +102,20 @@ impl EagerService for Eager {
                 "ignoring clear_existing_contexts on a shared server"
             );
         }
+        Ok(())
+    }
+}
+
+#[tonic::async_trait]
+impl EagerService for Eager {
+    async fn create_context(
+        &self,
+        request: Request<CreateContextRequest>,
+    ) -> Result<Response<CreateContextResponse>, Status> {
+        let tenant = tenant_of(&request);
+        let mut req = request.into_inner();
+        let server_def = req.server_def.take().unwrap_or_default();
+        self.check_new_context(&tenant, &req, &server_def)?;
         let (config, metadata_name) = session_config(
             &server_def.default_session_config,
             self.state.session_defaults,
@@ -140,35 +152,19 @@ impl EagerService for Eager {
             tenant: self.state.rules_for(&tenant),
             checkpoint_dir: self.state.tenant.checkpoints.dir_for(&hints.name, id),
             scheduling: Scheduling {
-                port: self.state.sched.clone(),
-                admission: self.state.admission.clone(),
+                iterations: self.state.iterations.clone(),
                 runtime: tokio::runtime::Handle::current(),
                 cheap_below: self.state.settings.cheap_below,
                 measure_memory: self.state.settings.measure_memory,
                 gpu_lane: opening.gpu_lane,
-                draining: self.state.draining.clone(),
             },
         };
         let job = Arc::new(exec::blocking(move || EagerJob::create(spec)).await?);
-        if let Err(err) = self.state.contexts.insert(
-            tenant.clone(),
-            job.clone(),
-            self.state.sessions.len(),
-            self.state.max_sessions,
-        ) {
-            // The last reference: its TensorFlow context ends off the async runtime.
-            let _ = exec::drop_off_runtime(job).await;
-            return Err(err.into());
-        }
-        let joined = opening.join_scheduler(hints.clone());
-        // From here the context's close ends the job.
-        opening.keep();
-        if let Err(err) = joined {
-            self.state
-                .close_context(job, "it could not join the scheduler", RunEnd::Cancelled)
-                .await;
-            return Err(err.into());
-        }
+        opening
+            .open(job, hints.clone(), |job| {
+                self.state.insert_context(tenant.clone(), job)
+            })
+            .await?;
         tracing::info!(
             context = req.context_id,
             job = id.0,

@@ -29,8 +29,8 @@ impl Master {
         Master { state }
     }
 
-    /// Runs `f` (a job's run) now if it is cheap, or as a main iteration when
-    /// the scheduler picks it.
+    /// Runs `f` (a job's run) through the one main iteration: now if it is
+    /// cheap, else when the scheduler picks it.
     async fn dispatch<T, F>(
         &self,
         job: &Job,
@@ -42,65 +42,10 @@ impl Master {
         T: Send + 'static,
         F: FnOnce() -> Result<T> + Send + 'static,
     {
-        if self
-            .state
-            .draining
-            .load(std::sync::atomic::Ordering::SeqCst)
-        {
-            // Shutdown: eager clients still fetch results; graph runs start no more.
-            return Err(Error::ShuttingDown);
-        }
-        match self.state.sched.resolve(job.id, class) {
-            RunClass::Cheap | RunClass::Brief => {
-                let (result, started, ended) = exec::blocking(move || {
-                    let started = Instant::now();
-                    let result = f();
-                    Ok((result, started, Instant::now()))
-                })
-                .await?;
-                self.state.sched.record_cheap_run(job.id, started, ended);
-                result
-            }
-            RunClass::Main => {
-                if job.history.first_main() {
-                    self.state.sched.set_fingerprint(job.id, &job.fingerprint());
-                }
-                self.admit(job).await?;
-                let result = self.state.sched.run_main(job.id, deadline, f).await;
-                job.history
-                    .main_ended(result.as_ref().err().map(Error::code));
-                result
-            }
-        }
-    }
-}
-
-impl Master {
-    /// Gives the job a memory lane before its first main iteration (when memory
-    /// admission is on); waits while memory is short.
-    async fn admit(&self, job: &Job) -> Result<()> {
-        let Some(admission) = &self.state.admission else {
-            return Ok(());
-        };
-        if job.lane().is_some() {
-            return Ok(());
-        }
-        let _one_at_a_time = job.admission_lock.lock().await;
-        if job.lane().is_some() {
-            return Ok(());
-        }
-        let hints = self
-            .state
-            .sched
-            .job_status(job.id)
-            .map(|s| s.hints)
-            .unwrap_or_else(|| job.hints.clone());
-        let estimate = job.memory_estimate(&hints);
-        let reservation = admission
-            .admit(job.id, estimate.need, job.gpu_lane(), hints)
-            .await?;
-        job.set_reservation(reservation);
-        Ok(())
+        self.state
+            .iterations
+            .run(job.iterating(), class, deadline, || job.fingerprint(), f)
+            .await
     }
 }
 
@@ -219,22 +164,11 @@ impl MasterService for Master {
             })
             .await?
         };
-        let job = Arc::new(job);
-        let joined = opening.join_scheduler(hints.clone()).and_then(|()| {
-            self.state.sessions.insert(
-                tenant.clone(),
-                job.clone(),
-                self.state
-                    .max_sessions
-                    .saturating_sub(self.state.contexts.len()),
-            )
-        });
-        if let Err(err) = joined {
-            // The last reference: its TensorFlow session closes off the async runtime.
-            let _ = exec::drop_off_runtime(job).await;
-            return Err(err.into());
-        }
-        opening.keep();
+        opening
+            .open(Arc::new(job), hints.clone(), |job| {
+                self.state.insert_session(tenant.clone(), job)
+            })
+            .await?;
         tracing::info!(session = %handle, job = id.0, name = %hints.name, tenant = %tenant, ?hints, "session created");
         Ok(Response::new(CreateSessionResponse {
             session_handle: handle,
