@@ -125,6 +125,18 @@ fn table_line(out: &mut String, s: &Summary) {
     );
 }
 
+/// The paper's training trace of `seed`: 100 jobs of 1, 5 or 10 minutes,
+/// Poisson arrivals every 30 s on average, every model.
+pub(crate) fn training_spec(seed: u64) -> TraceSpec {
+    TraceSpec {
+        jobs: TRAINING_JOBS,
+        seed,
+        mean_interarrival_s: TRAINING_INTERARRIVAL_S,
+        models: vec![],
+        minutes: vec![1.0, 5.0, 10.0],
+    }
+}
+
 /// (a) 100 training jobs, Poisson arrivals, every model, 1/5/10-minute jobs;
 /// then the length policies on a trace with heavy-tailed lengths.
 fn training(
@@ -133,13 +145,7 @@ fn training(
     capacity: u64,
     lane_rule: LaneRule,
 ) -> Result<Report, SimError> {
-    let spec = TraceSpec {
-        jobs: TRAINING_JOBS,
-        seed,
-        mean_interarrival_s: TRAINING_INTERARRIVAL_S,
-        models: vec![],
-        minutes: vec![1.0, 5.0, 10.0],
-    };
+    let spec = training_spec(seed);
     let jobs = trace::generate(&spec, table)?;
     let mut text = format!(
         "(a) training trace: {TRAINING_JOBS} jobs, Poisson arrivals every {TRAINING_INTERARRIVAL_S} s on average, \
@@ -289,13 +295,7 @@ fn training_lane_rules(
     capacity: u64,
 ) -> Result<(String, String), SimError> {
     let jobs = trace::generate(
-        &TraceSpec {
-            jobs: TRAINING_JOBS,
-            seed,
-            mean_interarrival_s: TRAINING_INTERARRIVAL_S,
-            models: vec![],
-            minutes: vec![1.0, 5.0, 10.0],
-        },
+        &training_spec(seed),
         table,
     )?;
     let mut text = format!(

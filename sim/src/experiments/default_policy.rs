@@ -24,12 +24,14 @@ use std::sync::Mutex;
 use salus_sched::lanes::LaneRule;
 use salus_sched::policy::population::Estimator;
 
-use super::learning::{lengths, spec, HEAVY_LOAD_FACTOR, INTERARRIVAL_S};
-use super::{one_device, share_of_gain, Report, TRAINING_INTERARRIVAL_S, TRAINING_JOBS};
+use super::learning::{lengths, spec, spread, HEAVY_LOAD_FACTOR, INTERARRIVAL_S};
+use super::{
+    one_device, share_of_gain, training_spec, Report, TRAINING_INTERARRIVAL_S, TRAINING_JOBS,
+};
 use crate::engine::{simulate, SimConfig};
 use crate::recurring::{self, Recurrence};
 use crate::report::Summary;
-use crate::trace::{self, TraceJob, TraceSpec};
+use crate::trace::{self, TraceJob};
 use crate::workload::WorkloadTable;
 use crate::SimError;
 
@@ -87,16 +89,7 @@ impl Family {
 
     fn trace(self, seed: u64, table: &WorkloadTable) -> Result<Vec<TraceJob>, SimError> {
         match self {
-            Family::Training => trace::generate(
-                &TraceSpec {
-                    jobs: TRAINING_JOBS,
-                    seed,
-                    mean_interarrival_s: TRAINING_INTERARRIVAL_S,
-                    models: vec![],
-                    minutes: vec![1.0, 5.0, 10.0],
-                },
-                table,
-            ),
+            Family::Training => trace::generate(&training_spec(seed), table),
             Family::HeavyTailed => {
                 trace::generate_with(&spec(seed, INTERARRIVAL_S), &lengths(), table)
             }
@@ -151,19 +144,6 @@ impl Run {
 struct Jct {
     mean: f64,
     p95: f64,
-}
-
-/// Min, median, max.
-fn spread(values: &[f64]) -> (f64, f64, f64) {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let n = sorted.len();
-    let median = if n % 2 == 1 {
-        sorted[n / 2]
-    } else {
-        (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
-    };
-    (sorted[0], median, sorted[n - 1])
 }
 
 /// Runs every (trace, run) pair on every core; results in task order.
@@ -295,8 +275,8 @@ pub fn default_policy(
                     .sum::<f64>()
                     / seeds.len() as f64
             };
-            let (m_min, m_med, m_max) = spread(&mean_ratio);
-            let (p_min, p_med, p_max) = spread(&p95_ratio);
+            let (m_min, m_med, _, m_max) = spread(&mean_ratio);
+            let (p_min, p_med, _, p_max) = spread(&p95_ratio);
             let first: Vec<u64> = seeds
                 .iter()
                 .copied()

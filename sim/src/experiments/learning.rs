@@ -95,7 +95,7 @@ fn mean_jcts(
 }
 
 /// Min, median, mean, max.
-fn spread(values: &[f64]) -> (f64, f64, f64, f64) {
+pub(crate) fn spread(values: &[f64]) -> (f64, f64, f64, f64) {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
     let n = sorted.len();
