@@ -70,7 +70,7 @@ def test_each_kind_of_problem_fails_and_is_named(copy: Path, case: str):
         (src / "user" / "orphan.md").write_text("# Orphan\n")
         expected = "docs/src/user/orphan.md: not listed in docs/src/SUMMARY.md"
     elif case == "quote":
-        edit(copy / "server" / "src" / "runtime" / "settings.rs", "this node is draining for maintenance",
+        edit(copy / "node" / "src" / "runtime" / "settings.rs", "this node is draining for maintenance",
              "this node is being drained")
         expected = "'this node is draining for maintenance"
     elif case == "variable":
