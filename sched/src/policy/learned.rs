@@ -169,7 +169,7 @@ impl Policy for Learned {
                 };
                 match population {
                     Some((law, version)) => match &*law {
-                        PopulationLaw::LogNormal(fit) => self.law_index(job, work, *fit),
+                        PopulationLaw::LogNormal(fit, _) => self.law_index(job, work, *fit),
                         PopulationLaw::Steps(steps) => self
                             .index_under(job, work, LawKey::Population(version), |work| {
                                 steps.gittins_index(work).unwrap_or_else(|| {
@@ -215,7 +215,7 @@ impl Policy for Learned {
             (None, None) => {
                 let (law, _) = self.lock_population().law()?;
                 let remaining = match &*law {
-                    PopulationLaw::LogNormal(fit) => fit.median_remaining(work),
+                    PopulationLaw::LogNormal(fit, _) => fit.median_remaining(work),
                     PopulationLaw::Steps(steps) => steps.median_remaining(work),
                 };
                 (remaining, Basis::Population { jobs: law.jobs() })

@@ -101,15 +101,17 @@ impl Estimator {
 /// The population's law as of the last finished job.
 #[derive(Debug)]
 pub enum PopulationLaw {
-    LogNormal(LogNormal),
+    /// The fitted law, and how many finished jobs it was fitted to.
+    LogNormal(LogNormal, usize),
     Steps(StepLaw),
 }
 
 impl PopulationLaw {
-    /// Jobs (finished and live, prior excluded) it was estimated from.
+    /// Jobs it was estimated from (finished, and live where they count;
+    /// the prior excluded).
     pub fn jobs(&self) -> usize {
         match self {
-            PopulationLaw::LogNormal(_) => 0,
+            PopulationLaw::LogNormal(_, jobs) => *jobs,
             PopulationLaw::Steps(steps) => steps.jobs,
         }
     }
@@ -399,7 +401,7 @@ impl Population {
             fitted
         };
         if self.estimator == Estimator::LogNormalFit {
-            return fitted.map(PopulationLaw::LogNormal);
+            return fitted.map(|law| PopulationLaw::LogNormal(law, self.finished.len()));
         }
         let mut observations: Vec<Observation> = self
             .finished
@@ -564,7 +566,7 @@ mod tests {
         }
         let survival = |p: &mut Population| match &*p.law().unwrap().0 {
             PopulationLaw::Steps(s) => s.survival(5.0 * MIN),
-            PopulationLaw::LogNormal(_) => unreachable!(),
+            PopulationLaw::LogNormal(..) => unreachable!(),
         };
         assert!(survival(&mut with) > 0.2);
         assert!(survival(&mut without) < 0.01);
@@ -577,7 +579,7 @@ mod tests {
         assert_eq!(first.jobs(), 0);
         let prior_median = match &*first {
             PopulationLaw::Steps(s) => s.median_remaining(0.0),
-            PopulationLaw::LogNormal(_) => unreachable!(),
+            PopulationLaw::LogNormal(..) => unreachable!(),
         };
         assert!(
             (prior_median / PRIOR_MEDIAN_NS - 1.0).abs() < 0.5,
@@ -591,7 +593,7 @@ mod tests {
         assert!(v2 > v1);
         let median = match &*law {
             PopulationLaw::Steps(s) => s.median_remaining(0.0),
-            PopulationLaw::LogNormal(_) => unreachable!(),
+            PopulationLaw::LogNormal(..) => unreachable!(),
         };
         assert!((median / MIN - 1.0).abs() < 1e-9, "{median}");
         // Without a prior there is no law until MIN_SAMPLES jobs finished.
