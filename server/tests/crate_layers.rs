@@ -7,10 +7,9 @@
 //! hold before anything runs, from `cargo metadata` (offline: the lock file's
 //! graph, no network).
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::process::Command;
+mod workspace;
 
-use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Each workspace crate and the workspace crates it may depend on (normal and
 /// build dependencies; tests may use any). A new crate must be placed here.
@@ -56,18 +55,7 @@ struct Graph {
 }
 
 fn metadata() -> Graph {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let output = Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--offline"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("cargo runs");
-    assert!(
-        output.status.success(),
-        "cargo metadata failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let value: Value = serde_json::from_slice(&output.stdout).expect("cargo metadata prints JSON");
+    let value = workspace::cargo_metadata(&[]);
     let names = value["packages"]
         .as_array()
         .unwrap()

@@ -12,6 +12,8 @@
 //! outside comments and outside the `#[cfg(test)]` module at a file's end
 //! (tests may reach any module), and `super::x` paths. Doc links are comments.
 
+mod workspace;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
@@ -204,24 +206,7 @@ fn find_circle(edges: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>
 /// `fuzz_targets`, `benches`, ... hold roots of their own, which import
 /// nothing of each other), from `cargo metadata` (offline).
 fn crate_sources() -> Vec<(String, Vec<PathBuf>)> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let output = std::process::Command::new(cargo)
-        .args([
-            "metadata",
-            "--format-version",
-            "1",
-            "--offline",
-            "--no-deps",
-        ])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("cargo runs");
-    assert!(
-        output.status.success(),
-        "cargo metadata failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let value: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let value = workspace::cargo_metadata(&["--no-deps"]);
     let mut crates = Vec::new();
     for package in value["packages"].as_array().unwrap() {
         let mut roots = BTreeSet::new();
